@@ -1,0 +1,114 @@
+// One internal description for every supported checkpoint family. Parsers in config/ fill it from
+// each Hugging Face config.json format; the model is built from it alone (plus tensor names).
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace dz {
+
+enum class Family { KimiLinear, DeepseekV32, Qwen3Next, Dayzero };
+enum class MixerKind { KDA, GDN, MLA, GQA };  // MLA with has_indexer = DSA sparse attention
+enum class FfnKind { Dense, MoE };
+enum class KdaGate { Softplus, LowerBoundSigmoid };  // per-channel decay forms of KDA
+enum class RopeStyle { NeoX, Interleaved };          // rotate halves vs. adjacent pairs
+enum class ScoreFunc { Softmax, Sigmoid };
+
+const char* to_string(Family f);
+const char* to_string(MixerKind m);
+const char* to_string(FfnKind f);
+
+struct LayerSpec {
+  MixerKind mixer = MixerKind::MLA;
+  FfnKind ffn = FfnKind::Dense;
+  bool has_indexer = false;  // DSA lightning indexer + Top-K in front of MLA
+};
+
+struct RopeConfig {
+  float theta = 10000.f;
+  RopeStyle style = RopeStyle::NeoX;
+  float partial_rotary_factor = 1.f;  // fraction of head_dim that is rotated (qwen3_next: 0.25)
+  // YaRN as DeepSeek uses it (rope_scaling.type == "yarn")
+  bool yarn = false;
+  float yarn_factor = 1.f;
+  int64_t yarn_original_max_pos = 4096;
+  float yarn_beta_fast = 32.f;
+  float yarn_beta_slow = 1.f;
+  float yarn_mscale = 1.f;
+  float yarn_mscale_all_dim = 0.f;
+};
+
+struct ModelConfig {
+  Family family = Family::Dayzero;
+  std::string model_type;
+  int64_t vocab_size = 0;
+  int64_t hidden_size = 0;
+  int64_t num_layers = 0;
+  float rms_norm_eps = 1e-6f;
+  bool norm_zero_centered = false;  // RMSNorm weight applied as (1 + w) (qwen3_next)
+  bool tie_word_embeddings = false;
+  int64_t bos_token_id = -1, eos_token_id = -1, pad_token_id = -1;
+
+  std::vector<LayerSpec> layers;  // size num_layers
+
+  // --- linear attention (KDA / Gated DeltaNet) ---
+  int64_t la_num_k_heads = 0;  // key/query heads
+  int64_t la_num_v_heads = 0;  // value heads (GDN: multiple of k heads; KDA: equal)
+  int64_t la_head_k_dim = 0;
+  int64_t la_head_v_dim = 0;
+  int64_t la_conv_kernel = 4;
+  KdaGate kda_gate = KdaGate::Softplus;
+  float kda_gate_lower_bound = -5.f;  // LowerBoundSigmoid: g = lower_bound * sigmoid(...)
+
+  // --- MLA (kimi_linear, deepseek_v32, dayzero) ---
+  int64_t num_heads = 0;
+  int64_t q_lora_rank = 0;  // 0: q_proj directly from hidden
+  int64_t kv_lora_rank = 0;
+  int64_t qk_nope_head_dim = 0;
+  int64_t qk_rope_head_dim = 0;
+  int64_t v_head_dim = 0;
+  bool mla_output_gate = false;  // sigmoid output gate (Kimi K3)
+  RopeConfig rope;
+
+  // --- DSA lightning indexer (deepseek_v32, dayzero) ---
+  int64_t index_n_heads = 0;
+  int64_t index_head_dim = 0;
+  int64_t index_topk = 0;
+
+  // --- gated GQA full attention (qwen3_next) ---
+  int64_t num_kv_heads = 0;
+  int64_t head_dim = 0;
+  bool attn_output_gate = false;
+
+  // --- FFN ---
+  std::string hidden_act = "silu";
+  int64_t intermediate_size = 0;  // dense MLP width
+  int64_t n_routed_experts = 0;
+  int64_t num_experts_per_tok = 0;
+  int64_t moe_intermediate_size = 0;
+  int64_t n_shared_experts = 0;           // shared experts fused into one MLP of n × width
+  int64_t shared_intermediate_size = 0;   // width of the shared-expert MLP (total)
+  bool shared_expert_gate = false;        // sigmoid gate on the shared expert (qwen3_next)
+  ScoreFunc score_func = ScoreFunc::Softmax;
+  bool norm_topk_prob = true;
+  float routed_scaling_factor = 1.f;
+  int64_t n_group = 1;
+  int64_t topk_group = 1;
+  bool router_correction_bias = false;  // e_score_correction_bias (selection only)
+
+  // --- Block AttnRes ---
+  int64_t attn_res_block_size = 0;  // 0: standard additive residual
+
+  nlohmann::json raw;  // the config.json as read
+
+  // Parse a Hugging Face config.json (any supported family). Throws naming the field on error.
+  static ModelConfig from_json(const nlohmann::json& j);
+  static ModelConfig from_file(const std::string& path);
+  // Consistency checks shared by all families (dims positive, layer list complete, ...).
+  void validate() const;
+  nlohmann::json to_json() const;  // the normalised description (for reports / inspect)
+};
+
+}  // namespace dz

@@ -1,0 +1,89 @@
+// Hugging Face checkpoint access: safetensors (single file, or sharded with
+// model.safetensors.index.json), memory-mapped, converted to fp32 on request.
+// Loading is strict: modules ask for every tensor by name and expected shape; whatever is left
+// unasked at the end is an error too (check_all_used).
+//
+// The same interface has a generating mode (Checkpoint::random): `get` returns deterministic
+// random values seeded by the tensor name, and records what was asked for, so `make-model` writes
+// exactly the tensors the model loads, with no second list of names to keep in sync.
+#pragma once
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "core/tensor.hpp"
+
+namespace dz {
+
+enum class DType { F32, BF16, F16, F8_E4M3, I32, I64, U8 };
+const char* to_string(DType d);
+size_t dtype_size(DType d);
+
+// How a generated (make-model) tensor is initialised. Ignored when reading a real checkpoint.
+struct Init {
+  enum Kind { Normal, Ones, Zeros, Uniform, Const } kind = Normal;
+  float a = 0.02f;  // Normal: std; Uniform: low; Const: value
+  float b = 0.f;    // Uniform: high
+  static Init normal(float std) { return {Normal, std, 0.f}; }
+  static Init ones() { return {Ones, 0.f, 0.f}; }
+  static Init zeros() { return {Zeros, 0.f, 0.f}; }
+  static Init uniform(float lo, float hi) { return {Uniform, lo, hi}; }
+  static Init constant(float v) { return {Const, v, 0.f}; }
+};
+
+struct TensorInfo {
+  std::string name;
+  DType dtype = DType::F32;
+  Shape shape;
+  std::string file;      // shard path
+  uint64_t offset = 0;   // byte offset of the data inside the mapped file
+  uint64_t nbytes = 0;
+};
+
+class Checkpoint {
+ public:
+  // Opens DIR/model.safetensors or DIR/model.safetensors.index.json (+ shards). Throws with the
+  // file name on any malformed header, out-of-range offset or truncated file.
+  static std::unique_ptr<Checkpoint> open(const std::string& dir);
+  // Generating mode for make-model (see above).
+  static std::unique_ptr<Checkpoint> random(uint64_t seed);
+  ~Checkpoint();
+
+  bool generating() const { return generating_; }
+  bool has(const std::string& name) const;
+  const TensorInfo& info(const std::string& name) const;  // throws "missing tensor NAME"
+  std::vector<std::string> names() const;
+
+  // fp32 copy of NAME; throws "tensor NAME: expected shape [..], checkpoint has [..]" or
+  // "missing tensor NAME (in DIR)". Marks NAME as used.
+  Tensor get(const std::string& name, const Shape& shape, Init init = Init{});
+  // Like get, but returns an empty tensor when NAME is absent (optional parameters such as biases).
+  Tensor get_optional(const std::string& name, const Shape& shape, Init init = Init{});
+  // Throws "unexpected tensor NAME (and k more)" if any tensor was never asked for.
+  void check_all_used() const;
+  // Names asked for so far with their fp32 data (generating mode: what make-model writes).
+  const std::map<std::string, Tensor>& generated() const { return generated_; }
+  const std::string& dir() const { return dir_; }
+
+ private:
+  Checkpoint() = default;
+  struct Mapping;
+  std::string dir_;
+  bool generating_ = false;
+  uint64_t seed_ = 0;
+  std::map<std::string, TensorInfo> tensors_;
+  std::vector<std::unique_ptr<Mapping>> maps_;
+  std::set<std::string> used_;
+  std::map<std::string, Tensor> generated_;
+};
+
+// Writes tensors as safetensors (dtype F32 or BF16). shard_bytes > 0 splits into
+// model-0000i-of-0000n.safetensors + model.safetensors.index.json. Writes to temp names and
+// renames, so a crash never leaves a half-written checkpoint.
+void write_safetensors(const std::string& dir, const std::map<std::string, Tensor>& tensors, DType dtype,
+                       uint64_t shard_bytes = 0);
+
+}  // namespace dz

@@ -1,0 +1,47 @@
+// The interfaces every model part implements. A model is a list of layers; each layer has a token
+// mixer (KDA, GDN, MLA/DSA, GQA) and an FFN (dense MLP or MoE). Mixers own their per-sequence
+// state (recurrent state + conv tail, or KV cache + indexer keys), so prefill and decode are one
+// code path: forward over T new tokens appends them to the state.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "config/model_config.hpp"
+#include "core/tensor.hpp"
+#include "io/checkpoint.hpp"
+
+namespace dz {
+
+struct MixerState {
+  virtual ~MixerState() = default;
+  virtual std::unique_ptr<MixerState> clone() const = 0;  // snapshot (speculative decode, tests)
+  int64_t pos = 0;                                        // tokens already consumed
+};
+
+class Mixer {
+ public:
+  virtual ~Mixer() = default;
+  virtual std::unique_ptr<MixerState> make_state() const = 0;
+  // x [T, D]: normed input for absolute positions st.pos .. st.pos+T-1.
+  // out [T, D]: the mixer's output (after its output projection). Advances st by T.
+  virtual void forward(const float* x, int64_t T, MixerState& st, float* out) const = 0;
+};
+
+class Ffn {
+ public:
+  virtual ~Ffn() = default;
+  // x [T, D] -> out [T, D]
+  virtual void forward(const float* x, int64_t T, float* out) const = 0;
+};
+
+// Factories (one per module family, each in its own file). `prefix` is the layer's prefix, e.g.
+// "model.layers.3.", and the factory picks the family's published tensor names from cfg.family.
+std::unique_ptr<Mixer> make_kda_mixer(const ModelConfig& cfg, int layer, Checkpoint& ck, const std::string& prefix);
+std::unique_ptr<Mixer> make_gdn_mixer(const ModelConfig& cfg, int layer, Checkpoint& ck, const std::string& prefix);
+std::unique_ptr<Mixer> make_mla_mixer(const ModelConfig& cfg, int layer, Checkpoint& ck, const std::string& prefix);
+std::unique_ptr<Mixer> make_gqa_mixer(const ModelConfig& cfg, int layer, Checkpoint& ck, const std::string& prefix);
+std::unique_ptr<Ffn> make_mlp_ffn(const ModelConfig& cfg, int layer, Checkpoint& ck, const std::string& prefix);
+std::unique_ptr<Ffn> make_moe_ffn(const ModelConfig& cfg, int layer, Checkpoint& ck, const std::string& prefix);
+
+}  // namespace dz
