@@ -363,6 +363,20 @@ Tensor Checkpoint::get(const std::string& name, const Shape& shape, Init init) {
   const TensorInfo& ti = it->second;
   DZ_CHECK(ti.shape == shape, "tensor ", name, ": expected shape ", shape_str(shape), ", checkpoint has ",
            shape_str(ti.shape));
+  const std::string sname = name + "_scale_inv";  // DeepSeek fp8 block scales, see below
+  auto sit = tensors_.find(sname);
+  const bool block_scaled = ti.dtype == DType::F8_E4M3 && sit != tensors_.end();
+  if (block_scaled)
+    DZ_CHECK(shape.size() == 2, "tensor ", name, ": fp8 block scales need a 2-D weight, got ", shape_str(shape));
+  Shape sshape;  // [ceil(R / 128), ceil(C / 128)]
+  if (block_scaled) sshape = {(shape[0] + kFp8Block - 1) / kFp8Block, (shape[1] + kFp8Block - 1) / kFp8Block};
+  if (dry_run_) {  // names and shapes only
+    used_.insert(name);
+    if (block_scaled) get(sname, sshape);
+    Tensor t;
+    t.shape = shape;
+    return t;
+  }
   const Mapping* m = nullptr;
   for (const auto& mp : maps_)
     if (mp->path == ti.file) m = mp.get();
@@ -372,12 +386,8 @@ Tensor Checkpoint::get(const std::string& name, const Shape& shape, Init init) {
   used_.insert(name);
 
   // DeepSeek fp8 weights: NAME_scale_inv holds one fp32 scale per 128x128 block (edge blocks partial).
-  const std::string sname = name + "_scale_inv";
-  auto sit = tensors_.find(sname);
-  if (ti.dtype == DType::F8_E4M3 && sit != tensors_.end()) {
-    DZ_CHECK(shape.size() == 2, "tensor ", name, ": fp8 block scales need a 2-D weight, got ", shape_str(shape));
+  if (block_scaled) {
     const int64_t R = shape[0], C = shape[1];
-    const Shape sshape{(R + kFp8Block - 1) / kFp8Block, (C + kFp8Block - 1) / kFp8Block};
     Tensor s = get(sname, sshape);  // checks the scale's shape, marks it used
     for (int64_t r = 0; r < R; ++r) {
       const float* srow = s.row(r / kFp8Block);
@@ -394,11 +404,16 @@ Tensor Checkpoint::get_optional(const std::string& name, const Shape& shape, Ini
   return get(name, shape, init);
 }
 
-void Checkpoint::check_all_used() const {
-  if (generating_) return;
-  std::vector<std::string> unused;
+std::vector<std::string> Checkpoint::unused() const {
+  std::vector<std::string> r;
+  if (generating_) return r;
   for (const auto& kv : tensors_)
-    if (!used_.count(kv.first)) unused.push_back(kv.first);
+    if (!used_.count(kv.first)) r.push_back(kv.first);
+  return r;
+}
+
+void Checkpoint::check_all_used() const {
+  const std::vector<std::string> unused = this->unused();
   if (unused.empty()) return;
   if (unused.size() == 1) fail(str("unexpected tensor ", unused[0], " in ", dir_));
   fail(str("unexpected tensor ", unused[0], " (and ", unused.size() - 1, " more) in ", dir_));

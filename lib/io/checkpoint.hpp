@@ -64,6 +64,11 @@ class Checkpoint {
   Tensor get_optional(const std::string& name, const Shape& shape, Init init = Init{});
   // Throws "unexpected tensor NAME (and k more)" if any tensor was never asked for.
   void check_all_used() const;
+  // Names never asked for (inspect attributes them to modules).
+  std::vector<std::string> unused() const;
+  // Dry run (inspect): get() checks names and shapes but returns tensors with the shape set and
+  // no data, so a checkpoint of any size can be checked without its memory.
+  void set_dry_run(bool on) { dry_run_ = on; }
   // Names asked for so far with their fp32 data (generating mode: what make-model writes).
   const std::map<std::string, Tensor>& generated() const { return generated_; }
   const std::string& dir() const { return dir_; }
@@ -73,6 +78,7 @@ class Checkpoint {
   struct Mapping;
   std::string dir_;
   bool generating_ = false;
+  bool dry_run_ = false;
   uint64_t seed_ = 0;
   std::map<std::string, TensorInfo> tensors_;
   std::vector<std::unique_ptr<Mapping>> maps_;

@@ -258,11 +258,23 @@ TEST_CASE("checkpoint: shape, missing and unexpected tensor messages", "[unit]")
   CHECK(error_of([&] { ck->get("nope", {1}); }) == "missing tensor nope in " + dir);
   CHECK(ck->get_optional("nope", {1}).empty());
   ck->get("a.weight", {3, 7});
+  CHECK(ck->unused() == std::vector<std::string>{"b", "c"});
   CHECK(error_of([&] { ck->check_all_used(); }) == "unexpected tensor b (and 1 more) in " + dir);
   ck->get("b", {2});
   CHECK(error_of([&] { ck->check_all_used(); }) == "unexpected tensor c in " + dir);
   CHECK(ck->get_optional("c", {2}).size() == 2);
   ck->check_all_used();
+
+  // Dry run: same name and shape checks, no data.
+  auto dry = Checkpoint::open(dir);
+  dry->set_dry_run(true);
+  Tensor t = dry->get("a.weight", {3, 7});
+  CHECK(t.shape == Shape{3, 7});
+  CHECK(t.data.empty());
+  CHECK(error_of([&] { dry->get("a.weight", {7, 3}); }) ==
+        "tensor a.weight: expected shape [7, 3], checkpoint has [3, 7]");
+  CHECK(error_of([&] { dry->get("nope", {1}); }) == "missing tensor nope in " + dir);
+  CHECK(dry->unused() == std::vector<std::string>{"b", "c"});
 }
 
 TEST_CASE("checkpoint: F16, F8_E4M3 and integer decode on hand values", "[unit]") {
@@ -324,6 +336,11 @@ TEST_CASE("checkpoint: F8_E4M3 with 128x128 block scale_inv is dequantised", "[u
       REQUIRE(w.row(r)[c] == v * (r < 128 ? 2.f : 0.5f));  // exact: power-of-two scales
     }
   ck->check_all_used();  // the scale counts as used
+
+  auto dry = Checkpoint::open(dir);
+  dry->set_dry_run(true);
+  CHECK(dry->get("m.weight", {R, C}).data.empty());
+  dry->check_all_used();  // the scale is checked and counted in a dry run too
 }
 
 TEST_CASE("checkpoint: random mode is deterministic per (seed, name)", "[unit]") {
