@@ -1,0 +1,101 @@
+// dayzero: batch inference for hybrid linear/sparse-attention LLMs, launched with mpirun.
+#include <CLI/CLI.hpp>
+
+#include <cstdio>
+#include <cstdlib>
+
+#include "core/error.hpp"
+#include "core/log.hpp"
+#include "dist/comm.hpp"
+#include "job/run.hpp"
+#include "job/tools.hpp"
+
+int main(int argc, char** argv) {
+  CLI::App app{"dayzero " DAYZERO_VERSION
+               ": MPI batch inference (log-probs, top-k, last logits, generation) for hybrid LLMs "
+               "(KDA / Gated DeltaNet, MLA + DSA indexer, Block AttnRes, MoE)"};
+  app.require_subcommand(1);
+  app.set_version_flag("--version", DAYZERO_VERSION);
+  bool verbose = false;
+  app.add_flag("-v,--verbose", verbose, "More logging");
+
+  dz::RunOptions ro;
+  auto* run = app.add_subcommand("run", "Run the batch job over an HDF5 input (under mpirun)");
+  run->add_option("--model", ro.model, "Model directory (config.json + safetensors)")->required();
+  run->add_option("--input", ro.input, "Input HDF5 (/tokens, /offsets)")->required();
+  run->add_option("--output", ro.output, "Output HDF5")->required();
+  run->add_option("--cp", ro.cp, "Context-parallel ranks per document")->capture_default_str();
+  run->add_option("--tp", ro.tp, "Tensor-parallel ranks")->capture_default_str();
+  run->add_option("--mode", ro.mode, "logprobs | topk | last-logits | generate")
+      ->check(CLI::IsMember({"logprobs", "topk", "last-logits", "generate"}))
+      ->capture_default_str();
+  run->add_option("--topk", ro.topk, "K for --mode topk")->capture_default_str();
+  run->add_option("--max-new-tokens", ro.max_new_tokens, "Tokens to generate per document")->capture_default_str();
+  run->add_option("--temperature", ro.temperature, "Sampling temperature (0 = greedy)")->capture_default_str();
+  run->add_option("--seed", ro.seed, "Sampling seed")->capture_default_str();
+  run->add_option("--backend", ro.backend, "cpu | cuda")->check(CLI::IsMember({"cpu", "cuda"}))->capture_default_str();
+  run->add_option("--kv-cache", ro.kv_cache, "bf16 | fp8")->check(CLI::IsMember({"bf16", "fp8"}))->capture_default_str();
+  run->add_option("--index-quant", ro.index_quant, "none | mxfp8")
+      ->check(CLI::IsMember({"none", "mxfp8"}))
+      ->capture_default_str();
+  run->add_flag("--resume", ro.resume, "Continue OUT (or OUT.part), skipping documents already done");
+  run->add_flag("--overwrite", ro.overwrite, "Replace an existing OUT when the new run completes");
+  run->add_option("--report", ro.report, "Write a JSON report (documents, tokens, tokens/s, per-document times)");
+  run->add_option("--progress-interval", ro.progress_seconds, "Seconds between progress lines")->capture_default_str();
+
+  dz::MakeModelOptions mo;
+  auto* mm = app.add_subcommand("make-model", "Write a preset model with deterministic random weights (HF format)");
+  mm->add_option("--preset", mo.preset, "Preset name (demo, hybrid-small) or a config.json path")->capture_default_str();
+  mm->add_option("--out", mo.out, "Output directory")->required();
+  mm->add_option("--seed", mo.seed, "Weight seed")->capture_default_str();
+  mm->add_option("--dtype", mo.dtype, "f32 | bf16")->capture_default_str();
+  mm->add_option("--shard-mb", mo.shard_mb, "Shard size in MiB (0: one file)")->capture_default_str();
+  mm->add_flag("--overwrite", mo.overwrite, "Replace an existing model in --out");
+
+  dz::MakeInputOptions io;
+  auto* mi = app.add_subcommand("make-input", "Write an input HDF5: synthetic documents or from a token file");
+  mi->add_option("--out", io.out, "Output HDF5")->required();
+  mi->add_option("--docs", io.docs, "Number of synthetic documents")->capture_default_str();
+  mi->add_option("--min-len", io.min_len, "Shortest synthetic document")->capture_default_str();
+  mi->add_option("--max-len", io.max_len, "Longest synthetic document")->capture_default_str();
+  mi->add_option("--vocab", io.vocab, "Vocabulary size for synthetic tokens");
+  mi->add_option("--model", io.model, "Take the vocabulary size from this model directory");
+  mi->add_option("--seed", io.seed, "Seed")->capture_default_str();
+  mi->add_option("--tokens-file", io.tokens_file, "Text file: one document per line, whitespace-separated ids");
+  mi->add_flag("--overwrite", io.overwrite, "Replace an existing file");
+
+  std::string inspect_dir;
+  bool inspect_json = false;
+  auto* ins = app.add_subcommand("inspect", "Structural diff of a checkpoint against what dayzero supports");
+  ins->add_option("--model", inspect_dir, "Model directory")->required();
+  ins->add_flag("--json", inspect_json, "Print JSON instead of a table");
+
+  // Parse before MPI_Init so --help works without a launcher; MPI starts only for `run`.
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  dz::log_state().verbose = verbose;
+
+  if (run->parsed()) {
+    dz::MpiRuntime mpi(&argc, &argv);
+    try {
+      return dz::run_job(ro);
+    } catch (const dz::PreflightError& e) {
+      if (dz::log_state().rank == 0) std::fprintf(stderr, "dayzero: error: %s\n", e.message.c_str());
+      return 1;
+    } catch (const std::exception& e) {
+      dz::abort_all(e.what());
+    }
+  }
+  try {
+    if (mm->parsed()) dz::make_model(mo);
+    if (mi->parsed()) dz::make_input(io);
+    if (ins->parsed()) return dz::inspect(inspect_dir, inspect_json);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "dayzero: error: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,133 @@
+#include "dist/comm.hpp"
+
+#include <cstdio>
+#include <cstdlib>
+
+#include "core/log.hpp"
+
+namespace dz {
+
+Comm Comm::world() {
+  Comm c;
+  c.comm_ = MPI_COMM_WORLD;
+  c.owned_ = false;
+  MPI_CHECK(MPI_Comm_rank(c.comm_, &c.rank_));
+  MPI_CHECK(MPI_Comm_size(c.comm_, &c.size_));
+  return c;
+}
+
+Comm::Comm(Comm&& o) noexcept { *this = std::move(o); }
+
+Comm& Comm::operator=(Comm&& o) noexcept {
+  if (this != &o) {
+    if (owned_ && comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
+    comm_ = o.comm_;
+    owned_ = o.owned_;
+    rank_ = o.rank_;
+    size_ = o.size_;
+    o.comm_ = MPI_COMM_NULL;
+    o.owned_ = false;
+  }
+  return *this;
+}
+
+Comm::~Comm() {
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (owned_ && comm_ != MPI_COMM_NULL && !finalized) MPI_Comm_free(&comm_);
+}
+
+Comm Comm::split(int color, int key) const {
+  Comm c;
+  MPI_CHECK(MPI_Comm_split(comm_, color, key, &c.comm_));
+  c.owned_ = true;
+  MPI_CHECK(MPI_Comm_rank(c.comm_, &c.rank_));
+  MPI_CHECK(MPI_Comm_size(c.comm_, &c.size_));
+  return c;
+}
+
+void Comm::barrier() const { MPI_CHECK(MPI_Barrier(comm_)); }
+
+void Comm::bcast_bytes(void* data, size_t n, int root) const {
+  // MPI counts are int: send large buffers in pieces.
+  char* p = static_cast<char*>(data);
+  const size_t step = size_t(1) << 30;
+  for (size_t off = 0; off < n; off += step) {
+    size_t len = n - off < step ? n - off : step;
+    MPI_CHECK(MPI_Bcast(p + off, int(len), MPI_BYTE, root, comm_));
+  }
+}
+
+void Comm::bcast_string(std::string& s, int root) const {
+  uint64_t n = s.size();
+  bcast_bytes(&n, sizeof n, root);
+  s.resize(size_t(n));
+  if (n) bcast_bytes(&s[0], size_t(n), root);
+}
+
+bool Comm::any(bool flag) const {
+  int in = flag ? 1 : 0, out = 0;
+  MPI_CHECK(MPI_Allreduce(&in, &out, 1, MPI_INT, MPI_MAX, comm_));
+  return out != 0;
+}
+
+int Comm::first_set(bool flag) const {
+  int in = flag ? rank_ : size_, out = size_;
+  MPI_CHECK(MPI_Allreduce(&in, &out, 1, MPI_INT, MPI_MIN, comm_));
+  return out == size_ ? -1 : out;
+}
+
+SharedCounter::SharedCounter(const Comm& comm) {
+  MPI_Aint size = comm.rank() == 0 ? MPI_Aint(sizeof(int64_t)) : 0;
+  MPI_CHECK(MPI_Win_allocate(size, sizeof(int64_t), MPI_INFO_NULL, comm.raw(), &base_, &win_));
+  if (comm.rank() == 0) {
+    MPI_CHECK(MPI_Win_lock(MPI_LOCK_EXCLUSIVE, 0, 0, win_));
+    *base_ = 0;
+    MPI_CHECK(MPI_Win_unlock(0, win_));
+  }
+  comm.barrier();
+}
+
+SharedCounter::~SharedCounter() {
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (win_ != MPI_WIN_NULL && !finalized) MPI_Win_free(&win_);
+}
+
+int64_t SharedCounter::fetch_add(int64_t v) {
+  int64_t old = 0;
+  MPI_CHECK(MPI_Win_lock(MPI_LOCK_SHARED, 0, 0, win_));
+  MPI_CHECK(MPI_Fetch_and_op(&v, &old, MPI_INT64_T, 0, 0, MPI_SUM, win_));
+  MPI_CHECK(MPI_Win_unlock(0, win_));
+  return old;
+}
+
+MpiRuntime::MpiRuntime(int* argc, char*** argv) {
+  int provided = 0;
+  MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided);
+  // Errors come back as codes so MPI_CHECK can turn them into dz::Error with a message.
+  MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+  int rank = 0, size = 1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  log_state().rank = rank;
+  log_state().world = size;
+}
+
+MpiRuntime::~MpiRuntime() {
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (!finalized) MPI_Finalize();
+}
+
+void abort_all(const std::string& msg, int code) {
+  std::fprintf(stderr, "dayzero: error (rank %d): %s\n", log_state().rank, msg.c_str());
+  std::fflush(stderr);
+  int init = 0, finalized = 0;
+  MPI_Initialized(&init);
+  MPI_Finalized(&finalized);
+  if (init && !finalized && log_state().world > 1) MPI_Abort(MPI_COMM_WORLD, code);
+  std::exit(code);
+}
+
+}  // namespace dz

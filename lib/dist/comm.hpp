@@ -1,0 +1,86 @@
+// MPI behind one small interface (the NCCL backend will implement the collectives on GPU
+// buffers later). Communicators are RAII values passed explicitly: no global communicator cache.
+#pragma once
+#include <mpi.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/error.hpp"
+
+#define MPI_CHECK(call)                                                          \
+  do {                                                                           \
+    int _rc = (call);                                                            \
+    if (_rc != MPI_SUCCESS) {                                                    \
+      char _buf[MPI_MAX_ERROR_STRING];                                           \
+      int _len = 0;                                                              \
+      MPI_Error_string(_rc, _buf, &_len);                                        \
+      ::dz::fail(::dz::str(#call, " failed: ", std::string(_buf, size_t(_len)))); \
+    }                                                                            \
+  } while (0)
+
+namespace dz {
+
+class Comm {
+ public:
+  Comm() = default;
+  static Comm world();  // MPI_COMM_WORLD (not owned)
+  Comm(Comm&& o) noexcept;
+  Comm& operator=(Comm&& o) noexcept;
+  Comm(const Comm&) = delete;
+  Comm& operator=(const Comm&) = delete;
+  ~Comm();
+
+  MPI_Comm raw() const { return comm_; }
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+
+  Comm split(int color, int key) const;
+  void barrier() const;
+  void bcast_bytes(void* data, size_t n, int root) const;
+  void bcast_string(std::string& s, int root) const;
+  // Logical OR of a flag over the communicator.
+  bool any(bool flag) const;
+  // Lowest rank whose flag is set, or -1.
+  int first_set(bool flag) const;
+  template <class T>
+  void bcast_vec(std::vector<T>& v, int root) const {
+    uint64_t n = v.size();
+    bcast_bytes(&n, sizeof n, root);
+    v.resize(size_t(n));
+    if (n) bcast_bytes(v.data(), n * sizeof(T), root);
+  }
+
+ private:
+  MPI_Comm comm_ = MPI_COMM_NULL;
+  bool owned_ = false;
+  int rank_ = 0, size_ = 1;
+};
+
+// A shared counter living on rank 0 of a communicator (MPI one-sided, passive target):
+// fetch_add is how ranks take the next document without a coordinator loop.
+class SharedCounter {
+ public:
+  explicit SharedCounter(const Comm& comm);
+  ~SharedCounter();
+  SharedCounter(const SharedCounter&) = delete;
+  SharedCounter& operator=(const SharedCounter&) = delete;
+  int64_t fetch_add(int64_t v);
+
+ private:
+  MPI_Win win_ = MPI_WIN_NULL;
+  int64_t* base_ = nullptr;
+};
+
+// Initialises MPI for the process lifetime; finalises on destruction.
+class MpiRuntime {
+ public:
+  MpiRuntime(int* argc, char*** argv);
+  ~MpiRuntime();
+};
+
+// Top-level failure after work started: print and abort every rank, so none is left waiting.
+[[noreturn]] void abort_all(const std::string& msg, int code = 1);
+
+}  // namespace dz

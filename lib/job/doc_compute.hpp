@@ -1,0 +1,40 @@
+// What one document produces in each output mode, computed on one rank from the model.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <vector>
+
+#include "io/hdf5_io.hpp"
+#include "model/model.hpp"
+
+namespace dz {
+
+struct ModeParams {
+  OutputMode mode = OutputMode::Logprobs;
+  int64_t topk = 5;
+  int64_t max_new_tokens = 32;
+  double temperature = 0.0;
+  uint64_t seed = 0;
+};
+
+struct DocResult {
+  int64_t doc = -1;
+  DocStats stats;
+  std::vector<int32_t> ids;   // topk ids [L, K] / generated tokens
+  std::vector<float> values;  // logprobs [L-1] / topk logprobs [L, K] / last logits [V]
+};
+
+// Computes document `doc` (its tokens given) in the chosen mode. `tick` is called between layers.
+DocResult compute_document(const Model& model, int64_t doc, const std::vector<int32_t>& tokens, const ModeParams& p,
+                           const std::function<void()>& tick);
+
+// Token choice for generation: greedy (temperature 0, lowest id on ties) or sampling from
+// softmax(logits / temperature) with a generator seeded by (seed, doc, step), so the result does
+// not depend on which rank computes the document.
+int32_t choose_token(const float* logits, int64_t V, double temperature, uint64_t seed, int64_t doc, int64_t step);
+
+// Byte (de)serialisation of a DocResult for sending to the writer rank.
+std::vector<char> pack(const DocResult& r);
+DocResult unpack(const std::vector<char>& b);
+
+}  // namespace dz

@@ -1,0 +1,17 @@
+// Identity of a model directory and of an input file, recorded in outputs so `--resume` refuses
+// to mix results from a different model or input.
+#pragma once
+#include <cstdint>
+#include <string>
+
+namespace dz {
+
+class InputFile;
+
+uint64_t fnv1a64(const void* data, size_t n, uint64_t h = 0xcbf29ce484222325ull);
+// Hash of config.json and of every safetensors header (names, dtypes, shapes, offsets) + sizes.
+std::string model_fingerprint(const std::string& dir);
+// Hash of the document offsets and the token count.
+std::string input_fingerprint(const InputFile& in);
+
+}  // namespace dz

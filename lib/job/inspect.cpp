@@ -1,0 +1,214 @@
+// `dayzero inspect`: the structural diff of the seed's Day-0 method. Every module of a checkpoint
+// is classified against what dayzero implements:
+//   reusable                            same module and same parameters as a model already adapted
+//   reusable with different parameters  a module we implement, parameterised differently
+//   unsupported                         the config or the tensors name something we do not implement
+#include <cstdio>
+#include <map>
+#include <set>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "config/model_config.hpp"
+#include "core/error.hpp"
+#include "io/checkpoint.hpp"
+#include "job/tools.hpp"
+#include "model/module.hpp"
+
+namespace dz {
+
+namespace {
+
+struct Row {
+  std::string where, module, kind, params, status, note;
+};
+
+// Parameterisations of models already adapted (their published configs).
+const std::map<std::string, std::string>& known_modules() {
+  static const std::map<std::string, std::string> k = {
+      {"KDA heads=32 k=128 v=128 conv=4 gate=softplus", "Kimi-Linear-48B-A3B"},
+      {"MLA heads=32 q_lora=0 kv_lora=512 nope=128 rope=64 v=128 out_gate=0 indexer=none", "Kimi-Linear-48B-A3B"},
+      {"MLA heads=128 q_lora=1536 kv_lora=512 nope=128 rope=64 v=128 out_gate=0 indexer=64x128/top2048",
+       "DeepSeek-V3.2"},
+      {"GDN k_heads=16 v_heads=32 k=128 v=128 conv=4", "Qwen3-Next-80B-A3B"},
+      {"GQA heads=16 kv_heads=2 head_dim=256 rotary=0.25 out_gate=1", "Qwen3-Next-80B-A3B"},
+      {"MoE experts=256 top=8 width=1024 shared=1x1024 score=sigmoid groups=1/1", "Kimi-Linear-48B-A3B"},
+      {"MoE experts=256 top=8 width=2048 shared=1x2048 score=sigmoid groups=8/4", "DeepSeek-V3.2"},
+      {"MoE experts=512 top=10 width=512 shared=1x512 score=softmax groups=1/1", "Qwen3-Next-80B-A3B"},
+  };
+  return k;
+}
+
+std::string mixer_signature(const ModelConfig& c, const LayerSpec& l) {
+  switch (l.mixer) {
+    case MixerKind::KDA:
+      return str("KDA heads=", c.la_num_k_heads, " k=", c.la_head_k_dim, " v=", c.la_head_v_dim, " conv=",
+                 c.la_conv_kernel, " gate=", c.kda_gate == KdaGate::Softplus ? "softplus" : "lower_bound_sigmoid");
+    case MixerKind::GDN:
+      return str("GDN k_heads=", c.la_num_k_heads, " v_heads=", c.la_num_v_heads, " k=", c.la_head_k_dim,
+                 " v=", c.la_head_v_dim, " conv=", c.la_conv_kernel);
+    case MixerKind::MLA:
+      return str("MLA heads=", c.num_heads, " q_lora=", c.q_lora_rank, " kv_lora=", c.kv_lora_rank,
+                 " nope=", c.qk_nope_head_dim, " rope=", c.qk_rope_head_dim, " v=", c.v_head_dim,
+                 " out_gate=", int(c.mla_output_gate), " indexer=",
+                 l.has_indexer ? str(c.index_n_heads, "x", c.index_head_dim, "/top", c.index_topk)
+                               : std::string("none"));
+    case MixerKind::GQA:
+      return str("GQA heads=", c.num_heads, " kv_heads=", c.num_kv_heads, " head_dim=", c.head_dim,
+                 " rotary=", c.rope.partial_rotary_factor, " out_gate=", int(c.attn_output_gate));
+  }
+  return "?";
+}
+
+std::string ffn_signature(const ModelConfig& c, const LayerSpec& l) {
+  if (l.ffn == FfnKind::Dense) return str("MLP width=", c.intermediate_size, " act=", c.hidden_act);
+  int64_t per_shared = c.n_shared_experts > 0 ? c.shared_intermediate_size / c.n_shared_experts : 0;
+  return str("MoE experts=", c.n_routed_experts, " top=", c.num_experts_per_tok, " width=", c.moe_intermediate_size,
+             " shared=", c.n_shared_experts, "x", per_shared, " score=",
+             c.score_func == ScoreFunc::Softmax ? "softmax" : "sigmoid", " groups=", c.n_group, "/", c.topk_group);
+}
+
+void classify(Row& r, const std::string& sig) {
+  auto it = known_modules().find(sig);
+  if (it != known_modules().end()) {
+    r.status = "reusable";
+    r.note = it->second;
+  } else {
+    r.status = "reusable with different parameters";
+  }
+}
+
+// Which module of which layer an unexpected tensor belongs to.
+std::string owner_of(const std::string& name, int64_t* layer) {
+  *layer = -1;
+  const std::string pre = "model.layers.";
+  if (name.compare(0, pre.size(), pre) == 0) {
+    size_t dot = name.find('.', pre.size());
+    *layer = std::stoll(name.substr(pre.size(), dot - pre.size()));
+    std::string rest = name.substr(dot + 1);
+    if (rest.find("self_attn.") == 0 || rest.find("linear_attn.") == 0) return "token mixer";
+    if (rest.find("mlp.") == 0 || rest.find("block_sparse_moe.") == 0) return "ffn";
+    return "layer";
+  }
+  return "model";
+}
+
+}  // namespace
+
+int inspect(const std::string& dir, bool as_json) {
+  std::vector<Row> rows;
+  ModelConfig cfg;
+  try {
+    cfg = ModelConfig::from_file(dir + "/config.json");
+  } catch (const Error& e) {
+    rows.push_back({"config", "config.json", "?", "", "unsupported", e.what()});
+  }
+  std::unique_ptr<Checkpoint> ck;
+  if (rows.empty()) {
+    try {
+      ck = Checkpoint::open(dir);
+    } catch (const Error& e) {
+      rows.push_back({"weights", "safetensors", "?", "", "unsupported", e.what()});
+    }
+  }
+  if (ck) {
+    ck->set_dry_run(true);  // names and shapes only: inspect must not need the model's memory
+    const int64_t D = cfg.hidden_size, V = cfg.vocab_size;
+    const Init ni = cfg.norm_zero_centered ? Init::zeros() : Init::ones();
+    auto attempt = [&](Row r, const std::function<void()>& f) {
+      try {
+        f();
+      } catch (const Error& e) {
+        r.status = "unsupported";
+        r.note = e.what();
+      }
+      rows.push_back(r);
+    };
+    attempt({"model", "embedding", "embedding", str(V, "x", D), "reusable", ""},
+            [&] { ck->get("model.embed_tokens.weight", {V, D}); });
+    for (int64_t i = 0; i < cfg.num_layers; ++i) {
+      const LayerSpec& ls = cfg.layers[size_t(i)];
+      const std::string p = str("model.layers.", i, ".");
+      Row m{str("layer ", i), "token mixer", to_string(ls.mixer), mixer_signature(cfg, ls), "", ""};
+      classify(m, m.params);
+      attempt(m, [&] {
+        ck->get(p + "input_layernorm.weight", {D}, ni);
+        switch (ls.mixer) {
+          case MixerKind::KDA: make_kda_mixer(cfg, int(i), *ck, p); break;
+          case MixerKind::GDN: make_gdn_mixer(cfg, int(i), *ck, p); break;
+          case MixerKind::MLA: make_mla_mixer(cfg, int(i), *ck, p); break;
+          case MixerKind::GQA: make_gqa_mixer(cfg, int(i), *ck, p); break;
+        }
+      });
+      Row f{str("layer ", i), "ffn", to_string(ls.ffn), ffn_signature(cfg, ls), "", ""};
+      if (ls.ffn == FfnKind::Dense)
+        f.status = "reusable";
+      else
+        classify(f, f.params);
+      attempt(f, [&] {
+        ck->get(p + "post_attention_layernorm.weight", {D}, ni);
+        if (ls.ffn == FfnKind::MoE)
+          make_moe_ffn(cfg, int(i), *ck, p);
+        else
+          make_mlp_ffn(cfg, int(i), *ck, p);
+      });
+    }
+    if (cfg.attn_res_block_size > 0)
+      rows.push_back({"model", "residual", "Block AttnRes", str("block=", cfg.attn_res_block_size),
+                      cfg.attn_res_block_size == 12 ? "reusable" : "reusable with different parameters",
+                      cfg.attn_res_block_size == 12 ? "Kimi K3" : ""});
+    attempt({"model", "final norm + LM head", "rmsnorm + linear", str(D, " -> ", V), "reusable", ""}, [&] {
+      ck->get("model.norm.weight", {D}, ni);
+      if (!cfg.tie_word_embeddings) ck->get("lm_head.weight", {V, D});
+    });
+    // Tensors nobody asked for belong to modules we do not implement.
+    std::map<std::pair<int64_t, std::string>, std::vector<std::string>> stray;
+    for (const auto& n : ck->unused()) {
+      int64_t layer;
+      std::string mod = owner_of(n, &layer);
+      stray[{layer, mod}].push_back(n);
+    }
+    for (auto& kv : stray) {
+      std::string where = kv.first.first >= 0 ? str("layer ", kv.first.first) : std::string("model");
+      bool found = false;
+      for (auto& r : rows)
+        if (r.where == where && r.module == kv.first.second) {
+          r.status = "unsupported";
+          r.note = str("unexpected tensor ", kv.second[0],
+                       kv.second.size() > 1 ? str(" (and ", kv.second.size() - 1, " more)") : std::string());
+          found = true;
+        }
+      if (!found)
+        rows.push_back({where, kv.first.second, "?", "", "unsupported",
+                        str("unexpected tensor ", kv.second[0],
+                            kv.second.size() > 1 ? str(" (and ", kv.second.size() - 1, " more)") : std::string())});
+    }
+  }
+  int n_re = 0, n_diff = 0, n_uns = 0;
+  for (auto& r : rows) (r.status == "reusable" ? n_re : r.status == "unsupported" ? n_uns : n_diff)++;
+  if (as_json) {
+    nlohmann::json j;
+    j["model"] = dir;
+    if (!cfg.layers.empty()) j["config"] = cfg.to_json();
+    nlohmann::json arr = nlohmann::json::array();
+    for (auto& r : rows)
+      arr.push_back({{"where", r.where}, {"module", r.module}, {"kind", r.kind}, {"params", r.params},
+                     {"status", r.status}, {"note", r.note}});
+    j["modules"] = arr;
+    j["summary"] = {{"reusable", n_re}, {"reusable_with_different_parameters", n_diff}, {"unsupported", n_uns}};
+    std::printf("%s\n", j.dump(2).c_str());
+  } else {
+    std::printf("%s: %s\n", dir.c_str(), cfg.model_type.empty() ? "?" : cfg.model_type.c_str());
+    std::printf("%-9s %-21s %-15s %-34s %s\n", "where", "module", "kind", "status", "parameters / note");
+    for (auto& r : rows)
+      std::printf("%-9s %-21s %-15s %-34s %s%s%s\n", r.where.c_str(), r.module.c_str(), r.kind.c_str(),
+                  r.status.c_str(), r.params.c_str(), r.note.empty() ? "" : "  # ", r.note.c_str());
+    std::printf("summary: %zu modules: %d reusable, %d reusable with different parameters, %d unsupported\n",
+                rows.size(), n_re, n_diff, n_uns);
+  }
+  return n_uns > 0 ? 2 : 0;
+}
+
+}  // namespace dz

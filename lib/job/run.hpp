@@ -1,0 +1,35 @@
+// The batch job: `dayzero run`. Validates everything before any work (model, input, output),
+// deals documents to data-parallel ranks longest-first through a shared counter, computes each
+// document's result in the chosen mode and has rank 0 write it durably, then writes a report.
+#pragma once
+#include <cstdint>
+#include <string>
+
+namespace dz {
+
+struct RunOptions {
+  std::string model, input, output, report;
+  int cp = 1, tp = 1;
+  std::string mode = "logprobs";
+  int64_t topk = 5;
+  int64_t max_new_tokens = 32;
+  double temperature = 0.0;  // 0: greedy
+  uint64_t seed = 0;
+  std::string backend = "cpu";
+  std::string kv_cache = "bf16";
+  std::string index_quant = "none";
+  bool resume = false;
+  bool overwrite = false;
+  double progress_seconds = 30.0;  // rank 0 prints a progress line this often
+};
+
+// Thrown when validation before any work fails on some rank; every rank throws it with the same
+// message, so main() can print it once and exit non-zero without MPI_Abort.
+struct PreflightError {
+  std::string message;
+};
+
+// Runs the job on MPI_COMM_WORLD. Returns the process exit code.
+int run_job(const RunOptions& opt);
+
+}  // namespace dz

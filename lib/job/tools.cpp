@@ -1,0 +1,122 @@
+#include "job/tools.hpp"
+
+#include <sys/stat.h>
+
+#include <cstdio>
+#include <fstream>
+#include <random>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "config/model_config.hpp"
+#include "core/error.hpp"
+#include "core/log.hpp"
+#include "io/checkpoint.hpp"
+#include "io/hdf5_io.hpp"
+#include "model/model.hpp"
+
+namespace dz {
+
+static bool exists(const std::string& p) {
+  struct stat s;
+  return ::stat(p.c_str(), &s) == 0;
+}
+
+static std::string read_text(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  DZ_CHECK(f.good(), "cannot read ", path);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+void make_model(const MakeModelOptions& o) {
+  DZ_CHECK(!o.out.empty(), "make-model: --out is required");
+  std::string text;
+  auto it = presets().find(o.preset);
+  if (it != presets().end()) {
+    text = it->second;
+  } else {
+    DZ_CHECK(exists(o.preset), "make-model: '", o.preset, "' is neither a preset (",
+             [] {
+               std::string s;
+               for (auto& kv : presets()) s += (s.empty() ? "" : ", ") + kv.first;
+               return s;
+             }(),
+             ") nor a config.json file");
+    text = read_text(o.preset);
+  }
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(text);
+  } catch (const std::exception& e) {
+    fail(str("make-model: ", o.preset, ": invalid JSON: ", e.what()));
+  }
+  DZ_CHECK(o.dtype == "f32" || o.dtype == "bf16", "make-model: --dtype must be f32 or bf16 (got ", o.dtype, ")");
+  if (exists(o.out + "/config.json"))
+    DZ_CHECK(o.overwrite, "make-model: ", o.out, " already holds a model; pass --overwrite to replace it");
+  ModelConfig cfg = ModelConfig::from_json(j);
+  auto ck = Checkpoint::random(o.seed);
+  auto model = Model::build(cfg, *ck);  // asks for every tensor: that is the list we write
+  ::mkdir(o.out.c_str(), 0755);
+  DZ_CHECK(exists(o.out), "make-model: cannot create directory ", o.out);
+  write_safetensors(o.out, ck->generated(), o.dtype == "bf16" ? DType::BF16 : DType::F32,
+                    uint64_t(o.shard_mb) << 20);
+  {
+    std::string tmp = o.out + "/config.json.tmp";
+    std::ofstream f(tmp);
+    f << j.dump(2) << "\n";
+    DZ_CHECK(f.good(), "make-model: cannot write ", tmp);
+    f.close();
+    DZ_CHECK(std::rename(tmp.c_str(), (o.out + "/config.json").c_str()) == 0, "make-model: cannot write config.json");
+  }
+  int64_t params = 0;
+  for (auto& kv : ck->generated()) params += kv.second.size();
+  log_root(str("make-model: wrote ", o.out, " (", cfg.model_type, ", ", cfg.num_layers, " layers, ", params,
+               " parameters, ", ck->generated().size(), " tensors, ", o.dtype, ")"));
+}
+
+void make_input(const MakeInputOptions& o) {
+  DZ_CHECK(!o.out.empty(), "make-input: --out is required");
+  if (exists(o.out)) DZ_CHECK(o.overwrite, "make-input: ", o.out, " exists; pass --overwrite to replace it");
+  std::vector<int32_t> tokens;
+  std::vector<int64_t> offsets{0};
+  if (!o.tokens_file.empty()) {
+    std::ifstream f(o.tokens_file);
+    DZ_CHECK(f.good(), "make-input: cannot read ", o.tokens_file);
+    std::string line;
+    int64_t lineno = 0;
+    while (std::getline(f, line)) {
+      ++lineno;
+      std::istringstream ls(line);
+      long long v;
+      int64_t n = 0;
+      while (ls >> v) {
+        DZ_CHECK(v >= 0 && v <= 2147483647LL, "make-input: ", o.tokens_file, ":", lineno, ": token id ", v,
+                 " out of range");
+        tokens.push_back(int32_t(v));
+        ++n;
+      }
+      DZ_CHECK(ls.eof(), "make-input: ", o.tokens_file, ":", lineno, ": not a whitespace-separated list of ids");
+      if (n > 0) offsets.push_back(int64_t(tokens.size()));
+    }
+    DZ_CHECK(offsets.size() > 1, "make-input: ", o.tokens_file, " holds no document");
+  } else {
+    int64_t vocab = o.vocab;
+    if (!o.model.empty()) vocab = ModelConfig::from_file(o.model + "/config.json").vocab_size;
+    DZ_CHECK(vocab > 0, "make-input: give --vocab or --model");
+    DZ_CHECK(o.docs >= 1, "make-input: --docs must be >= 1");
+    DZ_CHECK(o.min_len >= 1 && o.max_len >= o.min_len, "make-input: need 1 <= --min-len <= --max-len");
+    std::mt19937_64 rng(o.seed);
+    for (int64_t d = 0; d < o.docs; ++d) {
+      int64_t L = o.min_len + int64_t(rng() % uint64_t(o.max_len - o.min_len + 1));
+      for (int64_t t = 0; t < L; ++t) tokens.push_back(int32_t(rng() % uint64_t(vocab)));
+      offsets.push_back(int64_t(tokens.size()));
+    }
+  }
+  write_input_file(o.out, tokens, offsets);
+  log_root(str("make-input: wrote ", o.out, " (", offsets.size() - 1, " documents, ", tokens.size(), " tokens)"));
+}
+
+}  // namespace dz

@@ -1,0 +1,136 @@
+#include "model/model.hpp"
+
+#include <cmath>
+#include <cstring>
+
+#include "core/linalg.hpp"
+#include "model/attn_res.hpp"
+#include "ops/norm.hpp"
+
+namespace dz {
+
+Model::~Model() = default;
+
+std::unique_ptr<Model> Model::load(const std::string& dir) {
+  ModelConfig cfg = ModelConfig::from_file(dir + "/config.json");
+  auto ck = Checkpoint::open(dir);
+  auto m = build(cfg, *ck);
+  ck->check_all_used();
+  return m;
+}
+
+std::unique_ptr<Model> Model::build(const ModelConfig& cfg, Checkpoint& ck) {
+  cfg.validate();
+  std::unique_ptr<Model> m(new Model());
+  m->cfg_ = cfg;
+  const int64_t V = cfg.vocab_size, D = cfg.hidden_size;
+  // Zero-centred norms store w with the output scaled by (1 + w): generated weights start at 0.
+  const Init norm_init = cfg.norm_zero_centered ? Init::zeros() : Init::ones();
+  m->embed_ = ck.get("model.embed_tokens.weight", {V, D}, Init::normal(1.0f));
+  for (int64_t i = 0; i < cfg.num_layers; ++i) {
+    const std::string p = str("model.layers.", i, ".");
+    const LayerSpec& ls = cfg.layers[size_t(i)];
+    Layer L;
+    L.attn_norm = ck.get(p + "input_layernorm.weight", {D}, norm_init);
+    switch (ls.mixer) {
+      case MixerKind::KDA: L.mixer = make_kda_mixer(cfg, int(i), ck, p); break;
+      case MixerKind::GDN: L.mixer = make_gdn_mixer(cfg, int(i), ck, p); break;
+      case MixerKind::MLA: L.mixer = make_mla_mixer(cfg, int(i), ck, p); break;
+      case MixerKind::GQA: L.mixer = make_gqa_mixer(cfg, int(i), ck, p); break;
+    }
+    L.ffn_norm = ck.get(p + "post_attention_layernorm.weight", {D}, norm_init);
+    L.ffn = ls.ffn == FfnKind::MoE ? make_moe_ffn(cfg, int(i), ck, p) : make_mlp_ffn(cfg, int(i), ck, p);
+    m->layers_.push_back(std::move(L));
+  }
+  if (cfg.attn_res_block_size > 0) m->attn_res_ = std::make_unique<AttnRes>(cfg, ck);
+  m->final_norm_ = ck.get("model.norm.weight", {D}, norm_init);
+  if (!cfg.tie_word_embeddings) m->lm_head_ = ck.get("lm_head.weight", {V, D}, Init::normal(0.02f));
+  return m;
+}
+
+Model::State Model::make_state() const {
+  State st;
+  for (const auto& L : layers_) st.mixers.push_back(L.mixer->make_state());
+  return st;
+}
+
+Model::State Model::State::clone() const {
+  State s;
+  s.pos = pos;
+  for (const auto& m : mixers) s.mixers.push_back(m->clone());
+  return s;
+}
+
+Tensor Model::forward(const int32_t* tokens, int64_t T, State& st, const std::function<void()>& tick,
+                      std::vector<Tensor>* layer_hidden) const {
+  const int64_t D = cfg_.hidden_size, V = cfg_.vocab_size;
+  const float eps = cfg_.rms_norm_eps;
+  const bool zc = cfg_.norm_zero_centered;
+  Tensor h({T, D});  // residual stream [T, D]
+  for (int64_t t = 0; t < T; ++t) {
+    DZ_CHECK(tokens[t] >= 0 && tokens[t] < V, "token id ", tokens[t], " outside the vocabulary of ", V);
+    std::memcpy(h.row(t), embed_.row(tokens[t]), size_t(D) * sizeof(float));
+  }
+  if (layer_hidden) {
+    layer_hidden->clear();
+    layer_hidden->push_back(h);
+  }
+  Tensor normed({T, D}), out({T, D});
+  std::unique_ptr<AttnRes::Stream> ar;
+  if (attn_res_) ar = std::make_unique<AttnRes::Stream>(attn_res_->begin(h.ptr(), T));
+  Tensor input({T, D});
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    const Layer& L = layers_[i];
+    // token mixer
+    const float* x = h.ptr();
+    if (ar) {
+      attn_res_->sublayer_input(*ar, int(i), 0, input.ptr());
+      x = input.ptr();
+    }
+    rmsnorm(x, L.attn_norm.ptr(), normed.ptr(), T, D, eps, zc);
+    L.mixer->forward(normed.ptr(), T, *st.mixers[i], out.ptr());
+    if (ar) attn_res_->add_output(*ar, int(i), 0, out.ptr());
+    for (int64_t j = 0; j < T * D; ++j) h[j] += out[j];
+    // FFN
+    x = h.ptr();
+    if (ar) {
+      attn_res_->sublayer_input(*ar, int(i), 1, input.ptr());
+      x = input.ptr();
+    }
+    rmsnorm(x, L.ffn_norm.ptr(), normed.ptr(), T, D, eps, zc);
+    L.ffn->forward(normed.ptr(), T, out.ptr());
+    if (ar) attn_res_->add_output(*ar, int(i), 1, out.ptr());
+    for (int64_t j = 0; j < T * D; ++j) h[j] += out[j];
+    if (layer_hidden) layer_hidden->push_back(h);
+    if (tick) tick();
+  }
+  if (ar) attn_res_->final_output(*ar, h.ptr());
+  Tensor y({T, D});
+  rmsnorm(h.ptr(), final_norm_.ptr(), y.ptr(), T, D, eps, zc);
+  st.pos += T;
+  return y;
+}
+
+void Model::logits(const float* hidden, int64_t rows, float* out) const {
+  const Tensor& W = cfg_.tie_word_embeddings ? embed_ : lm_head_;
+  linear(hidden, W.ptr(), nullptr, out, rows, cfg_.hidden_size, cfg_.vocab_size);
+}
+
+static double logsumexp(const float* x, int64_t V) {
+  float mx = x[0];
+  for (int64_t i = 1; i < V; ++i) mx = x[i] > mx ? x[i] : mx;
+  double s = 0;
+  for (int64_t i = 0; i < V; ++i) s += std::exp(double(x[i]) - mx);
+  return double(mx) + std::log(s);
+}
+
+double log_softmax_at(const float* logits, int64_t V, int64_t target) {
+  return double(logits[target]) - logsumexp(logits, V);
+}
+
+void log_softmax(const float* logits, int64_t V, float* out) {
+  double lse = logsumexp(logits, V);
+  for (int64_t i = 0; i < V; ++i) out[i] = float(double(logits[i]) - lse);
+}
+
+}  // namespace dz

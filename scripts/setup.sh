@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Installs the Debian packages dayzero needs (when missing) and builds it into build/.
+# Usage: scripts/setup.sh [extra cmake args]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PKGS=(build-essential cmake ninja-build pkg-config openmpi-bin libopenmpi-dev libhdf5-dev hdf5-tools
+      libcli11-dev catch2 nlohmann-json3-dev)
+missing=()
+for p in "${PKGS[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "[setup] installing: ${missing[*]}"
+  SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+
+BUILD=${DZ_BUILD_DIR:-build}
+GEN=(); command -v ninja >/dev/null && GEN=(-G Ninja)
+cmake -S . -B "$BUILD" "${GEN[@]}" -DCMAKE_BUILD_TYPE=Release "$@" >/dev/null
+cmake --build "$BUILD" -j "$(nproc)"
+echo "[setup] built $BUILD/dayzero"
