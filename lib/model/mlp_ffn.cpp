@@ -1,0 +1,41 @@
+// Dense SwiGLU FFN: out = down(silu(gate(x)) * up(x)). Same tensor names in every family:
+//   PREFIX mlp.gate_proj.weight [I, D], mlp.up_proj.weight [I, D], mlp.down_proj.weight [D, I]
+#include "core/error.hpp"
+#include "model/module.hpp"
+#include "ops/moe.hpp"
+
+namespace dz {
+
+namespace {
+class MlpFfn : public Ffn {
+ public:
+  MlpFfn(Tensor gate, Tensor up, Tensor down, int64_t D) : gate_(std::move(gate)), up_(std::move(up)),
+                                                          down_(std::move(down)), D_(D) {
+    view_.gate = gate_.ptr();
+    view_.up = up_.ptr();
+    view_.down = down_.ptr();
+    view_.inter = gate_.dim(0);
+    view_.down_ld = view_.inter;
+  }
+  void forward(const float* x, int64_t T, float* out) const override { swiglu_mlp(view_, x, out, T, D_); }
+
+ private:
+  Tensor gate_, up_, down_;  // [I, D], [I, D], [D, I]
+  int64_t D_;
+  SwigluView view_;
+};
+}  // namespace
+
+std::unique_ptr<Ffn> make_mlp_ffn(const ModelConfig& cfg, int layer, Checkpoint& ck, const std::string& prefix) {
+  DZ_CHECK(cfg.hidden_act == "silu" || cfg.hidden_act == "swish", "layer ", layer, ": hidden_act '", cfg.hidden_act,
+           "' is not supported (only silu / SwiGLU)");
+  const int64_t D = cfg.hidden_size, I = cfg.intermediate_size;
+  DZ_CHECK(D > 0 && I > 0, "layer ", layer, ": dense MLP needs hidden_size and intermediate_size > 0");
+  const std::string p = prefix + "mlp.";
+  Tensor g = ck.get(p + "gate_proj.weight", {I, D});
+  Tensor u = ck.get(p + "up_proj.weight", {I, D});
+  Tensor d = ck.get(p + "down_proj.weight", {D, I});
+  return std::make_unique<MlpFfn>(std::move(g), std::move(u), std::move(d), D);
+}
+
+}  // namespace dz

@@ -1,0 +1,201 @@
+// Routed MoE FFN with optional shared expert(s) (CPU reference).
+//   out = sum_k w_k * expert_k(x) + [sigmoid(x · g)] * shared(x)
+// Routing: ops/moe.hpp. The family's published tensor names, under PREFIX (e.g. "model.layers.3."):
+//   kimi_linear, dayzero : block_sparse_moe.gate.weight [E, D], block_sparse_moe.gate.e_score_correction_bias [E],
+//                          block_sparse_moe.experts.{e}.w1|w3|w2.weight (gate [I, D] | up [I, D] | down [D, I]),
+//                          block_sparse_moe.shared_experts.gate_proj|up_proj|down_proj.weight
+//   deepseek_v32         : mlp.gate.weight, mlp.gate.e_score_correction_bias,
+//                          mlp.experts.{e}.gate_proj|up_proj|down_proj.weight, mlp.shared_experts.*_proj.weight
+//   qwen3_next           : mlp.gate.weight, mlp.experts.{e}.*_proj.weight, mlp.shared_expert.*_proj.weight,
+//                          mlp.shared_expert_gate.weight [1, D]
+// A real checkpoint may instead hold the transformers v5 layout: BASE.experts.gate_up_proj [E, 2I, D]
+// (gate rows first, then up) and BASE.experts.down_proj [E, D, I], and BASE may be "mlp." for a kimi
+// model. The layout is picked by which names exist; generating mode writes the published layout.
+#include <algorithm>
+#include <cmath>
+
+#include "core/error.hpp"
+#include "core/linalg.hpp"
+#include "model/module.hpp"
+#include "ops/moe.hpp"
+
+namespace dz {
+
+namespace {
+
+enum class ExpertLayout { PerExpertW, PerExpertProj, Fused };
+
+struct MoeNames {
+  std::string base;    // "block_sparse_moe." or "mlp." (after PREFIX)
+  ExpertLayout layout = ExpertLayout::PerExpertProj;
+  std::string shared;  // "shared_experts." or "shared_expert."
+  std::string bias;    // full name of the correction bias
+};
+
+MoeNames published_names(Family f) {
+  MoeNames n;
+  switch (f) {
+    case Family::KimiLinear:
+    case Family::Dayzero:
+      n.base = "block_sparse_moe.";
+      n.layout = ExpertLayout::PerExpertW;
+      n.shared = "shared_experts.";
+      break;
+    case Family::DeepseekV32:
+      n.base = "mlp.";
+      n.shared = "shared_experts.";
+      break;
+    case Family::Qwen3Next:
+      n.base = "mlp.";
+      n.shared = "shared_expert.";
+      break;
+  }
+  return n;
+}
+
+MoeNames find_names(const ModelConfig& cfg, int layer, const Checkpoint& ck, const std::string& prefix) {
+  MoeNames n = published_names(cfg.family);
+  n.bias = prefix + n.base + "gate.e_score_correction_bias";
+  if (ck.generating()) return n;
+
+  const std::string other = n.base == "mlp." ? "block_sparse_moe." : "mlp.";
+  if (!ck.has(prefix + n.base + "gate.weight")) {
+    DZ_CHECK(ck.has(prefix + other + "gate.weight"), "layer ", layer, ": missing MoE router tensor ", prefix, n.base,
+             "gate.weight (nor ", prefix, other, "gate.weight) in ", ck.dir());
+    n.base = other;
+  }
+  const std::string P = prefix + n.base;
+  if (ck.has(P + "experts.gate_up_proj"))
+    n.layout = ExpertLayout::Fused;
+  else if (ck.has(P + "experts.0.w1.weight"))
+    n.layout = ExpertLayout::PerExpertW;
+  else if (ck.has(P + "experts.0.gate_proj.weight"))
+    n.layout = ExpertLayout::PerExpertProj;
+  else
+    fail(str("layer ", layer, ": no routed expert tensors under ", P, "experts. (looked for experts.gate_up_proj, ",
+             "experts.0.w1.weight, experts.0.gate_proj.weight) in ", ck.dir()));
+  if (ck.has(P + "shared_experts.gate_proj.weight"))
+    n.shared = "shared_experts.";
+  else if (ck.has(P + "shared_expert.gate_proj.weight"))
+    n.shared = "shared_expert.";
+  n.bias = P + "gate.e_score_correction_bias";
+  if (!ck.has(n.bias) && ck.has(P + "e_score_correction_bias")) n.bias = P + "e_score_correction_bias";
+  return n;
+}
+
+class MoeFfn : public Ffn {
+ public:
+  void forward(const float* x, int64_t T, float* out) const override {
+    const int64_t k = rc_.top_k;
+    std::vector<int32_t> idx(static_cast<size_t>(T * k));
+    std::vector<float> w(static_cast<size_t>(T * k));
+    moe_route(rc_, x, router_.ptr(), bias_.empty() ? nullptr : bias_.ptr(), T, D_, idx.data(), w.data());
+    std::fill(out, out + T * D_, 0.f);
+    moe_experts_acc(experts_, x, T, D_, idx.data(), w.data(), k, 0, int64_t(experts_.size()), out);
+    if (!has_shared_) return;
+    std::vector<float> sh(static_cast<size_t>(T * D_));  // [T, D]
+    swiglu_mlp(shared_, x, sh.data(), T, D_);
+    for (int64_t t = 0; t < T; ++t) {
+      const float g = shared_gate_.empty() ? 1.f : sigmoid(dot(x + t * D_, shared_gate_.ptr(), D_));
+      for (int64_t d = 0; d < D_; ++d) out[t * D_ + d] += shared_gate_.empty() ? sh[size_t(t * D_ + d)]
+                                                                                : g * sh[size_t(t * D_ + d)];
+    }
+  }
+
+  RouterConfig rc_;
+  int64_t D_ = 0;
+  Tensor router_, bias_;         // [E, D], [E] or empty
+  std::vector<Tensor> owned_;    // expert weights (per-expert or fused)
+  std::vector<SwigluView> experts_;
+  bool has_shared_ = false;
+  SwigluView shared_;
+  Tensor shared_gate_;           // [1, D] or empty
+};
+
+SwigluView view_of(const Tensor& g, const Tensor& u, const Tensor& d) {
+  SwigluView v;
+  v.gate = g.ptr();
+  v.up = u.ptr();
+  v.down = d.ptr();
+  v.inter = g.dim(0);
+  v.down_ld = v.inter;
+  return v;
+}
+
+}  // namespace
+
+std::unique_ptr<Ffn> make_moe_ffn(const ModelConfig& cfg, int layer, Checkpoint& ck, const std::string& prefix) {
+  DZ_CHECK(cfg.hidden_act == "silu" || cfg.hidden_act == "swish", "layer ", layer, ": hidden_act '", cfg.hidden_act,
+           "' is not supported (only silu / SwiGLU experts)");
+  const int64_t D = cfg.hidden_size, E = cfg.n_routed_experts, I = cfg.moe_intermediate_size;
+  DZ_CHECK(D > 0 && E > 0 && I > 0, "layer ", layer, ": MoE needs hidden_size, n_routed_experts and ",
+           "moe_intermediate_size > 0");
+  auto m = std::make_unique<MoeFfn>();
+  m->D_ = D;
+  RouterConfig& rc = m->rc_;
+  rc.n_experts = E;
+  rc.top_k = cfg.num_experts_per_tok;
+  rc.score_func = cfg.score_func;
+  rc.norm_topk_prob = cfg.norm_topk_prob;
+  rc.routed_scaling_factor = cfg.routed_scaling_factor;
+  rc.n_group = std::max<int64_t>(cfg.n_group, 1);
+  rc.topk_group = std::max<int64_t>(cfg.topk_group, 1);
+  // DeepSeek's inference code scores groups by their best expert when there is no correction bias
+  // and by the sum of the best two otherwise; transformers and Kimi always have the bias.
+  rc.group_score = cfg.router_correction_bias ? GroupScore::Top2Sum : GroupScore::Max;
+  try {
+    rc.validate();
+  } catch (const Error& e) {
+    fail(str("layer ", layer, ": ", e.what()));
+  }
+
+  const MoeNames n = find_names(cfg, layer, ck, prefix);
+  const std::string P = prefix + n.base;
+  m->router_ = ck.get(P + "gate.weight", {E, D});
+  if (cfg.router_correction_bias) m->bias_ = ck.get(n.bias, {E}, Init::uniform(-0.05f, 0.05f));
+
+  m->experts_.resize(size_t(E));
+  m->owned_.reserve(size_t(3 * E + 3));  // views point into these tensors: no reallocation
+  if (n.layout == ExpertLayout::Fused) {
+    m->owned_.push_back(ck.get(P + "experts.gate_up_proj", {E, 2 * I, D}));
+    m->owned_.push_back(ck.get(P + "experts.down_proj", {E, D, I}));
+    const float* gu = m->owned_[0].ptr();
+    const float* dn = m->owned_[1].ptr();
+    for (int64_t e = 0; e < E; ++e) {
+      SwigluView& v = m->experts_[size_t(e)];
+      v.gate = gu + e * 2 * I * D;  // rows [0, I) of expert e: gate
+      v.up = v.gate + I * D;        // rows [I, 2I): up
+      v.down = dn + e * D * I;
+      v.inter = I;
+      v.down_ld = I;
+    }
+  } else {
+    const bool w = n.layout == ExpertLayout::PerExpertW;
+    for (int64_t e = 0; e < E; ++e) {
+      const std::string q = P + "experts." + std::to_string(e) + ".";
+      m->owned_.push_back(ck.get(q + (w ? "w1.weight" : "gate_proj.weight"), {I, D}));
+      m->owned_.push_back(ck.get(q + (w ? "w3.weight" : "up_proj.weight"), {I, D}));
+      m->owned_.push_back(ck.get(q + (w ? "w2.weight" : "down_proj.weight"), {D, I}));
+      const size_t o = m->owned_.size() - 3;
+      m->experts_[size_t(e)] = view_of(m->owned_[o], m->owned_[o + 1], m->owned_[o + 2]);
+    }
+  }
+
+  const int64_t S = cfg.shared_intermediate_size > 0 ? cfg.shared_intermediate_size
+                                                      : cfg.n_shared_experts * cfg.moe_intermediate_size;
+  if (S > 0) {
+    const std::string q = P + n.shared;
+    m->owned_.push_back(ck.get(q + "gate_proj.weight", {S, D}));
+    m->owned_.push_back(ck.get(q + "up_proj.weight", {S, D}));
+    m->owned_.push_back(ck.get(q + "down_proj.weight", {D, S}));
+    const size_t o = m->owned_.size() - 3;
+    m->shared_ = view_of(m->owned_[o], m->owned_[o + 1], m->owned_[o + 2]);
+    m->has_shared_ = true;
+    if (cfg.shared_expert_gate) m->shared_gate_ = ck.get(P + "shared_expert_gate.weight", {1, D});
+  } else {
+    DZ_CHECK(!cfg.shared_expert_gate, "layer ", layer, ": shared_expert_gate set without a shared expert");
+  }
+  return m;
+}
+
+}  // namespace dz
