@@ -1,0 +1,55 @@
+// Softmax attention over a KV cache (CPU reference, fp32): the core shared by MLA (dense or DSA
+// sparse) and gated GQA, plus the per-sequence cache those mixers keep.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "model/module.hpp"
+
+namespace dz {
+
+// Causal softmax attention for T queries at absolute positions pos0 .. pos0+T-1.
+//   q   [T, Hq, Dk]     k [S, Hkv, Dk]     v [S, Hkv, Dv]     out [T, Hq, Dv]     (S >= pos0 + T)
+// Query head h reads kv head h / (Hq / Hkv) (GQA grouping; Hq % Hkv == 0).
+// Dense (sel == nullptr): query t attends keys 0 .. pos0+t inclusive.
+// Sparse: sel [T, n_sel] lists key positions per query (the DSA Top-K set). Entries that are -1,
+// outside 0 .. pos0+t, or repeated are ignored, i.e. a selection acts as a mask on the causal set
+// (transformers folds the Top-K set into the causal mask the same way). Keys are visited in the
+// order given, so a selection sorted by position with every visible key gives exactly the dense
+// result. A query with no valid key gets zeros.
+// p = softmax(scale * q·k) over the attended keys (max-subtracted, fp32, fixed order).
+void causal_attention(const float* q, const float* k, const float* v, float* out, int64_t T, int64_t pos0,
+                      int64_t S, int64_t Hq, int64_t Hkv, int64_t Dk, int64_t Dv, float scale,
+                      const int32_t* sel = nullptr, int64_t n_sel = 0);
+
+// MLA in the absorbed form, straight on the latent cache (mathematically equal to materialising
+// per-head k = [W_uk c, k_pe] and v = W_uv c and calling causal_attention):
+//   score(t, s) = (W_uk[h]^T q_nope[t,h]) · c[s] + q_pe[t,h] · k_pe[s]
+//   out[t, h]   = W_uv[h] · sum_s p(t, s) c[s]
+//   q      [T, H, nope + rope] (rope part already rotated)    latent [S, R]    k_pe [S, rope]
+//   wkv_b  [H * (nope + vd), R] (kv_b_proj, HF layout)        out    [T, H, vd]
+// sel / n_sel as in causal_attention.
+void mla_attention_absorbed(const float* q, const float* latent, const float* k_pe, const float* wkv_b,
+                            float* out, int64_t T, int64_t pos0, int64_t S, int64_t H, int64_t nope, int64_t rope,
+                            int64_t R, int64_t vd, float scale, const int32_t* sel = nullptr, int64_t n_sel = 0);
+
+// Per-sequence cache of a softmax-attention mixer. Grows by T rows per forward call; rows are
+// token positions 0 .. pos-1. Public so that the CP runtime can gather latent KV / indexer keys.
+struct AttnCache : MixerState {
+  // MLA
+  std::vector<float> latent;   // [pos, kv_lora_rank] after kv_a_layernorm
+  std::vector<float> k_pe;     // [pos, qk_rope_head_dim] after RoPE (raw when the family is NoPE)
+  std::vector<float> index_k;  // [pos, index_head_dim] DSA indexer keys after LayerNorm + RoPE
+  // GQA
+  std::vector<float> k;  // [pos, Hkv, D] after k_norm + RoPE
+  std::vector<float> v;  // [pos, Hkv, D]
+  // DSA: Top-K positions chosen in the last forward call, [T_last, topk_width], ascending, -1
+  // padded (diagnostics and tests; not needed for the next call).
+  std::vector<int32_t> last_topk;
+  int64_t topk_width = 0;
+
+  std::unique_ptr<MixerState> clone() const override { return std::make_unique<AttnCache>(*this); }
+};
+
+}  // namespace dz

@@ -1,0 +1,64 @@
+// DeepSeek-V3.2 DSA lightning indexer (CPU reference, fp32) and its Top-K selection.
+//
+// Follows transformers' deepseek_v32 (what the golden references are made with):
+//   q_idx = wq_b(q_resid)                      [T, Hi, Di]   q_resid = q_a_layernorm(q_a_proj(x))
+//   k_idx = LayerNorm(wk(x)) (weight + bias, eps 1e-6)   [T, Di]
+//   RoPE (NeoX / rotate-half, NOT the interleaved form of the main MLA) on dims [0, rope) of both,
+//   with the model's rope (YaRN included); dims [rope, Di) pass through.
+//   w[t, h] = weights_proj(x)[t, h] * Hi^-0.5 * Di^-0.5
+//   score(t, s) = sum_h w[t, h] * relu(q_idx[t, h] · k_idx[s]),   s <= t
+// DeepSeek's own inference code also applies a Hadamard rotation to q and k (orthogonal, so the
+// dot products are unchanged in exact arithmetic) and quantises both to FP8 with per-128 scales
+// (its weights carry q's scale); neither is done here (the MXFP8 option emulates quantisation
+// separately).
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "config/model_config.hpp"
+#include "core/tensor.hpp"
+#include "io/checkpoint.hpp"
+#include "ops/rope.hpp"
+
+namespace dz {
+
+// torch.nn.LayerNorm over the last dim: (x - mean) / sqrt(var + eps) * w + b (biased variance).
+// rows × D; y may alias x.
+void layer_norm(const float* x, const float* w, const float* b, float* y, int64_t rows, int64_t D, float eps);
+
+// scores [T, S]: row t holds score(t, s) for s <= pos0 + t and -inf for later s.
+//   q [T, H, D]    w [T, H] (already scaled)    k [S, D]
+void indexer_scores(const float* q, const float* w, const float* k, float* scores, int64_t T, int64_t pos0,
+                    int64_t S, int64_t H, int64_t D);
+
+// Top-K per query row of scores [T, S] over the visible keys s <= pos0 + t.
+// sel [T, K]: the chosen positions in ascending position order, -1 padded when fewer than K
+// keys are visible (then every visible key is chosen). Ties are broken towards the lower position
+// (torch.topk leaves tie order unspecified; with fp32 scores exact ties are rare except all-zero
+// ReLU sums). NaN scores rank lowest.
+void topk_positions(const float* scores, int32_t* sel, int64_t T, int64_t pos0, int64_t S, int64_t K);
+
+// The indexer module of one layer: weights under `prefix` ("model.layers.N.self_attn.indexer.").
+class DsaIndexer {
+ public:
+  DsaIndexer(const ModelConfig& cfg, Checkpoint& ck, const std::string& prefix);
+  int64_t topk() const { return topk_; }
+  int64_t head_dim() const { return D_; }
+  // x [T, hidden], q_resid [T, q_lora_rank] for positions pos0 .. pos0+T-1. Appends T keys to
+  // index_k (which must hold pos0 rows: [pos0, Di] -> [pos0 + T, Di]) and writes sel [T, topk()].
+  void forward(const float* x, const float* q_resid, int64_t T, int64_t pos0, std::vector<float>& index_k,
+               int32_t* sel) const;
+
+ private:
+  int64_t hidden_, q_lora_, H_, D_, rope_dim_, topk_;
+  Tensor wq_b_;          // [H*D, q_lora]
+  Tensor wk_;            // [D, hidden]
+  Tensor k_norm_w_;      // [D]
+  Tensor k_norm_b_;      // [D]
+  Tensor weights_proj_;  // [H, hidden]
+  std::unique_ptr<Rope> rope_;  // NeoX over rope_dim (null when rope_dim == 0)
+};
+
+}  // namespace dz
