@@ -1,0 +1,380 @@
+#!/usr/bin/env python3
+"""Independent float64 NumPy forward pass of the golden models, written from docs/families.md
+(not from transformers): token-by-token recurrences, plain softmax attention.
+
+Checks docs/families.md against the committed golden.h5 files and measures how far the fp32
+transformers outputs are from an fp64 evaluation.  Needs only numpy, h5py, safetensors.
+    python3 tests/golden/numpy_ref.py [family ...]
+"""
+import json
+import math
+import os
+import sys
+
+import h5py
+import numpy as np
+from safetensors.numpy import load_file
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def rms(x, w, eps, centred=False):
+    y = x / np.sqrt((x * x).mean(-1, keepdims=True) + eps)
+    return y * ((1.0 + w) if centred else w)
+
+
+def silu(u):
+    return u / (1.0 + np.exp(-u))
+
+
+def sigmoid(u):
+    return 1.0 / (1.0 + np.exp(-u))
+
+
+def softplus(u):
+    return np.where(u > 20.0, u, np.log1p(np.exp(np.minimum(u, 20.0))))
+
+
+def l2n(x):
+    return x / np.sqrt((x * x).sum(-1, keepdims=True) + 1e-6)
+
+
+def causal_conv_silu(x, w):  # x [T, C], w [C, 1, W]
+    T, C = x.shape
+    W = w.shape[-1]
+    xp = np.concatenate([np.zeros((W - 1, C)), x], 0)
+    out = sum(w[:, 0, j][None, :] * xp[j:j + T] for j in range(W))
+    return silu(out)
+
+
+def softmax_attn(q, k, v, scale, allowed):  # q [T,nh,d], k [T,nh,d], v [T,nh,dv], allowed [T,T] or [T,T]
+    s = np.einsum("thd,shd->hts", q, k) * scale
+    s = np.where(allowed[None], s, -np.inf)
+    s = s - s.max(-1, keepdims=True)
+    p = np.exp(s)
+    p /= p.sum(-1, keepdims=True)
+    return np.einsum("hts,shd->thd", p, v)
+
+
+def delta_rule(q, k, v, g, beta):
+    """q,k [T,Hh,K] (already normed/scaled), v [T,Hh,V], g [T,Hh,K] or [T,Hh,1] log-decay, beta [T,Hh]."""
+    T, Hh, K = k.shape
+    S = np.zeros((Hh, K, v.shape[-1]))
+    out = np.zeros_like(v)
+    for t in range(T):
+        S = S * np.exp(g[t])[:, :, None]
+        kv = np.einsum("hk,hkv->hv", k[t], S)
+        delta = beta[t][:, None] * (v[t] - kv)
+        S = S + k[t][:, :, None] * delta[:, None, :]
+        out[t] = np.einsum("hk,hkv->hv", q[t], S)
+    return out
+
+
+def mlp(x, P, pre):
+    return (silu(x @ P[pre + "gate_proj.weight"].T) * (x @ P[pre + "up_proj.weight"].T)) @ P[pre + "down_proj.weight"].T
+
+
+def expert(x, gate, up, down):
+    return (silu(x @ gate.T) * (x @ up.T)) @ down.T
+
+
+def sigmoid_router_moe(x, P, pre, E, G, topk_group, top_k, renorm, scale, names, shared_pre):
+    s = sigmoid(x @ P[pre + "gate.weight"].T)
+    c = s + P[pre + "gate.e_score_correction_bias"][None]
+    y = np.zeros_like(x)
+    for t in range(x.shape[0]):
+        grp = np.array([np.sort(c[t, j * E // G:(j + 1) * E // G])[-2:].sum() for j in range(G)])
+        keep = np.argsort(-grp, kind="stable")[:topk_group]
+        cm = np.full(E, -np.inf)
+        for j in keep:
+            cm[j * E // G:(j + 1) * E // G] = c[t, j * E // G:(j + 1) * E // G]
+        sel = np.argsort(-cm, kind="stable")[:top_k]
+        w = s[t, sel]
+        if renorm:
+            w = w / (w.sum() + 1e-20)
+        w = w * scale
+        for e, we in zip(sel, w):
+            gname, uname, dname = names(e)
+            y[t] += we * expert(x[t:t + 1], P[pre + gname], P[pre + uname], P[pre + dname])[0]
+    return y + mlp(x, P, shared_pre)
+
+
+def rope_neox(x, cos, sin):  # x [T, ..., d]; cos/sin [T, d/2]
+    d2 = x.shape[-1] // 2
+    c = cos.reshape(cos.shape[0], *([1] * (x.ndim - 2)), d2)
+    s = sin.reshape(sin.shape[0], *([1] * (x.ndim - 2)), d2)
+    a, b = x[..., :d2], x[..., d2:]
+    return np.concatenate([a * c - b * s, b * c + a * s], -1)
+
+
+def rope_interleaved(x, cos, sin):  # returns interleaved layout (pairs 2i, 2i+1)
+    c = cos.reshape(cos.shape[0], *([1] * (x.ndim - 2)), -1)
+    s = sin.reshape(sin.shape[0], *([1] * (x.ndim - 2)), -1)
+    a, b = x[..., 0::2], x[..., 1::2]
+    y = np.empty_like(x)
+    y[..., 0::2] = a * c - b * s
+    y[..., 1::2] = b * c + a * s
+    return y
+
+
+def yarn(cfg, dim):
+    rp = cfg.get("rope_parameters") or dict(cfg.get("rope_scaling") or {}, rope_theta=cfg.get("rope_theta"))
+    base = rp["rope_theta"]
+    i = np.arange(0, dim, 2) / dim
+    inv = 1.0 / base ** i
+    att, mscale2 = 1.0, 1.0
+    if rp.get("rope_type", rp.get("type", "default")) == "yarn":
+        f, L0 = rp["factor"], rp["original_max_position_embeddings"]
+        bf, bs = rp.get("beta_fast") or 32, rp.get("beta_slow") or 1
+
+        def corr(n):
+            return dim * math.log(L0 / (n * 2 * math.pi)) / (2 * math.log(base))
+        low, high = max(math.floor(corr(bf)), 0), min(math.ceil(corr(bs)), dim - 1)
+        if low == high:
+            high += 0.001
+        ramp = np.clip((np.arange(dim // 2) - low) / (high - low), 0, 1)
+        inv = inv / f * ramp + inv * (1 - ramp)
+
+        def m(f, s):
+            return 1.0 if f <= 1 else 0.1 * s * math.log(f) + 1.0
+        ms, msa = rp.get("mscale"), rp.get("mscale_all_dim")
+        att = m(f, ms) / m(f, msa) if (ms and msa) else m(f, 1)
+        if msa:
+            mscale2 = m(f, msa) ** 2
+    return inv, att, mscale2
+
+
+def kimi_forward(cfg, P, tok):
+    x = P["model.embed_tokens.weight"][tok]
+    eps = cfg["rms_norm_eps"]
+    T = len(tok)
+    causal = np.tril(np.ones((T, T), bool))
+    hs = [x]
+    for i, lt in enumerate(cfg["layer_types"]):
+        p = f"model.layers.{i}."
+        a = p + "self_attn."
+        h = rms(x, P[p + "input_layernorm.weight"], eps)
+        if lt == "linear_attention":
+            Hh, K = cfg["linear_num_heads"], cfg["linear_head_dim"]
+            q = causal_conv_silu(h @ P[a + "q_proj.weight"].T, P[a + "q_conv1d.weight"]).reshape(T, Hh, K)
+            k = causal_conv_silu(h @ P[a + "k_proj.weight"].T, P[a + "k_conv1d.weight"]).reshape(T, Hh, K)
+            v = causal_conv_silu(h @ P[a + "v_proj.weight"].T, P[a + "v_conv1d.weight"]).reshape(T, Hh, K)
+            q, k = l2n(q) * K ** -0.5, l2n(k)
+            graw = (h @ P[a + "f_a_proj.weight"].T) @ P[a + "f_b_proj.weight"].T + P[a + "dt_bias"]
+            A = np.exp(P[a + "A_log"].reshape(Hh))
+            g = -A[None, :, None] * softplus(graw.reshape(T, Hh, K))
+            beta = sigmoid(h @ P[a + "b_proj.weight"].T)
+            o = delta_rule(q, k, v, g, beta)
+            gate = ((h @ P[a + "g_a_proj.weight"].T) @ P[a + "g_b_proj.weight"].T).reshape(T, Hh, K)
+            o = rms(o, P[a + "o_norm.weight"], eps) * sigmoid(gate)
+            attn = o.reshape(T, -1) @ P[a + "o_proj.weight"].T
+        else:
+            nh, dn, dr, dv, r = (cfg["num_attention_heads"], cfg["qk_nope_head_dim"], cfg["qk_rope_head_dim"],
+                                 cfg["v_head_dim"], cfg["kv_lora_rank"])
+            if cfg.get("q_lora_rank"):
+                q = rms(h @ P[a + "q_a_proj.weight"].T, P[a + "q_a_layernorm.weight"], 1e-6) @ P[a + "q_b_proj.weight"].T
+            else:
+                q = h @ P[a + "q_proj.weight"].T
+            q = q.reshape(T, nh, dn + dr)
+            c = h @ P[a + "kv_a_proj_with_mqa.weight"].T
+            ckv = rms(c[:, :r], P[a + "kv_a_layernorm.weight"], 1e-6)
+            kr = c[:, r:]
+            kv = (ckv @ P[a + "kv_b_proj.weight"].T).reshape(T, nh, dn + dv)
+            key = np.concatenate([kv[..., :dn], np.broadcast_to(kr[:, None], (T, nh, dr))], -1)
+            o = softmax_attn(q, key, kv[..., dn:], (dn + dr) ** -0.5, causal)
+            attn = o.reshape(T, -1) @ P[a + "o_proj.weight"].T
+        x = x + attn
+        h = rms(x, P[p + "post_attention_layernorm.weight"], eps)
+        if cfg["mlp_layer_types"][i] == "dense":
+            f = mlp(h, P, p + "mlp.")
+        else:
+            f = sigmoid_router_moe(h, P, p + "block_sparse_moe.", cfg["num_experts"], cfg["num_expert_group"],
+                                   cfg["topk_group"], cfg["num_experts_per_token"], cfg["moe_renormalize"],
+                                   cfg["routed_scaling_factor"],
+                                   lambda e: (f"experts.{e}.w1.weight", f"experts.{e}.w3.weight", f"experts.{e}.w2.weight"),
+                                   p + "block_sparse_moe.shared_experts.")
+        x = x + f
+        hs.append(x)
+    return x, hs, None
+
+
+def deepseek_forward(cfg, P, tok):
+    x = P["model.embed_tokens.weight"][tok]
+    eps = cfg["rms_norm_eps"]
+    T = len(tok)
+    causal = np.tril(np.ones((T, T), bool))
+    nh, dn, dr, dv, r = (cfg["num_attention_heads"], cfg["qk_nope_head_dim"], cfg["qk_rope_head_dim"],
+                         cfg["v_head_dim"], cfg["kv_lora_rank"])
+    inv, att, ms2 = yarn(cfg, dr)
+    ang = np.arange(T)[:, None] * inv[None]
+    cos, sin = np.cos(ang) * att, np.sin(ang) * att
+    nih, dih, topk = cfg["index_n_heads"], cfg["index_head_dim"], cfg["index_topk"]
+    hs, sels = [x], []
+    for i in range(cfg["num_hidden_layers"]):
+        p = f"model.layers.{i}."
+        a = p + "self_attn."
+        h = rms(x, P[p + "input_layernorm.weight"], eps)
+        qr = rms(h @ P[a + "q_a_proj.weight"].T, P[a + "q_a_layernorm.weight"], 1e-6)
+        q = (qr @ P[a + "q_b_proj.weight"].T).reshape(T, nh, dn + dr)
+        c = h @ P[a + "kv_a_proj_with_mqa.weight"].T
+        ckv = rms(c[:, :r], P[a + "kv_a_layernorm.weight"], 1e-6)
+        kpe = rope_interleaved(c[:, r:], cos, sin)
+        qpe = rope_interleaved(q[..., dn:], cos, sin)
+        kv = (ckv @ P[a + "kv_b_proj.weight"].T).reshape(T, nh, dn + dv)
+        # indexer
+        ix = a + "indexer."
+        iq = (qr @ P[ix + "wq_b.weight"].T).reshape(T, nih, dih)
+        ik = h @ P[ix + "wk.weight"].T
+        mu, var = ik.mean(-1, keepdims=True), ik.var(-1, keepdims=True)
+        ik = (ik - mu) / np.sqrt(var + 1e-6) * P[ix + "k_norm.weight"] + P[ix + "k_norm.bias"]
+        iq = np.concatenate([rope_neox(iq[..., :dr], cos, sin), iq[..., dr:]], -1)
+        ik = np.concatenate([rope_neox(ik[:, :dr], cos, sin), ik[:, dr:]], -1)
+        w = (h @ P[ix + "weights_proj.weight"].T) * nih ** -0.5
+        sc = np.maximum(np.einsum("thd,sd->ths", iq, ik) * dih ** -0.5, 0)
+        iscore = np.einsum("th,ths->ts", w, sc)
+        iscore = np.where(causal, iscore, -np.inf)
+        allowed = np.zeros((T, T), bool)
+        sel = np.full((T, topk), -1, np.int32)
+        for t in range(T):
+            kk = min(topk, t + 1)
+            chosen = np.sort(np.argsort(-iscore[t], kind="stable")[:kk])
+            allowed[t, chosen] = True
+            sel[t, :kk] = chosen
+        sels.append(sel)
+        qq = np.concatenate([q[..., :dn], qpe], -1)
+        kk_ = np.concatenate([kv[..., :dn], np.broadcast_to(kpe[:, None], (T, nh, dr))], -1)
+        o = softmax_attn(qq, kk_, kv[..., dn:], (dn + dr) ** -0.5 * ms2, allowed)
+        x = x + o.reshape(T, -1) @ P[a + "o_proj.weight"].T
+        h = rms(x, P[p + "post_attention_layernorm.weight"], eps)
+        if i < cfg["first_k_dense_replace"]:
+            f = mlp(h, P, p + "mlp.")
+        else:
+            f = sigmoid_router_moe(h, P, p + "mlp.", cfg["n_routed_experts"], cfg["n_group"], cfg["topk_group"],
+                                   cfg["num_experts_per_tok"], cfg["norm_topk_prob"], cfg["routed_scaling_factor"],
+                                   lambda e: (f"experts.{e}.gate_proj.weight", f"experts.{e}.up_proj.weight",
+                                              f"experts.{e}.down_proj.weight"),
+                                   p + "mlp.shared_experts.")
+        x = x + f
+        hs.append(x)
+    return x, hs, sels
+
+
+def qwen3_next_forward(cfg, P, tok):
+    x = P["model.embed_tokens.weight"][tok]
+    eps = cfg["rms_norm_eps"]
+    T = len(tok)
+    causal = np.tril(np.ones((T, T), bool))
+    hs = [x]
+    for i, lt in enumerate(cfg["layer_types"]):
+        p = f"model.layers.{i}."
+        h = rms(x, P[p + "input_layernorm.weight"], eps, centred=True)
+        if lt == "linear_attention":
+            a = p + "linear_attn."
+            nk, nv, dk, dv = (cfg["linear_num_key_heads"], cfg["linear_num_value_heads"],
+                              cfg["linear_key_head_dim"], cfg["linear_value_head_dim"])
+            rho = nv // nk
+            qkvz = (h @ P[a + "in_proj_qkvz.weight"].T).reshape(T, nk, 2 * dk + 2 * rho * dv)
+            ba = (h @ P[a + "in_proj_ba.weight"].T).reshape(T, nk, 2 * rho)
+            q, k = qkvz[..., :dk], qkvz[..., dk:2 * dk]
+            v = qkvz[..., 2 * dk:2 * dk + rho * dv].reshape(T, nv, dv)
+            z = qkvz[..., 2 * dk + rho * dv:].reshape(T, nv, dv)
+            b, al = ba[..., :rho].reshape(T, nv), ba[..., rho:].reshape(T, nv)
+            mixed = np.concatenate([q.reshape(T, -1), k.reshape(T, -1), v.reshape(T, -1)], -1)
+            mixed = causal_conv_silu(mixed, P[a + "conv1d.weight"])
+            Kd = nk * dk
+            q = mixed[:, :Kd].reshape(T, nk, dk)
+            k = mixed[:, Kd:2 * Kd].reshape(T, nk, dk)
+            v = mixed[:, 2 * Kd:].reshape(T, nv, dv)
+            beta = sigmoid(b)
+            g = -np.exp(P[a + "A_log"])[None] * softplus(al + P[a + "dt_bias"][None])
+            q = np.repeat(q, rho, axis=1)
+            k = np.repeat(k, rho, axis=1)
+            q, k = l2n(q) * dk ** -0.5, l2n(k)
+            o = delta_rule(q, k, v, g[..., None], beta)
+            o = rms(o, P[a + "norm.weight"], eps) * silu(z)
+            attn = o.reshape(T, -1) @ P[a + "out_proj.weight"].T
+        else:
+            a = p + "self_attn."
+            nh, nkv, hd = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"]
+            rp = cfg.get("rope_parameters") or {}
+            prf = rp.get("partial_rotary_factor", cfg.get("partial_rotary_factor", 1.0))
+            theta = rp.get("rope_theta", cfg.get("rope_theta"))
+            rd = int(hd * prf)
+            inv = 1.0 / theta ** (np.arange(0, rd, 2) / rd)
+            ang = np.arange(T)[:, None] * inv[None]
+            cos, sin = np.cos(ang), np.sin(ang)
+            qg = (h @ P[a + "q_proj.weight"].T).reshape(T, nh, 2 * hd)
+            q, gate = qg[..., :hd], qg[..., hd:].reshape(T, -1)
+            q = rms(q, P[a + "q_norm.weight"], eps, centred=True)
+            k = rms((h @ P[a + "k_proj.weight"].T).reshape(T, nkv, hd), P[a + "k_norm.weight"], eps, centred=True)
+            v = (h @ P[a + "v_proj.weight"].T).reshape(T, nkv, hd)
+            q = np.concatenate([rope_neox(q[..., :rd], cos, sin), q[..., rd:]], -1)
+            k = np.concatenate([rope_neox(k[..., :rd], cos, sin), k[..., rd:]], -1)
+            rep = nh // nkv
+            o = softmax_attn(q, np.repeat(k, rep, 1), np.repeat(v, rep, 1), hd ** -0.5, causal)
+            attn = (o.reshape(T, -1) * sigmoid(gate)) @ P[a + "o_proj.weight"].T
+        x = x + attn
+        h = rms(x, P[p + "post_attention_layernorm.weight"], eps, centred=True)
+        m = p + "mlp."
+        E = cfg["num_experts"]
+        logits = h @ P[m + "gate.weight"].T
+        pr = np.exp(logits - logits.max(-1, keepdims=True))
+        pr /= pr.sum(-1, keepdims=True)
+        f = np.zeros_like(h)
+        for t in range(T):
+            sel = np.argsort(-pr[t], kind="stable")[:cfg["num_experts_per_tok"]]
+            w = pr[t, sel]
+            if cfg["norm_topk_prob"]:
+                w = w / w.sum()
+            for e, we in zip(sel, w):
+                f[t] += we * expert(h[t:t + 1], P[m + f"experts.{e}.gate_proj.weight"],
+                                    P[m + f"experts.{e}.up_proj.weight"], P[m + f"experts.{e}.down_proj.weight"])[0]
+        f += sigmoid(h @ P[m + "shared_expert_gate.weight"].T) * mlp(h, P, m + "shared_expert.")
+        assert E == P[m + "gate.weight"].shape[0]
+        x = x + f
+        hs.append(x)
+    return x, hs, None
+
+
+FORWARD = {"kimi_linear": kimi_forward, "deepseek_v32": deepseek_forward, "qwen3_next": qwen3_next_forward}
+
+
+def check(family):
+    d = os.path.join(HERE, family)
+    cfg = json.load(open(os.path.join(d, "config.json")))
+    P = {k: v.astype(np.float64) for k, v in load_file(os.path.join(d, "model.safetensors")).items()}
+    f = h5py.File(os.path.join(d, "golden.h5"), "r")
+    tokens, offsets = f["tokens"][:], f["offsets"][:]
+    L = cfg["num_hidden_layers"]
+    lps, hid, pre, sels = [], [[] for _ in range(L + 1)], [], []
+    for i in range(len(offsets) - 1):
+        tok = tokens[offsets[i]:offsets[i + 1]]
+        x, hs, sel = FORWARD[family](cfg, P, tok)
+        xn = rms(x, P["model.norm.weight"], cfg["rms_norm_eps"], centred=(family == "qwen3_next"))
+        logits = xn @ P["lm_head.weight"].T
+        m = logits.max(-1, keepdims=True)
+        lsm = logits - m - np.log(np.exp(logits - m).sum(-1, keepdims=True))
+        lps.append(lsm[np.arange(len(tok) - 1), tok[1:]])
+        for j in range(L):
+            hid[j].append(hs[j])
+        hid[L].append(xn)
+        pre.append(x)
+        if sel is not None:
+            sels.append(sel)
+    lp = np.concatenate(lps)
+    res = {"logprobs": float(np.abs(lp - f["logprobs"][:]).max())}
+    for j in range(L + 1):
+        res[f"layer_{j}"] = float(np.abs(np.concatenate(hid[j]) - f[f"hidden/layer_{j}"][:]).max())
+    res["last_layer_prenorm"] = float(np.abs(np.concatenate(pre) - f["hidden/last_layer_prenorm"][:]).max())
+    if sels:
+        for li in range(L):
+            mine = np.concatenate([s[li] for s in sels])
+            res[f"dsa_topk_mismatch_layer{li}"] = int((mine != f[f"dsa_topk/layer{li}"][:]).sum())
+    print(family, "fp64 numpy vs golden (max abs):", " ".join(f"{k}={v:.3g}" for k, v in res.items()))
+    return res
+
+
+if __name__ == "__main__":
+    fams = sys.argv[1:] or list(FORWARD)
+    for fam in fams:
+        check(fam)
