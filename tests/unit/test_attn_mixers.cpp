@@ -108,14 +108,44 @@ void lnorm(double* x, const Tensor& w, const Tensor& b, int64_t rows, int64_t D)
   }
 }
 
-// Rotate rot dims of v for position pos: interleaved pairs (2i, 2i+1) or halves (i, i + rot/2).
-void rope(double* v, int64_t rot, int64_t pos, double theta, bool interleaved) {
-  for (int64_t i = 0; i < rot / 2; ++i) {
-    const double ang = double(pos) * std::pow(theta, -2.0 * double(i) / double(rot));
-    const int64_t a = interleaved ? 2 * i : i, b = interleaved ? 2 * i + 1 : i + rot / 2;
+// RoPE frequencies in fp64 from the formulas (docs/families.md), YaRN included.
+struct RopeRef {
+  Vec inv;                 // [rot / 2]
+  double cs_mult = 1.0;    // YaRN attention factor on cos / sin
+  double sm_mult = 1.0;    // multiplier on the MLA softmax scale
+};
+
+RopeRef rope_ref(const RopeConfig& rc, int64_t rot) {
+  RopeRef r;
+  const double base = rc.theta, dim = double(rot);
+  for (int64_t i = 0; i < rot / 2; ++i) r.inv.push_back(std::pow(base, -2.0 * double(i) / dim));
+  if (!rc.yarn) return r;
+  const double f = rc.yarn_factor, L0 = double(rc.yarn_original_max_pos);
+  auto corr = [&](double n) { return dim * std::log(L0 / (2.0 * M_PI * n)) / (2.0 * std::log(base)); };
+  double low = std::max(std::floor(corr(rc.yarn_beta_fast)), 0.0);
+  double high = std::min(std::ceil(corr(rc.yarn_beta_slow)), dim - 1.0);
+  if (low == high) high += 0.001;
+  for (size_t i = 0; i < r.inv.size(); ++i) {
+    const double ramp = std::min(std::max((double(i) - low) / (high - low), 0.0), 1.0);
+    r.inv[i] = r.inv[i] / f * ramp + r.inv[i] * (1.0 - ramp);
+  }
+  auto m = [&](double s) { return f <= 1.0 ? 1.0 : 0.1 * s * std::log(f) + 1.0; };
+  const double ms = rc.yarn_mscale, msa = rc.yarn_mscale_all_dim;
+  r.cs_mult = (ms != 0.0 && msa != 0.0) ? m(ms) / m(msa) : m(1.0);
+  if (msa != 0.0) r.sm_mult = m(msa) * m(msa);
+  return r;
+}
+
+// Rotate 2 * inv.size() dims of v for position pos: interleaved pairs (2i, 2i+1) or halves.
+void rope(double* v, const RopeRef& r, int64_t pos, bool interleaved) {
+  const int64_t half = int64_t(r.inv.size());
+  for (int64_t i = 0; i < half; ++i) {
+    const double ang = double(pos) * r.inv[size_t(i)];
+    const double c = std::cos(ang) * r.cs_mult, s = std::sin(ang) * r.cs_mult;
+    const int64_t a = interleaved ? 2 * i : i, b = interleaved ? 2 * i + 1 : i + half;
     const double x1 = v[a], x2 = v[b];
-    v[a] = x1 * std::cos(ang) - x2 * std::sin(ang);
-    v[b] = x2 * std::cos(ang) + x1 * std::sin(ang);
+    v[a] = x1 * c - x2 * s;
+    v[b] = x2 * c + x1 * s;
   }
 }
 
@@ -134,7 +164,7 @@ Ref mla_ref(const ModelConfig& c, const Weights& W, const std::vector<float>& x,
   auto at = [&](const std::string& n) -> const Tensor& { return W.at(p + n); };
   const int64_t H = c.num_heads, R = c.kv_lora_rank, nope = c.qk_nope_head_dim,
                 rp = c.qk_rope_head_dim, vd = c.v_head_dim, Dq = nope + rp;
-  const double theta = c.rope.theta;
+  const RopeRef rr = rope_ref(c.rope, rp);
   Vec X(x.begin(), x.end()), qr, q;
   if (c.q_lora_rank > 0) {
     qr = lin(X, at("q_a_proj.weight"), T);
@@ -151,8 +181,8 @@ Ref mla_ref(const ModelConfig& c, const Weights& W, const std::vector<float>& x,
   rms(lat.data(), at("kv_a_layernorm.weight"), T, R, 1e-6, false);
   if (use_rope)
     for (int64_t t = 0; t < T; ++t) {
-      for (int64_t h = 0; h < H; ++h) rope(&q[size_t((t * H + h) * Dq + nope)], rp, t, theta, true);
-      rope(&kpe[size_t(t * rp)], rp, t, theta, true);
+      for (int64_t h = 0; h < H; ++h) rope(&q[size_t((t * H + h) * Dq + nope)], rr, t, true);
+      rope(&kpe[size_t(t * rp)], rr, t, true);
     }
   Vec kvb = lin(lat, at("kv_b_proj.weight"), T);  // [T, H, nope + vd]
 
@@ -165,8 +195,8 @@ Ref mla_ref(const ModelConfig& c, const Weights& W, const std::vector<float>& x,
     Vec iq = lin(qr, at("indexer.wq_b.weight"), T), ik = lin(X, at("indexer.wk.weight"), T);
     lnorm(ik.data(), at("indexer.k_norm.weight"), at("indexer.k_norm.bias"), T, Di);
     for (int64_t t = 0; t < T; ++t) {
-      for (int64_t h = 0; h < Hi; ++h) rope(&iq[size_t((t * Hi + h) * Di)], rp, t, theta, false);
-      rope(&ik[size_t(t * Di)], rp, t, theta, false);
+      for (int64_t h = 0; h < Hi; ++h) rope(&iq[size_t((t * Hi + h) * Di)], rr, t, false);
+      rope(&ik[size_t(t * Di)], rr, t, false);
     }
     Vec wt = lin(X, at("indexer.weights_proj.weight"), T);
     ref.ambiguous.assign(size_t(T), 0);
@@ -196,7 +226,7 @@ Ref mla_ref(const ModelConfig& c, const Weights& W, const std::vector<float>& x,
     }
   }
 
-  const double scale = 1.0 / std::sqrt(double(Dq));
+  const double scale = 1.0 / std::sqrt(double(Dq)) * (use_rope ? rr.sm_mult : 1.0);
   Vec o(size_t(T * H * vd), 0.0);
   for (int64_t t = 0; t < T; ++t)
     for (int64_t h = 0; h < H; ++h) {
@@ -230,7 +260,7 @@ Vec gqa_ref(const ModelConfig& c, const Weights& W, const std::vector<float>& x,
   const std::string p = kPrefix + "self_attn.";
   auto at = [&](const std::string& n) -> const Tensor& { return W.at(p + n); };
   const int64_t H = c.num_heads, Hkv = c.num_kv_heads, Dh = c.head_dim;
-  const int64_t rot = int64_t(double(Dh) * c.rope.partial_rotary_factor);
+  const RopeRef rr = rope_ref(c.rope, int64_t(double(Dh) * c.rope.partial_rotary_factor));
   Vec X(x.begin(), x.end());
   Vec qg = lin(X, at("q_proj.weight"), T), k = lin(X, at("k_proj.weight"), T), v = lin(X, at("v_proj.weight"), T);
   Vec q(size_t(T * H * Dh)), gate(q.size());
@@ -243,8 +273,8 @@ Vec gqa_ref(const ModelConfig& c, const Weights& W, const std::vector<float>& x,
   rms(q.data(), at("q_norm.weight"), T * H, Dh, c.rms_norm_eps, true);
   rms(k.data(), at("k_norm.weight"), T * Hkv, Dh, c.rms_norm_eps, true);
   for (int64_t t = 0; t < T; ++t) {
-    for (int64_t h = 0; h < H; ++h) rope(&q[size_t((t * H + h) * Dh)], rot, t, c.rope.theta, false);
-    for (int64_t h = 0; h < Hkv; ++h) rope(&k[size_t((t * Hkv + h) * Dh)], rot, t, c.rope.theta, false);
+    for (int64_t h = 0; h < H; ++h) rope(&q[size_t((t * H + h) * Dh)], rr, t, false);
+    for (int64_t h = 0; h < Hkv; ++h) rope(&k[size_t((t * Hkv + h) * Dh)], rr, t, false);
   }
   Vec o(size_t(T * H * Dh), 0.0);
   for (int64_t t = 0; t < T; ++t)
@@ -289,6 +319,19 @@ ModelConfig mla_cfg(Family f, int64_t q_lora, int64_t rope_dim, bool gate, bool 
   ls.mixer = MixerKind::MLA;
   ls.has_indexer = indexer;
   c.layers = {ls};
+  return c;
+}
+
+// YaRN with a short original context (so the ramp cuts through the 4 frequencies) and
+// mscale != mscale_all_dim (so both the cos/sin factor and the softmax multiplier differ from 1).
+ModelConfig yarn(ModelConfig c) {
+  c.rope.yarn = true;
+  c.rope.yarn_factor = 4.f;
+  c.rope.yarn_original_max_pos = 64;
+  c.rope.yarn_beta_fast = 32.f;
+  c.rope.yarn_beta_slow = 1.f;
+  c.rope.yarn_mscale = 1.f;
+  c.rope.yarn_mscale_all_dim = 0.5f;
   return c;
 }
 
@@ -345,6 +388,7 @@ TEST_CASE("attn_mixers: MLA flavours match an fp64 straight-line version", "[uni
       {"kimi_linear rope dim 0", mla_cfg(Family::KimiLinear, 11, 0, false, false), false},
       {"dayzero (NoPE MLA + gate + DSA)", mla_cfg(Family::Dayzero, 11, 4, true, true), false},
       {"deepseek_v32 dense (no indexer)", mla_cfg(Family::DeepseekV32, 11, 6, false, false), true},
+      {"deepseek_v32 DSA + YaRN", yarn(mla_cfg(Family::DeepseekV32, 11, 8, false, true)), true},
   };
   uint32_t seed = 100;
   for (const Case& c : cases) {
