@@ -230,7 +230,9 @@ void parse_safetensors(const std::string& path, const uint8_t* data, size_t size
     const std::string& name = it.key();
     if (name == "__metadata__") continue;
     const json& e = it.value();
-    auto bad = [&](const std::string& why) { fail(str("bad safetensors header in ", path, ": tensor ", name, ": ", why)); };
+    auto bad = [&](const std::string& why) {
+      fail(str("bad safetensors header in ", path, ": tensor ", name, ": ", why));
+    };
     if (!e.is_object() || !e.contains("dtype") || !e.contains("shape") || !e.contains("data_offsets"))
       bad("needs dtype, shape and data_offsets");
     TensorInfo ti;
@@ -286,7 +288,8 @@ std::unique_ptr<Checkpoint> Checkpoint::open(const std::string& dir) {
     weight_map = j["weight_map"];
     std::set<std::string> seen;
     for (auto it = weight_map.begin(); it != weight_map.end(); ++it) {
-      DZ_CHECK(it.value().is_string(), "bad checkpoint index ", index, ": weight_map[", it.key(), "] is not a file name");
+      DZ_CHECK(it.value().is_string(), "bad checkpoint index ", index, ": weight_map[", it.key(),
+               "] is not a file name");
       std::string shard = it.value().get<std::string>();
       if (seen.insert(shard).second) {
         DZ_CHECK(file_exists(join(dir, shard)), "missing shard ", join(dir, shard), " (listed in ", index,
