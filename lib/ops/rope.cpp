@@ -34,8 +34,14 @@ Rope::Rope(const RopeConfig& cfg, int64_t rot_dim) : cfg_(cfg), rot_dim_(rot_dim
   DZ_CHECK(cfg.theta > 1.f, "rope: theta must be > 1, got ", cfg.theta);
   const int64_t half = rot_dim / 2;
   const double base = cfg.theta, dim = double(rot_dim);
+  // fp32 throughout, in the reference's operation order (theta^(2i/d) in fp32, then its fp32
+  // reciprocal), so the frequencies are bit-identical to transformers' in the common case.
+  std::vector<float> pf(static_cast<size_t>(half));  // theta^(2i/d)
   inv_freq_.resize(size_t(half));
-  for (int64_t i = 0; i < half; ++i) inv_freq_[size_t(i)] = float(1.0 / std::pow(base, double(2 * i) / dim));
+  for (int64_t i = 0; i < half; ++i) {
+    pf[size_t(i)] = std::pow(cfg.theta, float(2 * i) / float(rot_dim));
+    inv_freq_[size_t(i)] = 1.f / pf[size_t(i)];
+  }
   if (!cfg.yarn) return;
 
   const double factor = cfg.yarn_factor;
@@ -49,12 +55,12 @@ Rope::Rope(const RopeConfig& cfg, int64_t rot_dim) : cfg_(cfg), rot_dim_(rot_dim
   low = std::max(low, 0.0);
   high = std::min(high, dim - 1.0);
   if (low == high) high += 0.001;  // avoid a zero-width ramp
+  const float span = float(high - low);  // the ramp is evaluated in fp32 by the reference
   for (int64_t i = 0; i < half; ++i) {
-    // The ramp is evaluated in fp32 by the reference; the blend is fp32 too.
-    float ramp = float((double(i) - low) / (high - low));
+    float ramp = (float(i) - float(low)) / span;
     ramp = std::min(std::max(ramp, 0.f), 1.f);
     const float extra = inv_freq_[size_t(i)];
-    const float inter = float(1.0 / (factor * std::pow(base, double(2 * i) / dim)));
+    const float inter = 1.f / (float(factor) * pf[size_t(i)]);
     const float extra_w = 1.f - ramp;  // weight of the unscaled (extrapolated) frequency
     inv_freq_[size_t(i)] = inter * (1.f - extra_w) + extra * extra_w;
   }
