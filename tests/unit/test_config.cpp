@@ -420,3 +420,20 @@ TEST_CASE("config: errors name the field and the file", "[unit]") {
   c.layers.pop_back();
   CHECK(contains(error_of([&] { c.validate(); }), "layer list has 4 entries"));
 }
+
+#ifdef DZ_SOURCE_DIR
+TEST_CASE("config: configs saved by transformers 5.17 (tests/golden)", "[unit]") {
+  const std::string g = std::string(DZ_SOURCE_DIR) + "/tests/golden/";
+  if (!std::filesystem::exists(g + "kimi_linear/config.json")) return;  // goldens not checked out
+  ModelConfig k = ModelConfig::from_file(g + "kimi_linear/config.json");
+  check_layers(k, {{KDA, D, false}, {MLA, M, false}, {KDA, M, false}});
+  CHECK((k.la_num_k_heads == 4 && k.la_head_k_dim == 16 && k.q_lora_rank == 0 && k.n_group == 2));
+  ModelConfig d = ModelConfig::from_file(g + "deepseek_v32/config.json");
+  check_layers(d, {{MLA, D, true}, {MLA, M, true}, {MLA, M, true}});
+  CHECK((d.rope.yarn && d.rope.yarn_factor == 4.f && d.rope.yarn_original_max_pos == 64));
+  CHECK((d.index_n_heads == 16 && d.index_head_dim == 32 && d.index_topk == 8 && d.pad_token_id == -1));
+  ModelConfig q = ModelConfig::from_file(g + "qwen3_next/config.json");
+  check_layers(q, {{GDN, M, false}, {GDN, M, false}, {GQA, M, false}});
+  CHECK((q.shared_intermediate_size == 32 && q.rope.partial_rotary_factor == 0.25f && q.head_dim == 32));
+}
+#endif
