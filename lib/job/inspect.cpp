@@ -15,6 +15,7 @@
 #include "core/error.hpp"
 #include "io/checkpoint.hpp"
 #include "job/tools.hpp"
+#include "model/attn_res.hpp"
 #include "model/module.hpp"
 
 namespace dz {
@@ -156,9 +157,10 @@ int inspect(const std::string& dir, bool as_json) {
       });
     }
     if (cfg.attn_res_block_size > 0)
-      rows.push_back({"model", "residual", "Block AttnRes", str("block=", cfg.attn_res_block_size),
-                      cfg.attn_res_block_size == 12 ? "reusable" : "reusable with different parameters",
-                      cfg.attn_res_block_size == 12 ? "Kimi K3" : ""});
+      attempt({"model", "residual", "Block AttnRes", str("block=", cfg.attn_res_block_size),
+               cfg.attn_res_block_size == 12 ? "reusable" : "reusable with different parameters",
+               cfg.attn_res_block_size == 12 ? "Kimi K3" : ""},
+              [&] { AttnRes ar(cfg, *ck); });
     attempt({"model", "final norm + LM head", "rmsnorm + linear", str(D, " -> ", V), "reusable", ""}, [&] {
       ck->get("model.norm.weight", {D}, ni);
       if (!cfg.tie_word_embeddings) ck->get("lm_head.weight", {V, D});

@@ -1,0 +1,18 @@
+// Shared by every CUDA kernel file: error checking that names the call, and bf16 helpers.
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <string>
+
+#include "core/error.hpp"
+
+#define CUDA_CHECK(call)                                                                      \
+  do {                                                                                        \
+    cudaError_t _e = (call);                                                                  \
+    if (_e != cudaSuccess)                                                                    \
+      ::dz::fail(::dz::str(#call, " failed: ", cudaGetErrorString(_e), " (", __FILE__, ":", __LINE__, ")")); \
+  } while (0)
+
+// After a launch: configuration errors surface here, execution errors at the next sync.
+#define CUDA_CHECK_LAUNCH() CUDA_CHECK(cudaGetLastError())
