@@ -16,6 +16,7 @@
 #include "io/checkpoint.hpp"
 #include "job/tools.hpp"
 #include "model/attn_res.hpp"
+#include "model/model.hpp"
 #include "model/module.hpp"
 
 namespace dz {
@@ -165,6 +166,11 @@ int inspect(const std::string& dir, bool as_json) {
       ck->get("model.norm.weight", {D}, ni);
       if (!cfg.tie_word_embeddings) ck->get("lm_head.weight", {V, D});
     });
+    if (int64_t n = cfg.raw.value("num_nextn_predict_layers", int64_t(0)); n > 0) {
+      skip_mtp_layers(cfg, *ck);
+      rows.push_back({"model", "MTP layers", "speculative", str(n, " layer(s)"), "reusable",
+                      "multi-token prediction: accepted, not run by dayzero"});
+    }
     // Tensors nobody asked for belong to modules we do not implement.
     std::map<std::pair<int64_t, std::string>, std::vector<std::string>> stray;
     for (const auto& n : ck->unused()) {

@@ -11,10 +11,23 @@ namespace dz {
 
 Model::~Model() = default;
 
+void skip_mtp_layers(const ModelConfig& cfg, Checkpoint& ck) {
+  // DeepSeek checkpoints append multi-token-prediction layers (model.layers.{L..L+n-1}) used only
+  // for speculative decoding; dayzero does not run them, so they are accepted by name and skipped.
+  const int64_t n = cfg.raw.value("num_nextn_predict_layers", int64_t(0));
+  if (n <= 0) return;
+  ck.set_dry_run(true);
+  for (const auto& name : ck.unused())
+    for (int64_t l = cfg.num_layers; l < cfg.num_layers + n; ++l)
+      if (name.rfind(str("model.layers.", l, "."), 0) == 0) ck.get(name, ck.info(name).shape);
+  ck.set_dry_run(false);
+}
+
 std::unique_ptr<Model> Model::load(const std::string& dir) {
   ModelConfig cfg = ModelConfig::from_file(dir + "/config.json");
   auto ck = Checkpoint::open(dir);
   auto m = build(cfg, *ck);
+  skip_mtp_layers(cfg, *ck);
   ck->check_all_used();
   return m;
 }

@@ -58,6 +58,10 @@ class Model {
   std::unique_ptr<AttnRes> attn_res_;
 };
 
+// Marks the multi-token-prediction layers of DeepSeek checkpoints (num_nextn_predict_layers) as
+// known, so strict loading accepts published checkpoints that carry them.
+void skip_mtp_layers(const ModelConfig& cfg, Checkpoint& ck);
+
 // log-softmax helpers over one row of logits (fp64 accumulation, deterministic).
 // Returns log p(target).
 double log_softmax_at(const float* logits, int64_t V, int64_t target);
