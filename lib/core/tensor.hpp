@@ -1,5 +1,6 @@
 // A plain owning fp32 tensor for the CPU reference backend: row-major, contiguous.
 #pragma once
+#include <algorithm>
 #include <cstdint>
 #include <initializer_list>
 #include <numeric>
@@ -47,5 +48,28 @@ struct Tensor {
     shape = std::move(s);
   }
 };
+
+// Rows [r0, r1) of a 2-D tensor (or leading-index slab of an N-D one), copied.
+inline Tensor slice_rows(const Tensor& t, int64_t r0, int64_t r1) {
+  DZ_CHECK(t.ndim() >= 1 && r0 >= 0 && r0 <= r1 && r1 <= t.shape[0], "slice_rows [", r0, ", ", r1, ") of ",
+           shape_str(t.shape));
+  Shape s = t.shape;
+  s[0] = r1 - r0;
+  Tensor o(s);
+  const int64_t w = t.shape[0] ? t.size() / t.shape[0] : 0;
+  std::copy(t.data.begin() + r0 * w, t.data.begin() + r1 * w, o.data.begin());
+  return o;
+}
+
+// Columns [c0, c1) of a 2-D tensor, copied.
+inline Tensor slice_cols(const Tensor& t, int64_t c0, int64_t c1) {
+  DZ_CHECK(t.ndim() == 2 && c0 >= 0 && c0 <= c1 && c1 <= t.shape[1], "slice_cols [", c0, ", ", c1, ") of ",
+           shape_str(t.shape));
+  Tensor o({t.shape[0], c1 - c0});
+  for (int64_t r = 0; r < t.shape[0]; ++r)
+    std::copy(t.data.begin() + r * t.shape[1] + c0, t.data.begin() + r * t.shape[1] + c1,
+              o.data.begin() + r * (c1 - c0));
+  return o;
+}
 
 }  // namespace dz

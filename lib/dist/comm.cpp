@@ -2,6 +2,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 
 #include "core/log.hpp"
 
@@ -38,6 +39,7 @@ Comm::~Comm() {
 }
 
 Comm Comm::split(int color, int key) const {
+  if (comm_ == MPI_COMM_NULL) return Comm();
   Comm c;
   MPI_CHECK(MPI_Comm_split(comm_, color, key, &c.comm_));
   c.owned_ = true;
@@ -46,9 +48,12 @@ Comm Comm::split(int color, int key) const {
   return c;
 }
 
-void Comm::barrier() const { MPI_CHECK(MPI_Barrier(comm_)); }
+void Comm::barrier() const {
+  if (comm_ != MPI_COMM_NULL) MPI_CHECK(MPI_Barrier(comm_));
+}
 
 void Comm::bcast_bytes(void* data, size_t n, int root) const {
+  if (size_ == 1) return;
   // MPI counts are int: send large buffers in pieces.
   char* p = static_cast<char*>(data);
   const size_t step = size_t(1) << 30;
@@ -66,16 +71,73 @@ void Comm::bcast_string(std::string& s, int root) const {
 }
 
 bool Comm::any(bool flag) const {
+  if (size_ == 1) return flag;
   int in = flag ? 1 : 0, out = 0;
   MPI_CHECK(MPI_Allreduce(&in, &out, 1, MPI_INT, MPI_MAX, comm_));
   return out != 0;
 }
 
 int Comm::first_set(bool flag) const {
+  if (size_ == 1) return flag ? 0 : -1;
   int in = flag ? rank_ : size_, out = size_;
   MPI_CHECK(MPI_Allreduce(&in, &out, 1, MPI_INT, MPI_MIN, comm_));
   return out == size_ ? -1 : out;
 }
+
+// MPI counts are int: reductions of very large buffers go in pieces.
+template <class T>
+static void allreduce_pieces(MPI_Comm comm, T* x, int64_t n, MPI_Datatype type, MPI_Op op) {
+  const int64_t step = int64_t(1) << 28;
+  for (int64_t off = 0; off < n; off += step) {
+    int64_t len = n - off < step ? n - off : step;
+    MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, x + off, int(len), type, op, comm));
+  }
+}
+
+void Comm::allreduce_sum(float* x, int64_t n) const {
+  if (size_ > 1 && n > 0) allreduce_pieces(comm_, x, n, MPI_FLOAT, MPI_SUM);
+}
+void Comm::allreduce_sum(double* x, int64_t n) const {
+  if (size_ > 1 && n > 0) allreduce_pieces(comm_, x, n, MPI_DOUBLE, MPI_SUM);
+}
+void Comm::allreduce_max(float* x, int64_t n) const {
+  if (size_ > 1 && n > 0) allreduce_pieces(comm_, x, n, MPI_FLOAT, MPI_MAX);
+}
+void Comm::allreduce_sum(int64_t* x, int64_t n) const {
+  if (size_ > 1 && n > 0) allreduce_pieces(comm_, x, n, MPI_INT64_T, MPI_SUM);
+}
+
+std::vector<char> Comm::allgatherv_bytes(const std::vector<char>& send) const {
+  if (size_ == 1) return send;
+  int64_t mine = int64_t(send.size());
+  std::vector<int64_t> counts(static_cast<size_t>(size_));
+  MPI_CHECK(MPI_Allgather(&mine, 1, MPI_INT64_T, counts.data(), 1, MPI_INT64_T, comm_));
+  int64_t total = 0;
+  for (int64_t c : counts) total += c;
+  DZ_CHECK(total < (int64_t(1) << 31), "allgatherv of ", total, " bytes is too large for one MPI call");
+  std::vector<int> cnt(static_cast<size_t>(size_)), disp(static_cast<size_t>(size_));
+  int64_t off = 0;
+  for (int i = 0; i < size_; ++i) {
+    cnt[size_t(i)] = int(counts[size_t(i)]);
+    disp[size_t(i)] = int(off);
+    off += counts[size_t(i)];
+  }
+  std::vector<char> out(static_cast<size_t>(total));
+  MPI_CHECK(MPI_Allgatherv(send.data(), int(mine), MPI_BYTE, out.data(), cnt.data(), disp.data(), MPI_BYTE, comm_));
+  return out;
+}
+
+template <class T>
+static std::vector<T> allgatherv_typed(const Comm& c, const std::vector<T>& send) {
+  std::vector<char> b(send.size() * sizeof(T));
+  if (!send.empty()) std::memcpy(b.data(), send.data(), b.size());
+  std::vector<char> r = c.allgatherv_bytes(b);
+  std::vector<T> out(r.size() / sizeof(T));
+  if (!out.empty()) std::memcpy(out.data(), r.data(), r.size());
+  return out;
+}
+std::vector<float> Comm::allgatherv(const std::vector<float>& send) const { return allgatherv_typed(*this, send); }
+std::vector<int32_t> Comm::allgatherv(const std::vector<int32_t>& send) const { return allgatherv_typed(*this, send); }
 
 SharedCounter::SharedCounter(const Comm& comm) {
   MPI_Aint size = comm.rank() == 0 ? MPI_Aint(sizeof(int64_t)) : 0;

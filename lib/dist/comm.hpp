@@ -24,6 +24,8 @@ namespace dz {
 
 class Comm {
  public:
+  // A default-constructed Comm is a group of one that needs no MPI: every collective is the
+  // identity. It serves single-process use (the intra-rank segmented scan, unit tests).
   Comm() = default;
   static Comm world();  // MPI_COMM_WORLD (not owned)
   Comm(Comm&& o) noexcept;
@@ -44,6 +46,15 @@ class Comm {
   bool any(bool flag) const;
   // Lowest rank whose flag is set, or -1.
   int first_set(bool flag) const;
+  // In-place element-wise reductions over the communicator (no-op on a communicator of size 1).
+  void allreduce_sum(float* x, int64_t n) const;
+  void allreduce_sum(double* x, int64_t n) const;
+  void allreduce_max(float* x, int64_t n) const;
+  void allreduce_sum(int64_t* x, int64_t n) const;
+  // Every rank contributes `send` (its own length); returns the concatenation in rank order.
+  std::vector<float> allgatherv(const std::vector<float>& send) const;
+  std::vector<int32_t> allgatherv(const std::vector<int32_t>& send) const;
+  std::vector<char> allgatherv_bytes(const std::vector<char>& send) const;
   template <class T>
   void bcast_vec(std::vector<T>& v, int root) const {
     uint64_t n = v.size();

@@ -122,7 +122,9 @@ class GqaMixer : public Mixer {
 
 }  // namespace
 
-std::unique_ptr<Mixer> make_gqa_mixer(const ModelConfig& cfg, int layer, Checkpoint& ck, const std::string& prefix) {
+std::unique_ptr<Mixer> make_gqa_mixer(const ModelConfig& cfg, int layer, Checkpoint& ck, const std::string& prefix,
+                                      const TpShard& tp) {
+  DZ_CHECK(tp.size == 1, "layer ", layer, ": tensor parallelism is not implemented for this mixer yet");
   (void)layer;  // every qwen3_next full-attention layer has the same structure
   return std::make_unique<GqaMixer>(cfg, ck, prefix);
 }

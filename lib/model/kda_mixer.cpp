@@ -133,7 +133,9 @@ class KdaMixer : public Mixer {
 
 }  // namespace
 
-std::unique_ptr<Mixer> make_kda_mixer(const ModelConfig& cfg, int layer, Checkpoint& ck, const std::string& prefix) {
+std::unique_ptr<Mixer> make_kda_mixer(const ModelConfig& cfg, int layer, Checkpoint& ck, const std::string& prefix,
+                                      const TpShard& tp) {
+  DZ_CHECK(tp.size == 1, "layer ", layer, ": tensor parallelism is not implemented for this mixer yet");
   (void)layer;
   DZ_CHECK(cfg.family == Family::KimiLinear || cfg.family == Family::Dayzero, "KDA layer ", prefix,
            ": no KDA tensor names for model_type '", cfg.model_type, "'");

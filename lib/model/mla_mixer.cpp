@@ -177,7 +177,9 @@ class MlaMixer : public Mixer {
 
 }  // namespace
 
-std::unique_ptr<Mixer> make_mla_mixer(const ModelConfig& cfg, int layer, Checkpoint& ck, const std::string& prefix) {
+std::unique_ptr<Mixer> make_mla_mixer(const ModelConfig& cfg, int layer, Checkpoint& ck, const std::string& prefix,
+                                      const TpShard& tp) {
+  DZ_CHECK(tp.size == 1, "layer ", layer, ": tensor parallelism is not implemented for this mixer yet");
   return std::make_unique<MlaMixer>(cfg, layer, ck, prefix);
 }
 

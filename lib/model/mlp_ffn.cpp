@@ -1,4 +1,4 @@
-// Dense SwiGLU FFN: out = down(silu(gate(x)) * up(x)). Same tensor names in every family:
+// Dense SwiGLU FFN: out = down(silu(gate(x)) * up(x)); TP shards the width I. Same tensor names in every family:
 //   PREFIX mlp.gate_proj.weight [I, D], mlp.up_proj.weight [I, D], mlp.down_proj.weight [D, I]
 #include "core/error.hpp"
 #include "model/module.hpp"
@@ -9,24 +9,30 @@ namespace dz {
 namespace {
 class MlpFfn : public Ffn {
  public:
-  MlpFfn(Tensor gate, Tensor up, Tensor down, int64_t D) : gate_(std::move(gate)), up_(std::move(up)),
-                                                          down_(std::move(down)), D_(D) {
+  MlpFfn(Tensor gate, Tensor up, Tensor down, int64_t D, const TpShard& tp)
+      : gate_(std::move(gate)), up_(std::move(up)), down_(std::move(down)), D_(D), tp_(tp) {
     view_.gate = gate_.ptr();
     view_.up = up_.ptr();
     view_.down = down_.ptr();
     view_.inter = gate_.dim(0);
     view_.down_ld = view_.inter;
   }
-  void forward(const float* x, int64_t T, float* out) const override { swiglu_mlp(view_, x, out, T, D_); }
+  // Under TP each rank holds a width slice: its partial output is all-reduced.
+  void forward(const float* x, int64_t T, float* out) const override {
+    swiglu_mlp(view_, x, out, T, D_);
+    tp_.allreduce_sum(out, T * D_);
+  }
 
  private:
   Tensor gate_, up_, down_;  // [I, D], [I, D], [D, I]
   int64_t D_;
+  TpShard tp_;
   SwigluView view_;
 };
 }  // namespace
 
-std::unique_ptr<Ffn> make_mlp_ffn(const ModelConfig& cfg, int layer, Checkpoint& ck, const std::string& prefix) {
+std::unique_ptr<Ffn> make_mlp_ffn(const ModelConfig& cfg, int layer, Checkpoint& ck, const std::string& prefix,
+                                  const TpShard& tp) {
   DZ_CHECK(cfg.hidden_act == "silu" || cfg.hidden_act == "swish", "layer ", layer, ": hidden_act '", cfg.hidden_act,
            "' is not supported (only silu / SwiGLU)");
   const int64_t D = cfg.hidden_size, I = cfg.intermediate_size;
@@ -35,7 +41,13 @@ std::unique_ptr<Ffn> make_mlp_ffn(const ModelConfig& cfg, int layer, Checkpoint&
   Tensor g = ck.get(p + "gate_proj.weight", {I, D});
   Tensor u = ck.get(p + "up_proj.weight", {I, D});
   Tensor d = ck.get(p + "down_proj.weight", {D, I});
-  return std::make_unique<MlpFfn>(std::move(g), std::move(u), std::move(d), D);
+  if (tp.size > 1 && !ck.generating()) {  // width shard: gate/up rows, down columns
+    auto [i0, i1] = tp.range(I, "intermediate_size");
+    g = slice_rows(g, i0, i1);
+    u = slice_rows(u, i0, i1);
+    d = slice_cols(d, i0, i1);
+  }
+  return std::make_unique<MlpFfn>(std::move(g), std::move(u), std::move(d), D, tp);
 }
 
 }  // namespace dz

@@ -10,6 +10,7 @@
 #include "config/model_config.hpp"
 #include "core/tensor.hpp"
 #include "io/checkpoint.hpp"
+#include "model/parallel.hpp"
 
 namespace dz {
 
@@ -26,6 +27,11 @@ class Mixer {
   // x [T, D]: normed input for absolute positions st.pos .. st.pos+T-1.
   // out [T, D]: the mixer's output (after its output projection). Advances st by T.
   virtual void forward(const float* x, int64_t T, MixerState& st, float* out) const = 0;
+  // Context-parallel prefill of a whole document from position 0 (st must be fresh): x [R, D]
+  // holds this rank's rows in ctx.lay order (local_positions()), out [R, D] the same rows. Equal
+  // to forward() over the whole document within fp32 reassociation. On return st holds the state
+  // after the whole document on every CP rank, so decode continues with forward().
+  virtual void forward_cp(const float* x, const CpCtx& ctx, MixerState& st, float* out) const;
 };
 
 class Ffn {
@@ -37,11 +43,18 @@ class Ffn {
 
 // Factories (one per module family, each in its own file). `prefix` is the layer's prefix, e.g.
 // "model.layers.3.", and the factory picks the family's published tensor names from cfg.family.
-std::unique_ptr<Mixer> make_kda_mixer(const ModelConfig& cfg, int layer, Checkpoint& ck, const std::string& prefix);
-std::unique_ptr<Mixer> make_gdn_mixer(const ModelConfig& cfg, int layer, Checkpoint& ck, const std::string& prefix);
-std::unique_ptr<Mixer> make_mla_mixer(const ModelConfig& cfg, int layer, Checkpoint& ck, const std::string& prefix);
-std::unique_ptr<Mixer> make_gqa_mixer(const ModelConfig& cfg, int layer, Checkpoint& ck, const std::string& prefix);
-std::unique_ptr<Ffn> make_mlp_ffn(const ModelConfig& cfg, int layer, Checkpoint& ck, const std::string& prefix);
-std::unique_ptr<Ffn> make_moe_ffn(const ModelConfig& cfg, int layer, Checkpoint& ck, const std::string& prefix);
+// `tp` selects the tensor-parallel shard to load (default: everything, no communication).
+std::unique_ptr<Mixer> make_kda_mixer(const ModelConfig& cfg, int layer, Checkpoint& ck, const std::string& prefix,
+                                      const TpShard& tp = TpShard{});
+std::unique_ptr<Mixer> make_gdn_mixer(const ModelConfig& cfg, int layer, Checkpoint& ck, const std::string& prefix,
+                                      const TpShard& tp = TpShard{});
+std::unique_ptr<Mixer> make_mla_mixer(const ModelConfig& cfg, int layer, Checkpoint& ck, const std::string& prefix,
+                                      const TpShard& tp = TpShard{});
+std::unique_ptr<Mixer> make_gqa_mixer(const ModelConfig& cfg, int layer, Checkpoint& ck, const std::string& prefix,
+                                      const TpShard& tp = TpShard{});
+std::unique_ptr<Ffn> make_mlp_ffn(const ModelConfig& cfg, int layer, Checkpoint& ck, const std::string& prefix,
+                                  const TpShard& tp = TpShard{});
+std::unique_ptr<Ffn> make_moe_ffn(const ModelConfig& cfg, int layer, Checkpoint& ck, const std::string& prefix,
+                                  const TpShard& tp = TpShard{});
 
 }  // namespace dz

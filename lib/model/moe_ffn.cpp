@@ -92,7 +92,11 @@ class MoeFfn : public Ffn {
     moe_route(rc_, x, router_.ptr(), bias_.empty() ? nullptr : bias_.ptr(), T, D_, idx.data(), w.data());
     std::fill(out, out + T * D_, 0.f);
     moe_experts_acc(experts_, x, T, D_, idx.data(), w.data(), k, 0, int64_t(experts_.size()), out);
-    if (!has_shared_) return;
+    if (has_shared_) add_shared(x, T, out);
+    tp_.allreduce_sum(out, T * D_);  // width shards: partial sums of every expert
+  }
+
+  void add_shared(const float* x, int64_t T, float* out) const {
     std::vector<float> sh(static_cast<size_t>(T * D_));  // [T, D]
     swiglu_mlp(shared_, x, sh.data(), T, D_);
     for (int64_t t = 0; t < T; ++t) {
@@ -104,6 +108,7 @@ class MoeFfn : public Ffn {
 
   RouterConfig rc_;
   int64_t D_ = 0;
+  TpShard tp_;
   Tensor router_, bias_;         // [E, D], [E] or empty
   std::vector<Tensor> owned_;    // expert weights (per-expert or fused)
   std::vector<SwigluView> experts_;
@@ -124,7 +129,27 @@ SwigluView view_of(const Tensor& g, const Tensor& u, const Tensor& d) {
 
 }  // namespace
 
-std::unique_ptr<Ffn> make_moe_ffn(const ModelConfig& cfg, int layer, Checkpoint& ck, const std::string& prefix) {
+// TP: every routed expert and the shared expert are width-sharded (rows of gate/up, columns of
+// down); the router is replicated. Width sharding keeps the work per rank equal whatever the
+// routing (expert sharding would follow the router's load imbalance); one all-reduce per layer.
+static void shard_width(std::vector<SwigluView>& views, std::vector<Tensor>& store, int64_t D, const TpShard& tp) {
+  for (SwigluView& v : views) {
+    auto [i0, i1] = tp.range(v.inter, "moe_intermediate_size");
+    const int64_t n = i1 - i0;
+    Tensor g({n, D}), u({n, D}), d({D, n});
+    std::copy(v.gate + i0 * D, v.gate + i1 * D, g.ptr());
+    std::copy(v.up + i0 * D, v.up + i1 * D, u.ptr());
+    for (int64_t r = 0; r < D; ++r) std::copy(v.down + r * v.down_ld + i0, v.down + r * v.down_ld + i1, d.ptr() + r * n);
+    store.push_back(std::move(g));
+    store.push_back(std::move(u));
+    store.push_back(std::move(d));
+    const size_t o = store.size() - 3;
+    v = SwigluView{store[o].ptr(), store[o + 1].ptr(), store[o + 2].ptr(), n, n};
+  }
+}
+
+std::unique_ptr<Ffn> make_moe_ffn(const ModelConfig& cfg, int layer, Checkpoint& ck, const std::string& prefix,
+                                  const TpShard& tp) {
   DZ_CHECK(cfg.hidden_act == "silu" || cfg.hidden_act == "swish", "layer ", layer, ": hidden_act '", cfg.hidden_act,
            "' is not supported (only silu / SwiGLU experts)");
   const int64_t D = cfg.hidden_size, E = cfg.n_routed_experts, I = cfg.moe_intermediate_size;
@@ -194,6 +219,18 @@ std::unique_ptr<Ffn> make_moe_ffn(const ModelConfig& cfg, int layer, Checkpoint&
     if (cfg.shared_expert_gate) m->shared_gate_ = ck.get(P + "shared_expert_gate.weight", {1, D});
   } else {
     DZ_CHECK(!cfg.shared_expert_gate, "layer ", layer, ": shared_expert_gate set without a shared expert");
+  }
+  m->tp_ = tp;
+  if (tp.size > 1 && !ck.generating()) {
+    std::vector<Tensor> sharded;
+    sharded.reserve(size_t(3 * E + 3));
+    shard_width(m->experts_, sharded, D, tp);
+    if (m->has_shared_) {
+      std::vector<SwigluView> one{m->shared_};
+      shard_width(one, sharded, D, tp);
+      m->shared_ = one[0];
+    }
+    m->owned_ = std::move(sharded);  // the full weights are released; views point into the shards
   }
   return m;
 }

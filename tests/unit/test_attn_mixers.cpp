@@ -25,7 +25,8 @@ namespace {
 
 using Vec = std::vector<double>;
 using Weights = std::map<std::string, Tensor>;
-using Factory = std::function<std::unique_ptr<Mixer>(const ModelConfig&, int, Checkpoint&, const std::string&)>;
+using Factory = std::function<std::unique_ptr<Mixer>(const ModelConfig&, int, Checkpoint&, const std::string&,
+                                                     const TpShard&)>;
 
 const std::string kPrefix = "model.layers.0.";
 
@@ -50,7 +51,7 @@ struct Scratch {
 std::unique_ptr<Mixer> build(const ModelConfig& cfg, const Factory& make, uint32_t seed, Weights& w,
                              const std::string& tag, bool zero_centered_norms = false) {
   auto gen = Checkpoint::random(seed);
-  make(cfg, 0, *gen, kPrefix);
+  make(cfg, 0, *gen, kPrefix, TpShard{});
   std::mt19937 g(seed);
   std::normal_distribution<float> nd(0.f, 1.f);
   w.clear();
@@ -67,7 +68,7 @@ std::unique_ptr<Mixer> build(const ModelConfig& cfg, const Factory& make, uint32
   Scratch dir(tag);
   write_safetensors(dir.path, w, DType::F32);
   auto ck = Checkpoint::open(dir.path);
-  auto m = make(cfg, 0, *ck, kPrefix);
+  auto m = make(cfg, 0, *ck, kPrefix, TpShard{});
   ck->check_all_used();
   return m;
 }

@@ -1,0 +1,72 @@
+// What a module needs to know about tensor and context parallelism (DESIGN.md §4).
+//
+// TP: a module built with TpShard{rank, size, comm} loads only its shard (heads of KDA/GDN/MLA/
+// GQA, FFN width or experts, vocabulary rows of the LM head) and all-reduces after its output
+// projection, so every TP rank ends with the full [T, D] output.
+// CP: Mixer::forward_cp runs the prefill of a whole document laid out by a SeqLayout over the CP
+// group, exchanging what the algorithm needs (linear-attention transitions and conv halos;
+// latent KV and indexer keys), and leaves the full-document state on every CP rank for decode.
+#pragma once
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <string>
+#include <utility>
+
+#include "core/error.hpp"
+#include "dist/comm.hpp"
+#include "dist/seq_layout.hpp"
+
+namespace dz {
+
+struct TpShard {
+  int rank = 0, size = 1;
+  const Comm* comm = nullptr;  // the TP group; nullptr when size == 1
+
+  // [begin, end) of n items for this rank; n must divide by size (what = name for the error).
+  std::pair<int64_t, int64_t> range(int64_t n, const char* what) const {
+    DZ_CHECK(n % size == 0, what, " (", n, ") is not divisible by --tp ", size);
+    const int64_t k = n / size;
+    return {rank * k, rank * k + k};
+  }
+  // Uneven split (vocabulary): the first n % size ranks get one more.
+  std::pair<int64_t, int64_t> range_uneven(int64_t n) const {
+    const int64_t q = n / size, r = n % size;
+    const int64_t b = rank * q + (rank < r ? rank : r);
+    return {b, b + q + (rank < r ? 1 : 0)};
+  }
+  void allreduce_sum(float* x, int64_t n) const {
+    if (size > 1) comm->allreduce_sum(x, n);
+  }
+};
+
+// Per-rank work accounting for the balance report: FLOPs by kind ("indexer", "attention",
+// "linear_attention", ...) and wall time by stage ("la_stage1", "la_merge", "la_stage2",
+// "kv_gather", ...). Counted with the same formulas whatever the layout.
+struct WorkStats {
+  std::map<std::string, double> flops;
+  std::map<std::string, double> seconds;
+  void add_flops(const std::string& k, double v) { flops[k] += v; }
+  struct Timer {
+    WorkStats* w;
+    std::string k;
+    std::chrono::steady_clock::time_point t0 = std::chrono::steady_clock::now();
+    ~Timer() {
+      if (w) w->seconds[k] += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    }
+  };
+  // auto t = stats.time("la_stage1");  (null-safe through CpCtx::time)
+  Timer time(const std::string& k) { return Timer{this, k}; }
+};
+
+struct CpCtx {
+  const Comm* cp = nullptr;      // the CP group (size 1 for the intra-rank segmented scan)
+  const SeqLayout* lay = nullptr;
+  WorkStats* stats = nullptr;    // may be null
+  void flops(const std::string& k, double v) const {
+    if (stats) stats->add_flops(k, v);
+  }
+  WorkStats::Timer time(const std::string& k) const { return WorkStats::Timer{stats, k}; }
+};
+
+}  // namespace dz
