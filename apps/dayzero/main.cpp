@@ -26,6 +26,9 @@ int main(int argc, char** argv) {
   run->add_option("--output", ro.output, "Output HDF5")->required();
   run->add_option("--cp", ro.cp, "Context-parallel ranks per document")->capture_default_str();
   run->add_option("--tp", ro.tp, "Tensor-parallel ranks")->capture_default_str();
+  run->add_option("--segments", ro.segments,
+                  "Linear-attention segments per zigzag segment: the parallel-scan decomposition inside a rank")
+      ->capture_default_str();
   run->add_option("--mode", ro.mode, "logprobs | topk | last-logits | generate")
       ->check(CLI::IsMember({"logprobs", "topk", "last-logits", "generate"}))
       ->capture_default_str();
@@ -42,6 +45,9 @@ int main(int argc, char** argv) {
   run->add_flag("--overwrite", ro.overwrite, "Replace an existing OUT when the new run completes");
   run->add_option("--report", ro.report, "Write a JSON report (documents, tokens, tokens/s, per-document times)");
   run->add_option("--progress-interval", ro.progress_seconds, "Seconds between progress lines")->capture_default_str();
+  run->add_option("--stop-grace", ro.stop_grace,
+                  "After SIGTERM/SIGINT: seconds to finish in-flight documents before exiting (code 143)")
+      ->capture_default_str();
 
   dz::MakeModelOptions mo;
   auto* mm = app.add_subcommand("make-model", "Write a preset model with deterministic random weights (HF format)");
@@ -81,7 +87,7 @@ int main(int argc, char** argv) {
   if (run->parsed()) {
     dz::MpiRuntime mpi(&argc, &argv);
     try {
-      return dz::run_job(ro);
+      return dz::run_job(ro);  // kExitStopped (143) after a clean stop on SIGTERM/SIGINT
     } catch (const dz::PreflightError& e) {
       if (dz::log_state().rank == 0) std::fprintf(stderr, "dayzero: error: %s\n", e.message.c_str());
       return 1;

@@ -8,6 +8,7 @@
 
 #include "core/error.hpp"
 #include "core/log.hpp"
+#include "dist/seq_layout.hpp"
 
 namespace dz {
 
@@ -40,74 +41,119 @@ int32_t choose_token(const float* logits, int64_t V, double temperature, uint64_
   return int32_t(V - 1);
 }
 
+namespace {
+
+// Rows of a document spread over the CP group, each rank holding some positions: gathers the
+// per-position values (width w each) into sequence order on every rank.
+template <class T>
+std::vector<T> gather_rows(const Comm& cp, const std::vector<int64_t>& pos, const std::vector<T>& vals, int64_t w,
+                           int64_t n_rows) {
+  std::vector<int32_t> pi(pos.begin(), pos.end());
+  std::vector<int32_t> all_pos = cp.allgatherv(pi);
+  std::vector<T> all_vals = cp.allgatherv(vals);
+  std::vector<T> out(static_cast<size_t>(n_rows * w));
+  for (size_t i = 0; i < all_pos.size(); ++i) {
+    const int64_t p = int64_t(all_pos[i]);
+    std::copy(all_vals.begin() + int64_t(i) * w, all_vals.begin() + int64_t(i + 1) * w, out.begin() + p * w);
+  }
+  return out;
+}
+
+}  // namespace
+
 DocResult compute_document(const Model& model, int64_t doc, const std::vector<int32_t>& tokens, const ModeParams& p,
-                           const std::function<void()>& tick) {
+                           const std::function<void()>& tick, const DocParallel& par) {
   auto t0 = std::chrono::steady_clock::now();
   const ModelConfig& cfg = model.config();
+  const LmHead& head = model.head();
   const int64_t L = int64_t(tokens.size()), V = cfg.vocab_size, D = cfg.hidden_size;
   DZ_CHECK(L > 0, "document ", doc, " is empty");
   DocResult r;
   r.doc = doc;
   r.stats.tokens = L;
   Model::State st = model.make_state();
-  Tensor hidden = model.forward(tokens.data(), L, st, tick);  // [L, D]
-  const int64_t B = 32;                                       // logits rows at a time: [B, V]
-  std::vector<float> logits(size_t(B * V));
+
+  // ---- prefill: this rank's rows (all of them when serial) ----
+  const Comm self;
+  const Comm& cp = par.cp ? *par.cp : self;
+  const bool parallel = cp.size() > 1 || par.segments > 1;
+  SeqLayout lay = SeqLayout::zigzag(L, cp.size(), cp.rank(), par.segments);
+  std::vector<int64_t> pos = lay.local_positions();  // global position of each local row
+  Tensor hidden;                                      // [R, D]
+  if (parallel) {
+    std::vector<int32_t> local(pos.size());
+    for (size_t i = 0; i < pos.size(); ++i) local[i] = tokens[size_t(pos[i])];
+    CpCtx ctx{&cp, &lay, par.stats};
+    hidden = model.forward_cp(local.data(), ctx, st, tick);
+  } else {
+    hidden = model.forward(tokens.data(), L, st, tick);
+  }
+  const int64_t R = int64_t(pos.size());
+  // The rank holding position L-1 shares that row's hidden state (last-logits, generation).
+  auto last_hidden = [&]() {
+    std::vector<float> h(static_cast<size_t>(D));
+    int owner = lay.owner[size_t(lay.n_seg() - 1)];
+    for (int j = lay.n_seg() - 1; j >= 0; --j)
+      if (lay.seg_len(j) > 0) {
+        owner = lay.owner[size_t(j)];
+        break;
+      }
+    if (cp.rank() == owner) std::copy(hidden.row(R - 1), hidden.row(R - 1) + D, h.begin());
+    cp.bcast_vec(h, owner);
+    return h;
+  };
+
   switch (p.mode) {
     case OutputMode::Logprobs: {
-      r.values.resize(size_t(L - 1));
-      for (int64_t t0r = 0; t0r < L - 1; t0r += B) {
-        int64_t n = std::min(B, L - 1 - t0r);
-        model.logits(hidden.row(t0r), n, logits.data());
-        for (int64_t j = 0; j < n; ++j)
-          r.values[size_t(t0r + j)] = float(log_softmax_at(&logits[size_t(j * V)], V, tokens[size_t(t0r + j + 1)]));
-      }
+      std::vector<int64_t> qpos;
+      std::vector<int32_t> tgt;
+      std::vector<int64_t> rows;
+      for (int64_t i = 0; i < R; ++i)
+        if (pos[size_t(i)] + 1 < L) {
+          qpos.push_back(pos[size_t(i)]);
+          tgt.push_back(tokens[size_t(pos[size_t(i)] + 1)]);
+          rows.push_back(i);
+        }
+      // Local rows are contiguous per segment; compute per maximal run of usable rows.
+      std::vector<float> lp(qpos.size());
+      Tensor h2({int64_t(rows.size()), D});
+      for (size_t k = 0; k < rows.size(); ++k) std::copy(hidden.row(rows[k]), hidden.row(rows[k]) + D, h2.row(int64_t(k)));
+      head.logprobs(h2.ptr(), int64_t(rows.size()), tgt.data(), lp.data());
+      r.values = parallel ? gather_rows(cp, qpos, lp, 1, L - 1) : lp;
       break;
     }
     case OutputMode::TopK: {
       const int64_t K = p.topk;
       DZ_CHECK(K >= 1 && K <= V, "--topk ", K, " must be in [1, vocab size ", V, "]");
-      r.ids.resize(size_t(L * K));
-      r.values.resize(size_t(L * K));
-      std::vector<float> lp(static_cast<size_t>(V));
-      std::vector<int32_t> idx(static_cast<size_t>(V));
-      for (int64_t t0r = 0; t0r < L; t0r += B) {
-        int64_t n = std::min(B, L - t0r);
-        model.logits(hidden.row(t0r), n, logits.data());
-        for (int64_t j = 0; j < n; ++j) {
-          log_softmax(&logits[size_t(j * V)], V, lp.data());
-          std::iota(idx.begin(), idx.end(), 0);
-          // highest log-prob first; lower id first on ties
-          std::partial_sort(idx.begin(), idx.begin() + K, idx.end(), [&](int32_t a, int32_t b) {
-            return lp[size_t(a)] > lp[size_t(b)] || (lp[size_t(a)] == lp[size_t(b)] && a < b);
-          });
-          for (int64_t k = 0; k < K; ++k) {
-            r.ids[size_t((t0r + j) * K + k)] = idx[size_t(k)];
-            r.values[size_t((t0r + j) * K + k)] = lp[size_t(idx[size_t(k)])];
-          }
-        }
-      }
+      std::vector<int32_t> ids(static_cast<size_t>(R * K));
+      std::vector<float> lps(static_cast<size_t>(R * K));
+      head.topk(hidden.ptr(), R, K, ids.data(), lps.data());
+      r.ids = parallel ? gather_rows(cp, pos, ids, K, L) : ids;
+      r.values = parallel ? gather_rows(cp, pos, lps, K, L) : lps;
       break;
     }
     case OutputMode::LastLogits: {
-      r.values.resize(size_t(V));
-      model.logits(hidden.row(L - 1), 1, r.values.data());
+      std::vector<float> h = parallel ? last_hidden() : std::vector<float>(hidden.row(L - 1), hidden.row(L - 1) + D);
+      r.values.resize(static_cast<size_t>(V));
+      model.logits(h.data(), 1, r.values.data());
       break;
     }
     case OutputMode::Generate: {
+      std::vector<float> h = parallel ? last_hidden() : std::vector<float>(hidden.row(L - 1), hidden.row(L - 1) + D);
       std::vector<float> last(static_cast<size_t>(V));
-      model.logits(hidden.row(L - 1), 1, last.data());
+      model.logits(h.data(), 1, last.data());
+      // Every CP rank holds the whole document's state after the prefill, so all of them decode
+      // the same tokens (TP collectives run inside each CP rank's TP group).
       for (int64_t s = 0; s < p.max_new_tokens; ++s) {
         int32_t tok = choose_token(last.data(), V, p.temperature, p.seed, doc, s);
         r.ids.push_back(tok);
         if (tok == cfg.eos_token_id || s + 1 == p.max_new_tokens) break;
-        Tensor h = model.forward(&tok, 1, st, tick);
-        model.logits(h.ptr(), 1, last.data());
+        Tensor hn = model.forward(&tok, 1, st, tick);
+        model.logits(hn.ptr(), 1, last.data());
       }
       break;
     }
   }
-  (void)D;
   r.stats.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return r;
 }

@@ -24,9 +24,19 @@ struct DocResult {
   std::vector<float> values;  // logprobs [L-1] / topk logprobs [L, K] / last logits [V]
 };
 
-// Computes document `doc` (its tokens given) in the chosen mode. `tick` is called between layers.
+// How a document is spread: over the CP group (zigzag, 2C segments) and/or into `segments`
+// pieces per zigzag segment (the intra-rank parallel scan). cp == nullptr or size 1 with
+// segments == 1 is the plain serial prefill.
+struct DocParallel {
+  const Comm* cp = nullptr;
+  int segments = 1;
+  WorkStats* stats = nullptr;
+};
+
+// Computes document `doc` (all its tokens given, on every rank of the group) in the chosen mode;
+// every CP and TP rank returns the same result. `tick` is called between layers.
 DocResult compute_document(const Model& model, int64_t doc, const std::vector<int32_t>& tokens, const ModeParams& p,
-                           const std::function<void()>& tick);
+                           const std::function<void()>& tick, const DocParallel& par = DocParallel{});
 
 // Token choice for generation: greedy (temperature 0, lowest id on ties) or sampling from
 // softmax(logits / temperature) with a generator seeded by (seed, doc, step), so the result does

@@ -1,17 +1,16 @@
 #include "job/run.hpp"
 
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
-#include <csignal>
-#include <cstdlib>
 #include <chrono>
+#include <csignal>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <list>
-#include <numeric>
-#include <sstream>
+#include <map>
 
 #include <nlohmann/json.hpp>
 
@@ -29,8 +28,12 @@ namespace dz {
 namespace {
 
 constexpr int kTagResult = 7101;
+constexpr int kTagBye = 7102;  // a DP group root leaves the work loop: [results it sent]
 
 using Clock = std::chrono::steady_clock;
+
+volatile std::sig_atomic_t g_signal = 0;
+extern "C" void on_stop_signal(int sig) { g_signal = sig; }
 
 // Runs `step` on every rank; if it throws on any rank, every rank throws PreflightError carrying
 // the message of the lowest failing rank (so one clear line is printed, no rank is left waiting).
@@ -39,8 +42,6 @@ void agree(const Comm& world, F&& step) {
   std::string err;
   try {
     step();
-  } catch (const Error& e) {
-    err = e.what();
   } catch (const std::exception& e) {
     err = e.what();
   }
@@ -59,7 +60,7 @@ std::string fmt_duration(double s) {
   return b;
 }
 
-// Rank 0's side: writes results (its own and received ones) and prints progress.
+// World rank 0's side: writes results (its own group's and received ones), prints progress.
 struct Writer {
   OutputFile* out = nullptr;
   OutputMode mode = OutputMode::Logprobs;
@@ -69,6 +70,8 @@ struct Writer {
   double progress_seconds = 30;
   int64_t kill_after = 0;  // DAYZERO_FAULT_KILL_AFTER_DOCS
   std::vector<DocResult> summary;  // stats only (values dropped), for the report
+  std::map<int, int64_t> from;     // results received per source rank
+  std::map<int, int64_t> bye;      // source rank -> results it says it sent
 
   void write(DocResult& r) {
     switch (mode) {
@@ -98,41 +101,73 @@ struct Writer {
                  " tokens, ", int64_t(rate), " tok/s, elapsed ", fmt_duration(el), ", ETA ", fmt_duration(eta)));
   }
 
-  // Receives whatever results have arrived, without blocking.
-  void drain(const Comm& world) {
-    for (;;) {
-      int flag = 0;
-      MPI_Status s;
-      MPI_CHECK(MPI_Iprobe(MPI_ANY_SOURCE, kTagResult, world.raw(), &flag, &s));
-      if (!flag) return;
-      receive_one(world, s);
-    }
-  }
   void receive_one(const Comm& world, MPI_Status s) {
     int n = 0;
     MPI_CHECK(MPI_Get_count(&s, MPI_BYTE, &n));
     std::vector<char> buf(static_cast<size_t>(n));
-    MPI_CHECK(MPI_Recv(buf.data(), n, MPI_BYTE, s.MPI_SOURCE, kTagResult, world.raw(), MPI_STATUS_IGNORE));
+    MPI_CHECK(MPI_Recv(buf.data(), n, MPI_BYTE, s.MPI_SOURCE, s.MPI_TAG, world.raw(), MPI_STATUS_IGNORE));
+    if (s.MPI_TAG == kTagBye) {
+      int64_t sent = 0;
+      std::memcpy(&sent, buf.data(), sizeof sent);
+      bye[s.MPI_SOURCE] = sent;
+      return;
+    }
     DocResult r = unpack(buf);
+    from[s.MPI_SOURCE]++;
     write(r);
   }
-  void wait_all(const Comm& world) {
-    while (received < expected) {
+  // Receives whatever has arrived, without blocking.
+  void drain(const Comm& world) {
+    for (;;) {
+      int flag = 0;
       MPI_Status s;
-      MPI_CHECK(MPI_Probe(MPI_ANY_SOURCE, kTagResult, world.raw(), &s));
+      MPI_CHECK(MPI_Iprobe(MPI_ANY_SOURCE, MPI_ANY_TAG, world.raw(), &flag, &s));
+      if (!flag) return;
       receive_one(world, s);
+    }
+  }
+  bool all_in(int n_other_roots) const {
+    if (int(bye.size()) < n_other_roots) return false;
+    for (auto& kv : bye) {
+      auto it = from.find(kv.first);
+      if ((it == from.end() ? 0 : it->second) < kv.second) return false;
+    }
+    return true;
+  }
+  // Polls until every other DP root has said goodbye and all its results are in. Returns false
+  // when a stop signal has been pending for longer than `grace` seconds first.
+  bool wait_all(const Comm& world, int n_other_roots, double grace) {
+    Clock::time_point seen{};
+    for (;;) {
+      drain(world);
+      if (all_in(n_other_roots)) return true;
+      if (g_signal) {
+        if (seen == Clock::time_point{}) seen = Clock::now();
+        if (std::chrono::duration<double>(Clock::now() - seen).count() > grace) return false;
+      }
+      ::usleep(2000);
     }
   }
 };
 
-// Other ranks' side: non-blocking sends whose buffers live until completion.
+// Other DP group roots: non-blocking sends whose buffers live until completion.
 struct Sender {
   std::list<std::pair<MPI_Request, std::vector<char>>> inflight;
-  void send(const Comm& world, const DocResult& r) {
-    inflight.emplace_back(MPI_REQUEST_NULL, pack(r));
+  int64_t sent = 0;
+  void post(const Comm& world, std::vector<char> buf, int tag) {
+    inflight.emplace_back(MPI_REQUEST_NULL, std::move(buf));
     auto& e = inflight.back();
-    MPI_CHECK(MPI_Isend(e.second.data(), int(e.second.size()), MPI_BYTE, 0, kTagResult, world.raw(), &e.first));
+    MPI_CHECK(MPI_Isend(e.second.data(), int(e.second.size()), MPI_BYTE, 0, tag, world.raw(), &e.first));
     reap();
+  }
+  void send(const Comm& world, const DocResult& r) {
+    post(world, pack(r), kTagResult);
+    ++sent;
+  }
+  void goodbye(const Comm& world) {
+    std::vector<char> b(sizeof(int64_t));
+    std::memcpy(b.data(), &sent, sizeof sent);
+    post(world, std::move(b), kTagBye);
   }
   void reap() {
     for (auto it = inflight.begin(); it != inflight.end();) {
@@ -152,14 +187,15 @@ struct Sender {
 int run_job(const RunOptions& opt) {
   Comm world = Comm::world();
   const auto t_start = Clock::now();
+  std::signal(SIGTERM, on_stop_signal);
+  std::signal(SIGINT, on_stop_signal);
 
   // ---- everything that can be wrong is found here, before any work ----
   RankGrid grid;
   ModeParams mp;
   agree(world, [&] {
     grid = RankGrid::make(world.size(), world.rank(), opt.cp, opt.tp);
-    DZ_CHECK(opt.cp == 1 && opt.tp == 1, "--cp ", opt.cp, " --tp ", opt.tp,
-             ": context and tensor parallelism are not available in this version; use --cp 1 --tp 1");
+    DZ_CHECK(opt.segments >= 1, "--segments must be >= 1 (got ", opt.segments, ")");
     DZ_CHECK(opt.backend == "cpu", "--backend ", opt.backend,
              ": only the cpu backend runs models in this version (the CUDA kernels are not wired into the job yet)");
     DZ_CHECK(opt.kv_cache == "bf16", "--kv-cache ", opt.kv_cache, ": only bf16 is available in this version");
@@ -176,8 +212,16 @@ int run_job(const RunOptions& opt) {
     DZ_CHECK(!opt.output.empty(), "--output is required");
   });
 
+  // Groups (DESIGN §4): TP = same (dp, cp); CP = same (dp, tp); DP group = same dp.
+  const int C = grid.cp, T = grid.tp;
+  Comm tp_comm = world.split(grid.dp_rank() * C + grid.cp_rank(), grid.tp_rank());
+  Comm cp_comm = world.split(grid.dp_rank() * T + grid.tp_rank(), grid.cp_rank());
+  Comm dp_group = world.split(grid.dp_rank(), grid.cp_rank() * T + grid.tp_rank());
+  const bool group_root = grid.cp_rank() == 0 && grid.tp_rank() == 0;
+  TpShard tp{grid.tp_rank(), T, T > 1 ? &tp_comm : nullptr};
+
   std::unique_ptr<Model> model;
-  agree(world, [&] { model = Model::load(opt.model); });
+  agree(world, [&] { model = Model::load(opt.model, tp); });
   const ModelConfig& cfg = model->config();
 
   std::unique_ptr<InputFile> input;
@@ -211,6 +255,7 @@ int run_job(const RunOptions& opt) {
     spec.info["input"] = opt.input;
     spec.info["precision"] = "fp32 (cpu reference)";
     spec.info["world_size"] = std::to_string(world.size());
+    spec.info["parallel"] = str("dp ", grid.dp, " x cp ", C, " x tp ", T, ", segments ", opt.segments);
     output = opt.resume ? OutputFile::resume(opt.output, spec) : OutputFile::create(opt.output, spec, opt.overwrite);
     done = output->done();
   });
@@ -227,12 +272,10 @@ int run_job(const RunOptions& opt) {
     }
   std::stable_sort(todo.begin(), todo.end(),
                    [&](int64_t a, int64_t b) { return input->doc_length(a) > input->doc_length(b); });
-  if (world.rank() == 0) {
-    log_root(str("model ", opt.model, " (", cfg.model_type, ", ", cfg.num_layers, " layers), ", n_docs,
-                 " documents, ", input->n_tokens(), " tokens; ", todo.size(), " to do",
-                 opt.resume ? str(" (", n_docs - int64_t(todo.size()), " already done)") : std::string(), "; ",
-                 world.size(), " ranks (dp ", grid.dp, " x cp ", grid.cp, " x tp ", grid.tp, "), mode ", opt.mode));
-  }
+  log_root(str("model ", opt.model, " (", cfg.model_type, ", ", cfg.num_layers, " layers), ", n_docs, " documents, ",
+               input->n_tokens(), " tokens; ", todo.size(), " to do",
+               opt.resume ? str(" (", n_docs - int64_t(todo.size()), " already done)") : std::string(), "; ",
+               world.size(), " ranks (dp ", grid.dp, " x cp ", C, " x tp ", T, "), mode ", opt.mode));
 
   Writer writer;
   Sender sender;
@@ -244,23 +287,55 @@ int run_job(const RunOptions& opt) {
     writer.progress_seconds = opt.progress_seconds;
     if (const char* k = std::getenv("DAYZERO_FAULT_KILL_AFTER_DOCS")) writer.kill_after = std::atoll(k);
   }
-  // Between layers: rank 0 keeps receiving and writing; the others complete their sends.
+  WorkStats stats;
+  const DocParallel par{&cp_comm, opt.segments, &stats};
+  Clock::time_point stop_seen{};
+  // Between layers: rank 0 keeps receiving and writing; other DP roots complete their sends.
+  // After a stop signal and the grace period, rank 0 leaves regardless (see below).
   auto tick = [&] {
-    if (world.rank() == 0)
+    if (world.rank() == 0) {
       writer.drain(world);
-    else
+      if (g_signal) {
+        if (stop_seen == Clock::time_point{}) stop_seen = Clock::now();
+        if (std::chrono::duration<double>(Clock::now() - stop_seen).count() > opt.stop_grace) {
+          output.reset();  // every written document is already durable; close the .part cleanly
+          std::fprintf(stderr,
+                       "dayzero: stopped by signal %d after the %.0f s grace period: %lld documents written this run; "
+                       "rerun with --resume\n",
+                       int(g_signal), opt.stop_grace, (long long)writer.received);
+          std::fflush(stderr);
+          std::_Exit(kExitStopped);
+        }
+      }
+    } else if (group_root) {
       sender.reap();
+    }
   };
 
+  std::vector<int64_t> my_docs;
+  bool stopped = false;
   try {
     SharedCounter next(world);
     for (;;) {
-      int64_t k = next.fetch_add(1);
-      if (k >= int64_t(todo.size())) break;
+      // The group root decides, for its whole group, the next document or the stop.
+      int64_t k = -1;
+      if (group_root) {
+        if (g_signal) {
+          k = -2;
+        } else {
+          k = next.fetch_add(1);
+          if (k >= int64_t(todo.size())) k = -1;
+        }
+      }
+      dp_group.bcast_bytes(&k, sizeof k, 0);
+      if (k == -2) stopped = true;
+      if (k < 0) break;
       const int64_t d = todo[size_t(k)];
       std::vector<int32_t> tokens = input->read_doc(d);
-      DocResult r = compute_document(*model, d, tokens, mp, tick);
+      DocResult r = compute_document(*model, d, tokens, mp, tick, par);
       r.stats.rank = world.rank();
+      my_docs.push_back(d);
+      if (!group_root) continue;
       if (world.rank() == 0) {
         writer.write(r);
         writer.drain(world);
@@ -268,17 +343,65 @@ int run_job(const RunOptions& opt) {
         sender.send(world, r);
       }
     }
+    const int n_other_roots = grid.dp - 1;
     if (world.rank() == 0) {
-      writer.wait_all(world);
+      const bool all_in = writer.wait_all(world, n_other_roots, opt.stop_grace);
       writer.progress(true);
-      output->finalize();
-    } else {
+      if (!all_in) {
+        // A group is still inside a document past the grace period: leave now (mpirun ends the
+        // others); everything written is durable and the .part is closed cleanly.
+        output.reset();
+        std::fprintf(stderr,
+                     "dayzero: stopped by signal %d after the %.0f s grace period: %lld documents written this run; "
+                     "rerun with --resume\n",
+                     int(g_signal), opt.stop_grace, (long long)writer.received);
+        std::fflush(stderr);
+        std::_Exit(kExitStopped);
+      }
+      if (writer.received == writer.expected) {
+        output->finalize();
+        stopped = false;
+      } else {
+        DZ_CHECK(stopped || g_signal, "internal: ", writer.expected - writer.received,
+                 " documents neither written nor stopped");
+        stopped = true;
+      }
+    } else if (group_root) {
+      sender.goodbye(world);
       sender.wait_all();
     }
   } catch (const Error& e) {
     abort_all(e.what());
   }
-  world.barrier();
+  int any_stopped = world.any(stopped) ? 1 : 0;
+  if (any_stopped) {
+    if (world.rank() == 0) {
+      output.reset();
+      std::fprintf(stderr,
+                   "dayzero: stopped by signal %d: %lld documents written this run, %lld remaining; rerun with "
+                   "--resume\n",
+                   int(g_signal ? g_signal : SIGTERM), (long long)writer.received,
+                   (long long)(writer.expected - writer.received));
+    }
+    return kExitStopped;
+  }
+
+  // ---- per-rank work and stage times (balance report) ----
+  std::vector<char> mine;
+  {
+    nlohmann::json j;
+    j["rank"] = world.rank();
+    j["dp"] = grid.dp_rank();
+    j["cp"] = grid.cp_rank();
+    j["tp"] = grid.tp_rank();
+    j["documents"] = my_docs.size();
+    j["flops"] = stats.flops;
+    j["seconds"] = stats.seconds;
+    std::string s = j.dump();
+    mine.assign(s.begin(), s.end());
+    mine.push_back('\n');
+  }
+  std::vector<char> all_ranks = world.allgatherv_bytes(mine);
 
   if (world.rank() == 0) {
     double secs = std::chrono::duration<double>(Clock::now() - t_start).count();
@@ -296,8 +419,9 @@ int run_job(const RunOptions& opt) {
       j["backend"] = opt.backend;
       j["world_size"] = world.size();
       j["dp"] = grid.dp;
-      j["cp"] = grid.cp;
-      j["tp"] = grid.tp;
+      j["cp"] = C;
+      j["tp"] = T;
+      j["segments"] = opt.segments;
       j["documents_total"] = n_docs;
       j["documents"] = writer.summary.size();
       j["documents_skipped_done"] = n_docs - int64_t(todo.size());
@@ -312,6 +436,12 @@ int run_job(const RunOptions& opt) {
         per.push_back({{"doc", r->doc}, {"tokens", r->stats.tokens}, {"seconds", r->stats.seconds},
                        {"rank", r->stats.rank}});
       j["per_document"] = per;
+      nlohmann::json ranks = nlohmann::json::array();
+      std::string text(all_ranks.begin(), all_ranks.end());
+      size_t a = 0;
+      for (size_t b; (b = text.find('\n', a)) != std::string::npos; a = b + 1)
+        ranks.push_back(nlohmann::json::parse(text.substr(a, b - a)));
+      j["per_rank"] = ranks;
       std::string tmp = opt.report + ".tmp";
       {
         std::ofstream f(tmp);
@@ -321,6 +451,7 @@ int run_job(const RunOptions& opt) {
       DZ_CHECK(std::rename(tmp.c_str(), opt.report.c_str()) == 0, "cannot write report ", opt.report);
     }
   }
+  world.barrier();
   return 0;
 }
 

@@ -18,10 +18,15 @@ struct RunOptions {
   std::string backend = "cpu";
   std::string kv_cache = "bf16";
   std::string index_quant = "none";
+  int segments = 1;  // linear-attention segments per zigzag segment (intra-rank parallel scan)
   bool resume = false;
   bool overwrite = false;
   double progress_seconds = 30.0;  // rank 0 prints a progress line this often
+  double stop_grace = 20.0;        // after SIGTERM, seconds before rank 0 exits regardless
 };
+
+// Exit code of a run stopped by SIGTERM/SIGINT (128 + 15): the output stays OUT.part, resumable.
+constexpr int kExitStopped = 143;
 
 // Thrown when validation before any work fails on some rank; every rank throws it with the same
 // message, so main() can print it once and exit non-zero without MPI_Abort.

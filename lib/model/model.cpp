@@ -23,16 +23,16 @@ void skip_mtp_layers(const ModelConfig& cfg, Checkpoint& ck) {
   ck.set_dry_run(false);
 }
 
-std::unique_ptr<Model> Model::load(const std::string& dir) {
+std::unique_ptr<Model> Model::load(const std::string& dir, const TpShard& tp) {
   ModelConfig cfg = ModelConfig::from_file(dir + "/config.json");
   auto ck = Checkpoint::open(dir);
-  auto m = build(cfg, *ck);
+  auto m = build(cfg, *ck, tp);
   skip_mtp_layers(cfg, *ck);
   ck->check_all_used();
   return m;
 }
 
-std::unique_ptr<Model> Model::build(const ModelConfig& cfg, Checkpoint& ck) {
+std::unique_ptr<Model> Model::build(const ModelConfig& cfg, Checkpoint& ck, const TpShard& tp) {
   cfg.validate();
   std::unique_ptr<Model> m(new Model());
   m->cfg_ = cfg;
@@ -46,18 +46,21 @@ std::unique_ptr<Model> Model::build(const ModelConfig& cfg, Checkpoint& ck) {
     Layer L;
     L.attn_norm = ck.get(p + "input_layernorm.weight", {D}, norm_init);
     switch (ls.mixer) {
-      case MixerKind::KDA: L.mixer = make_kda_mixer(cfg, int(i), ck, p); break;
-      case MixerKind::GDN: L.mixer = make_gdn_mixer(cfg, int(i), ck, p); break;
-      case MixerKind::MLA: L.mixer = make_mla_mixer(cfg, int(i), ck, p); break;
-      case MixerKind::GQA: L.mixer = make_gqa_mixer(cfg, int(i), ck, p); break;
+      case MixerKind::KDA: L.mixer = make_kda_mixer(cfg, int(i), ck, p, tp); break;
+      case MixerKind::GDN: L.mixer = make_gdn_mixer(cfg, int(i), ck, p, tp); break;
+      case MixerKind::MLA: L.mixer = make_mla_mixer(cfg, int(i), ck, p, tp); break;
+      case MixerKind::GQA: L.mixer = make_gqa_mixer(cfg, int(i), ck, p, tp); break;
     }
     L.ffn_norm = ck.get(p + "post_attention_layernorm.weight", {D}, norm_init);
-    L.ffn = ls.ffn == FfnKind::MoE ? make_moe_ffn(cfg, int(i), ck, p) : make_mlp_ffn(cfg, int(i), ck, p);
+    L.ffn = ls.ffn == FfnKind::MoE ? make_moe_ffn(cfg, int(i), ck, p, tp) : make_mlp_ffn(cfg, int(i), ck, p, tp);
     m->layers_.push_back(std::move(L));
   }
   if (cfg.attn_res_block_size > 0) m->attn_res_ = std::make_unique<AttnRes>(cfg, ck);
   m->final_norm_ = ck.get("model.norm.weight", {D}, norm_init);
-  if (!cfg.tie_word_embeddings) m->lm_head_ = ck.get("lm_head.weight", {V, D}, Init::normal(0.02f));
+  if (cfg.tie_word_embeddings)
+    m->head_ = LmHead(m->embed_, V, D, tp);
+  else
+    m->head_ = LmHead(ck.get("lm_head.weight", {V, D}, Init::normal(0.02f)), V, D, tp);
   return m;
 }
 
@@ -76,6 +79,25 @@ Model::State Model::State::clone() const {
 
 Tensor Model::forward(const int32_t* tokens, int64_t T, State& st, const std::function<void()>& tick,
                       std::vector<Tensor>* layer_hidden) const {
+  Tensor y = run(tokens, T, st,
+                 [T](const Mixer& m, MixerState& ms, const float* x, float* out) { m.forward(x, T, ms, out); }, tick,
+                 layer_hidden);
+  st.pos += T;
+  return y;
+}
+
+Tensor Model::forward_cp(const int32_t* tokens, const CpCtx& ctx, State& st, const std::function<void()>& tick) const {
+  DZ_CHECK(st.pos == 0, "forward_cp needs a fresh state (prefill of a whole document)");
+  const int64_t R = ctx.lay->local_rows();
+  Tensor y = run(tokens, R, st,
+                 [&ctx](const Mixer& m, MixerState& ms, const float* x, float* out) { m.forward_cp(x, ctx, ms, out); },
+                 tick, nullptr);
+  st.pos = ctx.lay->length;
+  return y;
+}
+
+Tensor Model::run(const int32_t* tokens, int64_t T, State& st, const MixFn& mix, const std::function<void()>& tick,
+                  std::vector<Tensor>* layer_hidden) const {
   const int64_t D = cfg_.hidden_size, V = cfg_.vocab_size;
   const float eps = cfg_.rms_norm_eps;
   const bool zc = cfg_.norm_zero_centered;
@@ -101,7 +123,7 @@ Tensor Model::forward(const int32_t* tokens, int64_t T, State& st, const std::fu
       x = input.ptr();
     }
     rmsnorm(x, L.attn_norm.ptr(), normed.ptr(), T, D, eps, zc);
-    L.mixer->forward(normed.ptr(), T, *st.mixers[i], out.ptr());
+    mix(*L.mixer, *st.mixers[i], normed.ptr(), out.ptr());
     if (ar) attn_res_->add_output(*ar, int(i), 0, out.ptr());
     for (int64_t j = 0; j < T * D; ++j) h[j] += out[j];
     // FFN
@@ -120,14 +142,10 @@ Tensor Model::forward(const int32_t* tokens, int64_t T, State& st, const std::fu
   if (ar) attn_res_->final_output(*ar, h.ptr());
   Tensor y({T, D});
   rmsnorm(h.ptr(), final_norm_.ptr(), y.ptr(), T, D, eps, zc);
-  st.pos += T;
   return y;
 }
 
-void Model::logits(const float* hidden, int64_t rows, float* out) const {
-  const Tensor& W = cfg_.tie_word_embeddings ? embed_ : lm_head_;
-  linear(hidden, W.ptr(), nullptr, out, rows, cfg_.hidden_size, cfg_.vocab_size);
-}
+void Model::logits(const float* hidden, int64_t rows, float* out) const { head_.logits_full(hidden, rows, out); }
 
 static double logsumexp(const float* x, int64_t V) {
   float mx = x[0];

@@ -9,7 +9,9 @@
 #include "config/model_config.hpp"
 #include "core/tensor.hpp"
 #include "io/checkpoint.hpp"
+#include "model/lm_head.hpp"
 #include "model/module.hpp"
+#include "model/parallel.hpp"
 
 namespace dz {
 
@@ -19,9 +21,10 @@ class Model {
  public:
   // Loads DIR/config.json and the safetensors weights, strictly: any missing, unexpected or
   // mis-shaped tensor is an error naming it.
-  static std::unique_ptr<Model> load(const std::string& dir);
+  // With tp.size > 1 each rank keeps only its tensor-parallel shard (heads, FFN width, vocabulary).
+  static std::unique_ptr<Model> load(const std::string& dir, const TpShard& tp = TpShard{});
   // Builds from any Checkpoint (a real one, or Checkpoint::random for make-model).
-  static std::unique_ptr<Model> build(const ModelConfig& cfg, Checkpoint& ck);
+  static std::unique_ptr<Model> build(const ModelConfig& cfg, Checkpoint& ck, const TpShard& tp = TpShard{});
   ~Model();
 
   const ModelConfig& config() const { return cfg_; }
@@ -40,14 +43,24 @@ class Model {
   // norm).
   Tensor forward(const int32_t* tokens, int64_t T, State& st, const std::function<void()>& tick = {},
                  std::vector<Tensor>* layer_hidden = nullptr) const;
-  // logits[rows, V] = hidden[rows, D] · lm_head^T
+  // Context-parallel prefill of a whole document (st fresh): tokens [R] are this rank's rows in
+  // ctx.lay order; returns their final hidden states [R, D]. Every CP rank ends with the state
+  // of the whole document (decode continues with forward()).
+  Tensor forward_cp(const int32_t* tokens, const CpCtx& ctx, State& st, const std::function<void()>& tick = {}) const;
+  // logits[rows, V] = hidden[rows, D] · lm_head^T (the full rows, on every TP rank)
   void logits(const float* hidden, int64_t rows, float* out) const;
+  const LmHead& head() const { return head_; }
 
  private:
   Model() = default;
+  // The layer stack shared by forward and forward_cp; `mix` runs one layer's token mixer.
+  using MixFn = std::function<void(const Mixer&, MixerState&, const float* x, float* out)>;
+  Tensor run(const int32_t* tokens, int64_t T, State& st, const MixFn& mix, const std::function<void()>& tick,
+             std::vector<Tensor>* layer_hidden) const;
+
   ModelConfig cfg_;
-  Tensor embed_;    // [V, D]
-  Tensor lm_head_;  // [V, D] (empty when tied to embed_)
+  Tensor embed_;  // [V, D]
+  LmHead head_;   // vocabulary-parallel under TP
   Tensor final_norm_;
   struct Layer {
     Tensor attn_norm, ffn_norm;  // [D]
