@@ -1,0 +1,60 @@
+#include "model/work_model.hpp"
+
+#include <algorithm>
+
+namespace dz {
+
+// sum_{p = p0}^{p0 + n - 1} (p + 1)
+static double causal_keys(int64_t p0, int64_t n) {
+  return double(n) * double(p0) + double(n) * double(n + 1) / 2.0;
+}
+
+double WorkModel::indexer(const ModelConfig& c, int64_t p0, int64_t n) {
+  return 2.0 * double(c.index_n_heads) * double(c.index_head_dim) * causal_keys(p0, n);
+}
+
+double WorkModel::attention(const ModelConfig& c, const LayerSpec& l, int64_t p0, int64_t n) {
+  double keys;
+  if (l.has_indexer && c.index_topk > 0) {
+    // min(K, p + 1) keys per query
+    const int64_t K = c.index_topk;
+    const int64_t dense_end = std::min(p0 + n, std::max(p0, K));  // queries p < K see p + 1 keys
+    keys = causal_keys(p0, dense_end - p0) + double(p0 + n - dense_end) * double(K);
+  } else {
+    keys = causal_keys(p0, n);
+  }
+  double dqk, dv, heads = double(c.num_heads);
+  if (l.mixer == MixerKind::GQA) {
+    dqk = dv = double(c.head_dim);
+  } else {  // MLA, absorbed: scores over latent + rope, values in the latent
+    dqk = double(c.kv_lora_rank + c.qk_rope_head_dim);
+    dv = double(c.kv_lora_rank);
+  }
+  return 2.0 * heads * keys * (dqk + dv);
+}
+
+double WorkModel::linear_attention(const ModelConfig& c, const LayerSpec& l, int64_t n) {
+  // per token and value head: decay + rank-1 update + two state-vector products over K x V
+  // (the chunked form does the same work in blocks)
+  const double hv = double(l.mixer == MixerKind::GDN ? c.la_num_v_heads : c.la_num_k_heads);
+  return double(n) * hv * 6.0 * double(c.la_head_k_dim) * double(c.la_head_v_dim);
+}
+
+std::map<std::string, double> WorkModel::document(const ModelConfig& c, const SeqLayout& lay, int rank) {
+  std::map<std::string, double> w{{"indexer", 0}, {"attention", 0}, {"linear_attention", 0}};
+  for (int j : lay.segments_of(rank)) {
+    const int64_t p0 = lay.seg_begin(j), n = lay.seg_len(j);
+    for (const LayerSpec& l : c.layers) {
+      if (l.mixer == MixerKind::KDA || l.mixer == MixerKind::GDN) {
+        w["linear_attention"] += linear_attention(c, l, n);
+      } else {
+        if (l.has_indexer) w["indexer"] += indexer(c, p0, n);
+        w["attention"] += attention(c, l, p0, n);
+      }
+    }
+  }
+  w["total"] = w["indexer"] + w["attention"] + w["linear_attention"];
+  return w;
+}
+
+}  // namespace dz
