@@ -1,6 +1,13 @@
 // Gated DeltaNet token mixer (Qwen3-Next): fused input projections, one short conv over q|k|v,
 // scalar-gated delta rule, SiLU-gated RMSNorm, output projection. Tensor names are qwen3_next's:
 // PREFIX linear_attn.{in_proj_qkvz, in_proj_ba, conv1d, dt_bias, A_log, norm, out_proj}.
+//
+// TP shards the key heads [h0, h1) and with them their value heads [h0*r, h1*r) (r = HV / HK).
+// Both fused projections are laid out per key head (in_proj_qkvz: [q K | k K | v r*V | z r*V],
+// in_proj_ba: [b r | a r], as fix_query_key_value_ordering splits them), so a key-head range is
+// one contiguous row range of each; conv1d's channels are [q all | k all | v all], so its three
+// parts are sliced separately; dt_bias, A_log per value head; out_proj by columns; norm replicated.
+#include <algorithm>
 #include <cmath>
 #include <string>
 #include <vector>
@@ -26,28 +33,51 @@ Tensor get_conv(Checkpoint& ck, const std::string& name, int64_t C, int64_t W, I
 
 class GdnMixer : public Mixer {
  public:
-  GdnMixer(const ModelConfig& cfg, Checkpoint& ck, const std::string& prefix) {
-    HK_ = cfg.la_num_k_heads;
-    HV_ = cfg.la_num_v_heads;
+  GdnMixer(const ModelConfig& cfg, Checkpoint& ck, const std::string& prefix, const TpShard& tp) {
+    const int64_t HKf = cfg.la_num_k_heads, HVf = cfg.la_num_v_heads;  // heads of the whole layer
     K_ = cfg.la_head_k_dim;
     V_ = cfg.la_head_v_dim;
     D_ = cfg.hidden_size;
     W_ = cfg.la_conv_kernel;
     eps_ = cfg.rms_norm_eps;
-    DZ_CHECK(HK_ > 0 && HV_ > 0 && K_ > 0 && V_ > 0 && D_ > 0 && W_ > 0, "GDN layer ", prefix,
+    DZ_CHECK(HKf > 0 && HVf > 0 && K_ > 0 && V_ > 0 && D_ > 0 && W_ > 0, "GDN layer ", prefix,
              ": bad linear-attention sizes");
-    DZ_CHECK(HV_ % HK_ == 0, "GDN layer ", prefix, ": value heads ", HV_, " not a multiple of key heads ", HK_);
+    DZ_CHECK(HVf % HKf == 0, "GDN layer ", prefix, ": value heads ", HVf, " not a multiple of key heads ", HKf);
+    r_ = HVf / HKf;
+    const std::string what = "GDN layer " + prefix + ": key heads (linear_num_key_heads)";
+    const auto range = tp.range(HKf, what.c_str());
+    // Generating mode (make-model) must see the full tensors: keep them all and reduce nothing.
+    const bool shard = tp.size > 1 && !ck.generating();
+    const int64_t h0 = shard ? range.first : 0, h1 = shard ? range.second : HKf;
+    HK_ = h1 - h0;
+    HV_ = HK_ * r_;
+    if (shard) tp_ = tp;
+    auto rows = [&](Tensor t, int64_t per_key_head) {
+      return shard ? slice_rows(t, h0 * per_key_head, h1 * per_key_head) : t;
+    };
+
     const std::string p = prefix + "linear_attn.";
     const Init proj = Init::normal(0.02f);
     const float cb = 1.f / std::sqrt(float(W_));
-    w_qkvz_ = ck.get(p + "in_proj_qkvz.weight", {2 * HK_ * K_ + 2 * HV_ * V_, D_}, proj);
-    w_ba_ = ck.get(p + "in_proj_ba.weight", {2 * HV_, D_}, proj);
-    conv_ = get_conv(ck, p + "conv1d.weight", conv_dim(), W_, Init::uniform(-cb, cb));
-    dt_bias_ = ck.get(p + "dt_bias", {HV_}, Init::uniform(-4.f, -1.f));
-    A_log_ = ck.get(p + "A_log", {HV_}, Init::uniform(0.f, std::log(16.f)));
+    w_qkvz_ = rows(ck.get(p + "in_proj_qkvz.weight", {2 * HKf * K_ + 2 * HVf * V_, D_}, proj), 2 * K_ + 2 * r_ * V_);
+    w_ba_ = rows(ck.get(p + "in_proj_ba.weight", {2 * HVf, D_}, proj), 2 * r_);
+    conv_ = get_conv(ck, p + "conv1d.weight", 2 * HKf * K_ + HVf * V_, W_, Init::uniform(-cb, cb));
+    if (shard) {  // [q | k | v] channel groups, each cut to this rank's heads
+      const int64_t KDf = HKf * K_;
+      Tensor c({conv_dim(), W_});
+      const std::pair<int64_t, int64_t> parts[3] = {{h0 * K_, h1 * K_},
+                                                     {KDf + h0 * K_, KDf + h1 * K_},
+                                                     {2 * KDf + h0 * r_ * V_, 2 * KDf + h1 * r_ * V_}};
+      auto dst = c.data.begin();
+      for (const auto& pr : parts) dst = std::copy(conv_.data.begin() + pr.first * W_, conv_.data.begin() + pr.second * W_, dst);
+      conv_ = std::move(c);
+    }
+    dt_bias_ = rows(ck.get(p + "dt_bias", {HVf}, Init::uniform(-4.f, -1.f)), r_);
+    A_log_ = rows(ck.get(p + "A_log", {HVf}, Init::uniform(0.f, std::log(16.f))), r_);
     // qwen3_next's gated norm is weight * x (ones init), not zero-centred like its other RMSNorms.
     norm_ = ck.get(p + "norm.weight", {V_}, Init::ones());
-    wo_ = ck.get(p + "out_proj.weight", {D_, HV_ * V_}, proj);
+    wo_ = ck.get(p + "out_proj.weight", {D_, HVf * V_}, proj);
+    if (shard) wo_ = slice_cols(wo_, h0 * r_ * V_, h1 * r_ * V_);
   }
 
   std::unique_ptr<MixerState> make_state() const override {
@@ -58,84 +88,145 @@ class GdnMixer : public Mixer {
   }
 
   void forward(const float* x, int64_t T, MixerState& base, float* out) const override {
+    LaState& st = state_of(base);
+    Tok tk = project(x, T);
+    std::vector<float> c(size_t(T * conv_dim()));
+    short_conv_silu(tk.mixed.data(), conv_.ptr(), nullptr, T, conv_dim(), W_, st.conv[0].ptr(), c.data());
+    Qkv a = split(c.data(), T);
+    std::vector<float> o(size_t(T * HV_ * V_));
+    const float scale = 1.f / std::sqrt(float(K_));
+    if (T >= kLaChunk)
+      gdn_chunked(a.q.data(), a.k.data(), a.v.data(), tk.g.data(), tk.b.data(), T, HK_, HV_, K_, V_, scale,
+                  st.S.ptr(), o.data());
+    else
+      gdn_recurrent(a.q.data(), a.k.data(), a.v.data(), tk.g.data(), tk.b.data(), T, HK_, HV_, K_, V_, scale,
+                    st.S.ptr(), o.data());
+    finish(o.data(), tk.z.data(), T, out);
+    st.pos += T;
+  }
+
+  void forward_cp(const float* x, const CpCtx& ctx, MixerState& base, float* out) const override {
+    LaState& st = state_of(base);
+    DZ_CHECK(ctx.cp && ctx.lay, "GDN forward_cp: CpCtx needs a CP communicator and a layout");
+    DZ_CHECK(st.pos == 0, "GDN forward_cp: the state has already consumed ", st.pos, " tokens (needs a fresh one)");
+    const int64_t R = ctx.lay->local_rows();
+    Tok tk;
+    Qkv a;
+    {
+      auto timer = ctx.time("la_stage1");  // projections and the conv halo belong to stage 1
+      tk = project(x, R);
+      std::vector<float> c(size_t(R * conv_dim()));
+      short_conv_silu_cp(tk.mixed.data(), conv_.ptr(), nullptr, conv_dim(), W_, *ctx.lay, *ctx.cp,
+                         st.conv[0].ptr(), c.data());
+      a = split(c.data(), R);
+    }
+    std::vector<float> o(size_t(R * HV_ * V_));
+    gdn_segmented(a.q.data(), a.k.data(), a.v.data(), tk.g.data(), tk.b.data(), HK_, HV_, K_, V_,
+                  1.f / std::sqrt(float(K_)), ctx, o.data(), st.S.ptr());
+    {
+      auto timer = ctx.time("la_stage2");
+      finish(o.data(), tk.z.data(), R, out);
+    }
+    st.pos = ctx.lay->length;
+  }
+
+ private:
+  // Per-token inputs of the scan: mixed [T, conv_dim] the pre-conv [q | k | v], z [T, HV*V] the
+  // output gate, b [T, HV] = sigmoid(b) (beta), g [T, HV] log-decay.
+  struct Tok {
+    std::vector<float> mixed, z, b, g;
+  };
+  struct Qkv {
+    std::vector<float> q, k, v;  // [T, HK, K], [T, HK, K], [T, HV, V]
+  };
+
+  int64_t conv_dim() const { return 2 * HK_ * K_ + HV_ * V_; }
+
+  static LaState& state_of(MixerState& base) {
     auto* st = dynamic_cast<LaState*>(&base);
     DZ_CHECK(st && st->conv.size() == 1, "GDN mixer: state of another mixer kind");
-    const int64_t r = HV_ / HK_, KD = HK_ * K_, VD = HV_ * V_, QKVZ = 2 * KD + 2 * VD, CD = conv_dim();
+    return *st;
+  }
+
+  Tok project(const float* x, int64_t T) const {
+    const int64_t r = r_, KD = HK_ * K_, VD = HV_ * V_, QKVZ = 2 * KD + 2 * VD, CD = conv_dim();
     std::vector<float> qkvz(size_t(T * QKVZ)), ba(size_t(T * 2 * HV_));
     linear(x, w_qkvz_.ptr(), nullptr, qkvz.data(), T, D_, QKVZ);
     linear(x, w_ba_.ptr(), nullptr, ba.data(), T, D_, 2 * HV_);
-
     // Un-interleave as fix_query_key_value_ordering: per key head h the projection holds
     // [q (K) | k (K) | v (r*V) | z (r*V)], and in_proj_ba holds [b (r) | a (r)]; value head h*r+i
     // is the i-th of its group. mixed = [q all heads | k all heads | v all heads] for the conv.
-    std::vector<float> mixed(size_t(T * CD)), z(size_t(T * VD)), b(size_t(T * HV_)), a(size_t(T * HV_));
+    Tok tk;
+    tk.mixed.resize(size_t(T * CD));
+    tk.z.resize(size_t(T * VD));
+    tk.b.resize(size_t(T * HV_));
+    std::vector<float> a(size_t(T * HV_));
     for (int64_t t = 0; t < T; ++t)
       for (int64_t h = 0; h < HK_; ++h) {
         const float* grp = qkvz.data() + t * QKVZ + h * (2 * K_ + 2 * r * V_);
-        float* m = mixed.data() + t * CD;
+        float* m = tk.mixed.data() + t * CD;
         for (int64_t i = 0; i < K_; ++i) {
           m[h * K_ + i] = grp[i];
           m[KD + h * K_ + i] = grp[K_ + i];
         }
         for (int64_t i = 0; i < r * V_; ++i) {
           m[2 * KD + h * r * V_ + i] = grp[2 * K_ + i];
-          z[size_t(t * VD + h * r * V_ + i)] = grp[2 * K_ + r * V_ + i];
+          tk.z[size_t(t * VD + h * r * V_ + i)] = grp[2 * K_ + r * V_ + i];
         }
         const float* bag = ba.data() + t * 2 * HV_ + h * 2 * r;
         for (int64_t i = 0; i < r; ++i) {
-          b[size_t(t * HV_ + h * r + i)] = bag[i];
+          tk.b[size_t(t * HV_ + h * r + i)] = sigmoid(bag[i]);
           a[size_t(t * HV_ + h * r + i)] = bag[r + i];
         }
       }
-    std::vector<float> conv_out(size_t(T * CD));
-    short_conv_silu(mixed.data(), conv_.ptr(), nullptr, T, CD, W_, st->conv[0].ptr(), conv_out.data());
-    std::vector<float> q(size_t(T * KD)), k(size_t(T * KD)), v(size_t(T * VD));
-    for (int64_t t = 0; t < T; ++t) {
-      const float* c = conv_out.data() + t * CD;
-      for (int64_t i = 0; i < KD; ++i) {
-        q[size_t(t * KD + i)] = c[i];
-        k[size_t(t * KD + i)] = c[KD + i];
-      }
-      for (int64_t i = 0; i < VD; ++i) v[size_t(t * VD + i)] = c[2 * KD + i];
-    }
-    l2norm(q.data(), q.data(), T * HK_, K_, 1e-6f);
-    l2norm(k.data(), k.data(), T * HK_, K_, 1e-6f);
-    for (auto& e : b) e = sigmoid(e);
-    std::vector<float> g(size_t(T * HV_));
-    kda_gate_softplus(a.data(), A_log_.ptr(), dt_bias_.ptr(), T, HV_, 1, g.data());  // -exp(A_log) softplus(a + dt_bias)
-
-    std::vector<float> o(size_t(T * VD));
-    const float scale = 1.f / std::sqrt(float(K_));
-    if (T >= kLaChunk)
-      gdn_chunked(q.data(), k.data(), v.data(), g.data(), b.data(), T, HK_, HV_, K_, V_, scale, st->S.ptr(), o.data());
-    else
-      gdn_recurrent(q.data(), k.data(), v.data(), g.data(), b.data(), T, HK_, HV_, K_, V_, scale, st->S.ptr(),
-                    o.data());
-    gated_rmsnorm(o.data(), z.data(), norm_.ptr(), o.data(), T * HV_, V_, eps_, GateAct::SiLU);
-    linear(o.data(), wo_.ptr(), nullptr, out, T, VD, D_);
-    st->pos += T;
+    tk.g.resize(size_t(T * HV_));
+    kda_gate_softplus(a.data(), A_log_.ptr(), dt_bias_.ptr(), T, HV_, 1, tk.g.data());  // -exp(A_log) softplus(a + dt_bias)
+    return tk;
   }
 
- private:
-  int64_t conv_dim() const { return 2 * HK_ * K_ + HV_ * V_; }
-  int64_t HK_, HV_, K_, V_, D_, W_;
+  // conv output c [T, conv_dim] -> q, k (L2-normalised per head), v
+  Qkv split(const float* c, int64_t T) const {
+    const int64_t KD = HK_ * K_, VD = HV_ * V_, CD = conv_dim();
+    Qkv a;
+    a.q.resize(size_t(T * KD));
+    a.k.resize(size_t(T * KD));
+    a.v.resize(size_t(T * VD));
+    for (int64_t t = 0; t < T; ++t) {
+      const float* row = c + t * CD;
+      std::copy(row, row + KD, a.q.begin() + t * KD);
+      std::copy(row + KD, row + 2 * KD, a.k.begin() + t * KD);
+      std::copy(row + 2 * KD, row + CD, a.v.begin() + t * VD);
+    }
+    l2norm(a.q.data(), a.q.data(), T * HK_, K_, 1e-6f);
+    l2norm(a.k.data(), a.k.data(), T * HK_, K_, 1e-6f);
+    return a;
+  }
+
+  // o [T, HV*V] -> per-head RMSNorm * silu(z) -> out_proj (partial under TP) -> all-reduce
+  void finish(float* o, const float* z, int64_t T, float* out) const {
+    gated_rmsnorm(o, z, norm_.ptr(), o, T * HV_, V_, eps_, GateAct::SiLU);
+    linear(o, wo_.ptr(), nullptr, out, T, HV_ * V_, D_);
+    tp_.allreduce_sum(out, T * D_);
+  }
+
+  int64_t HK_, HV_, r_, K_, V_, D_, W_;  // HK_, HV_: heads on this TP rank
   float eps_;
-  Tensor w_qkvz_, w_ba_;      // [2*HK*K + 2*HV*V, D], [2*HV, D]
+  TpShard tp_;                // size 1 unless the weights are a shard
+  Tensor w_qkvz_, w_ba_;      // [2*HK*K + 2*HV*V, D], [2*HV, D]: this rank's key-head groups
   Tensor conv_;               // [2*HK*K + HV*V, W]
   Tensor dt_bias_, A_log_;    // [HV], [HV]
   Tensor norm_;               // [V]
-  Tensor wo_;                 // [D, HV*V]
+  Tensor wo_;                 // [D, HV*V]: this rank's columns
 };
 
 }  // namespace
 
 std::unique_ptr<Mixer> make_gdn_mixer(const ModelConfig& cfg, int layer, Checkpoint& ck, const std::string& prefix,
                                       const TpShard& tp) {
-  DZ_CHECK(tp.size == 1, "layer ", layer, ": tensor parallelism is not implemented for this mixer yet");
   (void)layer;
   DZ_CHECK(cfg.family == Family::Qwen3Next, "GDN layer ", prefix, ": no Gated DeltaNet tensor names for model_type '",
            cfg.model_type, "'");
-  return std::make_unique<GdnMixer>(cfg, ck, prefix);
+  return std::make_unique<GdnMixer>(cfg, ck, prefix, tp);
 }
 
 }  // namespace dz

@@ -176,7 +176,122 @@ LaTransition transition(const float* k, const float* v, const float* g, const fl
   return tr;
 }
 
+// S_final = A · S0 + B per head; A [H, K, K], B [H, K, V]; z ascending for every element.
+void apply_raw(const float* A_all, const float* B_all, int64_t H, int64_t K, int64_t V, const float* S0,
+               float* S_final) {
+  for (int64_t h = 0; h < H; ++h) {
+    const float* A = A_all + h * K * K;
+    const float* s0 = S0 + h * K * V;
+    float* sf = S_final + h * K * V;
+    for (int64_t x = 0; x < K; ++x) {
+      float* row = sf + x * V;
+      for (int64_t y = 0; y < V; ++y) row[y] = B_all[(h * K + x) * V + y];
+      for (int64_t z = 0; z < K; ++z) {
+        const float a = A[x * K + z];
+        for (int64_t y = 0; y < V; ++y) row[y] += a * s0[z * V + y];
+      }
+    }
+  }
+}
+
+// The two-stage scan behind kda_segmented / gdn_segmented (see the header).
+void segmented(const float* q, const float* k, const float* v, const float* g, const float* beta, Dims d,
+               float scale, const CpCtx& ctx, float* o, float* S_final, const char* op) {
+  DZ_CHECK(ctx.cp && ctx.lay, op, ": CpCtx needs a CP communicator and a layout");
+  const SeqLayout& lay = *ctx.lay;
+  const Comm& comm = *ctx.cp;
+  DZ_CHECK(lay.cp_size == comm.size() && lay.cp_rank == comm.rank(), op, ": layout for rank ", lay.cp_rank, " of ",
+           lay.cp_size, " used on CP rank ", comm.rank(), " of ", comm.size());
+  d.T = lay.local_rows();
+  check_dims(d, op);
+  const int64_t HV = d.HV, K = d.K, V = d.V, HK = d.HK, GK = d.gk();
+  const int64_t nA = HV * K * K, nB = HV * K * V, nS = nA + nB;
+  const std::vector<int> mine = lay.local_segments();
+  // local row offset of each local segment
+  std::vector<int64_t> off(mine.size() + 1, 0);
+  for (size_t i = 0; i < mine.size(); ++i) off[i + 1] = off[i] + lay.seg_len(mine[i]);
+
+  // Stage 1: transitions of the local segments from a zero state, packed [A | B] per segment.
+  std::vector<float> send;
+  {
+    auto timer = ctx.time("la_stage1");
+    send.reserve(mine.size() * size_t(nS));
+    for (size_t i = 0; i < mine.size(); ++i) {
+      const int64_t t0 = off[i];
+      Dims ds = d;
+      ds.T = off[i + 1] - t0;
+      const LaTransition tr =
+          transition(k + t0 * HK * K, v + t0 * HV * V, g + t0 * HV * GK, beta + t0 * HV, ds);
+      send.insert(send.end(), tr.A.begin(), tr.A.end());
+      send.insert(send.end(), tr.B.begin(), tr.B.end());
+      ctx.flops("linear_attention", la_chunked_flops(ds.T, HV, K, V, false));
+    }
+  }
+
+  // Merge: every rank gathers every transition and runs the prefix chain itself (no second
+  // round of communication). Empty segments are the identity and are skipped.
+  std::vector<std::vector<float>> init(mine.size());
+  {
+    auto timer = ctx.time("la_merge");
+    const std::vector<float> all = comm.allgatherv(send);
+    DZ_CHECK(all.size() == size_t(lay.n_seg()) * size_t(nS), op, ": gathered ", all.size(),
+             " floats of transitions, expected ", lay.n_seg(), " segments of ", nS);
+    std::vector<const float*> tr_of(size_t(lay.n_seg()), nullptr);  // segment -> its [A | B]
+    size_t pos = 0;
+    for (int r = 0; r < comm.size(); ++r)
+      for (int j : lay.segments_of(r)) {
+        tr_of[size_t(j)] = all.data() + pos;
+        pos += size_t(nS);
+      }
+    std::vector<float> S(size_t(nB), 0.f), next(static_cast<size_t>(nB));
+    size_t li = 0;
+    for (int j = 0; j < lay.n_seg(); ++j) {
+      if (li < mine.size() && mine[li] == j) init[li++] = S;
+      if (lay.seg_len(j) == 0) continue;
+      apply_raw(tr_of[size_t(j)], tr_of[size_t(j)] + nA, HV, K, V, S.data(), next.data());
+      S.swap(next);
+      ctx.flops("linear_attention", double(2 * HV * K * K * V));
+    }
+    std::copy(S.begin(), S.end(), S_final);
+  }
+
+  // Stage 2: each local segment's outputs from its initial state.
+  auto timer = ctx.time("la_stage2");
+  for (size_t i = 0; i < mine.size(); ++i) {
+    const int64_t t0 = off[i];
+    Dims ds = d;
+    ds.T = off[i + 1] - t0;
+    chunked(q + t0 * HK * K, k + t0 * HK * K, v + t0 * HV * V, g + t0 * HV * GK, beta + t0 * HV, ds, scale,
+            init[i].data(), o + t0 * HV * V, kLaChunk);
+    ctx.flops("linear_attention", la_chunked_flops(ds.T, HV, K, V, true));
+  }
+}
+
 }  // namespace
+
+double la_chunked_flops(int64_t T, int64_t H, int64_t K, int64_t V, bool outputs, int64_t chunk) {
+  DZ_CHECK(chunk > 0 && T >= 0, "la_chunked_flops: T=", T, " chunk=", chunk);
+  double f = 0;
+  const double k = double(K), v = double(V);
+  for (int64_t c0 = 0; c0 < T; c0 += chunk) {
+    const double c = double(std::min(chunk, T - c0));
+    if (outputs)
+      f += c * (c - 1) * (2 * k + v) + c * (c + 1) * (k + v) + 6 * c * k * v + k * v;
+    else
+      f += c * (c - 1) * (3 * k + v) + 4 * c * k * (k + v) + k * (k + v);
+  }
+  return f * double(H);
+}
+
+void kda_segmented(const float* q, const float* k, const float* v, const float* g, const float* beta, int64_t HK,
+                   int64_t HV, int64_t K, int64_t V, float scale, const CpCtx& ctx, float* o, float* S_final) {
+  segmented(q, k, v, g, beta, Dims{0, HK, HV, K, V, true}, scale, ctx, o, S_final, "kda_segmented");
+}
+
+void gdn_segmented(const float* q, const float* k, const float* v, const float* g, const float* beta, int64_t HK,
+                   int64_t HV, int64_t K, int64_t V, float scale, const CpCtx& ctx, float* o, float* S_final) {
+  segmented(q, k, v, g, beta, Dims{0, HK, HV, K, V, false}, scale, ctx, o, S_final, "gdn_segmented");
+}
 
 void kda_recurrent(const float* q, const float* k, const float* v, const float* g, const float* beta, int64_t T,
                    int64_t HK, int64_t HV, int64_t K, int64_t V, float scale, float* state, float* o) {
@@ -245,20 +360,9 @@ LaTransition gdn_transition(const float* k, const float* v, const float* g, cons
 }
 
 void la_transition_apply(const LaTransition& tr, const float* S0, float* S_final) {
-  const int64_t K = tr.K, V = tr.V;
-  for (int64_t h = 0; h < tr.H; ++h) {
-    const float* A = tr.A.data() + h * K * K;
-    const float* s0 = S0 + h * K * V;
-    float* sf = S_final + h * K * V;
-    for (int64_t x = 0; x < K; ++x) {
-      float* row = sf + x * V;
-      for (int64_t y = 0; y < V; ++y) row[y] = tr.B[size_t((h * K + x) * V + y)];
-      for (int64_t z = 0; z < K; ++z) {
-        const float a = A[x * K + z];
-        for (int64_t y = 0; y < V; ++y) row[y] += a * s0[z * V + y];
-      }
-    }
-  }
+  DZ_CHECK(tr.A.size() == size_t(tr.H * tr.K * tr.K) && tr.B.size() == size_t(tr.H * tr.K * tr.V),
+           "la_transition_apply: transition storage does not match [", tr.H, ", ", tr.K, ", ", tr.V, "]");
+  apply_raw(tr.A.data(), tr.B.data(), tr.H, tr.K, tr.V, S0, S_final);
 }
 
 LaTransition la_transition_merge(const LaTransition& first, const LaTransition& second) {

@@ -81,10 +81,37 @@ void la_transition_apply(const LaTransition& tr, const float* S0, float* S_final
 // The transition of `first` followed by `second`: A = A2 A1, B = A2 B1 + B2.
 LaTransition la_transition_merge(const LaTransition& first, const LaTransition& second);
 
+// ---- Segmented scan of one document (context parallelism, intra-rank parallel scan) ----
+// The document is laid out by ctx.lay over the CP group ctx.cp; q, k, v, g, beta (shapes as in
+// kda_chunked / gdn_chunked with T = R = ctx.lay->local_rows()) hold this rank's rows, local
+// segments in ascending index. Stage 1: every local segment's transition from a zero state;
+// merge: all transitions are all-gathered and applied in sequence order from S = 0, giving every
+// segment's initial state and the state after the whole document; stage 2: each local segment's
+// outputs with the chunked form from its initial state. o [R, HV, V]; S_final [HV, K, V] the state
+// after the whole document (the same on every CP rank). Collectives: one allgatherv on ctx.cp.
+// Work: ctx.flops("linear_attention", la_segment_flops(...) per local segment + the merge),
+// times "la_stage1", "la_merge", "la_stage2". With a size-1 Comm and SeqLayout::zigzag(L, 1, 0, S)
+// this is the intra-rank segmented scan.
+void kda_segmented(const float* q, const float* k, const float* v, const float* g, const float* beta, int64_t HK,
+                   int64_t HV, int64_t K, int64_t V, float scale, const CpCtx& ctx, float* o, float* S_final);
+void gdn_segmented(const float* q, const float* k, const float* v, const float* g, const float* beta, int64_t HK,
+                   int64_t HV, int64_t K, int64_t V, float scale, const CpCtx& ctx, float* o, float* S_final);
+
+// FLOPs (multiply and add counted separately, exp not counted) of the chunked form over T tokens
+// for H value heads, chunks of `chunk`: per chunk of c tokens and head
+//     c(c-1)(2K + V) + c(c+1)(K + V) + 6cKV + KV     with outputs (stage 2)
+//     c(c-1)(3K + V) + 4cK(K+V) + K(K+V)              transition only (stage 1: width K+V, no q)
+// (docs/parallel_linear_attention.md derives both).
+double la_chunked_flops(int64_t T, int64_t H, int64_t K, int64_t V, bool outputs, int64_t chunk = kLaChunk);
+// Stage 1 + stage 2 of one segment of n tokens: what a rank is charged per local segment.
+inline double la_segment_flops(int64_t n, int64_t H, int64_t K, int64_t V) {
+  return la_chunked_flops(n, H, K, V, false) + la_chunked_flops(n, H, K, V, true);
+}
+
 // ---- Per-sequence state of a KDA / GDN mixer ----
-// S [HV, K, V] as above; conv[i] [W-1, C_i] the short-convolution tails (see short_conv.hpp):
-// KDA keeps three (q, k, v), GDN one (q|k|v concatenated). Public so that the context-parallel
-// stage can set a segment's initial state and conv halo.
+// S [HV, K, V] as above; conv[0] [W-1, C] the short-convolution tail (see short_conv.hpp) over the
+// channels [q | k | v] concatenated (KDA: C = H*K + H*K + H*V, GDN: 2*HK*K + HV*V), for the heads
+// of this TP rank. Public so that the context-parallel prefill can set the state after a document.
 struct LaState : MixerState {
   Tensor S;
   std::vector<Tensor> conv;

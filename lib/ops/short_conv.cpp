@@ -1,5 +1,6 @@
 #include "ops/short_conv.hpp"
 
+#include <algorithm>
 #include <vector>
 
 #include "core/error.hpp"
@@ -31,6 +32,54 @@ void short_conv_silu(const float* x, const float* w, const float* bias, int64_t 
     for (int64_t c = 0; c < C; ++c) tail[size_t(r * C + c)] = src[c];
   }
   for (int64_t i = 0; i < P * C; ++i) state[i] = tail[size_t(i)];
+}
+
+void short_conv_silu_cp(const float* x, const float* w, const float* bias, int64_t C, int64_t W,
+                        const SeqLayout& lay, const Comm& comm, float* state, float* y) {
+  DZ_CHECK(W >= 1 && C >= 0, "short_conv_silu_cp: bad sizes C=", C, " W=", W);
+  DZ_CHECK(lay.cp_size == comm.size() && lay.cp_rank == comm.rank(), "short_conv_silu_cp: layout for rank ",
+           lay.cp_rank, " of ", lay.cp_size, " used on CP rank ", comm.rank(), " of ", comm.size());
+  const int64_t P = W - 1;
+  const std::vector<int> mine = lay.local_segments();
+  auto tail_rows = [&](int j) { return std::min(P, lay.seg_len(j)); };
+  // Tails of my segments, ascending: the last min(P, n_j) rows of each.
+  std::vector<float> send;
+  int64_t r0 = 0;
+  for (int j : mine) {
+    const int64_t n = lay.seg_len(j), m = tail_rows(j);
+    send.insert(send.end(), x + (r0 + n - m) * C, x + (r0 + n) * C);
+    r0 += n;
+  }
+  const std::vector<float> all = comm.allgatherv(send);
+  // Every segment's tail in sequence order (the gather is in rank order, segments ascending).
+  std::vector<const float*> tail(size_t(lay.n_seg()), nullptr);
+  size_t pos = 0;
+  for (int r = 0; r < comm.size(); ++r)
+    for (int j : lay.segments_of(r)) {
+      tail[size_t(j)] = all.data() + pos;
+      pos += size_t(tail_rows(j) * C);
+    }
+  DZ_CHECK(pos == all.size(), "short_conv_silu_cp: gathered ", all.size(), " floats of conv halo, expected ", pos);
+  // The last P inputs before segment j: walk back over earlier tails (zeros before the document).
+  auto halo_before = [&](int j, float* st) {
+    std::fill(st, st + P * C, 0.f);
+    int64_t need = P;  // rows of st still to fill, from the bottom (row P-1) up
+    for (int s = j - 1; s >= 0 && need > 0; --s) {
+      const int64_t m = std::min(need, tail_rows(s));
+      const float* src = tail[size_t(s)] + (tail_rows(s) - m) * C;  // the last m rows of that tail
+      std::copy(src, src + m * C, st + (need - m) * C);
+      need -= m;
+    }
+  };
+  std::vector<float> st(size_t(P * C));
+  r0 = 0;
+  for (int j : mine) {
+    const int64_t n = lay.seg_len(j);
+    halo_before(j, st.data());
+    short_conv_silu(x + r0 * C, w, bias, n, C, W, st.data(), y + r0 * C);
+    r0 += n;
+  }
+  halo_before(lay.n_seg(), state);
 }
 
 }  // namespace dz

@@ -4,6 +4,9 @@
 #pragma once
 #include <cstdint>
 
+#include "dist/comm.hpp"
+#include "dist/seq_layout.hpp"
+
 namespace dz {
 
 // x [T, C]; w [C, W] (Hugging Face Conv1d weight [C, 1, W] with the middle dim dropped);
@@ -13,5 +16,16 @@ namespace dz {
 // (w[c, W-1] multiplies the current token). y [T, C] must not alias x.
 void short_conv_silu(const float* x, const float* w, const float* bias, int64_t T, int64_t C, int64_t W, float* state,
                      float* y);
+
+// The same conv over one document laid out by `lay` over the CP group `comm` (context parallelism).
+// x [R, C], y [R, C]: this rank's rows (local segments ascending, R = lay.local_rows()). Each
+// segment needs the W-1 inputs before it, which may lie in earlier segments of other ranks (or
+// span several short or empty segments): every rank contributes the last min(W-1, n_j) rows of
+// each of its segments to one allgatherv on `comm`, and a segment's conv state is the last W-1
+// rows of the concatenated tails of all earlier segments (zeros before the document). Outputs
+// are bit-identical to one short_conv_silu over the whole document. state [W-1, C] out: the last
+// W-1 inputs of the whole document (what decode continues from), the same on every rank.
+void short_conv_silu_cp(const float* x, const float* w, const float* bias, int64_t C, int64_t W,
+                        const SeqLayout& lay, const Comm& comm, float* state, float* y);
 
 }  // namespace dz
