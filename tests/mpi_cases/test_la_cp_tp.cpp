@@ -128,7 +128,15 @@ TEST_CASE("la_cp_tp: KDA and GDN prefill under CP x TP equals one rank, decode c
               e = std::max(e, la_maxdiff(out.data() + int64_t(i) * D, ref.data() + pos[i] * D, size_t(D)) / scale);
             worst = std::max(worst, e);
             CHECK(e < 2e-5);
-            CHECK(ws.flops["linear_attention"] >= 0.0);
+            // work: stage 1 + 2 of my segments (my heads) plus the whole chain, which every rank runs
+            const int64_t Hl = cfg.la_num_v_heads / T, K = cfg.la_head_k_dim, V = cfg.la_head_v_dim;
+            double expect = 0;
+            for (int j = 0; j < lay.n_seg(); ++j) {
+              if (lay.seg_len(j) == 0) continue;
+              expect += 2.0 * double(Hl * K * K * V);
+              if (lay.owner[size_t(j)] == cp.rank()) expect += dz::la_segment_flops(lay.seg_len(j), Hl, K, V);
+            }
+            CHECK(ws.flops["linear_attention"] == Approx(expect).epsilon(1e-12));
             // decode: every CP rank holds the whole-document state; TP ranks all-reduce
             std::vector<float> dec(size_t(3 * D));
             for (int64_t t = 0; t < 3; ++t) m->forward(x.data() + (L + t) * D, 1, *st2, dec.data() + t * D);
