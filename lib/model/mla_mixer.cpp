@@ -22,8 +22,19 @@
 // Softmax scale: (nope + rope)^-0.5 × Rope::softmax_scale_mult() (YaRN mscale², DeepSeek).
 // q_a_layernorm / kv_a_layernorm use eps 1e-6 (both modeling files build them with the default
 // eps, not rms_norm_eps).
+//
+// Tensor parallelism (TpShard, docs/parallel_attention.md): each rank keeps the rows of its heads
+// in q_proj / q_b_proj, kv_b_proj and g_proj and the matching columns of o_proj; q_a / kv_a and
+// their norms (the latent) and the DSA indexer's weights are replicated, so every TP rank holds
+// the same latent cache and the same Top-K sets (long prefills split the indexer's query rows over
+// the TP ranks and all-gather the Top-K rows). The output is all-reduced over the TP group.
+// Context parallelism (forward_cp): local rows are projected, their cache entries (latent, k_pe,
+// indexer key) all-gathered over the CP group into the full cache, then every rank scores and
+// attends for its own queries, segment by segment.
+#include <algorithm>
 #include <cmath>
 #include <memory>
+#include <tuple>
 
 #include "core/error.hpp"
 #include "core/linalg.hpp"
@@ -41,9 +52,28 @@ constexpr float kLatentNormEps = 1e-6f;
 
 const float* opt(const Tensor& t) { return t.empty() ? nullptr : t.ptr(); }
 
+// Rows / columns [a, b) of a loaded tensor (the TP head shard). An absent optional tensor stays
+// absent; a dry-run tensor (shape, no data) only changes shape.
+Tensor rows_of(const Tensor& t, int64_t a, int64_t b) {
+  if (t.shape.empty() || (a == 0 && b == t.shape[0])) return t;
+  if (!t.empty()) return slice_rows(t, a, b);
+  Tensor o;
+  o.shape = t.shape;
+  o.shape[0] = b - a;
+  return o;
+}
+Tensor cols_of(const Tensor& t, int64_t a, int64_t b) {
+  if (t.shape.empty() || (a == 0 && b == t.shape[1])) return t;
+  if (!t.empty()) return slice_cols(t, a, b);
+  Tensor o;
+  o.shape = t.shape;
+  o.shape[1] = b - a;
+  return o;
+}
+
 class MlaMixer : public Mixer {
  public:
-  MlaMixer(const ModelConfig& cfg, int layer, Checkpoint& ck, const std::string& prefix) {
+  MlaMixer(const ModelConfig& cfg, int layer, Checkpoint& ck, const std::string& prefix, const TpShard& tp) {
     D_ = cfg.hidden_size;
     H_ = cfg.num_heads;
     q_lora_ = cfg.q_lora_rank;
@@ -56,22 +86,31 @@ class MlaMixer : public Mixer {
              p, ": bad MLA dims (heads ", H_, ", kv_lora_rank ", R_, ", nope ", nope_, ", rope ", rope_dim_,
              ", v ", vd_, ")");
     DZ_CHECK(rope_dim_ % 2 == 0, p, ": qk_rope_head_dim must be even, got ", rope_dim_);
+    // Generating mode (make-model) asks for and keeps the full tensors: it never runs sharded.
+    const bool shard = tp.size > 1 && !ck.generating();
+    if (shard) tp_ = tp;
+    int64_t h0 = 0, h1 = H_;
+    if (shard) std::tie(h0, h1) = tp.range(H_, (p + "num_attention_heads").c_str());
+    Hl_ = h1 - h0;
     const int64_t Dq = nope_ + rope_dim_;
     if (q_lora_ > 0) {
       q_a_ = ck.get(p + "q_a_proj.weight", {q_lora_, D_}, Init::normal(0.02f));
       q_a_bias_ = ck.get_optional(p + "q_a_proj.bias", {q_lora_}, Init::zeros());
       q_a_norm_ = ck.get(p + "q_a_layernorm.weight", {q_lora_}, Init::ones());
-      q_b_ = ck.get(p + "q_b_proj.weight", {H_ * Dq, q_lora_}, Init::normal(0.02f));
+      q_b_ = rows_of(ck.get(p + "q_b_proj.weight", {H_ * Dq, q_lora_}, Init::normal(0.02f)), h0 * Dq, h1 * Dq);
     } else {
-      q_ = ck.get(p + "q_proj.weight", {H_ * Dq, D_}, Init::normal(0.02f));
+      q_ = rows_of(ck.get(p + "q_proj.weight", {H_ * Dq, D_}, Init::normal(0.02f)), h0 * Dq, h1 * Dq);
     }
     kv_a_ = ck.get(p + "kv_a_proj_with_mqa.weight", {R_ + rope_dim_, D_}, Init::normal(0.02f));
     kv_a_bias_ = ck.get_optional(p + "kv_a_proj_with_mqa.bias", {R_ + rope_dim_}, Init::zeros());
     kv_a_norm_ = ck.get(p + "kv_a_layernorm.weight", {R_}, Init::ones());
-    kv_b_ = ck.get(p + "kv_b_proj.weight", {H_ * (nope_ + vd_), R_}, Init::normal(0.02f));
-    o_ = ck.get(p + "o_proj.weight", {D_, H_ * vd_}, Init::normal(0.02f));
+    kv_b_ = rows_of(ck.get(p + "kv_b_proj.weight", {H_ * (nope_ + vd_), R_}, Init::normal(0.02f)),
+                    h0 * (nope_ + vd_), h1 * (nope_ + vd_));
+    o_ = cols_of(ck.get(p + "o_proj.weight", {D_, H_ * vd_}, Init::normal(0.02f)), h0 * vd_, h1 * vd_);
     o_bias_ = ck.get_optional(p + "o_proj.bias", {D_}, Init::zeros());
-    if (cfg.mla_output_gate) g_ = ck.get(p + "g_proj.weight", {H_ * vd_, D_}, Init::normal(0.02f));
+    if (shard && tp.rank != 0) o_bias_ = Tensor();  // added once, before the all-reduce sums the ranks
+    if (cfg.mla_output_gate)
+      g_ = rows_of(ck.get(p + "g_proj.weight", {H_ * vd_, D_}, Init::normal(0.02f)), h0 * vd_, h1 * vd_);
 
     bool nope_family = cfg.family == Family::KimiLinear;
     if (cfg.family == Family::Dayzero) nope_family = cfg.raw.is_object() ? cfg.raw.value("mla_use_nope", true) : true;
@@ -85,6 +124,8 @@ class MlaMixer : public Mixer {
     scale_ = float(1.0 / std::sqrt(double(Dq))) * mult;
 
     DZ_CHECK(layer >= 0 && size_t(layer) < cfg.layers.size(), p, ": layer ", layer, " outside the layer list");
+    // The indexer's weights are replicated on every TP rank (docs/parallel_attention.md: sharding
+    // its heads would all-reduce a [T, S] fp32 score matrix per layer); see select_topk.
     if (cfg.layers[size_t(layer)].has_indexer) indexer_ = std::make_unique<DsaIndexer>(cfg, ck, p + "indexer.");
   }
 
@@ -93,84 +134,231 @@ class MlaMixer : public Mixer {
   void forward(const float* x, int64_t T, MixerState& st_base, float* out) const override {
     auto* st = dynamic_cast<AttnCache*>(&st_base);
     DZ_CHECK(st, "MLA mixer: state is not an attention cache");
-    const int64_t pos0 = st->pos, S = pos0 + T, Dq = nope_ + rope_dim_;
-    DZ_CHECK(int64_t(st->latent.size()) == pos0 * R_ && int64_t(st->k_pe.size()) == pos0 * rope_dim_,
+    const int64_t pos0 = st->pos, S = pos0 + T, Dq = nope_ + rope_dim_, Di = idx_dim();
+    DZ_CHECK(int64_t(st->latent.size()) == pos0 * R_ && int64_t(st->k_pe.size()) == pos0 * rope_dim_ &&
+                 int64_t(st->index_k.size()) == pos0 * Di,
              "MLA mixer: cache size does not match position ", pos0);
 
-    // Queries [T, H, Dq]; q_resid [T, q_lora] feeds the indexer.
-    std::vector<float> q(size_t(T * H_ * Dq)), q_resid;
-    if (q_lora_ > 0) {
-      q_resid.resize(size_t(T * q_lora_));
-      linear(x, q_a_.ptr(), opt(q_a_bias_), q_resid.data(), T, D_, q_lora_);
-      rmsnorm(q_resid.data(), q_a_norm_.ptr(), q_resid.data(), T, q_lora_, kLatentNormEps);
-      linear(q_resid.data(), q_b_.ptr(), nullptr, q.data(), T, q_lora_, H_ * Dq);
-    } else {
-      linear(x, q_.ptr(), nullptr, q.data(), T, D_, H_ * Dq);
-    }
-
-    // Latent + shared rope key for the new tokens, appended to the cache.
-    std::vector<float> kv(size_t(T * (R_ + rope_dim_)));  // [T, R + rope]
-    linear(x, kv_a_.ptr(), opt(kv_a_bias_), kv.data(), T, D_, R_ + rope_dim_);
+    std::vector<float> q(size_t(T * Hl_ * Dq)), q_resid(size_t(T * q_lora_));
     st->latent.resize(size_t(S * R_));
     st->k_pe.resize(size_t(S * rope_dim_));
-    for (int64_t t = 0; t < T; ++t) {
-      const float* row = kv.data() + t * (R_ + rope_dim_);
-      std::copy(row, row + R_, st->latent.data() + (pos0 + t) * R_);
-      std::copy(row + R_, row + R_ + rope_dim_, st->k_pe.data() + (pos0 + t) * rope_dim_);
-    }
-    float* c_new = st->latent.data() + pos0 * R_;
-    rmsnorm(c_new, kv_a_norm_.ptr(), c_new, T, R_, kLatentNormEps);
-    if (rope_) {
-      rope_->apply(q.data(), T, H_, Dq, nope_, pos0);
-      rope_->apply(st->k_pe.data() + pos0 * rope_dim_, T, 1, rope_dim_, 0, pos0);
-    }
+    st->index_k.resize(size_t(S * Di));
+    project(x, T, pos0, q.data(), q_resid.data(), st->latent.data() + pos0 * R_, st->k_pe.data() + pos0 * rope_dim_,
+            st->index_k.data() + pos0 * Di);
 
-    // DSA: Top-K key positions per query.
     const int32_t* sel = nullptr;
     int64_t n_sel = 0;
     if (indexer_) {
       n_sel = indexer_->topk();
       st->last_topk.assign(size_t(T * n_sel), -1);
       st->topk_width = n_sel;
-      indexer_->forward(x, q_resid.data(), T, pos0, st->index_k, st->last_topk.data());
+      select_topk(x, q_resid.data(), T, pos0, st->index_k.data(), st->last_topk.data());
       sel = st->last_topk.data();
     }
-
-    // Materialise per-head keys [S, H, Dq] and values [S, H, vd] from the latent cache.
-    std::vector<float> kvb(size_t(S * H_ * (nope_ + vd_)));  // [S, H, nope + vd]
-    linear(st->latent.data(), kv_b_.ptr(), nullptr, kvb.data(), S, R_, H_ * (nope_ + vd_));
-    std::vector<float> k(size_t(S * H_ * Dq)), v(size_t(S * H_ * vd_));
-    for (int64_t s = 0; s < S; ++s)
-      for (int64_t h = 0; h < H_; ++h) {
-        const float* src = kvb.data() + (s * H_ + h) * (nope_ + vd_);
-        float* kd = k.data() + (s * H_ + h) * Dq;
-        std::copy(src, src + nope_, kd);
-        std::copy(st->k_pe.data() + s * rope_dim_, st->k_pe.data() + (s + 1) * rope_dim_, kd + nope_);
-        std::copy(src + nope_, src + nope_ + vd_, v.data() + (s * H_ + h) * vd_);
-      }
-
-    std::vector<float> o(size_t(T * H_ * vd_));  // [T, H, vd]
-    causal_attention(q.data(), k.data(), v.data(), o.data(), T, pos0, S, H_, H_, Dq, vd_, scale_, sel, n_sel);
-
-    if (!g_.empty()) {
-      std::vector<float> g(o.size());  // [T, H*vd]
-      linear(x, g_.ptr(), nullptr, g.data(), T, D_, H_ * vd_);
-      for (size_t i = 0; i < o.size(); ++i) o[i] *= sigmoid(g[i]);
-    }
-    linear(o.data(), o_.ptr(), opt(o_bias_), out, T, H_ * vd_, D_);
+    std::vector<float> k, v, o(size_t(T * Hl_ * vd_));  // o [T, Hl, vd]
+    expand_kv(*st, S, k, v);
+    if (T > 0)
+      causal_attention(q.data(), k.data(), v.data(), o.data(), T, pos0, S, Hl_, Hl_, Dq, vd_, scale_, sel, n_sel);
+    finish(x, T, o.data(), out);
     st->pos = S;
   }
 
+  void forward_cp(const float* x, const CpCtx& ctx, MixerState& st_base, float* out) const override {
+    auto* st = dynamic_cast<AttnCache*>(&st_base);
+    DZ_CHECK(st, "MLA mixer: state is not an attention cache");
+    DZ_CHECK(st->pos == 0 && st->latent.empty(), "MLA forward_cp: the state must be fresh (pos ", st->pos, ")");
+    DZ_CHECK(ctx.cp && ctx.lay, "MLA forward_cp: missing CP group or layout");
+    const SeqLayout& lay = *ctx.lay;
+    DZ_CHECK(lay.cp_size == ctx.cp->size() && lay.cp_rank == ctx.cp->rank(), "MLA forward_cp: layout for rank ",
+             lay.cp_rank, " of ", lay.cp_size, " used on rank ", ctx.cp->rank(), " of ", ctx.cp->size());
+    const int64_t L = lay.length, Rl = lay.local_rows(), Dq = nope_ + rope_dim_, Di = idx_dim();
+    const int64_t W = R_ + rope_dim_ + Di;  // one token's cache entry: latent | k_pe | indexer key
+    const std::vector<int> segs = lay.local_segments();
+
+    // 1. Local rows: queries and cache entries, each segment at its global positions.
+    std::vector<float> q(size_t(Rl * Hl_ * Dq)), q_resid(size_t(Rl * q_lora_)), mine(size_t(Rl * W));
+    {
+      std::vector<float> c, kr, ki;
+      int64_t r = 0;
+      for (int j : segs) {
+        const int64_t T = lay.seg_len(j), pos0 = lay.seg_begin(j);
+        c.resize(size_t(T * R_));
+        kr.resize(size_t(T * rope_dim_));
+        ki.resize(size_t(T * Di));
+        project(x + r * D_, T, pos0, q.data() + r * Hl_ * Dq, q_resid.data() + r * q_lora_, c.data(), kr.data(),
+                ki.data());
+        for (int64_t t = 0; t < T; ++t) {
+          float* e = mine.data() + (r + t) * W;
+          std::copy(c.begin() + t * R_, c.begin() + (t + 1) * R_, e);
+          std::copy(kr.begin() + t * rope_dim_, kr.begin() + (t + 1) * rope_dim_, e + R_);
+          std::copy(ki.begin() + t * Di, ki.begin() + (t + 1) * Di, e + R_ + rope_dim_);
+        }
+        r += T;
+      }
+    }
+
+    // 2. Gather every rank's entries (grouped by rank, each in its segment order) into the full
+    //    cache in sequence order.
+    {
+      auto tm = ctx.time("kv_gather");
+      const std::vector<float> all = ctx.cp->allgatherv(mine);
+      DZ_CHECK(int64_t(all.size()) == L * W, "MLA forward_cp: gathered ", all.size() / size_t(W ? W : 1),
+               " cache rows for a document of ", L);
+      st->latent.resize(size_t(L * R_));
+      st->k_pe.resize(size_t(L * rope_dim_));
+      st->index_k.resize(size_t(L * Di));
+      const float* e = all.data();
+      for (int rank = 0; rank < lay.cp_size; ++rank)
+        for (int j : lay.segments_of(rank))
+          for (int64_t s = lay.seg_begin(j); s < lay.seg_begin(j) + lay.seg_len(j); ++s, e += W) {
+            std::copy(e, e + R_, st->latent.data() + s * R_);
+            std::copy(e + R_, e + R_ + rope_dim_, st->k_pe.data() + s * rope_dim_);
+            std::copy(e + R_ + rope_dim_, e + W, st->index_k.data() + s * Di);
+          }
+      st->pos = L;
+    }
+
+    // 3. Indexer and attention for the local queries only.
+    const int64_t K = indexer_ ? indexer_->topk() : 0;
+    st->topk_width = K;
+    st->last_topk.assign(size_t(Rl * K), -1);  // local rows, in layout order
+    int64_t Smax = 0;
+    for (int j : segs) Smax = std::max(Smax, lay.seg_begin(j) + lay.seg_len(j));
+    std::vector<float> k, v, o(size_t(Rl * Hl_ * vd_));  // o [Rl, Hl, vd]
+    {
+      auto tm = ctx.time("attention");
+      expand_kv(*st, Smax, k, v);
+    }
+    int64_t r = 0;
+    for (int j : segs) {
+      const int64_t T = lay.seg_len(j), pos0 = lay.seg_begin(j);
+      if (T == 0) continue;
+      int32_t* sel = nullptr;
+      if (indexer_) {
+        auto tm = ctx.time("indexer");
+        sel = st->last_topk.data() + r * K;
+        ctx.flops("indexer", select_topk(x + r * D_, q_resid.data() + r * q_lora_, T, pos0, st->index_k.data(), sel));
+      }
+      {
+        auto tm = ctx.time("attention");
+        causal_attention(q.data() + r * Hl_ * Dq, k.data(), v.data(), o.data() + r * Hl_ * vd_, T, pos0, pos0 + T,
+                         Hl_, Hl_, Dq, vd_, scale_, sel, K);
+        ctx.flops("attention", attention_flops(pos0, T, K));
+      }
+      r += T;
+    }
+    finish(x, Rl, o.data(), out);
+  }
+
  private:
-  int64_t D_ = 0, H_ = 0, q_lora_ = 0, R_ = 0, nope_ = 0, rope_dim_ = 0, vd_ = 0;
+  int64_t idx_dim() const { return indexer_ ? indexer_->head_dim() : 0; }
+
+  // Rows x [T, D] at positions pos0 .. pos0+T-1 -> q [T, Hl, Dq] (rope part rotated), q_resid
+  // [T, q_lora] (the indexer's input; untouched without q_lora), the cache entries c [T, R]
+  // (after kv_a_layernorm), kr [T, rope] (rotated) and the indexer keys ki [T, Di].
+  void project(const float* x, int64_t T, int64_t pos0, float* q, float* q_resid, float* c, float* kr,
+               float* ki) const {
+    if (T == 0) return;
+    const int64_t Dq = nope_ + rope_dim_;
+    if (q_lora_ > 0) {
+      linear(x, q_a_.ptr(), opt(q_a_bias_), q_resid, T, D_, q_lora_);
+      rmsnorm(q_resid, q_a_norm_.ptr(), q_resid, T, q_lora_, kLatentNormEps);
+      linear(q_resid, q_b_.ptr(), nullptr, q, T, q_lora_, Hl_ * Dq);
+    } else {
+      linear(x, q_.ptr(), nullptr, q, T, D_, Hl_ * Dq);
+    }
+    std::vector<float> kv(size_t(T * (R_ + rope_dim_)));  // [T, R + rope]
+    linear(x, kv_a_.ptr(), opt(kv_a_bias_), kv.data(), T, D_, R_ + rope_dim_);
+    for (int64_t t = 0; t < T; ++t) {
+      const float* row = kv.data() + t * (R_ + rope_dim_);
+      std::copy(row, row + R_, c + t * R_);
+      std::copy(row + R_, row + R_ + rope_dim_, kr + t * rope_dim_);
+    }
+    rmsnorm(c, kv_a_norm_.ptr(), c, T, R_, kLatentNormEps);
+    if (rope_) {
+      rope_->apply(q, T, Hl_, Dq, nope_, pos0);
+      rope_->apply(kr, T, 1, rope_dim_, 0, pos0);
+    }
+    if (indexer_) indexer_->keys(x, T, pos0, ki);
+  }
+
+  // DSA Top-K sel [T, topk] for queries x / q_resid [T, ..] at pos0 .. pos0+T-1 over index_k. The
+  // indexer is replicated over TP; with enough rows (>= kSplitRows per TP rank) the query rows are
+  // split into TP-rank blocks, each rank scores its block and the int32 Top-K rows are
+  // all-gathered, so scoring scales with TP at the cost of T × topk × 4 bytes
+  // (docs/parallel_attention.md). Either way every rank ends with the same, serial-identical
+  // sets. Returns the scoring FLOPs done by this rank.
+  static constexpr int64_t kSplitRows = 8;
+  double select_topk(const float* x, const float* q_resid, int64_t T, int64_t pos0, const float* index_k,
+                     int32_t* sel) const {
+    const int64_t K = indexer_->topk();
+    const bool split = tp_.size > 1 && tp_.comm && tp_.comm->size() == tp_.size && T >= kSplitRows * tp_.size;
+    if (!split) {
+      indexer_->select(x, q_resid, T, pos0, index_k, sel);
+      return indexer_flops(pos0, T);
+    }
+    const auto [a, b] = tp_.range_uneven(T);  // this rank's query rows, blocks in TP-rank order
+    std::vector<int32_t> mine(size_t((b - a) * K));
+    indexer_->select(x + a * D_, q_resid + a * q_lora_, b - a, pos0 + a, index_k, mine.data());
+    const std::vector<int32_t> all = tp_.comm->allgatherv(mine);
+    DZ_CHECK(int64_t(all.size()) == T * K, "MLA indexer: gathered ", all.size(), " Top-K entries, expected ", T * K);
+    std::copy(all.begin(), all.end(), sel);
+    return indexer_flops(pos0 + a, b - a);
+  }
+
+  // Keys k [S, Hl, Dq] and values v [S, Hl, vd] of this rank's heads from the first S cache rows.
+  void expand_kv(const AttnCache& st, int64_t S, std::vector<float>& k, std::vector<float>& v) const {
+    const int64_t Dq = nope_ + rope_dim_;
+    std::vector<float> kvb(size_t(S * Hl_ * (nope_ + vd_)));  // [S, Hl, nope + vd]
+    if (S > 0) linear(st.latent.data(), kv_b_.ptr(), nullptr, kvb.data(), S, R_, Hl_ * (nope_ + vd_));
+    k.assign(size_t(S * Hl_ * Dq), 0.f);
+    v.assign(size_t(S * Hl_ * vd_), 0.f);
+    for (int64_t s = 0; s < S; ++s)
+      for (int64_t h = 0; h < Hl_; ++h) {
+        const float* src = kvb.data() + (s * Hl_ + h) * (nope_ + vd_);
+        float* kd = k.data() + (s * Hl_ + h) * Dq;
+        std::copy(src, src + nope_, kd);
+        std::copy(st.k_pe.data() + s * rope_dim_, st.k_pe.data() + (s + 1) * rope_dim_, kd + nope_);
+        std::copy(src + nope_, src + nope_ + vd_, v.data() + (s * Hl_ + h) * vd_);
+      }
+  }
+
+  // o [T, Hl*vd] -> out [T, D]: output gate, o_proj over this rank's heads, TP all-reduce.
+  void finish(const float* x, int64_t T, float* o, float* out) const {
+    if (T > 0) {
+      if (!g_.empty()) {
+        std::vector<float> g(size_t(T * Hl_ * vd_));  // [T, Hl*vd]
+        linear(x, g_.ptr(), nullptr, g.data(), T, D_, Hl_ * vd_);
+        for (size_t i = 0; i < g.size(); ++i) o[i] *= sigmoid(g[i]);
+      }
+      linear(o, o_.ptr(), opt(o_bias_), out, T, Hl_ * vd_, D_);
+    }
+    tp_.allreduce_sum(out, T * D_);
+  }
+
+  // Work of T queries at pos0 .. pos0+T-1 (query at p sees p + 1 keys):
+  //   indexer: visible keys × index heads × index_head_dim × 2 (the dense causal score matrix);
+  //   attention: attended keys (min(topk, p + 1) with DSA, else p + 1) × local heads × (Dq + vd) × 2.
+  double indexer_flops(int64_t pos0, int64_t T) const {
+    const double keys = double(T) * double(pos0) + double(T) * double(T + 1) / 2;
+    return keys * double(indexer_->n_heads()) * double(indexer_->head_dim()) * 2;
+  }
+  double attention_flops(int64_t pos0, int64_t T, int64_t K) const {
+    double keys = 0;
+    for (int64_t p = pos0; p < pos0 + T; ++p) keys += double(K > 0 ? std::min(K, p + 1) : p + 1);
+    return keys * double(Hl_) * double(nope_ + rope_dim_ + vd_) * 2;
+  }
+
+  int64_t D_ = 0, H_ = 0, Hl_ = 0, q_lora_ = 0, R_ = 0, nope_ = 0, rope_dim_ = 0, vd_ = 0;
   float scale_ = 1.f;
-  Tensor q_;                            // [H*Dq, D]        (q_lora_rank == 0)
+  TpShard tp_;                          // size 1 unless loaded sharded
+  Tensor q_;                            // [Hl*Dq, D]        (q_lora_rank == 0)
   Tensor q_a_, q_a_bias_, q_a_norm_;    // [q_lora, D], [q_lora], [q_lora]
-  Tensor q_b_;                          // [H*Dq, q_lora]
+  Tensor q_b_;                          // [Hl*Dq, q_lora]
   Tensor kv_a_, kv_a_bias_, kv_a_norm_; // [R + rope, D], [R + rope], [R]
-  Tensor kv_b_;                         // [H*(nope + vd), R]
-  Tensor o_, o_bias_;                   // [D, H*vd], [D]
-  Tensor g_;                            // [H*vd, D]        (output gate)
+  Tensor kv_b_;                         // [Hl*(nope + vd), R]
+  Tensor o_, o_bias_;                   // [D, Hl*vd], [D] (bias on TP rank 0 only)
+  Tensor g_;                            // [Hl*vd, D]        (output gate)
   std::unique_ptr<Rope> rope_;          // null: NoPE
   std::unique_ptr<DsaIndexer> indexer_; // null: dense
 };
@@ -179,8 +367,7 @@ class MlaMixer : public Mixer {
 
 std::unique_ptr<Mixer> make_mla_mixer(const ModelConfig& cfg, int layer, Checkpoint& ck, const std::string& prefix,
                                       const TpShard& tp) {
-  DZ_CHECK(tp.size == 1, "layer ", layer, ": tensor parallelism is not implemented for this mixer yet");
-  return std::make_unique<MlaMixer>(cfg, layer, ck, prefix);
+  return std::make_unique<MlaMixer>(cfg, layer, ck, prefix, tp);
 }
 
 }  // namespace dz

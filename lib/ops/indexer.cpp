@@ -110,17 +110,25 @@ void DsaIndexer::forward(const float* x, const float* q_resid, int64_t T, int64_
                          int32_t* sel) const {
   DZ_CHECK(int64_t(index_k.size()) == pos0 * D_, "indexer: key cache holds ", index_k.size() / size_t(D_),
            " rows, expected ", pos0);
+  index_k.resize(size_t((pos0 + T) * D_));
+  keys(x, T, pos0, index_k.data() + pos0 * D_);
+  select(x, q_resid, T, pos0, index_k.data(), sel);
+}
+
+void DsaIndexer::keys(const float* x, int64_t T, int64_t pos0, float* k) const {
+  if (T == 0) return;
+  linear(x, wk_.ptr(), nullptr, k, T, hidden_, D_);
+  layer_norm(k, k_norm_w_.ptr(), k_norm_b_.ptr(), k, T, D_, 1e-6f);
+  if (rope_) rope_->apply(k, T, 1, D_, 0, pos0);
+}
+
+void DsaIndexer::select(const float* x, const float* q_resid, int64_t T, int64_t pos0, const float* index_k,
+                        int32_t* sel) const {
+  if (T == 0) return;
   const int64_t S = pos0 + T;
   std::vector<float> q(size_t(T * H_ * D_));  // [T, H, D]
   linear(q_resid, wq_b_.ptr(), nullptr, q.data(), T, q_lora_, H_ * D_);
-  index_k.resize(size_t(S * D_));
-  float* kn = index_k.data() + pos0 * D_;  // [T, D] new keys
-  linear(x, wk_.ptr(), nullptr, kn, T, hidden_, D_);
-  layer_norm(kn, k_norm_w_.ptr(), k_norm_b_.ptr(), kn, T, D_, 1e-6f);
-  if (rope_) {
-    rope_->apply(q.data(), T, H_, D_, 0, pos0);
-    rope_->apply(kn, T, 1, D_, 0, pos0);
-  }
+  if (rope_) rope_->apply(q.data(), T, H_, D_, 0, pos0);
   std::vector<float> w(size_t(T * H_));  // [T, H]
   linear(x, weights_proj_.ptr(), nullptr, w.data(), T, hidden_, H_);
   const float wscale = float(1.0 / std::sqrt(double(H_)) / std::sqrt(double(D_)));
@@ -131,8 +139,7 @@ void DsaIndexer::forward(const float* x, const float* q_resid, int64_t T, int64_
   for (int64_t t0 = 0; t0 < T; t0 += block) {
     const int64_t n = std::min(block, T - t0);
     scores.resize(size_t(n * S));
-    indexer_scores(q.data() + t0 * H_ * D_, w.data() + t0 * H_, index_k.data(), scores.data(), n, pos0 + t0, S, H_,
-                   D_);
+    indexer_scores(q.data() + t0 * H_ * D_, w.data() + t0 * H_, index_k, scores.data(), n, pos0 + t0, S, H_, D_);
     topk_positions(scores.data(), sel + t0 * topk_, n, pos0 + t0, S, topk_);
   }
 }

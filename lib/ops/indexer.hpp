@@ -46,10 +46,17 @@ class DsaIndexer {
   DsaIndexer(const ModelConfig& cfg, Checkpoint& ck, const std::string& prefix);
   int64_t topk() const { return topk_; }
   int64_t head_dim() const { return D_; }
+  int64_t n_heads() const { return H_; }
   // x [T, hidden], q_resid [T, q_lora_rank] for positions pos0 .. pos0+T-1. Appends T keys to
   // index_k (which must hold pos0 rows: [pos0, Di] -> [pos0 + T, Di]) and writes sel [T, topk()].
   void forward(const float* x, const float* q_resid, int64_t T, int64_t pos0, std::vector<float>& index_k,
                int32_t* sel) const;
+  // The two halves of forward, for context parallelism (keys of local rows are gathered first):
+  // keys: k [T, Di] for x [T, hidden] at positions pos0 .. pos0+T-1 (LayerNorm + RoPE).
+  void keys(const float* x, int64_t T, int64_t pos0, float* k) const;
+  // select: Top-K sel [T, topk()] for queries at pos0 .. pos0+T-1 over index_k [>= pos0+T, Di].
+  void select(const float* x, const float* q_resid, int64_t T, int64_t pos0, const float* index_k,
+              int32_t* sel) const;
 
  private:
   int64_t hidden_, q_lora_, H_, D_, rope_dim_, topk_;
