@@ -47,7 +47,8 @@ std::unique_ptr<Ffn> make_mlp_ffn(const ModelConfig& cfg, int layer, Checkpoint&
     u = slice_rows(u, i0, i1);
     d = slice_cols(d, i0, i1);
   }
-  return std::make_unique<MlpFfn>(std::move(g), std::move(u), std::move(d), D, tp);
+  // generating mode keeps the full width: no shard, no all-reduce
+  return std::make_unique<MlpFfn>(std::move(g), std::move(u), std::move(d), D, ck.generating() ? TpShard{} : tp);
 }
 
 }  // namespace dz

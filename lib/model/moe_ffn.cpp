@@ -220,7 +220,7 @@ std::unique_ptr<Ffn> make_moe_ffn(const ModelConfig& cfg, int layer, Checkpoint&
   } else {
     DZ_CHECK(!cfg.shared_expert_gate, "layer ", layer, ": shared_expert_gate set without a shared expert");
   }
-  m->tp_ = tp;
+  m->tp_ = ck.generating() ? TpShard{} : tp;  // generating mode keeps full widths
   if (tp.size > 1 && !ck.generating()) {
     std::vector<Tensor> sharded;
     sharded.reserve(size_t(3 * E + 3));

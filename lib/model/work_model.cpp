@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "ops/linear_attn.hpp"
+
 namespace dz {
 
 // sum_{p = p0}^{p0 + n - 1} (p + 1)
@@ -34,14 +36,22 @@ double WorkModel::attention(const ModelConfig& c, const LayerSpec& l, int64_t p0
 }
 
 double WorkModel::linear_attention(const ModelConfig& c, const LayerSpec& l, int64_t n) {
-  // per token and value head: decay + rank-1 update + two state-vector products over K x V
-  // (the chunked form does the same work in blocks)
-  const double hv = double(l.mixer == MixerKind::GDN ? c.la_num_v_heads : c.la_num_k_heads);
-  return double(n) * hv * 6.0 * double(c.la_head_k_dim) * double(c.la_head_v_dim);
+  // the two chunked passes of the CP / segmented scan (transition, then outputs): the same count
+  // the KDA/GDN mixers charge at run time (ops/linear_attn.hpp)
+  const int64_t hv = l.mixer == MixerKind::GDN ? c.la_num_v_heads : c.la_num_k_heads;
+  return la_segment_flops(n, hv, c.la_head_k_dim, c.la_head_v_dim);
 }
 
 std::map<std::string, double> WorkModel::document(const ModelConfig& c, const SeqLayout& lay, int rank) {
   std::map<std::string, double> w{{"indexer", 0}, {"attention", 0}, {"linear_attention", 0}};
+  // every rank walks the whole chain of segment transitions: 2·HV·K²·V per non-empty segment
+  int64_t nonempty = 0;
+  for (int j = 0; j < lay.n_seg(); ++j) nonempty += lay.seg_len(j) > 0;
+  for (const LayerSpec& l : c.layers)
+    if (l.mixer == MixerKind::KDA || l.mixer == MixerKind::GDN) {
+      const int64_t hv = l.mixer == MixerKind::GDN ? c.la_num_v_heads : c.la_num_k_heads;
+      w["linear_attention"] += double(nonempty) * 2.0 * double(hv * c.la_head_k_dim * c.la_head_k_dim * c.la_head_v_dim);
+    }
   for (int j : lay.segments_of(rank)) {
     const int64_t p0 = lay.seg_begin(j), n = lay.seg_len(j);
     for (const LayerSpec& l : c.layers) {

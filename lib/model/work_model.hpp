@@ -18,7 +18,8 @@ struct WorkModel {
   // Softmax attention core for queries at [p0, p0 + n): QK^T and PV over the visible keys, or
   // over the Top-K selected ones when the layer has an indexer.
   static double attention(const ModelConfig& c, const LayerSpec& l, int64_t p0, int64_t n);
-  // Chunked delta-rule scan over n tokens (state update and outputs; independent of position).
+  // The CP / segmented delta-rule scan over n tokens: the transition pass and the output pass
+  // (independent of position). document() adds the merge chain every rank walks.
   static double linear_attention(const ModelConfig& c, const LayerSpec& l, int64_t n);
   // Totals over all layers for the rows of `rank` in `lay`: keys "indexer", "attention",
   // "linear_attention", "total".
