@@ -271,6 +271,20 @@ TEST_CASE("attn_cp_tp: forward_cp of TP-sharded MLA / GQA equals the serial mixe
             CHECK(wd < 5e-6);
             if (dsa) CHECK(cache(*st).last_topk == ref.topk_dec);
 
+            // The sharded mixer's plain forward() over the whole document (TP without CP; long
+            // enough calls split the indexer's query rows over TP there too).
+            if (sub == 1) {
+              auto st1 = shard->make_state();
+              std::vector<float> o1(size_t(L * D));
+              shard->forward(x.data(), L, *st1, o1.data());
+              double w1 = 0;
+              for (size_t i = 0; i < o1.size(); ++i)
+                w1 = std::max(w1, std::abs(double(o1[i]) - ref.out[i]) / (1.0 + std::abs(double(ref.out[i]))));
+              if (T == 1) CHECK(w1 == 0.0);
+              CHECK(w1 < 5e-6);
+              if (dsa) CHECK(cache(*st1).last_topk == ref.topk);
+            }
+
             // Work accounting: attention summed over the CP group is the whole document's count for
             // this rank's heads; the indexer's query rows may also be split over TP (long segments),
             // so it is summed over both groups.
