@@ -1,0 +1,233 @@
+// Benchmarks of the sparse-attention path (see bench_sparse_attn.cuh). Shapes follow DESIGN.md §7:
+// indexer prefill T=32768, 64 heads x 128, top-2048; sparse MLA prefill h=128, d_qk 576, top-2048;
+// sparse MLA decode with the FP8 KV cache.
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <ctime>
+#include <fstream>
+#include <functional>
+#include <random>
+#include <sstream>
+#include <vector>
+
+#include "bench_sparse_attn.cuh"
+#include "common.cuh"
+#include "indexer.cuh"
+#include "paged_cache.cuh"
+#include "sparse_mla.cuh"
+
+namespace dz::cuda {
+
+namespace {
+
+template <typename T>
+T* dalloc(size_t n) {
+  T* p = nullptr;
+  CUDA_CHECK(cudaMalloc(&p, std::max<size_t>(n, 1) * sizeof(T)));
+  return p;
+}
+
+__global__ void fill_bf16(__nv_bfloat16* x, size_t n, uint32_t seed, float sd) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
+    uint32_t h = uint32_t(i) * 2654435761u ^ seed;
+    h ^= h >> 15;
+    h *= 2246822519u;
+    h ^= h >> 13;
+    const float u = (float(h & 0xFFFFFF) / 16777216.f - 0.5f) * 3.4641f;  // unit variance
+    x[i] = __float2bfloat16(u * sd);
+  }
+}
+
+void randomize(__nv_bfloat16* x, size_t n, uint32_t seed, float sd = 1.f) {
+  fill_bf16<<<1024, 256>>>(x, n, seed, sd);
+  CUDA_CHECK_LAUNCH();
+}
+
+// Median time (ms) of `reps` timed calls after one warm-up.
+double time_ms(const std::function<void()>& f, int reps) {
+  f();
+  CUDA_CHECK(cudaDeviceSynchronize());
+  cudaEvent_t a, b;
+  CUDA_CHECK(cudaEventCreate(&a));
+  CUDA_CHECK(cudaEventCreate(&b));
+  std::vector<double> t;
+  for (int i = 0; i < reps; ++i) {
+    CUDA_CHECK(cudaEventRecord(a));
+    f();
+    CUDA_CHECK(cudaEventRecord(b));
+    CUDA_CHECK(cudaEventSynchronize(b));
+    float ms = 0;
+    CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
+    t.push_back(ms);
+  }
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
+}
+
+// One sequence per query-batch layout helper: block table with identity pages.
+struct Layout {
+  int32_t* table = nullptr;
+  BlockTable bt;
+  int64_t rows = 0;
+  Layout(int nseq, int len, int P) {
+    const int mp = (len + P - 1) / P;
+    std::vector<int32_t> t(size_t(nseq) * mp);
+    for (size_t i = 0; i < t.size(); ++i) t[i] = int32_t(i);
+    table = dalloc<int32_t>(t.size());
+    CUDA_CHECK(cudaMemcpy(table, t.data(), t.size() * 4, cudaMemcpyHostToDevice));
+    bt = BlockTable{table, mp, P};
+    rows = int64_t(t.size()) * P;
+  }
+  ~Layout() { cudaFree(table); }
+};
+
+std::string bench_indexer(bool mx) {
+  const int T = 32768, H = 64, D = 128, K = 2048, P = 64;
+  Layout lay(1, T, P);
+  auto* k = dalloc<__nv_bfloat16>(size_t(T) * D);
+  auto* q = dalloc<__nv_bfloat16>(size_t(T) * H * D);
+  auto* kbf = dalloc<__nv_bfloat16>(size_t(lay.rows) * D);
+  auto* kc = dalloc<uint8_t>(size_t(lay.rows) * D);
+  auto* ks = dalloc<uint8_t>(size_t(lay.rows) * D / 32);
+  auto* w = dalloc<float>(size_t(T) * H);
+  auto* sel = dalloc<int32_t>(size_t(T) * K);
+  randomize(k, size_t(T) * D, 1);
+  randomize(q, size_t(T) * H * D, 2);
+  std::vector<float> hw(size_t(T) * H);
+  std::mt19937 rng(3);
+  std::normal_distribution<float> nd(0.f, 1.f / 90.5f);
+  for (float& v : hw) v = nd(rng);
+  CUDA_CHECK(cudaMemcpy(w, hw.data(), hw.size() * 4, cudaMemcpyHostToDevice));
+  std::vector<int32_t> hs(T, 0), hp(T);
+  for (int i = 0; i < T; ++i) hp[size_t(i)] = i;
+  auto* seq = dalloc<int32_t>(T);
+  auto* pos = dalloc<int32_t>(T);
+  CUDA_CHECK(cudaMemcpy(seq, hs.data(), T * 4, cudaMemcpyHostToDevice));
+  CUDA_CHECK(cudaMemcpy(pos, hp.data(), T * 4, cudaMemcpyHostToDevice));
+  IndexKeyCache cache{D, mx, kbf, kc, ks};
+  store_index_k(k, seq, pos, T, lay.bt, cache, nullptr);
+  const double ms =
+      time_ms([&] { indexer_topk(q, w, seq, pos, T, H, T, lay.bt, cache, K, sel, nullptr, nullptr); }, 5);
+  const double flop = 2.0 * H * D * (double(T) * (T + 1) / 2);
+  std::printf("indexer prefill T=%d H=%d D=%d K=%d keys=%s: %.3f ms (%.1f TFLOP/s on the causal scores)\n", T, H,
+              D, K, mx ? "mxfp8" : "bf16", ms, flop / ms * 1e-9);
+  for (void* p : std::vector<void*>{k, q, kbf, kc, ks, w, sel, seq, pos}) cudaFree(p);
+  std::ostringstream os;
+  os << "{\"op\": \"indexer_prefill\", \"T\": " << T << ", \"heads\": " << H << ", \"head_dim\": " << D
+     << ", \"topk\": " << K << ", \"keys\": \"" << (mx ? "mxfp8" : "bf16") << "\", \"ms\": " << ms
+     << ", \"tflops_scores\": " << flop / ms * 1e-9 << ", \"target_ms\": 15}";
+  return os.str();
+}
+
+std::string bench_mla(const char* name, int nseq, int q_per_seq, int ctx, bool fp8, int H, int reps) {
+  const int R = 512, DR = 64, DK = R + DR, K = 2048, P = 64;
+  const int64_t nq = int64_t(nseq) * q_per_seq;
+  Layout lay(nseq, ctx, P);
+  auto* lat = dalloc<__nv_bfloat16>(size_t(lay.rows) * R);
+  auto* kpe = dalloc<__nv_bfloat16>(size_t(lay.rows) * DR);
+  randomize(lat, size_t(lay.rows) * R, 4);
+  randomize(kpe, size_t(lay.rows) * DR, 5);
+  LatentCache cache{R, DR, fp8};
+  if (fp8) {
+    cache.codes = dalloc<uint8_t>(size_t(lay.rows) * R);
+    cache.scales = dalloc<float>(size_t(lay.rows) * R / 128);
+    cache.rope = dalloc<__nv_bfloat16>(size_t(lay.rows) * DR);
+  } else {
+    cache.bf16 = dalloc<__nv_bfloat16>(size_t(lay.rows) * DK);
+  }
+  {  // fill the cache through the store kernel (every page row, identity table)
+    std::vector<int32_t> hs, hp;
+    for (int b = 0; b < nseq; ++b)
+      for (int s = 0; s < lay.bt.max_pages * P; ++s) {
+        hs.push_back(b);
+        hp.push_back(s);
+      }
+    auto* s = dalloc<int32_t>(hs.size());
+    auto* p = dalloc<int32_t>(hp.size());
+    CUDA_CHECK(cudaMemcpy(s, hs.data(), hs.size() * 4, cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaMemcpy(p, hp.data(), hp.size() * 4, cudaMemcpyHostToDevice));
+    store_latent_kv(lat, kpe, s, p, int64_t(hs.size()), lay.bt, cache, nullptr);
+    CUDA_CHECK(cudaDeviceSynchronize());
+    cudaFree(s);
+    cudaFree(p);
+  }
+  // queries at the end of each context; K distinct random visible positions each
+  std::vector<int32_t> hs, hp, hsel;
+  std::mt19937 rng(6);
+  for (int b = 0; b < nseq; ++b)
+    for (int j = 0; j < q_per_seq; ++j) {
+      const int p = ctx - q_per_seq + j;
+      hs.push_back(b);
+      hp.push_back(p);
+      std::vector<int32_t> c(size_t(p) + 1);
+      for (size_t i = 0; i < c.size(); ++i) c[i] = int32_t(i);
+      std::shuffle(c.begin(), c.end(), rng);
+      c.resize(K);
+      std::sort(c.begin(), c.end());
+      hsel.insert(hsel.end(), c.begin(), c.end());
+    }
+  auto* seq = dalloc<int32_t>(hs.size());
+  auto* pos = dalloc<int32_t>(hp.size());
+  auto* sel = dalloc<int32_t>(hsel.size());
+  CUDA_CHECK(cudaMemcpy(seq, hs.data(), hs.size() * 4, cudaMemcpyHostToDevice));
+  CUDA_CHECK(cudaMemcpy(pos, hp.data(), hp.size() * 4, cudaMemcpyHostToDevice));
+  CUDA_CHECK(cudaMemcpy(sel, hsel.data(), hsel.size() * 4, cudaMemcpyHostToDevice));
+  auto* q = dalloc<__nv_bfloat16>(size_t(nq) * H * DK);
+  auto* out = dalloc<__nv_bfloat16>(size_t(nq) * H * R);
+  randomize(q, size_t(nq) * H * DK, 7);
+  const float scale = 1.f / 24.f;
+  const double ms = time_ms([&] { sparse_mla(q, sel, K, seq, pos, nq, H, lay.bt, cache, scale, out, nullptr); }, reps);
+  const double flop = 2.0 * double(nq) * H * K * (DK + R);
+  std::printf("sparse MLA %s: nq=%lld H=%d K=%d kv=%s: %.3f ms, %.1f TFLOP/s\n", name, (long long)nq, H, K,
+              fp8 ? "fp8" : "bf16", ms, flop / ms * 1e-9);
+  for (void* p : std::vector<void*>{lat, kpe, cache.codes, cache.scales, cache.rope, cache.bf16, seq, pos, sel, q, out})
+    cudaFree(p);
+  std::ostringstream os;
+  os << "{\"op\": \"sparse_mla_" << name << "\", \"queries\": " << nq << ", \"seqs\": " << nseq
+     << ", \"context\": " << ctx << ", \"heads\": " << H << ", \"d_qk\": " << DK << ", \"d_v\": " << R
+     << ", \"topk\": " << K << ", \"kv\": \"" << (fp8 ? "fp8" : "bf16") << "\", \"ms\": " << ms
+     << ", \"tflops\": " << flop / ms * 1e-9 << ", \"target_tflops\": " << (std::string(name) == "prefill" ? 450 : 300)
+     << "}";
+  return os.str();
+}
+
+}  // namespace
+
+int bench_sparse_attn(const std::string& json_out) {
+  int dev = 0;
+  CUDA_CHECK(cudaGetDevice(&dev));
+  cudaDeviceProp prop{};
+  CUDA_CHECK(cudaGetDeviceProperties(&prop, dev));
+  std::vector<std::string> res;
+  res.push_back(bench_indexer(false));
+  res.push_back(bench_indexer(true));
+  res.push_back(bench_mla("prefill", 1, 4096, 32768, false, 128, 5));
+  res.push_back(bench_mla("prefill_fp8", 1, 4096, 32768, true, 128, 5));
+  res.push_back(bench_mla("decode", 128, 1, 16384, true, 128, 10));
+  res.push_back(bench_mla("decode_mtp2", 128, 2, 16384, true, 128, 10));
+  const char* commit = std::getenv("DZ_COMMIT");
+  char date[64];
+  const std::time_t now = std::time(nullptr);
+  std::strftime(date, sizeof date, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
+  std::ostringstream os;
+  os << "{\n  \"bench\": \"sparse-attn\",\n  \"commit\": \"" << (commit ? commit : "unknown") << "\",\n  \"device\": \""
+     << prop.name << " (" << prop.multiProcessorCount << " SMs)\",\n  \"date\": \"" << date
+     << "\",\n  \"timing\": \"CUDA events, median of repeats after one warm-up\",\n  \"results\": [\n";
+  for (size_t i = 0; i < res.size(); ++i) os << "    " << res[i] << (i + 1 < res.size() ? ",\n" : "\n");
+  os << "  ]\n}\n";
+  std::printf("%s", os.str().c_str());
+  if (!json_out.empty()) {
+    std::ofstream f(json_out);
+    if (!f) {
+      std::fprintf(stderr, "bench sparse-attn: cannot write %s\n", json_out.c_str());
+      return 1;
+    }
+    f << os.str();
+  }
+  return 0;
+}
+
+}  // namespace dz::cuda

@@ -1,0 +1,111 @@
+// Block-wide Top-K over a score row (shared or global memory): radix select on order-preserving
+// keys (11 + 11 + 10 bits), then a warp-ballot compaction in position order. 256 threads.
+#pragma once
+#include <cstdint>
+
+namespace dz::cuda::dev {
+
+constexpr int kTopkThreads = 256;
+
+// Higher score -> larger key; -0 == +0; NaN -> 0 (lowest; no number maps to 0).
+__device__ __forceinline__ uint32_t order_key(float s) {
+  if (isnan(s)) return 0u;
+  if (s == 0.f) s = 0.f;
+  const uint32_t u = __float_as_uint(s);
+  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+
+// out[0..K) = positions of the K best of sc[0..n), ascending; -1 padded when n < K.
+__device__ inline void block_topk(const float* sc, int n, int K, int32_t* __restrict__ out) {
+  __shared__ uint32_t hist[2048];
+  __shared__ uint32_t part[kTopkThreads / 32 + 1];
+  __shared__ uint32_t s_bin, s_rem;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  constexpr int NW = kTopkThreads / 32;
+  if (n <= K) {
+    for (int i = tid; i < K; i += kTopkThreads) out[i] = i < n ? i : -1;
+    return;
+  }
+  uint32_t prefix = 0, mask = 0, remaining = uint32_t(K);
+  for (int p = 0; p < 3; ++p) {
+    const int bits = p < 2 ? 11 : 10, shift = p == 0 ? 21 : (p == 1 ? 10 : 0);
+    const uint32_t nb = 1u << bits;
+    for (uint32_t i = tid; i < nb; i += kTopkThreads) hist[i] = 0;
+    __syncthreads();
+    for (int i = tid; i < n; i += kTopkThreads) {
+      const uint32_t k = order_key(sc[i]);
+      if ((k & mask) == prefix) atomicAdd(&hist[(k >> shift) & (nb - 1)], 1u);
+    }
+    __syncthreads();
+    // thread t owns bins [nb - (t+1)*per, nb - t*per): threads in order walk the bins downwards
+    const int per = int(nb) / kTopkThreads;
+    const int hi = int(nb) - 1 - tid * per;
+    uint32_t local = 0;
+    for (int j = 0; j < per; ++j) local += hist[hi - j];
+    uint32_t x = local;  // inclusive warp scan
+    for (int o = 1; o < 32; o <<= 1) {
+      const uint32_t y = __shfl_up_sync(0xffffffffu, x, o);
+      if (lane >= o) x += y;
+    }
+    if (lane == 31) part[warp] = x;
+    __syncthreads();
+    uint32_t before = x - local;
+    for (int w2 = 0; w2 < warp; ++w2) before += part[w2];
+    if (before < remaining && before + local >= remaining) {
+      uint32_t cum = before;
+      for (int j = 0; j < per; ++j) {
+        const uint32_t h = hist[hi - j];
+        if (cum + h >= remaining) {
+          s_bin = uint32_t(hi - j);
+          s_rem = remaining - cum;
+          break;
+        }
+        cum += h;
+      }
+    }
+    __syncthreads();
+    prefix |= s_bin << shift;
+    mask |= (nb - 1) << shift;
+    remaining = s_rem;
+    __syncthreads();
+  }
+  const uint32_t thr = prefix;  // the K-th best key; take `remaining` of the keys equal to it
+  // Compaction: warp w scans the contiguous range [w*span, (w+1)*span) in 32-wide steps.
+  const int span = (n + NW - 1) / NW;
+  const int b = min(n, warp * span), e = min(n, b + span);
+  uint32_t n_gt = 0, n_eq = 0;
+  for (int i0 = b; i0 < e; i0 += 32) {
+    const int i = i0 + lane;
+    const uint32_t k = i < e ? order_key(sc[i]) : 0u;
+    n_gt += __popc(__ballot_sync(0xffffffffu, i < e && k > thr));
+    n_eq += __popc(__ballot_sync(0xffffffffu, i < e && k == thr));
+  }
+  __shared__ uint32_t s_gt[NW], s_eq[NW];
+  if (lane == 0) {
+    s_gt[warp] = n_gt;
+    s_eq[warp] = n_eq;
+  }
+  __syncthreads();
+  uint32_t eq_before = 0, out_pos = 0;
+  for (int w2 = 0; w2 < warp; ++w2) {
+    const uint32_t take_eq = s_eq[w2] < (remaining > eq_before ? remaining - eq_before : 0u)
+                                 ? s_eq[w2]
+                                 : (remaining > eq_before ? remaining - eq_before : 0u);
+    out_pos += s_gt[w2] + take_eq;
+    eq_before += s_eq[w2];
+  }
+  const uint32_t lt = (1u << lane) - 1u;
+  for (int i0 = b; i0 < e; i0 += 32) {
+    const int i = i0 + lane;
+    const uint32_t k = i < e ? order_key(sc[i]) : 0u;
+    const bool gt = i < e && k > thr, eq = i < e && k == thr;
+    const uint32_t eqm = __ballot_sync(0xffffffffu, eq);
+    const bool take = gt || (eq && eq_before + __popc(eqm & lt) < remaining);
+    const uint32_t tm = __ballot_sync(0xffffffffu, take);
+    if (take) out[out_pos + __popc(tm & lt)] = i;
+    out_pos += __popc(tm);
+    eq_before += __popc(eqm);
+  }
+}
+
+}  // namespace dz::cuda::dev

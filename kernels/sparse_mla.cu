@@ -1,0 +1,375 @@
+// Sparse MLA core (see sparse_mla.cuh). One block = one query × 64 heads, 8 warps, mma.sync.
+// Per chunk of 64 selected entries: gather the 64 key rows (BF16: cp.async, double buffered;
+// FP8: register-prefetched loads dequantized into BF16 shared memory), S = Q K^T (warp = 16
+// heads × 32 keys), online softmax across the two key halves through shared memory, then
+// O += P V (warp = 64 heads × R/8 value dims, V = the first R dims of the same key rows).
+// Shared-memory tiles are row-major with 16-byte chunks XOR-swizzled by (row & 7) so that
+// ldmatrix reads are free of bank conflicts.
+#include <cmath>
+
+#include "common.cuh"
+#include "quant_device.cuh"
+#include "sparse_mla.cuh"
+
+namespace dz::cuda {
+
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int HB = 64;  // heads per block
+constexpr int NK = 64;  // selected entries per chunk
+
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+  return uint32_t(__cvta_generic_to_shared(p));
+}
+__device__ __forceinline__ void ldsm_x4(uint32_t r[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+__device__ __forceinline__ void ldsm_x4_t(uint32_t r[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+__device__ __forceinline__ void mma_bf16(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+__device__ __forceinline__ void cp_async16(uint32_t saddr, const void* g, bool ok) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(saddr), "l"(g), "r"(ok ? 16 : 0));
+}
+__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+  __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<uint32_t*>(&v);
+}
+
+template <int R, int DR>
+struct Geo {
+  static constexpr int DK = R + DR;
+  static constexpr int DKC = DK / 8;  // 16-byte chunks per key row
+  static_assert(DKC % 8 == 0, "swizzle needs rows of a multiple of 8 chunks");
+  static constexpr int ROWB = DK * 2;
+  static constexpr int Q_OFF = 0;
+  static constexpr int K_OFF = HB * ROWB;
+  static constexpr int P_OFF = K_OFF + 2 * NK * ROWB;
+  static constexpr int F_OFF = P_OFF + HB * NK * 2;        // floats: maxpart[2][HB] sumpart[2][HB] m[HB] l[HB]
+  static constexpr int V_OFF = F_OFF + 6 * HB * 4;         // int valid[2][NK]
+  static constexpr int SMEM = V_OFF + 2 * NK * 4;
+  // byte offset of (row, chunk) in a swizzled tile with DKC chunks per row
+  __device__ static __forceinline__ uint32_t off(int row, int chunk) {
+    return uint32_t(row * ROWB + ((chunk ^ (row & 7)) << 4));
+  }
+  __device__ static __forceinline__ uint32_t offp(int row, int chunk) {  // P tile: 8 chunks per row
+    return uint32_t(row * (NK * 2) + ((chunk ^ (row & 7)) << 4));
+  }
+};
+
+template <int R, int DR, bool FP8>
+__global__ void __launch_bounds__(kThreads, 1)
+    sparse_mla_kernel(const __nv_bfloat16* __restrict__ q, const int32_t* __restrict__ sel, int K,
+                      const int32_t* __restrict__ seq, const int32_t* __restrict__ pos, int H, BlockTable bt,
+                      LatentCache cache, float scale_log2, __nv_bfloat16* __restrict__ out) {
+  using G = Geo<R, DR>;
+  constexpr int DK = G::DK, DKC = G::DKC;
+  extern __shared__ __align__(128) uint8_t smem[];
+  const uint32_t sbase = smem_u32(smem);
+  float* sMaxPart = reinterpret_cast<float*>(smem + G::F_OFF);
+  float* sSumPart = sMaxPart + 2 * HB;
+  float* sM = sMaxPart + 4 * HB;
+  float* sL = sMaxPart + 5 * HB;
+  int* sValid = reinterpret_cast<int*>(smem + G::V_OFF);
+
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, c = lane & 3;
+  const int64_t qi = blockIdx.y;
+  const int h0 = blockIdx.x * HB;
+  const int p = pos[qi];
+  const int32_t sq = seq[qi];
+  const int32_t* selq = sel + qi * K;
+  const int nchunks = (K + NK - 1) / NK;
+
+  // Q tile (rows past H are zeros).
+  for (int i = tid; i < HB * DKC; i += kThreads) {
+    const int row = i / DKC, ch = i % DKC;
+    uint4 v = make_uint4(0, 0, 0, 0);
+    if (h0 + row < H) v = *reinterpret_cast<const uint4*>(q + ((qi * H + h0 + row) * DK + ch * 8));
+    *reinterpret_cast<uint4*>(smem + G::Q_OFF + G::off(row, ch)) = v;
+  }
+  if (tid < HB) {
+    sM[tid] = -INFINITY;
+    sL[tid] = 0.f;
+  }
+
+  // Gather: thread -> key row tid / 4, quarter tid % 4 of that row.
+  const int grow = tid >> 2, gsub = tid & 3;
+  auto slot_of = [&](int kc, bool& valid) -> int64_t {
+    const int kidx = kc * NK + grow;
+    const int idx = kidx < K ? selq[kidx] : -1;
+    valid = idx >= 0 && idx <= p;
+    if (!valid) return 0;
+    return int64_t(bt.table[int64_t(sq) * bt.max_pages + idx / bt.page_size]) * bt.page_size + idx % bt.page_size;
+  };
+  auto gather_bf16 = [&](int kc, int stage) {
+    bool valid;
+    const int64_t slot = slot_of(kc, valid);
+    const __nv_bfloat16* src = cache.bf16 + slot * DK;
+    const uint32_t dst = sbase + G::K_OFF + stage * NK * G::ROWB;
+    for (int ch = gsub; ch < DKC; ch += 4) cp_async16(dst + G::off(grow, ch), src + ch * 8, valid);
+    if (gsub == 0) sValid[stage * NK + grow] = valid;
+  };
+  // FP8 registers: codes [R/64 uint4] (one tile's run), rope [DR/32 uint4], the tile scale.
+  constexpr int NC = FP8 ? R / 64 : 1, NR = FP8 ? DR / 32 : 1;
+  uint4 rc[NC], rr[NR];
+  float rscale = 0.f;
+  bool rvalid = false;
+  auto load_fp8 = [&](int kc) {
+    const int64_t slot = slot_of(kc, rvalid);
+    if (rvalid) {
+      const uint4* cs = reinterpret_cast<const uint4*>(cache.codes + slot * R) + gsub * NC;
+#pragma unroll
+      for (int j = 0; j < NC; ++j) rc[j] = __ldg(cs + j);
+      const uint4* rs = reinterpret_cast<const uint4*>(cache.rope + slot * DR) + gsub * NR;
+#pragma unroll
+      for (int j = 0; j < NR; ++j) rr[j] = __ldg(rs + j);
+      rscale = __ldg(cache.scales + slot * (R / 128) + (gsub * (R / 4)) / 128);
+    }
+  };
+  auto store_fp8 = [&](int stage) {
+    uint8_t* dst = smem + G::K_OFF + stage * NK * G::ROWB;
+#pragma unroll
+    for (int j = 0; j < NC; ++j) {
+      const int u = gsub * NC + j;  // 16 codes -> smem chunks 2u, 2u+1
+      uint4 lo = make_uint4(0, 0, 0, 0), hi = lo;
+      if (rvalid) {
+        const uint32_t w[4] = {rc[j].x, rc[j].y, rc[j].z, rc[j].w};
+        uint32_t o[8];
+#pragma unroll
+        for (int t = 0; t < 4; ++t) {
+          const float2 a = dev::e4m3x2_to_f2(uint16_t(w[t] & 0xFFFFu));
+          const float2 b = dev::e4m3x2_to_f2(uint16_t(w[t] >> 16));
+          o[2 * t] = pack_bf16(a.x * rscale, a.y * rscale);
+          o[2 * t + 1] = pack_bf16(b.x * rscale, b.y * rscale);
+        }
+        lo = make_uint4(o[0], o[1], o[2], o[3]);
+        hi = make_uint4(o[4], o[5], o[6], o[7]);
+      }
+      *reinterpret_cast<uint4*>(dst + G::off(grow, 2 * u)) = lo;
+      *reinterpret_cast<uint4*>(dst + G::off(grow, 2 * u + 1)) = hi;
+    }
+#pragma unroll
+    for (int j = 0; j < NR; ++j) {
+      const int v = gsub * NR + j;
+      *reinterpret_cast<uint4*>(dst + G::off(grow, R / 8 + v)) = rvalid ? rr[j] : make_uint4(0, 0, 0, 0);
+    }
+    if (gsub == 0) sValid[stage * NK + grow] = rvalid;
+  };
+
+  // Output accumulators: warp -> value dims [warp * R/8, +R/8), all 64 heads.
+  constexpr int DVW = R / 8, NT = DVW / 8;
+  static_assert(NT % 2 == 0, "R must be a multiple of 128");
+  float o[4][NT][4];
+#pragma unroll
+  for (int mt = 0; mt < 4; ++mt)
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int j = 0; j < 4; ++j) o[mt][nt][j] = 0.f;
+
+  if (FP8) {
+    load_fp8(0);
+    store_fp8(0);
+  } else {
+    gather_bf16(0, 0);
+    cp_commit();
+  }
+
+  const int smt = warp & 3, snh = warp >> 2;  // S phase: heads smt*16.., keys snh*32..
+  for (int kc = 0; kc < nchunks; ++kc) {
+    const int stage = kc & 1;
+    const bool more = kc + 1 < nchunks;
+    if (FP8) {
+      if (more) load_fp8(kc + 1);
+    } else {
+      if (more) {
+        gather_bf16(kc + 1, stage ^ 1);
+        cp_commit();
+        cp_wait<1>();
+      } else {
+        cp_wait<0>();
+      }
+    }
+    __syncthreads();
+    const uint32_t sK = sbase + G::K_OFF + stage * NK * G::ROWB;
+    const int* valid = sValid + stage * NK;
+
+    // ---- S = Q K^T for 16 heads x 32 keys ----
+    float acc[4][4];
+#pragma unroll
+    for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+      for (int j = 0; j < 4; ++j) acc[nt][j] = 0.f;
+#pragma unroll 4
+    for (int ks = 0; ks < DK / 16; ++ks) {
+      uint32_t a[4];
+      ldsm_x4(a, sbase + G::Q_OFF + G::off(smt * 16 + (lane & 15), 2 * ks + (lane >> 4)));
+#pragma unroll
+      for (int pr = 0; pr < 2; ++pr) {
+        const int m = lane >> 3;
+        uint32_t b[4];
+        ldsm_x4(b, sK + G::off(snh * 32 + pr * 16 + (m >> 1) * 8 + (lane & 7), 2 * ks + (m & 1)));
+        mma_bf16(acc[2 * pr], a, b[0], b[1]);
+        mma_bf16(acc[2 * pr + 1], a, b[2], b[3]);
+      }
+    }
+    const int r0 = smt * 16 + g, r1 = r0 + 8;
+    float mx0 = -INFINITY, mx1 = -INFINITY;
+#pragma unroll
+    for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        const bool ok = valid[snh * 32 + nt * 8 + 2 * c + j] != 0;
+        acc[nt][j] = ok ? acc[nt][j] * scale_log2 : -INFINITY;
+        acc[nt][2 + j] = ok ? acc[nt][2 + j] * scale_log2 : -INFINITY;
+        mx0 = fmaxf(mx0, acc[nt][j]);
+        mx1 = fmaxf(mx1, acc[nt][2 + j]);
+      }
+    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
+    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
+    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
+    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+    if (c == 0) {
+      sMaxPart[snh * HB + r0] = mx0;
+      sMaxPart[snh * HB + r1] = mx1;
+    }
+    __syncthreads();
+    auto m_use = [&](int r) {
+      const float m = fmaxf(sM[r], fmaxf(sMaxPart[r], sMaxPart[HB + r]));
+      return m == -INFINITY ? 0.f : m;
+    };
+    {
+      const float u0 = m_use(r0), u1 = m_use(r1);
+      float s0 = 0.f, s1 = 0.f;
+#pragma unroll
+      for (int nt = 0; nt < 4; ++nt) {
+        const float p0 = exp2f(acc[nt][0] - u0), p1 = exp2f(acc[nt][1] - u0);
+        const float p2 = exp2f(acc[nt][2] - u1), p3 = exp2f(acc[nt][3] - u1);
+        s0 += p0 + p1;
+        s1 += p2 + p3;
+        const int col = snh * 32 + nt * 8 + 2 * c;
+        *reinterpret_cast<uint32_t*>(smem + G::P_OFF + G::offp(r0, col >> 3) + (col & 7) * 2) = pack_bf16(p0, p1);
+        *reinterpret_cast<uint32_t*>(smem + G::P_OFF + G::offp(r1, col >> 3) + (col & 7) * 2) = pack_bf16(p2, p3);
+      }
+      s0 += __shfl_xor_sync(0xffffffffu, s0, 1);
+      s0 += __shfl_xor_sync(0xffffffffu, s0, 2);
+      s1 += __shfl_xor_sync(0xffffffffu, s1, 1);
+      s1 += __shfl_xor_sync(0xffffffffu, s1, 2);
+      if (c == 0) {
+        sSumPart[snh * HB + r0] = s0;
+        sSumPart[snh * HB + r1] = s1;
+      }
+    }
+    __syncthreads();
+
+    // ---- O = O * alpha + P V ----
+#pragma unroll
+    for (int mt = 0; mt < 4; ++mt) {
+      const int ra = mt * 16 + g, rb = ra + 8;
+      const float al0 = exp2f(sM[ra] - m_use(ra)), al1 = exp2f(sM[rb] - m_use(rb));
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) {
+        o[mt][nt][0] *= al0;
+        o[mt][nt][1] *= al0;
+        o[mt][nt][2] *= al1;
+        o[mt][nt][3] *= al1;
+      }
+    }
+    const int dv0 = warp * DVW;
+#pragma unroll
+    for (int ks = 0; ks < NK / 16; ++ks) {
+      uint32_t a[4][4];
+#pragma unroll
+      for (int mt = 0; mt < 4; ++mt)
+        ldsm_x4(a[mt], sbase + G::P_OFF + G::offp(mt * 16 + (lane & 15), 2 * ks + (lane >> 4)));
+#pragma unroll
+      for (int np = 0; np < NT / 2; ++np) {
+        const int m = lane >> 3;
+        uint32_t b[4];
+        ldsm_x4_t(b, sK + G::off(ks * 16 + (m & 1) * 8 + (lane & 7), (dv0 + np * 16) / 8 + (m >> 1)));
+#pragma unroll
+        for (int mt = 0; mt < 4; ++mt) {
+          mma_bf16(o[mt][2 * np], a[mt], b[0], b[1]);
+          mma_bf16(o[mt][2 * np + 1], a[mt], b[2], b[3]);
+        }
+      }
+    }
+    __syncthreads();
+    if (tid < HB) {
+      const float mo = sM[tid];
+      const float mn = fmaxf(mo, fmaxf(sMaxPart[tid], sMaxPart[HB + tid]));
+      const float mu = mn == -INFINITY ? 0.f : mn;
+      sL[tid] = sL[tid] * exp2f(mo - mu) + sSumPart[tid] + sSumPart[HB + tid];
+      sM[tid] = mn;
+    }
+    if (FP8 && more) store_fp8(stage ^ 1);
+  }
+  __syncthreads();
+
+  const int dv0 = warp * DVW;
+#pragma unroll
+  for (int mt = 0; mt < 4; ++mt) {
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int r = mt * 16 + g + 8 * half;
+      if (h0 + r >= H) continue;
+      const float l = sL[r];
+      const float inv = l > 0.f ? 1.f / l : 0.f;
+      __nv_bfloat16* dst = out + (qi * H + h0 + r) * R + dv0;
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt)
+        *reinterpret_cast<uint32_t*>(dst + nt * 8 + 2 * c) =
+            pack_bf16(o[mt][nt][2 * half] * inv, o[mt][nt][2 * half + 1] * inv);
+    }
+  }
+}
+
+template <int R, int DR, bool FP8>
+void launch(const __nv_bfloat16* q, const int32_t* sel, int K, const int32_t* seq, const int32_t* pos, int64_t nq,
+            int H, const BlockTable& bt, const LatentCache& cache, float scale, __nv_bfloat16* out,
+            cudaStream_t stream) {
+  constexpr int smem = Geo<R, DR>::SMEM;
+  auto kern = sparse_mla_kernel<R, DR, FP8>;
+  CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  const dim3 grid(unsigned((H + HB - 1) / HB), unsigned(nq));
+  kern<<<grid, kThreads, smem, stream>>>(q, sel, K, seq, pos, H, bt, cache, scale * 1.4426950408889634f, out);
+  CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace
+
+void sparse_mla(const __nv_bfloat16* q, const int32_t* sel, int32_t K, const int32_t* seq, const int32_t* pos,
+                int64_t nq, int32_t H, const BlockTable& bt, const LatentCache& cache, float scale, __nv_bfloat16* out,
+                cudaStream_t stream) {
+  DZ_CHECK(K >= 1 && H >= 1, "sparse_mla: bad K ", K, " or H ", H);
+  DZ_CHECK(nq < 65536, "sparse_mla: ", nq, " queries exceed one launch (65535); split the batch");
+  if (nq == 0) return;
+  if (cache.R == 512 && cache.DR == 64) {
+    if (cache.fp8) launch<512, 64, true>(q, sel, K, seq, pos, nq, H, bt, cache, scale, out, stream);
+    else launch<512, 64, false>(q, sel, K, seq, pos, nq, H, bt, cache, scale, out, stream);
+  } else if (cache.R == 128 && cache.DR == 64) {
+    if (cache.fp8) launch<128, 64, true>(q, sel, K, seq, pos, nq, H, bt, cache, scale, out, stream);
+    else launch<128, 64, false>(q, sel, K, seq, pos, nq, H, bt, cache, scale, out, stream);
+  } else {
+    dz::fail(dz::str("sparse_mla: latent/rope dims (", cache.R, ", ", cache.DR,
+                     ") not supported: (512, 64) or (128, 64)"));
+  }
+}
+
+}  // namespace dz::cuda

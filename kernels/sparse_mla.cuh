@@ -1,0 +1,30 @@
+// Sparse MLA attention core (DSA) on the GPU, in the absorbed form on the paged latent cache.
+// CPU reference: lib/ops/attention.hpp causal_attention with one KV head, keys [c, k_pe] and
+// values c (which is what mla_attention_absorbed computes before applying W_uv).
+//
+//   for query i (sequence seq[i], position pos[i]) and head h:
+//     logit(s) = scale * (q[i, h, :R] · c[s] + q[i, h, R:] · k_pe[s])   for s in sel[i, :]
+//     out[i, h, :] = sum_s softmax(logit)(s) * c[s]                      [R]
+//   q [nq, H, R + DR] bf16 (q_nope already multiplied by W_uk, rope part rotated),
+//   sel [nq, K] int32 positions (any order); entries that are -1 or > pos[i] are masked.
+//   Repeated entries are NOT removed (the indexer never repeats a position). A query with no
+//   valid entry gets zeros. out [nq, H, R] bf16; W_uv is applied afterwards as a GEMM.
+// Keys come from the paged latent cache, BF16 or FP8 with per-128 tile scales (dequantized to
+// BF16 in shared memory; the RoPE part is BF16 in both). Logits and the softmax are fp32
+// (online, in chunks of 64 selected entries), P is rounded to BF16 for the P·V product.
+// Supported sizes: (R, DR) = (512, 64) (DeepSeek V3.2) and (128, 64) (small presets); any H.
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "paged_cache.cuh"
+
+namespace dz::cuda {
+
+void sparse_mla(const __nv_bfloat16* q, const int32_t* sel, int32_t K, const int32_t* seq, const int32_t* pos,
+                int64_t nq, int32_t H, const BlockTable& bt, const LatentCache& cache, float scale, __nv_bfloat16* out,
+                cudaStream_t stream);
+
+}  // namespace dz::cuda
