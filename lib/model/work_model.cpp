@@ -28,9 +28,9 @@ double WorkModel::attention(const ModelConfig& c, const LayerSpec& l, int64_t p0
   double dqk, dv, heads = double(c.num_heads);
   if (l.mixer == MixerKind::GQA) {
     dqk = dv = double(c.head_dim);
-  } else {  // MLA, absorbed: scores over latent + rope, values in the latent
-    dqk = double(c.kv_lora_rank + c.qk_rope_head_dim);
-    dv = double(c.kv_lora_rank);
+  } else {  // MLA as the CPU reference runs it: per-head keys (nope + rope) and values
+    dqk = double(c.qk_nope_head_dim + c.qk_rope_head_dim);
+    dv = double(c.v_head_dim);
   }
   return 2.0 * heads * keys * (dqk + dv);
 }

@@ -6,8 +6,10 @@
 #
 # Tolerance: CP merges linear-attention states segment by segment and TP sums partial outputs
 # of the sharded projections and the vocabulary-parallel log-softmax over ranks: the same fp32
-# terms added in a different order. Each reassociated sum differs by a few ulps (relative ~1e-7),
-# which through 3-4 layers and the log-softmax stays below ~2e-5 nats; we allow 1e-4.
+# terms added in a different order (CP alone is bitwise for the attention layers). Measured:
+# <= 2e-5 nats for demo / kimi_linear / deepseek_v32, <= 5e-5 for qwen3_next, whose Gated
+# DeltaNet chains amplify rounding most -- the same order as transformers' own fp32 error
+# against fp64 on that model (9e-5, tests/golden/README.md). We allow 1e-4.
 source "$(dirname "$0")/lib.sh"
 TOL=${DZ_CP_TP_TOL:-1e-4}
 "$DZ" make-model --preset demo --out "$W/demo" >/dev/null

@@ -20,7 +20,7 @@ with open(path, "w") as f:
 PY
 }
 same() {  # same A.h5 B.h5 dataset...: bitwise equal datasets
-  local a=$1 b=$2; shift 2
+  local a=$1 b=$2 d; shift 2
   for d in "$@"; do
     if ! h5diff -q "$a" "$b" "$d" "$d"; then
       h5diff -r "$a" "$b" "$d" "$d" | head -20
