@@ -76,6 +76,17 @@ int main(int argc, char** argv) {
   ins->add_option("--model", inspect_dir, "Model directory")->required();
   ins->add_flag("--json", inspect_json, "Print JSON instead of a table");
 
+  std::string plan_model = "hybrid-small";
+  int64_t plan_len = 65536;
+  int plan_cp = 4, plan_seg = 1;
+  bool plan_json = false;
+  auto* pl = app.add_subcommand("plan", "Per-rank work of one document under zigzag CP vs a contiguous split");
+  pl->add_option("--model", plan_model, "Model directory or preset name")->capture_default_str();
+  pl->add_option("--length", plan_len, "Document length in tokens")->capture_default_str();
+  pl->add_option("--cp", plan_cp, "Context-parallel ranks")->capture_default_str();
+  pl->add_option("--segments", plan_seg, "Segments per zigzag segment")->capture_default_str();
+  pl->add_flag("--json", plan_json, "Print JSON");
+
   // Parse before MPI_Init so --help works without a launcher; MPI starts only for `run`.
   try {
     app.parse(argc, argv);
@@ -99,6 +110,7 @@ int main(int argc, char** argv) {
     if (mm->parsed()) dz::make_model(mo);
     if (mi->parsed()) dz::make_input(io);
     if (ins->parsed()) return dz::inspect(inspect_dir, inspect_json);
+    if (pl->parsed()) return dz::plan(plan_model, plan_len, plan_cp, plan_seg, plan_json);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "dayzero: error: %s\n", e.what());
     return 1;

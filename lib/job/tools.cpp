@@ -120,3 +120,55 @@ void make_input(const MakeInputOptions& o) {
 }
 
 }  // namespace dz
+
+#include "model/work_model.hpp"
+
+namespace dz {
+
+int plan(const std::string& model, int64_t length, int cp, int segments, bool as_json) {
+  DZ_CHECK(length >= 1, "plan: --length must be >= 1");
+  DZ_CHECK(cp >= 1 && segments >= 1, "plan: --cp and --segments must be >= 1");
+  ModelConfig cfg;
+  auto it = presets().find(model);
+  if (it != presets().end())
+    cfg = ModelConfig::from_json(nlohmann::json::parse(it->second));
+  else
+    cfg = ModelConfig::from_file(model + "/config.json");
+  nlohmann::json out;
+  out["model"] = model;
+  out["length"] = length;
+  out["cp"] = cp;
+  out["segments"] = segments;
+  for (const char* kind : {"zigzag", "contiguous"}) {
+    nlohmann::json ranks = nlohmann::json::array();
+    double mx = 0, sum = 0;
+    for (int r = 0; r < cp; ++r) {
+      SeqLayout lay = std::string(kind) == "zigzag" ? SeqLayout::zigzag(length, cp, r, segments)
+                                                    : SeqLayout::contiguous(length, cp, r);
+      auto w = WorkModel::document(cfg, lay, r);
+      ranks.push_back({{"rank", r}, {"tokens", lay.local_rows()}, {"flops", w}});
+      mx = std::max(mx, w["total"]);
+      sum += w["total"];
+    }
+    out[kind] = {{"per_rank", ranks}, {"max_over_mean", mx / (sum / cp)}};
+  }
+  if (as_json) {
+    std::printf("%s\n", out.dump(2).c_str());
+    return 0;
+  }
+  std::printf("%s, one document of %lld tokens over %d CP ranks (GFLOP per rank)\n", model.c_str(), (long long)length,
+              cp);
+  for (const char* kind : {"zigzag", "contiguous"}) {
+    std::printf("%-10s %5s %10s %10s %10s %12s %10s\n", kind, "rank", "tokens", "indexer", "attention",
+                "linear-attn", "total");
+    for (auto& r : out[kind]["per_rank"])
+      std::printf("%-10s %5d %10lld %10.2f %10.2f %12.2f %10.2f\n", "", r["rank"].get<int>(),
+                  (long long)r["tokens"].get<int64_t>(), r["flops"]["indexer"].get<double>() / 1e9,
+                  r["flops"]["attention"].get<double>() / 1e9, r["flops"]["linear_attention"].get<double>() / 1e9,
+                  r["flops"]["total"].get<double>() / 1e9);
+    std::printf("%-10s max/mean %.4f\n", "", out[kind]["max_over_mean"].get<double>());
+  }
+  return 0;
+}
+
+}  // namespace dz

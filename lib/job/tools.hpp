@@ -38,3 +38,10 @@ void make_input(const MakeInputOptions& o);
 int inspect(const std::string& dir, bool json);
 
 }  // namespace dz
+
+namespace dz {
+// `dayzero plan`: per-rank work (FLOPs of the indexer, attention and linear attention) of one
+// document under the zigzag CP layout and, beside it, a contiguous split -- the numbers behind
+// choosing C. `model` is a model directory or a preset name.
+int plan(const std::string& model, int64_t length, int cp, int segments, bool json);
+}  // namespace dz
