@@ -1,0 +1,215 @@
+#include "bench_linear_attn.cuh"
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <ctime>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "common.cuh"
+#include "linear_attn.cuh"
+
+namespace dz::cuda {
+
+namespace {
+
+// Deterministic pseudo-random fill on the device (uniform in [lo, hi)): no host traffic for GBs.
+__global__ void fill_bf16(bf16* x, size_t n, uint32_t seed, float lo, float hi) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
+    uint32_t h = uint32_t(i) * 2654435761u ^ seed;
+    h ^= h >> 16, h *= 0x85ebca6bu, h ^= h >> 13, h *= 0xc2b2ae35u, h ^= h >> 16;
+    x[i] = __float2bfloat16(lo + (hi - lo) * (h >> 8) * (1.f / 16777216.f));
+  }
+}
+__global__ void fill_f32(float* x, size_t n, uint32_t seed, float lo, float hi) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
+    uint32_t h = uint32_t(i) * 2654435761u ^ seed;
+    h ^= h >> 16, h *= 0x85ebca6bu, h ^= h >> 13, h *= 0xc2b2ae35u, h ^= h >> 16;
+    x[i] = lo + (hi - lo) * (h >> 8) * (1.f / 16777216.f);
+  }
+}
+
+template <class T>
+T* alloc(size_t n) {
+  T* p = nullptr;
+  CUDA_CHECK(cudaMalloc(&p, std::max<size_t>(n, 1) * sizeof(T)));
+  return p;
+}
+bf16* rand_bf16(size_t n, uint32_t seed, float lo = -1.f, float hi = 1.f) {
+  bf16* p = alloc<bf16>(n);
+  fill_bf16<<<1024, 256>>>(p, n, seed, lo, hi);
+  CUDA_CHECK_LAUNCH();
+  return p;
+}
+float* rand_f32(size_t n, uint32_t seed, float lo, float hi) {
+  float* p = alloc<float>(n);
+  fill_f32<<<1024, 256>>>(p, n, seed, lo, hi);
+  CUDA_CHECK_LAUNCH();
+  return p;
+}
+
+// Median of `reps` event-timed runs after `warm` untimed ones.
+double median_ms(const std::function<void()>& fn, int reps, int warm = 2) {
+  for (int i = 0; i < warm; ++i) fn();
+  cudaEvent_t a, b;
+  CUDA_CHECK(cudaEventCreate(&a));
+  CUDA_CHECK(cudaEventCreate(&b));
+  std::vector<double> t;
+  for (int i = 0; i < reps; ++i) {
+    CUDA_CHECK(cudaEventRecord(a));
+    fn();
+    CUDA_CHECK(cudaEventRecord(b));
+    CUDA_CHECK(cudaEventSynchronize(b));
+    float ms = 0;
+    CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
+    t.push_back(ms);
+  }
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
+}
+
+struct Row {
+  std::string name, shape, extra;
+  double ms;
+};
+
+std::string run_cmd(const char* cmd) {
+  std::string s;
+  if (FILE* f = popen(cmd, "r")) {
+    char buf[128];
+    while (fgets(buf, sizeof buf, f)) s += buf;
+    pclose(f);
+  }
+  while (!s.empty() && (s.back() == '\n' || s.back() == ' ')) s.pop_back();
+  return s;
+}
+
+}  // namespace
+
+int bench_linear_attn(const std::string& json_out) {
+  cudaDeviceProp prop;
+  CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
+  const int sms = prop.multiProcessorCount;
+  std::vector<Row> rows;
+  auto add = [&](const std::string& name, const std::string& shape, double ms, const std::string& extra) {
+    rows.push_back({name, shape, extra, ms});
+    std::printf("%-34s %-28s %10.4f ms  %s\n", name.c_str(), shape.c_str(), ms, extra.c_str());
+    std::fflush(stdout);
+  };
+  char buf[256];
+
+  // ---- chunked prefill, B=1, T=65536, K=V=128: serial (one CTA per head) and the parallel scan ----
+  const int T = 65536, K = 128, V = 128;
+  for (int H : {32, 8, 4}) {
+    const size_t TH = size_t(T) * H;
+    bf16 *q = rand_bf16(TH * K, 1), *k = rand_bf16(TH * K, 2), *v = rand_bf16(TH * V, 3), *b = rand_bf16(TH, 4);
+    bf16 *f = rand_bf16(TH * K, 5, -3.f, 1.f), *fg = rand_bf16(TH, 6, -3.f, 1.f), *o = alloc<bf16>(TH * V);
+    float *A_log = rand_f32(size_t(H), 7, -0.5f, 0.5f), *dtb = rand_f32(size_t(H) * K, 8, -0.1f, 0.1f);
+    float* ht = alloc<float>(size_t(H) * K * V);
+    int32_t* cu = alloc<int32_t>(2);
+    const int32_t cuh[2] = {0, T};
+    CUDA_CHECK(cudaMemcpy(cu, cuh, sizeof cuh, cudaMemcpyHostToDevice));
+    const int segs = std::max(1, std::min(64, (sms + H - 1) / H));
+    void* ws = alloc<char>(la_scan_workspace_bytes(segs, H, K, V));
+    LaPrefill p;
+    p.q = q, p.k = k, p.v = v, p.b = b, p.HK = H, p.HV = H, p.K = K, p.V = V, p.scale = 0.088388f;
+    p.cu_seqlens = cu, p.N = 1, p.ht = ht, p.o = o;
+    const double bytes = double(TH) * (2 * K + V + 1) * 2 + double(TH) * V * 2;  // inputs + o, bf16
+    for (bool kda : {true, false}) {
+      if (!kda && H != 32) continue;
+      p.kda = kda;
+      p.gate = {kda ? f : fg, A_log, dtb, 0.f};
+      const double gb = (bytes + (kda ? double(TH) * K * 2 : 0.0)) / 1e9;
+      std::snprintf(buf, sizeof buf, "B=1 T=%d H=%d K=%d V=%d", T, H, K, V);
+      // serial scan: BV=128 is one CTA per head (v1); 64 / 32 split the state columns over CTAs
+      double ms_s = 0;
+      for (int bv : {128, 64, 32}) {
+        la_set_value_block(bv);
+        const double ms = median_ms([&] { la_chunk_prefill(p, nullptr); }, 3, 1);
+        if (bv == 128) ms_s = ms;
+        std::snprintf(buf + 128, 128, "BV=%d (%d CTAs), %.0f GB/s", bv, H * (V / bv), gb / (ms * 1e-3));
+        add(kda ? "kda_chunk_serial" : "gdn_chunk_serial", buf, ms, buf + 128);
+      }
+      la_set_value_block(0);
+      const double ms_p = median_ms([&] { la_parallel_prefill(p, T, segs, ws, nullptr); }, 5, 1);
+      std::snprintf(buf + 128, 128, "segments=%d, %.2fx serial, %.0f GB/s", segs, ms_s / ms_p, gb / (ms_p * 1e-3));
+      add(kda ? "kda_chunk_parallel_scan" : "gdn_chunk_parallel_scan", buf, ms_p, buf + 128);
+    }
+    for (void* ptr : {(void*)q, (void*)k, (void*)v, (void*)b, (void*)f, (void*)fg, (void*)o, (void*)A_log,
+                      (void*)dtb, (void*)ht, (void*)cu, ws})
+      cudaFree(ptr);
+  }
+
+  // ---- recurrent decode: B=256 (bandwidth on state bytes) and B=1 single layer in a CUDA graph ----
+  for (int B : {256, 1}) {
+    const int H = 32, layers = B == 1 ? 64 : 1;  // B=1: 64 layers' states (128 MB) so L2 does not hold them
+    const size_t BH = size_t(B) * H;
+    bf16 *q = rand_bf16(BH * K, 11), *k = rand_bf16(BH * K, 12), *v = rand_bf16(BH * V, 13), *b = rand_bf16(BH, 14);
+    bf16 *f = rand_bf16(BH * K, 15, -3.f, 1.f), *o = alloc<bf16>(BH * V);
+    float *A_log = rand_f32(size_t(H), 16, -0.5f, 0.5f), *dtb = rand_f32(size_t(H) * K, 17, -0.1f, 0.1f);
+    float* st = rand_f32(size_t(layers) * BH * K * V, 18, -0.3f, 0.3f);
+    std::vector<int32_t> sh(static_cast<size_t>(B));
+    for (int i = 0; i < B; ++i) sh[size_t(i)] = (i * 37) % B;  // permuted slots
+    int32_t* slot = alloc<int32_t>(size_t(B));
+    CUDA_CHECK(cudaMemcpy(slot, sh.data(), sh.size() * 4, cudaMemcpyHostToDevice));
+    LaDecode p;
+    p.q = q, p.k = k, p.v = v, p.b = b, p.gate = {f, A_log, dtb, 0.f};
+    p.HK = H, p.HV = H, p.K = K, p.V = V, p.scale = 0.088388f, p.B = B, p.slot = slot, p.o = o;
+    const double state_bytes = 2.0 * BH * K * V * 4;  // read + write
+    std::snprintf(buf, sizeof buf, "B=%d H=%d K=%d V=%d", B, H, K, V);
+    if (B == 256) {
+      p.states = st;
+      const double ms = median_ms([&] { la_decode(p, nullptr); }, 20, 3);
+      std::snprintf(buf + 128, 128, "%.0f GB/s on state bytes (read+write)", state_bytes / (ms * 1e-3) / 1e9);
+      add("kda_decode", buf, ms, buf + 128);
+    } else {
+      cudaStream_t s;
+      CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+      cudaGraph_t g;
+      cudaGraphExec_t ge;
+      CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+      for (int l = 0; l < layers; ++l) {
+        p.states = st + size_t(l) * BH * K * V;
+        la_decode(p, s);
+      }
+      CUDA_CHECK(cudaStreamEndCapture(s, &g));
+      CUDA_CHECK(cudaGraphInstantiate(&ge, g, 0));
+      const double ms = median_ms([&] { CUDA_CHECK(cudaGraphLaunch(ge, nullptr)); }, 20, 3) / layers;
+      std::snprintf(buf + 128, 128, "per layer step, graph of %d layer steps", layers);
+      add("kda_decode_step_graph", buf, ms, buf + 128);
+      cudaGraphExecDestroy(ge);
+      cudaGraphDestroy(g);
+      cudaStreamDestroy(s);
+    }
+    for (void* ptr : {(void*)q, (void*)k, (void*)v, (void*)b, (void*)f, (void*)o, (void*)A_log, (void*)dtb, (void*)st,
+                      (void*)slot})
+      cudaFree(ptr);
+  }
+  CUDA_CHECK(cudaDeviceSynchronize());
+
+  const char* ce = std::getenv("DZ_COMMIT");
+  const std::string commit = ce ? ce : run_cmd("git rev-parse --short HEAD 2>/dev/null");
+  char date[64];
+  const std::time_t now = std::time(nullptr);
+  std::strftime(date, sizeof date, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
+  FILE* fo = std::fopen(json_out.c_str(), "w");
+  if (!fo) {
+    std::fprintf(stderr, "bench_linear_attn: cannot write %s\n", json_out.c_str());
+    return 1;
+  }
+  std::fprintf(fo, "{\n \"commit\": \"%s\",\n \"device\": \"%s\",\n \"date\": \"%s\",\n \"results\": [\n",
+               commit.c_str(), prop.name, date);
+  for (size_t i = 0; i < rows.size(); ++i)
+    std::fprintf(fo, "  {\"name\": \"%s\", \"impl\": \"dayzero\", \"shape\": \"%s\", \"ms\": %.5f, \"note\": \"%s\"}%s\n",
+                 rows[i].name.c_str(), rows[i].shape.c_str(), rows[i].ms, rows[i].extra.c_str(),
+                 i + 1 < rows.size() ? "," : "");
+  std::fprintf(fo, " ]\n}\n");
+  std::fclose(fo);
+  return 0;
+}
+
+}  // namespace dz::cuda

@@ -1,0 +1,84 @@
+// Linear attention with a delta-rule state on the GPU: KDA (per-channel decay) and Gated DeltaNet
+// (scalar decay). CPU reference (the oracle): lib/ops/linear_attn.hpp, whose state layout is used
+// here unchanged: per value head S [K, V] row-major, all heads [HV, K, V], fp32.
+//
+// Inputs are the raw projections (after the short conv), BF16; the kernels do what the CPU mixer
+// does before calling kda_chunked / gdn_chunked:
+//   q, k  <- x / sqrt(sum(x^2) + 1e-6)          (L2 norm per head row; q is then multiplied by scale)
+//   beta  <- sigmoid(b)
+//   g     <- -exp(A_log[h]) * softplus(f + dt_bias)              (lower_bound == 0)
+//            lower_bound * sigmoid(exp(A_log[h]) * (f + dt_bias)) (lower_bound < 0; KDA only)
+// Head grouping as the CPU reference: key head h / (HV / HK) serves value head h.
+// Sequences are packed ([T_total, ...] rows) and delimited by cu_seqlens [N + 1] (int32, device).
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace dz::cuda {
+
+using bf16 = __nv_bfloat16;
+
+struct LaGate {
+  const bf16* f = nullptr;        // KDA [T, HV*K]; GDN [T, HV]
+  const float* A_log = nullptr;   // [HV]; nullptr: exp(A_log) = 1
+  const float* dt_bias = nullptr; // KDA [HV*K]; GDN [HV]; nullptr: none
+  float lower_bound = 0.f;        // 0: softplus gate; < 0: lower-bound sigmoid gate
+};
+
+struct LaPrefill {
+  bool kda = true;                // true: per-channel decay (KDA), false: scalar (GDN)
+  const bf16* q = nullptr;        // [T, HK, K]
+  const bf16* k = nullptr;        // [T, HK, K]
+  const bf16* v = nullptr;        // [T, HV, V]
+  const bf16* b = nullptr;        // [T, HV] beta logits
+  LaGate gate;
+  int HK = 0, HV = 0, K = 0, V = 0;  // K, V in {64, 128}
+  float scale = 1.f;
+  const int32_t* cu_seqlens = nullptr;  // [N + 1], device
+  int N = 0;
+  const float* h0 = nullptr;      // [N, HV, K, V] initial states, nullptr: zeros
+  float* ht = nullptr;            // [N, HV, K, V] final states, nullptr: not written
+  bf16* o = nullptr;              // [T, HV, V]
+};
+
+// Chunked (WY / UT) prefill, one CTA per (sequence, value head, block of state columns);
+// sequential over chunks. K = V = 64 or 128.
+void la_chunk_prefill(const LaPrefill& p, cudaStream_t stream);
+// Column block of S per CTA (32, 64 or V; 0: chosen from the CTA count). For tests and the bench.
+void la_set_value_block(int bv);
+
+// ---- Segment transitions and the ordered merge (DESIGN §4 stage 1 and 2) ----
+// For the segments of one sequence given by seg_cu [S + 1] (device, int32, absolute rows):
+// A [S, HV, K, K] and B [S, HV, K, V] with S_end = A · S_begin + B (see LaTransition).
+// Uses p's inputs and sizes; p.cu_seqlens / N / h0 / ht / o are ignored.
+void la_transitions(const LaPrefill& p, const int32_t* seg_cu, int S, float* A, float* B, cudaStream_t stream);
+// Ordered merge: S_init[0] = h0 (nullptr: zeros), S_init[s+1] = A_s S_init[s] + B_s; the state
+// after the last segment goes to ht (nullptr: not written). S_init [S, HV, K, V].
+void la_merge(const float* A, const float* B, const float* h0, int S, int HV, int K, int V, float* S_init, float* ht,
+              cudaStream_t stream);
+
+// Intra-GPU parallel scan for one long sequence (p.N == 1, T rows): split into `segments`
+// segments of whole chunks, transitions in parallel, merge, then outputs of all segments in
+// parallel. Workspace: la_scan_workspace_bytes(...) bytes of device memory.
+size_t la_scan_workspace_bytes(int segments, int HV, int K, int V);
+void la_parallel_prefill(const LaPrefill& p, int64_t T, int segments, void* workspace, cudaStream_t stream);
+
+// ---- Recurrent decode: one token per sequence against state slots ----
+// q, k [B, HK, K]; v [B, HV, V]; b [B, HV]; gate.f [B, HV*K] (KDA) / [B, HV] (GDN);
+// states [num_slots, HV, K, V] updated in place at slot[i] for sequence i; o [B, HV, V].
+struct LaDecode {
+  bool kda = true;
+  const bf16 *q = nullptr, *k = nullptr, *v = nullptr, *b = nullptr;
+  LaGate gate;
+  int HK = 0, HV = 0, K = 0, V = 0;
+  float scale = 1.f;
+  int B = 0;
+  const int32_t* slot = nullptr;  // [B], device
+  float* states = nullptr;
+  bf16* o = nullptr;
+};
+void la_decode(const LaDecode& p, cudaStream_t stream);
+
+}  // namespace dz::cuda
