@@ -184,3 +184,16 @@ TEST_CASE("bad input: --resume against an output of another mode", "[unit][cli]"
   CHECK(r.err.find("mode") != std::string::npos);
   CHECK(slurp(fx.prev_out) == fx.prev_bytes);
 }
+
+TEST_CASE("bad input: head counts not divisible by --tp", "[unit][cli]") {
+  Fixture fx;
+  // demo: 2 KDA heads, 4 ranks all in one TP group
+  auto r = dayzero("run --model " + fx.model + " --input " + fx.good_in + " --output " + fx.prev_out +
+                       " --overwrite --tp 4",
+                   fx.dir, 4);
+  INFO(r.err);
+  CHECK(r.code != 0);
+  CHECK(error_lines(r.err) == 1);
+  CHECK(r.err.find("is not divisible by --tp 4") != std::string::npos);
+  CHECK(slurp(fx.prev_out) == fx.prev_bytes);
+}
