@@ -25,6 +25,13 @@ bf = torch.bfloat16
 res = []
 
 
+def dump():
+    out = dict(device=torch.cuda.get_device_name(), date=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+               torch=torch.__version__, triton=triton.__version__, results=res)
+    with open(sys.argv[1] if len(sys.argv) > 1 else "fla_bench.json", "w") as fh:
+        json.dump(out, fh, indent=1)
+
+
 def bench(name, fn, shape, extra):
     fn()
     torch.cuda.synchronize()
@@ -32,6 +39,7 @@ def bench(name, fn, shape, extra):
     r = dict(name=name, impl="fla", shape=shape, ms=ms, **extra)
     res.append(r)
     print(f"{name:40s} {shape} {ms:.4f} ms {extra}", flush=True)
+    dump()
 
 
 def prefill_inputs(T, H, K, V):
@@ -42,26 +50,27 @@ def prefill_inputs(T, H, K, V):
     return q, k, v, b
 
 
-T, K, V = 65536, 128, 128
-for H in (32, 8, 4):
+def prefill(H, T=65536, K=128, V=128, gdn=False):
     q, k, v, b = prefill_inputs(T, H, K, V)
+    shape = dict(B=1, T=T, H=H, K=K, V=V)
+    if gdn:
+        gg = -torch.rand(1, T, H, device=dev, dtype=torch.float32) * 0.5
+        bench("gdn_chunk", lambda: chunk_gated_delta_rule(
+            q, k, v, gg, b.float().sigmoid().to(bf), scale=K ** -0.5, use_qk_l2norm_in_kernel=True,
+            output_final_state=True), shape, dict(note="g precomputed (scalar), l2norm in kernel"))
+        return
     f = torch.randn(1, T, H, K, device=dev, dtype=bf)
     A_log = torch.rand(H, device=dev, dtype=torch.float32) - 0.5
     dt_bias = torch.randn(H * K, device=dev, dtype=torch.float32) * 0.1
-    shape = dict(B=1, T=T, H=H, K=K, V=V)
     bench("kda_chunk_gate_in_kernel", lambda: chunk_kda(
         q, k, v, f, b, scale=K ** -0.5, use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True,
-        use_beta_sigmoid_in_kernel=True, A_log=A_log, dt_bias=dt_bias, output_final_state=True), shape, {})
-    g = (-A_log.exp().view(1, 1, H, 1) * torch.nn.functional.softplus(f.float() + dt_bias.view(H, K))).contiguous()
-    bs = b.float().sigmoid().to(bf)
-    bench("kda_chunk_gate_precomputed", lambda: chunk_kda(
-        q, k, v, g, bs, scale=K ** -0.5, use_qk_l2norm_in_kernel=True, output_final_state=True), shape, {})
-    if H == 32:
-        gg = -torch.rand(1, T, H, device=dev, dtype=torch.float32) * 0.5
-        bench("gdn_chunk", lambda: chunk_gated_delta_rule(
-            q, k, v, gg, bs, scale=K ** -0.5, use_qk_l2norm_in_kernel=True, output_final_state=True), shape, {})
-    del q, k, v, b, f, g
-    torch.cuda.empty_cache()
+        use_beta_sigmoid_in_kernel=True, A_log=A_log, dt_bias=dt_bias, output_final_state=True), shape,
+        dict(note="gate, l2norm, sigmoid beta in kernel"))
+
+
+K, V = 128, 128
+prefill(32, gdn=True)
+prefill(32)
 
 # decode: one token per sequence, fp32 state [B, H, K, V]
 for B in (256, 1):
@@ -83,8 +92,8 @@ for B in (256, 1):
              state_TBps=state_bytes / ms / 1e9, note="eager (no graph)")
     res.append(r)
     print(r, flush=True)
+    dump()
 
-out = dict(device=torch.cuda.get_device_name(), date=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-           torch=torch.__version__, triton=triton.__version__, results=res)
-with open(sys.argv[1] if len(sys.argv) > 1 else "fla_bench.json", "w") as fh:
-    json.dump(out, fh, indent=1)
+dump()
+for H in (8, 4):
+    prefill(H)
