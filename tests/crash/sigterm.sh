@@ -16,7 +16,7 @@ say "SIGTERM to every rank: exit $RC after ${ELAPSED}s"
 [ "$RC" -ne 0 ] || fail "the job exited 0 after SIGTERM"
 if supports_stop; then
   [ "$RC" -eq 143 ] || { cat "$W/job.out"; fail "expected exit code 143 after SIGTERM, got $RC"; }
-  msg=$(grep "^dayzero: stopped by signal 15: [0-9]* documents done, [0-9]* remaining; rerun with --resume" "$W/job.out" || true)
+  msg=$(grep "^dayzero: stopped by signal 15: [0-9]* documents [a-z ]*, [0-9]* remaining; rerun with --resume" "$W/job.out" || true)
   [ -n "$msg" ] || { cat "$W/job.out"; fail "no 'dayzero: stopped by signal 15: ...' line"; }
   say "  $msg"
 fi
