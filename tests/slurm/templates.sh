@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The sbatch templates as a user submits them, on a real (local, one-node) Slurm: the one-node
-# template with mpirun, the multi-node template with srun --mpi=pmix in topk mode, a resubmission
-# onto a finished output (a no-op), a bad --cp that fails with one error line in the job log, and a
-# scaling sweep (sweep.sh) summarised by summarize.py into a table and a PNG.
+# template with mpirun, the multi-node template with srun --mpi=pmix in topk mode, DZ_CP=2 and
+# DZ_TP=2, a resubmission onto a finished output (a no-op), a bad --cp that fails with one error
+# line in the job log, and a scaling sweep (sweep.sh) summarised by summarize.py (table and PNG).
 source "$(dirname "$0")/lib.sh"
 "$DZ" make-model --preset demo --out "$W/m" >/dev/null
 "$DZ" make-input --model "$W/m" --docs 24 --min-len 1 --max-len 160 --out "$W/in.h5" >/dev/null
@@ -38,6 +38,25 @@ grep -q "progress: .*documents.*tok/s.*ETA" "$(log_of "$j1")" || fail "no progre
 grep -q "srun --mpi=pmix" "$(log_of "$j2")" || fail "job $j2 did not launch with srun --mpi=pmix"
 say "both templates ran; outputs equal direct mpirun runs"
 
+# CP and TP from the environment: DZ_CP=2 and DZ_TP=2 on 2 ranks (fp32 sums in another order, so
+# equal to the 1-rank run within 1e-4 absolute on log-probs, not bitwise)
+jc=$(DZ_OUTPUT=$W/out/cp.h5 DZ_CP=2 submit dayzero-1node.sbatch --ntasks-per-node=2 -J cp2)
+jt=$(DZ_OUTPUT=$W/out/tp.h5 DZ_TP=2 DZ_LAUNCHER=srun submit dayzero-multinode.sbatch --nodes=1 --ntasks-per-node=2 -J tp2)
+wait_gone "$jc" 120
+wait_gone "$jt" 120
+for j in $jc $jt; do [ "$(job_state "$j")" = COMPLETED ] || fail "job $j ended $(job_state "$j")"; done
+for f in cp tp; do
+  h5diff -d 1e-4 "$W/ref.h5" "$W/out/$f.h5" /logprobs /logprobs >/dev/null || fail "DZ_${f^^}=2: /logprobs differ by more than 1e-4"
+  same "$W/ref.h5" "$W/out/$f.h5" /offsets /done
+done
+python3 - "$W/out/cp.report.json" "$W/out/tp.report.json" <<'PY'
+import json, sys
+c, t = (json.load(open(p)) for p in sys.argv[1:])
+assert (c["dp"], c["cp"], c["tp"]) == (1, 2, 1), c
+assert (t["dp"], t["cp"], t["tp"]) == (1, 1, 2), t
+PY
+say "DZ_CP=2 (mpirun) and DZ_TP=2 (srun): reports say dp 1 x cp 2 / tp 2; log-probs within 1e-4"
+
 # 3. resubmitting onto the finished output (what a requeue after the end does): no work, no change
 cp "$W/out/one.h5" "$W/one_before.h5"
 j3=$(DZ_OUTPUT=$W/out/one.h5 submit dayzero-1node.sbatch --ntasks-per-node=2 -J again)
@@ -54,16 +73,17 @@ n=$(grep -c "^dayzero: error:" "$(log_of "$j4")" || true)
 [ "$n" = 1 ] || fail "bad --cp: expected one 'dayzero: error:' line in the log, got $n"
 say "bad --cp: FAILED with: $(grep '^dayzero: error:' "$(log_of "$j4")")"
 
-# 5. a scaling sweep (1 and 2 ranks), summarised
+# 5. a scaling sweep (1 and 2 ranks, CP 1 and 2), summarised
 bash "$SRC/slurm/sweep.sh" --dry-run --model "$W/m" --input "$W/in.h5" --results "$W/res" \
   --nodes 1,2 --ranks-per-node 1,2 --cp 1,2 --tp 1,2 -- --time=10 >"$W/dry.txt"
 [ "$(grep -c '^env .*sbatch' "$W/dry.txt")" = 11 ] || { cat "$W/dry.txt"; fail "dry run: expected 11 sbatch commands (16 points, 5 not divisible)"; }
 [ ! -e "$W/res" ] || fail "the dry run created files"
 bash "$SRC/slurm/sweep.sh" --model "$W/m" --input "$W/in.h5" --results "$W/res" --nodes 1 \
-  --ranks-per-node 1,2 --wait -- --time=10 >"$W/sweep.txt"
+  --ranks-per-node 1,2 --cp 1,2 --wait -- --time=10 >"$W/sweep.txt"
 python3 -c "import matplotlib" 2>/dev/null || pip install -q matplotlib >/dev/null 2>&1 || true
 python3 "$SRC/slurm/summarize.py" "$W/res" --csv "$W/res/s.csv" | tee "$W/summary.txt"
-[ "$(grep -c '^n1_r' "$W/summary.txt")" = 2 ] || fail "summary: expected 2 runs"
+[ "$(grep -c '^n1_r' "$W/summary.txt")" = 3 ] || fail "summary: expected 3 runs"
+grep -q '^n1_r2_cp2_tp1 .* 2 .* 1 .* 1 .* 2 .* 1 ' "$W/summary.txt" || fail "summary: the cp 2 run is not dp 1 x cp 2"
 python3 -c "import matplotlib" 2>/dev/null && { [ -s "$W/res/scaling.png" ] || fail "no scaling.png"; }
 # without matplotlib: a clear message, the table still printed
 python3 -S "$SRC/slurm/summarize.py" "$W/res" --plot "$W/none.png" >"$W/nompl.txt" 2>&1 || true
@@ -71,5 +91,5 @@ if ! python3 -S -c "import matplotlib" 2>/dev/null; then
   grep -q "matplotlib is not installed" "$W/nompl.txt" && grep -q '^n1_r2' "$W/nompl.txt" ||
     { cat "$W/nompl.txt"; fail "summarize without matplotlib"; }
 fi
-say "sweep (2 runs) summarised: table, CSV, scaling.png"
+say "sweep (3 runs) summarised: table, CSV, scaling.png"
 say "PASS"
