@@ -114,11 +114,28 @@ std::string bench_indexer(bool mx) {
   const double flop = 2.0 * H * D * (double(T) * (T + 1) / 2);
   std::printf("indexer prefill T=%d H=%d D=%d K=%d keys=%s: %.3f ms (%.1f TFLOP/s on the causal scores)\n", T, H,
               D, K, mx ? "mxfp8" : "bf16", ms, flop / ms * 1e-9);
-  for (void* p : std::vector<void*>{k, q, kbf, kc, ks, w, sel, seq, pos}) cudaFree(p);
+  // Both kernel variants explicitly (the default picks one per key format).
+  double ms_var[2];
+  for (int v = 0; v < 2; ++v) {
+    indexer_set_variant(v == 0 ? IndexerVariant::QInSmem : IndexerVariant::QInRegisters);
+    ms_var[v] = time_ms([&] { indexer_topk(q, w, seq, pos, T, H, T, lay.bt, cache, K, sel, nullptr, nullptr); }, 3);
+  }
+  indexer_set_variant(IndexerVariant::Auto);
+  std::printf("  variants: Q in shared memory (16 warps) %.3f ms, Q in registers (8 warps) %.3f ms\n", ms_var[0],
+              ms_var[1]);
+  // Where the time goes: the split mode's two kernels timed apart (scores to memory, then Top-K).
+  auto* scores = dalloc<float>(size_t(T) * T);
+  const double ms_sc = time_ms([&] { indexer_scores(q, w, seq, pos, T, H, T, lay.bt, cache, scores, nullptr); }, 3);
+  const double ms_tk = time_ms([&] { topk_from_scores(scores, T, pos, T, K, sel, nullptr); }, 3);
+  std::printf("  split mode: scores %.3f ms (%.1f TFLOP/s), Top-K from memory %.3f ms\n", ms_sc, flop / ms_sc * 1e-9,
+              ms_tk);
+  for (void* p : std::vector<void*>{k, q, kbf, kc, ks, w, sel, seq, pos, scores}) cudaFree(p);
   std::ostringstream os;
   os << "{\"op\": \"indexer_prefill\", \"T\": " << T << ", \"heads\": " << H << ", \"head_dim\": " << D
      << ", \"topk\": " << K << ", \"keys\": \"" << (mx ? "mxfp8" : "bf16") << "\", \"ms\": " << ms
-     << ", \"tflops_scores\": " << flop / ms * 1e-9 << ", \"target_ms\": 15}";
+     << ", \"tflops_scores\": " << flop / ms * 1e-9 << ", \"split_scores_ms\": " << ms_sc
+     << ", \"split_topk_ms\": " << ms_tk << ", \"variant_q_in_smem_ms\": " << ms_var[0] << ", \"variant_q_in_registers_ms\": " << ms_var[1]
+     << ", \"target_ms\": 15}";
   return os.str();
 }
 
@@ -202,12 +219,15 @@ int bench_sparse_attn(const std::string& json_out) {
   cudaDeviceProp prop{};
   CUDA_CHECK(cudaGetDeviceProperties(&prop, dev));
   std::vector<std::string> res;
-  res.push_back(bench_indexer(false));
-  res.push_back(bench_indexer(true));
-  res.push_back(bench_mla("prefill", 1, 4096, 32768, false, 128, 5));
-  res.push_back(bench_mla("prefill_fp8", 1, 4096, 32768, true, 128, 5));
-  res.push_back(bench_mla("decode", 128, 1, 16384, true, 128, 10));
-  res.push_back(bench_mla("decode_mtp2", 128, 2, 16384, true, 128, 10));
+  // DZ_BENCH_ONLY=<substring> runs only the cases whose name contains it (for profilers).
+  const char* only = std::getenv("DZ_BENCH_ONLY");
+  auto want = [&](const char* name) { return !only || std::string(name).find(only) != std::string::npos; };
+  if (want("indexer_bf16")) res.push_back(bench_indexer(false));
+  if (want("indexer_mxfp8")) res.push_back(bench_indexer(true));
+  if (want("mla_prefill_bf16")) res.push_back(bench_mla("prefill", 1, 4096, 32768, false, 128, 5));
+  if (want("mla_prefill_fp8")) res.push_back(bench_mla("prefill_fp8", 1, 4096, 32768, true, 128, 5));
+  if (want("mla_decode_fp8")) res.push_back(bench_mla("decode", 128, 1, 16384, true, 128, 10));
+  if (want("mla_decode_mtp2_fp8")) res.push_back(bench_mla("decode_mtp2", 128, 2, 16384, true, 128, 10));
   const char* commit = std::getenv("DZ_COMMIT");
   char date[64];
   const std::time_t now = std::time(nullptr);

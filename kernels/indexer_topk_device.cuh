@@ -1,11 +1,9 @@
 // Block-wide Top-K over a score row (shared or global memory): radix select on order-preserving
-// keys (11 + 11 + 10 bits), then a warp-ballot compaction in position order. 256 threads.
+// keys (11 + 11 + 10 bits), then a warp-ballot compaction in position order.
 #pragma once
 #include <cstdint>
 
 namespace dz::cuda::dev {
-
-constexpr int kTopkThreads = 256;
 
 // Higher score -> larger key; -0 == +0; NaN -> 0 (lowest; no number maps to 0).
 __device__ __forceinline__ uint32_t order_key(float s) {
@@ -16,7 +14,10 @@ __device__ __forceinline__ uint32_t order_key(float s) {
 }
 
 // out[0..K) = positions of the K best of sc[0..n), ascending; -1 padded when n < K.
+// NT: the block's thread count (256 or 512).
+template <int NT>
 __device__ inline void block_topk(const float* sc, int n, int K, int32_t* __restrict__ out) {
+  constexpr int kTopkThreads = NT;
   __shared__ uint32_t hist[2048];
   __shared__ uint32_t part[kTopkThreads / 32 + 1];
   __shared__ uint32_t s_bin, s_rem;

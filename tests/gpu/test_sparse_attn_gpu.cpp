@@ -373,11 +373,17 @@ TEST_CASE("gpu sparse-attn: fused indexer Top-K equals the CPU reference (ties a
       {128, 64, 2048, 64, {4500}, {40}, false, false},
       {128, 64, 2048, 64, {4500}, {3}, true, true},
   };
-  for (const auto& tc : cases) {
-    double ov = -1;
-    run_indexer_case(tc, rng, &ov);
-    if (ov >= 0) std::printf("  MXFP8 Top-K overlap with unquantized scores: %.4f\n", ov);
+  // both kernel variants (query in shared memory / in registers)
+  for (auto v : {dz::cuda::IndexerVariant::QInSmem, dz::cuda::IndexerVariant::QInRegisters}) {
+    dz::cuda::indexer_set_variant(v);
+    std::printf("indexer variant: Q in %s\n", v == dz::cuda::IndexerVariant::QInSmem ? "shared memory" : "registers");
+    for (const auto& tc : cases) {
+      double ov = -1;
+      run_indexer_case(tc, rng, &ov);
+      if (ov >= 0) std::printf("  MXFP8 Top-K overlap with unquantized scores: %.4f\n", ov);
+    }
   }
+  dz::cuda::indexer_set_variant(dz::cuda::IndexerVariant::Auto);
 }
 
 namespace {
