@@ -7,6 +7,7 @@
 #include "common.cuh"
 #include "linear_attn.cuh"
 #include "linear_attn_common.cuh"
+#include "linear_attn_impl.cuh"
 
 namespace dz::cuda {
 
@@ -14,14 +15,8 @@ namespace {
 
 using namespace la;
 
-constexpr int BT = 32;   // chunk length (the CPU reference uses 64; the result is the same math)
+constexpr int BT = kBT;  // chunk length
 constexpr int NT = 256;  // threads per CTA
-
-struct ChunkArgs {
-  LaPrefill p;
-  bool write_o;  // compute outputs (false: only the state, as for transitions)
-  bool trans_A;  // transition pass: S0 = I, v = 0 (requires V == K), so S_end = A
-};
 
 template <int K, int BV>
 constexpr size_t chunk_smem_floats() {
@@ -29,6 +24,7 @@ constexpr size_t chunk_smem_floats() {
 }
 
 int g_value_block = 0;  // 0: heuristic (see pick_bv)
+int g_variant = 2;      // 1: SIMT products with broadcast operands, 2: register-tiled products
 
 // One CTA per (value head, block of BV state columns, sequence): the columns of S evolve
 // independently given the key-side quantities (W, Kd, Qg, L, Aqk), which every column block of a
@@ -250,6 +246,7 @@ template <bool KDA>
 void dispatch_kv(const ChunkArgs& a, int K, int V, cudaStream_t stream) {
   DZ_CHECK(K == V && (K == 64 || K == 128), "linear attention CUDA: K=", K, " V=", V, " not supported (K = V = 64 or 128)");
   const int bv = pick_bv(a.p.HV * a.p.N, V);
+  if (g_variant == 2) return launch_chunk_tiled(a, bv, stream);
   if (K == 64) {
     if (bv == 32) return launch_chunk<64, 64, 32, KDA>(a, stream);
     return launch_chunk<64, 64, 64, KDA>(a, stream);
@@ -321,6 +318,7 @@ size_t align256(size_t b) { return (b + 255) / 256 * 256; }
 }  // namespace
 
 void la_set_value_block(int bv) { g_value_block = bv; }
+void la_set_variant(int v) { g_variant = v; }
 
 void la_chunk_prefill(const LaPrefill& p, cudaStream_t stream) { run_chunk(ChunkArgs{p, p.o != nullptr, false}, p.V, stream); }
 

@@ -48,6 +48,8 @@ struct LaPrefill {
 void la_chunk_prefill(const LaPrefill& p, cudaStream_t stream);
 // Column block of S per CTA (32, 64 or V; 0: chosen from the CTA count). For tests and the bench.
 void la_set_value_block(int bv);
+// Kernel version (1: SIMT v1, 2: register-tiled v2, the default). For tests and the bench.
+void la_set_variant(int v);
 
 // ---- Segment transitions and the ordered merge (DESIGN §4 stage 1 and 2) ----
 // For the segments of one sequence given by seg_cu [S + 1] (device, int32, absolute rows):
@@ -80,5 +82,7 @@ struct LaDecode {
   bf16* o = nullptr;
 };
 void la_decode(const LaDecode& p, cudaStream_t stream);
+// State columns per decode CTA (32, 64 or V; 0: chosen from the CTA count). For tests and the bench.
+void la_set_decode_block(int bv);
 
 }  // namespace dz::cuda

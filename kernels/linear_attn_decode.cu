@@ -2,6 +2,8 @@
 // Memory-bound: each (sequence, value head) reads and writes its [K, V] state once. One CTA per
 // (value head, sequence); every thread keeps its rows x float4 columns of S in registers, all
 // loads issued before the first use. Math: kda_recurrent / gdn_recurrent (lib/ops/linear_attn.cpp).
+#include <algorithm>
+
 #include "common.cuh"
 #include "linear_attn.cuh"
 #include "linear_attn_common.cuh"
@@ -14,22 +16,26 @@ using namespace la;
 
 constexpr int NT = 256;
 
-template <int K, int V, bool KDA>
+int g_decode_block = 0;  // state columns per CTA; 0: heuristic
+
+// One CTA per (value head, block of BV state columns, sequence).
+template <int K, int V, int BV, bool KDA>
 __global__ void __launch_bounds__(NT) decode_kernel(const LaDecode p) {
-  constexpr int LPR = V / 4;       // threads per state row (float4 each)
+  constexpr int LPR = BV / 4;      // threads per state row (float4 each)
   constexpr int RPP = NT / LPR;    // rows per pass
   constexpr int RPT = K / RPP;     // rows per thread
-  const int h = blockIdx.x, b = blockIdx.y, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int h = blockIdx.x / (V / BV), y0 = (blockIdx.x % (V / BV)) * BV;
+  const int b = blockIdx.y, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int slot = p.slot[b];
   if (slot < 0) return;
   const int hk = h / (p.HV / p.HK);
   const int cg = tid % LPR, rg = tid / LPR;
-  float4* S = reinterpret_cast<float4*>(p.states + (size_t(slot) * p.HV + h) * K * V);
+  float4* S = reinterpret_cast<float4*>(p.states + (size_t(slot) * p.HV + h) * K * V + y0);
   float4 st[RPT];
 #pragma unroll
-  for (int m = 0; m < RPT; ++m) st[m] = S[(rg + m * RPP) * LPR + cg];
+  for (int m = 0; m < RPT; ++m) st[m] = S[(rg + m * RPP) * (V / 4) + cg];
 
-  __shared__ __align__(16) float qs[K], ks[K], ds[K], vs[V], red[RPP][V];
+  __shared__ __align__(16) float qs[K], ks[K], ds[K], vs[BV], red[RPP][BV];
   __shared__ float beta_s;
   const float aexp = p.gate.A_log ? expf(p.gate.A_log[h]) : 1.f;
   if (warp < 2) {  // warp 0: k, warp 1: q, L2-normalised
@@ -59,7 +65,7 @@ __global__ void __launch_bounds__(NT) decode_kernel(const LaDecode p) {
     }
     ds[x] = expf(gate(z, aexp, p.gate.lower_bound));
   }
-  for (int y = tid; y < V; y += NT) vs[y] = bf(p.v[(size_t(b) * p.HV + h) * V + y]);
+  for (int y = tid; y < BV; y += NT) vs[y] = bf(p.v[(size_t(b) * p.HV + h) * V + y0 + y]);
   if (tid == 0) beta_s = sigmoid(bf(p.b[size_t(b) * p.HV + h]));
   __syncthreads();
 
@@ -90,34 +96,53 @@ __global__ void __launch_bounds__(NT) decode_kernel(const LaDecode p) {
     const float kx = ks[x], qx = qs[x];
     st[m].x += kx * u.x, st[m].y += kx * u.y, st[m].z += kx * u.z, st[m].w += kx * u.w;
     acc.x += qx * st[m].x, acc.y += qx * st[m].y, acc.z += qx * st[m].z, acc.w += qx * st[m].w;
-    S[x * LPR + cg] = st[m];
+    S[x * (V / 4) + cg] = st[m];
   }
   reinterpret_cast<float4*>(red[rg])[cg] = acc;
   __syncthreads();
-  for (int y = tid; y < V; y += NT) {
+  for (int y = tid; y < BV; y += NT) {
     float o = 0.f;
     for (int r = 0; r < RPP; ++r) o += red[r][y];
-    p.o[(size_t(b) * p.HV + h) * V + y] = __float2bfloat16(o);
+    p.o[(size_t(b) * p.HV + h) * V + y0 + y] = __float2bfloat16(o);
   }
 }
 
-template <bool KDA>
-void launch(const LaDecode& p, cudaStream_t stream) {
-  const dim3 grid(unsigned(p.HV), unsigned(p.B));
-  if (p.K == 64 && p.V == 64)
-    decode_kernel<64, 64, KDA><<<grid, NT, 0, stream>>>(p);
-  else if (p.K == 64 && p.V == 128)
-    decode_kernel<64, 128, KDA><<<grid, NT, 0, stream>>>(p);
-  else if (p.K == 128 && p.V == 64)
-    decode_kernel<128, 64, KDA><<<grid, NT, 0, stream>>>(p);
-  else if (p.K == 128 && p.V == 128)
-    decode_kernel<128, 128, KDA><<<grid, NT, 0, stream>>>(p);
-  else
-    fail(str("la_decode: K=", p.K, " V=", p.V, " not supported (64 or 128 each)"));
+template <int K, int V, int BV, bool KDA>
+void launch_kv(const LaDecode& p, cudaStream_t stream) {
+  decode_kernel<K, V, BV, KDA><<<dim3(unsigned(p.HV * (V / BV)), unsigned(p.B)), NT, 0, stream>>>(p);
   CUDA_CHECK_LAUNCH();
 }
 
+// Whole rows of S per CTA when there are enough CTAs to fill the GPU, else 32-column blocks.
+template <bool KDA>
+void launch(const LaDecode& p, cudaStream_t stream) {
+  int bv = g_decode_block;
+  if (!bv) {
+    static int sms = 0;
+    if (!sms) {
+      int dev = 0;
+      CUDA_CHECK(cudaGetDevice(&dev));
+      CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+    }
+    bv = p.B * p.HV >= 2 * sms ? p.V : 32;
+  }
+  bv = std::min(bv, p.V);
+  if (p.K == 64 && p.V == 64)
+    bv == 32 ? launch_kv<64, 64, 32, KDA>(p, stream) : launch_kv<64, 64, 64, KDA>(p, stream);
+  else if (p.K == 64 && p.V == 128)
+    bv == 32 ? launch_kv<64, 128, 32, KDA>(p, stream) : launch_kv<64, 128, 128, KDA>(p, stream);
+  else if (p.K == 128 && p.V == 64)
+    bv == 32 ? launch_kv<128, 64, 32, KDA>(p, stream) : launch_kv<128, 64, 64, KDA>(p, stream);
+  else if (p.K == 128 && p.V == 128)
+    bv == 32 ? launch_kv<128, 128, 32, KDA>(p, stream)
+             : (bv == 64 ? launch_kv<128, 128, 64, KDA>(p, stream) : launch_kv<128, 128, 128, KDA>(p, stream));
+  else
+    fail(str("la_decode: K=", p.K, " V=", p.V, " not supported (64 or 128 each)"));
+}
+
 }  // namespace
+
+void la_set_decode_block(int bv) { g_decode_block = bv; }
 
 void la_decode(const LaDecode& p, cudaStream_t stream) {
   DZ_CHECK(p.HK > 0 && p.HV % p.HK == 0, "la_decode: HV=", p.HV, " not a multiple of HK=", p.HK);

@@ -185,21 +185,24 @@ TEST_CASE("gpu linear attention chunked prefill and parallel scan equal the CPU 
     p.scale = 1.f / std::sqrt(float(c.K));
     p.cu_seqlens = cu.p, p.N = int(c.lens.size());
     p.h0 = c.h0 ? h0.p : nullptr, p.ht = ht.p, p.o = o.p;
-    for (int bv : {128, 64, 32}) {  // state columns per CTA (128: whole rows)
+    for (int variant : {1, 2})
+    for (int bv : {128, 64, 32}) {  // kernel version; state columns per CTA (128: whole rows)
       if (bv > c.V) continue;
+      dz::cuda::la_set_variant(variant);
       dz::cuda::la_set_value_block(bv);
       CUDA_CHECK(cudaMemset(o.p, 0xff, o.n * 2));  // poison: NaN unless written
       CUDA_CHECK(cudaMemset(ht.p, 0xff, ht.n * 4));
       dz::cuda::la_chunk_prefill(p, nullptr);
       CUDA_CHECK(cudaDeviceSynchronize());
       const double eo = rel_err(bf_to_f(o.get<uint16_t>()), o_ref), es = rel_err(ht.get<float>(), ht_ref);
-      std::printf("%s HK=%d HV=%d K=%d V=%d T=%lld N=%zu h0=%d lb=%g BV=%d: chunked o err %.3g, state err %.3g\n",
+      std::printf("%s HK=%d HV=%d K=%d V=%d T=%lld N=%zu h0=%d lb=%g v%d BV=%d: chunked o err %.3g, state err %.3g\n",
                   c.kda ? "kda" : "gdn", c.HK, c.HV, c.K, c.V, (long long)in.T, c.lens.size(), int(c.h0),
-                  double(c.lower_bound), bv, eo, es);
+                  double(c.lower_bound), variant, bv, eo, es);
       CHECK(eo < 1e-2);
       CHECK(es < 2e-3);
     }
     dz::cuda::la_set_value_block(0);
+    dz::cuda::la_set_variant(2);
     if (c.segments > 1) {
       Dev<char> ws(dz::cuda::la_scan_workspace_bytes(c.segments, c.HV, c.K, c.V));
       CUDA_CHECK(cudaMemset(o.p, 0xff, o.n * 2));
@@ -291,6 +294,10 @@ TEST_CASE("gpu linear attention decode against state slots equals the CPU recurr
     Dev<bf16> q(in.q.bits), k(in.k.bits), v(in.v.bits), b(in.b.bits), f(in.f.bits), o(o_ref.size());
     Dev<float> A_log(in.A_log), dt_bias(in.dt_bias), st(states);
     Dev<int32_t> sl(slot);
+    for (int bv : {0, 32, 64, 128}) {  // state columns per CTA (0: automatic)
+    if (bv > d.V) continue;
+    dz::cuda::la_set_decode_block(bv);
+    CUDA_CHECK(cudaMemcpy(st.p, states.data(), states.size() * 4, cudaMemcpyHostToDevice));
     CUDA_CHECK(cudaMemset(o.p, 0xff, o.n * 2));
     dz::cuda::LaDecode p;
     p.kda = d.kda;
@@ -301,10 +308,12 @@ TEST_CASE("gpu linear attention decode against state slots equals the CPU recurr
     dz::cuda::la_decode(p, nullptr);
     CUDA_CHECK(cudaDeviceSynchronize());
     const double eo = rel_err(bf_to_f(o.get<uint16_t>()), o_ref), es = rel_err(st.get<float>(), st_ref);
-    std::printf("%s decode HK=%d HV=%d K=%d V=%d B=%d slots=%d lb=%g: o err %.3g, states err %.3g\n",
-                d.kda ? "kda" : "gdn", d.HK, d.HV, d.K, d.V, d.B, d.slots, double(d.lb), eo, es);
+    std::printf("%s decode HK=%d HV=%d K=%d V=%d B=%d slots=%d lb=%g BV=%d: o err %.3g, states err %.3g\n",
+                d.kda ? "kda" : "gdn", d.HK, d.HV, d.K, d.V, d.B, d.slots, double(d.lb), bv, eo, es);
     CHECK(eo < 1e-2);
     CHECK(es < 2e-3);
+    }
+    dz::cuda::la_set_decode_block(0);
   }
 }
 
