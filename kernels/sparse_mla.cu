@@ -1,6 +1,6 @@
 // Sparse MLA core (see sparse_mla.cuh). One block = one query × 64 heads, 8 warps, mma.sync.
 // Per chunk of 64 selected entries: gather the 64 key rows (BF16: cp.async, double buffered;
-// FP8: register-prefetched loads, dequantized into the other BF16 stage during P V), S = Q K^T (warp = 16
+// FP8: register-prefetched loads dequantized into BF16 shared memory), S = Q K^T (warp = 16
 // heads × 32 keys), online softmax across the two key halves through shared memory, then
 // O += P V (warp = 64 heads × R/8 value dims, V = the first R dims of the same key rows).
 // Shared-memory tiles are row-major with 16-byte chunks XOR-swizzled by (row & 7) so that
@@ -277,9 +277,6 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
     }
     __syncthreads();
-    // FP8: dequantize the next chunk (loaded at the top of this iteration) into the other stage
-    // here, so that the conversions of some warps overlap the P V products of others.
-    if (FP8 && more) store_fp8(stage ^ 1);
 
     // ---- O = O * alpha + P V ----
 #pragma unroll
@@ -321,6 +318,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       sL[tid] = sL[tid] * exp2f(mo - mu) + sSumPart[tid] + sSumPart[HB + tid];
       sM[tid] = mn;
     }
+    if (FP8 && more) store_fp8(stage ^ 1);
   }
   __syncthreads();
 
