@@ -206,7 +206,7 @@ std::string bench_mla(const char* name, int nseq, int q_per_seq, int ctx, bool f
   os << "{\"op\": \"sparse_mla_" << name << "\", \"queries\": " << nq << ", \"seqs\": " << nseq
      << ", \"context\": " << ctx << ", \"heads\": " << H << ", \"d_qk\": " << DK << ", \"d_v\": " << R
      << ", \"topk\": " << K << ", \"kv\": \"" << (fp8 ? "fp8" : "bf16") << "\", \"ms\": " << ms
-     << ", \"tflops\": " << flop / ms * 1e-9 << ", \"target_tflops\": " << (std::string(name) == "prefill" ? 450 : 300)
+     << ", \"tflops\": " << flop / ms * 1e-9 << ", \"target_tflops\": " << (std::string(name).rfind("prefill", 0) == 0 ? 450 : 300)
      << "}";
   return os.str();
 }
