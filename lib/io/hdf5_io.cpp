@@ -200,6 +200,16 @@ InputFile::~InputFile() {
   if (file_ >= 0) Handle::close_id(file_);
 }
 
+// FNV-1a 64 over the token values, folded in as validate() scans them (the same pass).
+static uint64_t fnv1a_update(uint64_t h, const void* data, size_t n) {
+  const unsigned char* p = static_cast<const unsigned char*>(data);
+  for (size_t i = 0; i < n; ++i) {
+    h ^= p[i];
+    h *= 0x100000001b3ull;
+  }
+  return h;
+}
+
 void InputFile::validate(int64_t vocab, int64_t chunk_tokens) const {
   DZ_CHECK(vocab > 0 && chunk_tokens > 0, "InputFile::validate: vocab and chunk_tokens must be positive");
   const std::vector<int64_t>& o = offsets_;
@@ -213,12 +223,14 @@ void InputFile::validate(int64_t vocab, int64_t chunk_tokens) const {
   DZ_CHECK(o.back() == n_tokens_, path_, ": offsets end at ", o.back(), " but /tokens has ", n_tokens_,
            " entries");
   Handle dxpl = strict_transfer();
+  token_hash_ = 0xcbf29ce484222325ull;
   std::vector<int32_t> buf;  // [chunk]
   for (int64_t s = 0; s < n_tokens_; s += chunk_tokens) {
     const int64_t n = std::min(chunk_tokens, n_tokens_ - s);
     buf.resize(size_t(n));
     DZ_CHECK(transfer(false, tokens_, H5T_NATIVE_INT32, {hsize_t(s)}, {hsize_t(n)}, buf.data(), dxpl.get()),
              path_, ": cannot read /tokens[", s, ":", s + n, "] (values outside the int32 range?)");
+    token_hash_ = fnv1a_update(token_hash_, buf.data(), size_t(n) * sizeof(int32_t));
     for (int64_t j = 0; j < n; ++j) {
       const int32_t v = buf[size_t(j)];
       if (v >= 0 && v < vocab) continue;
@@ -228,6 +240,7 @@ void InputFile::validate(int64_t vocab, int64_t chunk_tokens) const {
       fail(v < 0 ? where + " is negative" : str(where, " >= vocab size ", vocab));
     }
   }
+  validated_ = true;
 }
 
 std::vector<int32_t> InputFile::read_doc(int64_t i) const {

@@ -13,6 +13,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <stdexcept>
 #include <vector>
 
 namespace dz {
@@ -41,6 +42,11 @@ class InputFile {
   // tokens in chunks of at most chunk_tokens.
   void validate(int64_t vocab, int64_t chunk_tokens = 1 << 20) const;
   std::vector<int32_t> read_doc(int64_t i) const;  // one hyperslab
+  // FNV-1a 64 of every token value, computed by validate()'s scan (throws if not validated).
+  uint64_t token_hash() const {
+    if (!validated_) throw std::logic_error("InputFile::token_hash before validate");
+    return token_hash_;
+  }
 
  private:
   std::string path_;
@@ -48,6 +54,8 @@ class InputFile {
   int64_t tokens_ = -1;  // hid_t of /tokens
   int64_t n_tokens_ = 0;
   std::vector<int64_t> offsets_;
+  mutable uint64_t token_hash_ = 0;
+  mutable bool validated_ = false;
 };
 
 // Writes a synthetic or given token set as an input file (make-input, tests).
