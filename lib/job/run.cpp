@@ -290,6 +290,17 @@ int run_job(const RunOptions& opt) {
   WorkStats stats;
   const DocParallel par{&cp_comm, opt.segments, &stats};
   Clock::time_point stop_seen{};
+  // Rank 0, a stop signal older than the grace period: every written document is already
+  // durable, so close the .part cleanly and leave without waiting for busy ranks (mpirun ends them).
+  auto leave_after_grace = [&] {
+    output.reset();
+    std::fprintf(stderr,
+                 "dayzero: stopped by signal %d after the %.0f s grace period: %lld documents written this run; "
+                 "rerun with --resume\n",
+                 int(g_signal), opt.stop_grace, (long long)writer.received);
+    std::fflush(stderr);
+    std::_Exit(kExitStopped);
+  };
   // Between layers: rank 0 keeps receiving and writing; other DP roots complete their sends.
   // After a stop signal and the grace period, rank 0 leaves regardless (see below).
   auto tick = [&] {
@@ -298,13 +309,7 @@ int run_job(const RunOptions& opt) {
       if (g_signal) {
         if (stop_seen == Clock::time_point{}) stop_seen = Clock::now();
         if (std::chrono::duration<double>(Clock::now() - stop_seen).count() > opt.stop_grace) {
-          output.reset();  // every written document is already durable; close the .part cleanly
-          std::fprintf(stderr,
-                       "dayzero: stopped by signal %d after the %.0f s grace period: %lld documents written this run; "
-                       "rerun with --resume\n",
-                       int(g_signal), opt.stop_grace, (long long)writer.received);
-          std::fflush(stderr);
-          std::_Exit(kExitStopped);
+          leave_after_grace();
         }
       }
     } else if (group_root) {
@@ -350,13 +355,7 @@ int run_job(const RunOptions& opt) {
       if (!all_in) {
         // A group is still inside a document past the grace period: leave now (mpirun ends the
         // others); everything written is durable and the .part is closed cleanly.
-        output.reset();
-        std::fprintf(stderr,
-                     "dayzero: stopped by signal %d after the %.0f s grace period: %lld documents written this run; "
-                     "rerun with --resume\n",
-                     int(g_signal), opt.stop_grace, (long long)writer.received);
-        std::fflush(stderr);
-        std::_Exit(kExitStopped);
+        leave_after_grace();
       }
       if (writer.received == writer.expected) {
         output->finalize();
