@@ -139,7 +139,8 @@ std::string bench_indexer(bool mx) {
   return os.str();
 }
 
-std::string bench_mla(const char* name, int nseq, int q_per_seq, int ctx, bool fp8, int H, int reps) {
+std::string bench_mla(const char* name, int nseq, int q_per_seq, int ctx, bool fp8, int H, int reps,
+                      bool split_kv = false) {
   const int R = 512, DR = 64, DK = R + DR, K = 2048, P = 64;
   const int64_t nq = int64_t(nseq) * q_per_seq;
   Layout lay(nseq, ctx, P);
@@ -196,7 +197,11 @@ std::string bench_mla(const char* name, int nseq, int q_per_seq, int ctx, bool f
   auto* out = dalloc<__nv_bfloat16>(size_t(nq) * H * R);
   randomize(q, size_t(nq) * H * DK, 7);
   const float scale = 1.f / 24.f;
-  const double ms = time_ms([&] { sparse_mla(q, sel, K, seq, pos, nq, H, lay.bt, cache, scale, out, nullptr); }, reps);
+  const int64_t ns = split_kv ? sparse_mla_scratch_elems(nq, H, R, K) : 0;
+  float* scratch = split_kv ? dalloc<float>(size_t(ns)) : nullptr;
+  const double ms = time_ms(
+      [&] { sparse_mla(q, sel, K, seq, pos, nq, H, lay.bt, cache, scale, out, nullptr, scratch, ns); }, reps);
+  cudaFree(scratch);
   const double flop = 2.0 * double(nq) * H * K * (DK + R);
   std::printf("sparse MLA %s: nq=%lld H=%d K=%d kv=%s: %.3f ms, %.1f TFLOP/s\n", name, (long long)nq, H, K,
               fp8 ? "fp8" : "bf16", ms, flop / ms * 1e-9);
@@ -204,7 +209,7 @@ std::string bench_mla(const char* name, int nseq, int q_per_seq, int ctx, bool f
     cudaFree(p);
   std::ostringstream os;
   os << "{\"op\": \"sparse_mla_" << name << "\", \"queries\": " << nq << ", \"seqs\": " << nseq
-     << ", \"context\": " << ctx << ", \"heads\": " << H << ", \"d_qk\": " << DK << ", \"d_v\": " << R
+     << ", \"context\": " << ctx << ", \"split_kv\": " << (split_kv ? "true" : "false") << ", \"heads\": " << H << ", \"d_qk\": " << DK << ", \"d_v\": " << R
      << ", \"topk\": " << K << ", \"kv\": \"" << (fp8 ? "fp8" : "bf16") << "\", \"ms\": " << ms
      << ", \"tflops\": " << flop / ms * 1e-9 << ", \"target_tflops\": " << (std::string(name).rfind("prefill", 0) == 0 ? 450 : 300)
      << "}";
@@ -228,6 +233,14 @@ int bench_sparse_attn(const std::string& json_out) {
   if (want("mla_prefill_fp8")) res.push_back(bench_mla("prefill_fp8", 1, 4096, 32768, true, 128, 5));
   if (want("mla_decode_fp8")) res.push_back(bench_mla("decode", 128, 1, 16384, true, 128, 10));
   if (want("mla_decode_mtp2_fp8")) res.push_back(bench_mla("decode_mtp2", 128, 2, 16384, true, 128, 10));
+  // small decode batches: one block per (query, 64 heads) vs split-KV
+  if (want("mla_decode_small")) {
+    for (int b : {1, 8, 32}) {
+      res.push_back(bench_mla(b == 1 ? "decode_b1" : (b == 8 ? "decode_b8" : "decode_b32"), b, 1, 16384, true, 128, 20));
+      res.push_back(bench_mla(b == 1 ? "decode_b1_splitkv" : (b == 8 ? "decode_b8_splitkv" : "decode_b32_splitkv"), b, 1,
+                              16384, true, 128, 20, true));
+    }
+  }
   const char* commit = std::getenv("DZ_COMMIT");
   char date[64];
   const std::time_t now = std::time(nullptr);

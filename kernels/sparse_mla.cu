@@ -5,6 +5,7 @@
 // O += P V (warp = 64 heads × R/8 value dims, V = the first R dims of the same key rows).
 // Shared-memory tiles are row-major with 16-byte chunks XOR-swizzled by (row & 7) so that
 // ldmatrix reads are free of bank conflicts.
+#include <algorithm>
 #include <cmath>
 
 #include "common.cuh"
@@ -18,6 +19,7 @@ namespace {
 constexpr int kThreads = 256;
 constexpr int HB = 64;  // heads per block
 constexpr int NK = 64;  // selected entries per chunk
+constexpr int kMaxSplit = 32;  // split-KV parts at most
 
 __device__ __forceinline__ uint32_t smem_u32(const void* p) {
   return uint32_t(__cvta_generic_to_shared(p));
@@ -77,7 +79,8 @@ template <int R, int DR, bool FP8>
 __global__ void __launch_bounds__(kThreads, 1)
     sparse_mla_kernel(const __nv_bfloat16* __restrict__ q, const int32_t* __restrict__ sel, int K,
                       const int32_t* __restrict__ seq, const int32_t* __restrict__ pos, int H, BlockTable bt,
-                      LatentCache cache, float scale_log2, __nv_bfloat16* __restrict__ out) {
+                      LatentCache cache, float scale_log2, __nv_bfloat16* __restrict__ out, int chunks_per_split,
+                      float* __restrict__ part_o, float* __restrict__ part_lse) {
   using G = Geo<R, DR>;
   constexpr int DK = G::DK, DKC = G::DKC;
   extern __shared__ __align__(128) uint8_t smem[];
@@ -94,7 +97,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int p = pos[qi];
   const int32_t sq = seq[qi];
   const int32_t* selq = sel + qi * K;
-  const int nchunks = (K + NK - 1) / NK;
+  // Split-KV (blockIdx.z): this block covers chunks [c0, c1) of the selection.
+  const int c0 = blockIdx.z * chunks_per_split;
+  const int c1 = min((K + NK - 1) / NK, c0 + chunks_per_split);
 
   // Q tile (rows past H are zeros).
   for (int i = tid; i < HB * DKC; i += kThreads) {
@@ -183,18 +188,20 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
       for (int j = 0; j < 4; ++j) o[mt][nt][j] = 0.f;
 
-  if (FP8) {
-    load_fp8(0);
-    store_fp8(0);
-  } else {
-    gather_bf16(0, 0);
-    cp_commit();
+  if (c0 < c1) {
+    if (FP8) {
+      load_fp8(c0);
+      store_fp8(0);
+    } else {
+      gather_bf16(c0, 0);
+      cp_commit();
+    }
   }
 
   const int smt = warp & 3, snh = warp >> 2;  // S phase: heads smt*16.., keys snh*32..
-  for (int kc = 0; kc < nchunks; ++kc) {
-    const int stage = kc & 1;
-    const bool more = kc + 1 < nchunks;
+  for (int kc = c0; kc < c1; ++kc) {
+    const int stage = (kc - c0) & 1;
+    const bool more = kc + 1 < c1;
     if (FP8) {
       if (more) load_fp8(kc + 1);
     } else {
@@ -331,6 +338,16 @@ __global__ void __launch_bounds__(kThreads, 1)
       if (h0 + r >= H) continue;
       const float l = sL[r];
       const float inv = l > 0.f ? 1.f / l : 0.f;
+      if (part_o) {  // split-KV: normalized partial output and its log2-sum-exp2 (scaled logits)
+        const int64_t row = (int64_t(blockIdx.z) * gridDim.y + qi) * H + h0 + r;
+        float* po = part_o + row * R + dv0;
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt)
+          *reinterpret_cast<float2*>(po + nt * 8 + 2 * c) =
+              make_float2(o[mt][nt][2 * half] * inv, o[mt][nt][2 * half + 1] * inv);
+        if (warp == 0 && c == 0) part_lse[row] = l > 0.f ? sM[r] + log2f(l) : -INFINITY;
+        continue;
+      }
       __nv_bfloat16* dst = out + (qi * H + h0 + r) * R + dv0;
 #pragma unroll
       for (int nt = 0; nt < NT; ++nt)
@@ -340,32 +357,86 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
 }
 
+// out[q, h, :] = sum_s w_s part_o[s, q, h, :] / sum_s w_s, w_s = 2^(lse_s - max lse).
+__global__ void combine_kernel(const float* __restrict__ part_o, const float* __restrict__ part_lse, int nsplit,
+                               int64_t rows, int R, __nv_bfloat16* __restrict__ out) {
+  const int64_t row = blockIdx.x;  // q * H + h
+  float mx = -INFINITY;
+  for (int s = 0; s < nsplit; ++s) mx = fmaxf(mx, part_lse[s * rows + row]);
+  float wsum = 0.f;
+  for (int s = 0; s < nsplit; ++s) wsum += mx == -INFINITY ? 0.f : exp2f(part_lse[s * rows + row] - mx);
+  for (int j = threadIdx.x; j < R; j += blockDim.x) {
+    float acc = 0.f;
+    for (int s = 0; s < nsplit; ++s) {
+      const float ls = part_lse[s * rows + row];
+      if (ls != -INFINITY) acc += exp2f(ls - mx) * part_o[(s * rows + row) * R + j];
+    }
+    out[row * R + j] = __float2bfloat16_rn(wsum > 0.f ? acc / wsum : 0.f);
+  }
+}
+
+int num_sms() {
+  static int n = [] {
+    int dev = 0, v = 0;
+    CUDA_CHECK(cudaGetDevice(&dev));
+    CUDA_CHECK(cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev));
+    return v;
+  }();
+  return n;
+}
+
 template <int R, int DR, bool FP8>
 void launch(const __nv_bfloat16* q, const int32_t* sel, int K, const int32_t* seq, const int32_t* pos, int64_t nq,
             int H, const BlockTable& bt, const LatentCache& cache, float scale, __nv_bfloat16* out,
-            cudaStream_t stream) {
+            cudaStream_t stream, int nsplit, float* scratch) {
   constexpr int smem = Geo<R, DR>::SMEM;
   auto kern = sparse_mla_kernel<R, DR, FP8>;
   CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-  const dim3 grid(unsigned((H + HB - 1) / HB), unsigned(nq));
-  kern<<<grid, kThreads, smem, stream>>>(q, sel, K, seq, pos, H, bt, cache, scale * 1.4426950408889634f, out);
+  const int nchunks = (K + NK - 1) / NK;
+  const int cps = (nchunks + nsplit - 1) / nsplit;
+  nsplit = (nchunks + cps - 1) / cps;
+  const dim3 grid(unsigned((H + HB - 1) / HB), unsigned(nq), unsigned(nsplit));
+  float* part_o = nsplit > 1 ? scratch : nullptr;
+  float* part_lse = nsplit > 1 ? scratch + int64_t(nsplit) * nq * H * R : nullptr;
+  kern<<<grid, kThreads, smem, stream>>>(q, sel, K, seq, pos, H, bt, cache, scale * 1.4426950408889634f, out, cps,
+                                         part_o, part_lse);
   CUDA_CHECK_LAUNCH();
+  if (nsplit > 1) {
+    combine_kernel<<<unsigned(nq * H), 128, 0, stream>>>(part_o, part_lse, nsplit, nq * H, R, out);
+    CUDA_CHECK_LAUNCH();
+  }
 }
 
 }  // namespace
 
+int64_t sparse_mla_scratch_elems(int64_t nq, int32_t H, int32_t R, int32_t K) {
+  const int64_t nsplit = std::min<int64_t>(kMaxSplit, (K + NK - 1) / NK);
+  return nsplit * nq * H * (int64_t(R) + 1);
+}
+
 void sparse_mla(const __nv_bfloat16* q, const int32_t* sel, int32_t K, const int32_t* seq, const int32_t* pos,
                 int64_t nq, int32_t H, const BlockTable& bt, const LatentCache& cache, float scale, __nv_bfloat16* out,
-                cudaStream_t stream) {
+                cudaStream_t stream, float* scratch, int64_t scratch_elems) {
   DZ_CHECK(K >= 1 && H >= 1, "sparse_mla: bad K ", K, " or H ", H);
   DZ_CHECK(nq < 65536, "sparse_mla: ", nq, " queries exceed one launch (65535); split the batch");
   if (nq == 0) return;
+  // Split-KV when the (query, head-block) grid leaves multiprocessors idle and scratch allows.
+  int nsplit = 1;
+  const int64_t blocks = nq * ((H + HB - 1) / HB);
+  if (scratch && blocks < num_sms()) {
+    const int64_t want = std::min<int64_t>({int64_t(kMaxSplit), (K + NK - 1) / NK, (num_sms() + blocks - 1) / blocks});
+    for (int64_t sp = want; sp > 1; --sp)
+      if (sp * nq * H * (int64_t(cache.R) + 1) <= scratch_elems) {
+        nsplit = int(sp);
+        break;
+      }
+  }
   if (cache.R == 512 && cache.DR == 64) {
-    if (cache.fp8) launch<512, 64, true>(q, sel, K, seq, pos, nq, H, bt, cache, scale, out, stream);
-    else launch<512, 64, false>(q, sel, K, seq, pos, nq, H, bt, cache, scale, out, stream);
+    if (cache.fp8) launch<512, 64, true>(q, sel, K, seq, pos, nq, H, bt, cache, scale, out, stream, nsplit, scratch);
+    else launch<512, 64, false>(q, sel, K, seq, pos, nq, H, bt, cache, scale, out, stream, nsplit, scratch);
   } else if (cache.R == 128 && cache.DR == 64) {
-    if (cache.fp8) launch<128, 64, true>(q, sel, K, seq, pos, nq, H, bt, cache, scale, out, stream);
-    else launch<128, 64, false>(q, sel, K, seq, pos, nq, H, bt, cache, scale, out, stream);
+    if (cache.fp8) launch<128, 64, true>(q, sel, K, seq, pos, nq, H, bt, cache, scale, out, stream, nsplit, scratch);
+    else launch<128, 64, false>(q, sel, K, seq, pos, nq, H, bt, cache, scale, out, stream, nsplit, scratch);
   } else {
     dz::fail(dz::str("sparse_mla: latent/rope dims (", cache.R, ", ", cache.DR,
                      ") not supported: (512, 64) or (128, 64)"));

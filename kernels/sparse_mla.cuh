@@ -23,8 +23,14 @@
 
 namespace dz::cuda {
 
+// scratch (optional, fp32, sparse_mla_scratch_elems(...) elements for the most splits): when the
+// (query, 64-head block) grid is smaller than the GPU (small decode batches), the selection is
+// split into parts computed by separate blocks (normalized partial outputs + log-sum-exp) and
+// merged by a second kernel (split-KV / flash-decoding). Without scratch, one block per (query,
+// head block) covers the whole selection.
 void sparse_mla(const __nv_bfloat16* q, const int32_t* sel, int32_t K, const int32_t* seq, const int32_t* pos,
                 int64_t nq, int32_t H, const BlockTable& bt, const LatentCache& cache, float scale, __nv_bfloat16* out,
-                cudaStream_t stream);
+                cudaStream_t stream, float* scratch = nullptr, int64_t scratch_elems = 0);
+int64_t sparse_mla_scratch_elems(int64_t nq, int32_t H, int32_t R, int32_t K);
 
 }  // namespace dz::cuda

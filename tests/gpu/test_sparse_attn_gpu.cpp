@@ -389,7 +389,7 @@ TEST_CASE("gpu sparse-attn: fused indexer Top-K equals the CPU reference (ties a
 namespace {
 
 void run_mla_case(int R, int H, int K, bool fp8, const std::vector<int>& lens, const std::vector<int>& n_query,
-                  std::mt19937& rng) {
+                  std::mt19937& rng, bool split_kv = false) {
   const int DR = 64, DK = R + DR;
   const size_t nseq = lens.size();
   Pages pg(lens, 64, rng);
@@ -436,7 +436,10 @@ void run_mla_case(int R, int H, int K, bool fp8, const std::vector<int>& lens, c
   const float scale = 1.f / std::sqrt(float(DK));
   Dev<__nv_bfloat16> dq(to_bf16(q)), dout(size_t(nq) * H * R);
   Dev<int32_t> dqs(qseq), dqp(qpos), dsel(sel);
-  dz::cuda::sparse_mla(dq.p, dsel.p, K, dqs.p, dqp.p, nq, H, bt, cache, scale, dout.p, nullptr);
+  const int64_t ns = split_kv ? dz::cuda::sparse_mla_scratch_elems(nq, H, R, K) : 0;
+  Dev<float> scratch(size_t(std::max<int64_t>(ns, 1)));
+  dz::cuda::sparse_mla(dq.p, dsel.p, K, dqs.p, dqp.p, nq, H, bt, cache, scale, dout.p, nullptr,
+                       split_kv ? scratch.p : nullptr, ns);
   CUDA_CHECK(cudaDeviceSynchronize());
   const auto out = dout.down();
   double max_err = 0, ref_max = 0, se = 0, sr = 0;
@@ -463,8 +466,8 @@ void run_mla_case(int R, int H, int K, bool fp8, const std::vector<int>& lens, c
     }
   }
   const double rel_rms = std::sqrt(se / std::max(sr, 1e-30));
-  std::printf("sparse_mla R=%d H=%d K=%d fp8=%d nq=%lld: max abs err %.3g (ref max %.3g), rel rms %.3g\n", R, H, K,
-              int(fp8), (long long)nq, max_err, ref_max, rel_rms);
+  std::printf("sparse_mla R=%d H=%d K=%d fp8=%d split_kv=%d nq=%lld: max abs err %.3g (ref max %.3g), rel rms %.3g\n",
+              R, H, K, int(fp8), int(split_kv), (long long)nq, max_err, ref_max, rel_rms);
   // Inputs are bf16 in both; the GPU rounds P and the output to bf16 (2^-9 relative each) and,
   // for FP8, the dequantized latent to bf16 (2^-9 relative): errors stay well under 1% of the
   // output scale; an indexing or masking bug gives O(1) errors.
@@ -482,4 +485,8 @@ TEST_CASE("gpu sparse-attn: sparse MLA equals the CPU reference within bf16 tole
     run_mla_case(128, 70, 64, fp8, {90, 33}, {5, 2}, rng);      // small preset, H not a multiple of 64
   }
   run_mla_case(512, 128, 2048, true, {2500}, {2}, rng);         // full size
+  // split-KV decode (small batches): partial outputs merged by log-sum-exp
+  run_mla_case(512, 128, 2048, true, {3000}, {1}, rng, true);     // 32 parts of 64 entries
+  run_mla_case(512, 16, 200, false, {150, 1000, 5}, {1, 4, 1}, rng, true);
+  run_mla_case(128, 70, 300, true, {400, 20}, {2, 1}, rng, true);  // one query sees < K entries
 }
