@@ -256,9 +256,24 @@ void dispatch_kv(const ChunkArgs& a, int K, int V, cudaStream_t stream) {
   return launch_chunk<128, 128, 128, KDA>(a, stream);
 }
 
+size_t align256(size_t b) { return (b + 255) / 256 * 256; }
+
+size_t records_bytes(int64_t T, int N, int HV, int K, int V) {
+  return split_max_chunks(T, N) * HV * split_record_floats(K, V) * sizeof(float);
+}
+
 void run_chunk(const ChunkArgs& a, int V, cudaStream_t stream) {
   DZ_CHECK(a.p.HK > 0 && a.p.HV % a.p.HK == 0, "linear attention CUDA: HV=", a.p.HV, " not a multiple of HK=", a.p.HK);
   if (a.p.N == 0 || a.p.HV == 0) return;
+  if (g_variant == 3 && a.p.workspace) {
+    DZ_CHECK(a.p.K == V && (V == 64 || V == 128), "linear attention CUDA: K=", a.p.K, " V=", V,
+             " not supported (K = V = 64 or 128)");
+    auto* base = static_cast<int32_t*>(a.p.workspace);
+    auto* records = reinterpret_cast<float*>(static_cast<char*>(a.p.workspace) + align256(size_t(a.p.N + 1) * 4));
+    split_prepare(a.p, a.p.T_total, base, records, stream);
+    split_recur(a, pick_bv(a.p.HV * a.p.N, V), base, records, stream);
+    return;
+  }
   if (a.p.kda)
     dispatch_kv<true>(a, a.p.K, V, stream);
   else
@@ -313,8 +328,6 @@ __global__ void segment_bounds_kernel(const int32_t* cu, int S, int L, int T, in
   if (s <= S) seg_cu[s] = cu[0] + min(s * L, T);
 }
 
-size_t align256(size_t b) { return (b + 255) / 256 * 256; }
-
 }  // namespace
 
 void la_set_value_block(int bv) { g_value_block = bv; }
@@ -322,8 +335,13 @@ void la_set_variant(int v) { g_variant = v; }
 
 void la_chunk_prefill(const LaPrefill& p, cudaStream_t stream) { run_chunk(ChunkArgs{p, p.o != nullptr, false}, p.V, stream); }
 
+size_t la_prefill_workspace_bytes(int64_t T_total, int N, int HV, int K, int V) {
+  return align256(size_t(N + 1) * 4) + records_bytes(T_total, N, HV, K, V);
+}
+
 void la_transitions(const LaPrefill& p, const int32_t* seg_cu, int S, float* A, float* B, cudaStream_t stream) {
   LaPrefill q = p;
+  q.workspace = nullptr;  // sized for p's sequences, not the segments
   q.cu_seqlens = seg_cu;
   q.N = S;
   q.h0 = nullptr;
@@ -351,9 +369,10 @@ void la_merge(const float* A, const float* B, const float* h0, int S, int HV, in
   CUDA_CHECK_LAUNCH();
 }
 
-size_t la_scan_workspace_bytes(int segments, int HV, int K, int V) {
+size_t la_scan_workspace_bytes(int64_t T, int segments, int HV, int K, int V) {
   const size_t s = size_t(std::max(segments, 1));
-  return align256((s + 1) * 4) + align256(s * HV * K * K * 4) + 2 * align256(s * HV * K * V * 4);
+  return align256((s + 1) * 4) + align256(s * HV * K * K * 4) + 2 * align256(s * HV * K * V * 4) +
+         align256((s + 1) * 4) + records_bytes(T, int(s), HV, K, V);
 }
 
 void la_parallel_prefill(const LaPrefill& p, int64_t T, int segments, void* workspace, cudaStream_t stream) {
@@ -372,6 +391,22 @@ void la_parallel_prefill(const LaPrefill& p, int64_t T, int segments, void* work
   auto* S_init = reinterpret_cast<float*>(ws);
   segment_bounds_kernel<<<1, 1024, 0, stream>>>(p.cu_seqlens, S, L, int(T), seg_cu);
   CUDA_CHECK_LAUNCH();
+  if (g_variant == 3) {  // key side once for all chunks; the three passes only stream records
+    ws += align256(size_t(segments) * p.HV * p.K * p.V * 4);
+    auto* base = reinterpret_cast<int32_t*>(ws);
+    auto* records = reinterpret_cast<float*>(ws + align256(size_t(segments + 1) * 4));
+    LaPrefill q = p;
+    q.cu_seqlens = seg_cu, q.N = S, q.h0 = nullptr, q.o = nullptr, q.workspace = nullptr;
+    split_prepare(q, T, base, records, stream);
+    q.ht = A;
+    split_recur(ChunkArgs{q, false, true}, pick_bv(p.HV * S, p.K), base, records, stream);
+    q.ht = B;
+    split_recur(ChunkArgs{q, false, false}, pick_bv(p.HV * S, p.V), base, records, stream);
+    la_merge(A, B, p.h0, S, p.HV, p.K, p.V, S_init, p.ht, stream);
+    q.h0 = S_init, q.ht = nullptr, q.o = p.o;
+    split_recur(ChunkArgs{q, true, false}, pick_bv(p.HV * S, p.V), base, records, stream);
+    return;
+  }
   la_transitions(p, seg_cu, S, A, B, stream);
   la_merge(A, B, p.h0, S, p.HV, p.K, p.V, S_init, p.ht, stream);
   LaPrefill q = p;
@@ -379,6 +414,7 @@ void la_parallel_prefill(const LaPrefill& p, int64_t T, int segments, void* work
   q.N = S;
   q.h0 = S_init;
   q.ht = nullptr;
+  q.workspace = nullptr;
   run_chunk(ChunkArgs{q, true, false}, p.V, stream);
 }
 

@@ -41,14 +41,20 @@ struct LaPrefill {
   const float* h0 = nullptr;      // [N, HV, K, V] initial states, nullptr: zeros
   float* ht = nullptr;            // [N, HV, K, V] final states, nullptr: not written
   bf16* o = nullptr;              // [T, HV, V]
+  // Optional (version 3, see la_set_variant): T_total = rows of all sequences, and a device
+  // workspace of la_prefill_workspace_bytes(T_total, N, HV, K, V) bytes; without them, version 2.
+  int64_t T_total = 0;
+  void* workspace = nullptr;
 };
+size_t la_prefill_workspace_bytes(int64_t T_total, int N, int HV, int K, int V);
 
 // Chunked (WY / UT) prefill, one CTA per (sequence, value head, block of state columns);
 // sequential over chunks. K = V = 64 or 128.
 void la_chunk_prefill(const LaPrefill& p, cudaStream_t stream);
 // Column block of S per CTA (32, 64 or V; 0: chosen from the CTA count). For tests and the bench.
 void la_set_value_block(int bv);
-// Kernel version (1: SIMT v1, 2: register-tiled v2, the default). For tests and the bench.
+// Kernel version (1: SIMT v1, 2: register-tiled v2, the default; 3: key side precomputed in
+// parallel, then the recurrence, needs p.workspace). For tests and the bench.
 void la_set_variant(int v);
 
 // ---- Segment transitions and the ordered merge (DESIGN §4 stage 1 and 2) ----
@@ -64,7 +70,7 @@ void la_merge(const float* A, const float* B, const float* h0, int S, int HV, in
 // Intra-GPU parallel scan for one long sequence (p.N == 1, T rows): split into `segments`
 // segments of whole chunks, transitions in parallel, merge, then outputs of all segments in
 // parallel. Workspace: la_scan_workspace_bytes(...) bytes of device memory.
-size_t la_scan_workspace_bytes(int segments, int HV, int K, int V);
+size_t la_scan_workspace_bytes(int64_t T, int segments, int HV, int K, int V);
 void la_parallel_prefill(const LaPrefill& p, int64_t T, int segments, void* workspace, cudaStream_t stream);
 
 // ---- Recurrent decode: one token per sequence against state slots ----

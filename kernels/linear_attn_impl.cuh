@@ -15,4 +15,14 @@ struct ChunkArgs {
 // Version 2 (register-tiled products), K = V in {64, 128}, bv in {32, 64, V}.
 void launch_chunk_tiled(const ChunkArgs& a, int bv, cudaStream_t stream);
 
+// Version 3: the key side of every chunk (gates, norms, pair products, the UT solve: W, U, Kd,
+// q e^G, Aqk, e^G_last) computed in parallel over (chunk, head) into records, then the state
+// recurrence streams the records (double-buffered async copies) and does only the products.
+// Records: one per (chunk, value head), split_record_floats(K, V) floats each.
+constexpr size_t split_record_floats(int K, int V) { return size_t(3) * K * kBT + kBT * kBT + size_t(kBT) * V + K; }
+size_t split_max_chunks(int64_t T_total, int N);
+// chunk_base [N + 1] (device, written here): first record chunk of each sequence of p.cu_seqlens.
+void split_prepare(const LaPrefill& p, int64_t T_total, int32_t* chunk_base, float* records, cudaStream_t stream);
+void split_recur(const ChunkArgs& a, int bv, const int32_t* chunk_base, const float* records, cudaStream_t stream);
+
 }  // namespace dz::cuda::la

@@ -185,9 +185,12 @@ TEST_CASE("gpu linear attention chunked prefill and parallel scan equal the CPU 
     p.scale = 1.f / std::sqrt(float(c.K));
     p.cu_seqlens = cu.p, p.N = int(c.lens.size());
     p.h0 = c.h0 ? h0.p : nullptr, p.ht = ht.p, p.o = o.p;
-    for (int variant : {1, 2})
+    Dev<char> pws(dz::cuda::la_prefill_workspace_bytes(in.T, p.N, c.HV, c.K, c.V));
+    p.T_total = in.T;
+    for (int variant : {1, 2, 3})
     for (int bv : {128, 64, 32}) {  // kernel version; state columns per CTA (128: whole rows)
       if (bv > c.V) continue;
+      p.workspace = variant == 3 ? pws.p : nullptr;
       dz::cuda::la_set_variant(variant);
       dz::cuda::la_set_value_block(bv);
       CUDA_CHECK(cudaMemset(o.p, 0xff, o.n * 2));  // poison: NaN unless written
@@ -202,18 +205,21 @@ TEST_CASE("gpu linear attention chunked prefill and parallel scan equal the CPU 
       CHECK(es < 2e-3);
     }
     dz::cuda::la_set_value_block(0);
-    dz::cuda::la_set_variant(2);
-    if (c.segments > 1) {
-      Dev<char> ws(dz::cuda::la_scan_workspace_bytes(c.segments, c.HV, c.K, c.V));
+    p.workspace = nullptr;
+    if (c.segments > 1)
+    for (int variant : {2, 3}) {
+      dz::cuda::la_set_variant(variant);
+      Dev<char> ws(dz::cuda::la_scan_workspace_bytes(in.T, c.segments, c.HV, c.K, c.V));
       CUDA_CHECK(cudaMemset(o.p, 0xff, o.n * 2));
       CUDA_CHECK(cudaMemset(ht.p, 0xff, ht.n * 4));
       dz::cuda::la_parallel_prefill(p, in.T, c.segments, ws.p, nullptr);
       CUDA_CHECK(cudaDeviceSynchronize());
       const double po = rel_err(bf_to_f(o.get<uint16_t>()), o_ref), ps = rel_err(ht.get<float>(), ht_ref);
-      std::printf("    parallel scan, %d segments: o err %.3g, state err %.3g\n", c.segments, po, ps);
+      std::printf("    parallel scan v%d, %d segments: o err %.3g, state err %.3g\n", variant, c.segments, po, ps);
       CHECK(po < 1e-2);
       CHECK(ps < 2e-3);
     }
+    dz::cuda::la_set_variant(2);
   }
 }
 
