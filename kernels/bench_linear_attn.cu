@@ -149,7 +149,7 @@ int bench_linear_attn(const std::string& json_out) {
                       gb / (ms_p * 1e-3));
         add(kda ? "kda_chunk_parallel_scan" : "gdn_chunk_parallel_scan", buf, ms_p, buf + 128);
       }
-      la_set_variant(2);
+      la_set_variant(3);  // the default
     }
     for (void* ptr : {(void*)q, (void*)k, (void*)v, (void*)b, (void*)f, (void*)fg, (void*)o, (void*)A_log,
                       (void*)dtb, (void*)ht, (void*)cu, ws, pws})

@@ -24,7 +24,10 @@ constexpr size_t chunk_smem_floats() {
 }
 
 int g_value_block = 0;  // 0: heuristic (see pick_bv)
-int g_variant = 2;      // 1: SIMT products with broadcast operands, 2: register-tiled products
+// 1: SIMT products with broadcast operands; 2: register-tiled products; 3: key side precomputed
+// in parallel (used by la_chunk_prefill only when p.workspace is given, else 2). Measured on the
+// H200 at T=65536 H=32 K=V=128 (docs/perf): v1 108 ms, v2 60 ms, v3 24 ms (KDA, best column block).
+int g_variant = 3;
 
 // One CTA per (value head, block of BV state columns, sequence): the columns of S evolve
 // independently given the key-side quantities (W, Kd, Qg, L, Aqk), which every column block of a
@@ -246,7 +249,7 @@ template <bool KDA>
 void dispatch_kv(const ChunkArgs& a, int K, int V, cudaStream_t stream) {
   DZ_CHECK(K == V && (K == 64 || K == 128), "linear attention CUDA: K=", K, " V=", V, " not supported (K = V = 64 or 128)");
   const int bv = pick_bv(a.p.HV * a.p.N, V);
-  if (g_variant == 2) return launch_chunk_tiled(a, bv, stream);
+  if (g_variant >= 2) return launch_chunk_tiled(a, bv, stream);  // v3 without a workspace: v2
   if (K == 64) {
     if (bv == 32) return launch_chunk<64, 64, 32, KDA>(a, stream);
     return launch_chunk<64, 64, 64, KDA>(a, stream);

@@ -53,8 +53,9 @@ size_t la_prefill_workspace_bytes(int64_t T_total, int N, int HV, int K, int V);
 void la_chunk_prefill(const LaPrefill& p, cudaStream_t stream);
 // Column block of S per CTA (32, 64 or V; 0: chosen from the CTA count). For tests and the bench.
 void la_set_value_block(int bv);
-// Kernel version (1: SIMT v1, 2: register-tiled v2, the default; 3: key side precomputed in
-// parallel, then the recurrence, needs p.workspace). For tests and the bench.
+// Kernel version (1: SIMT v1; 2: register-tiled v2; 3, the default: key side precomputed in
+// parallel, then the recurrence; la_chunk_prefill uses it only with p.workspace, else v2).
+// For tests and the bench.
 void la_set_variant(int v);
 
 // ---- Segment transitions and the ordered merge (DESIGN §4 stage 1 and 2) ----
