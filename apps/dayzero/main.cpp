@@ -9,6 +9,10 @@
 #include "dist/comm.hpp"
 #include "job/run.hpp"
 #include "job/tools.hpp"
+#ifdef DAYZERO_HAVE_CUDA
+#include "bench_linear_attn.cuh"
+#include "bench_sparse_attn.cuh"
+#endif
 
 int main(int argc, char** argv) {
   CLI::App app{"dayzero " DAYZERO_VERSION
@@ -87,6 +91,13 @@ int main(int argc, char** argv) {
   pl->add_option("--segments", plan_seg, "Segments per zigzag segment")->capture_default_str();
   pl->add_flag("--json", plan_json, "Print JSON");
 
+  std::string bench_which, bench_json;
+  auto* be = app.add_subcommand("bench", "Time the CUDA kernels on this GPU and write a JSON report (docs/perf/)");
+  be->add_option("which", bench_which, "linear-attn | sparse-attn")
+      ->required()
+      ->check(CLI::IsMember({"linear-attn", "sparse-attn"}));
+  be->add_option("--json", bench_json, "Write the report here (commit from $DZ_COMMIT)");
+
   // Parse before MPI_Init so --help works without a launcher; MPI starts only for `run`.
   try {
     app.parse(argc, argv);
@@ -111,6 +122,14 @@ int main(int argc, char** argv) {
     if (mi->parsed()) dz::make_input(io);
     if (ins->parsed()) return dz::inspect(inspect_dir, inspect_json);
     if (pl->parsed()) return dz::plan(plan_model, plan_len, plan_cp, plan_seg, plan_json);
+    if (be->parsed()) {
+#ifdef DAYZERO_HAVE_CUDA
+      return bench_which == "linear-attn" ? dz::cuda::bench_linear_attn(bench_json)
+                                          : dz::cuda::bench_sparse_attn(bench_json);
+#else
+      dz::fail("bench: this dayzero was built without CUDA (configure with nvcc present or -DDAYZERO_CUDA=ON)");
+#endif
+    }
   } catch (const std::exception& e) {
     std::fprintf(stderr, "dayzero: error: %s\n", e.what());
     return 1;
