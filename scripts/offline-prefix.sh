@@ -17,7 +17,10 @@ set -euo pipefail
 # What dayzero needs: MPI (headers, wrappers, mpirun), serial HDF5 (headers + runtime), CLI11,
 # Catch2 v2, nlohmann-json.
 TOP=(openmpi-bin openmpi-common libopenmpi3 libopenmpi-dev libhdf5-dev libhdf5-103-1 libhdf5-hl-100
-     hdf5-helpers libcli11-dev catch2 nlohmann-json3-dev)
+     hdf5-helpers libcli11-dev catch2 nlohmann-json3-dev
+     # in apt's closure on Debian, but missing from the H200 image (libhdf5 -> libcurl -> libidn2):
+     # seen there as "libunistring.so.2: cannot open shared object file" for the dayzero binary
+     libunistring2)
 # In every base image (or the compiler's own runtime): never fetched.
 BASE_RE='^(libc6|libc6-dev|libgcc-s1|libstdc\+\+6|gcc-[0-9]+-base|zlib1g|libzstd1|liblzma5|libbz2-1\.0|libselinux1|libpcre2-8-0|libcrypt1|libtinfo6|libudev1|libsystemd0|libcap2|libgcrypt20|libgpg-error0|liblz4-1|libdb5\.3|libaudit1|libaudit-common|libcap-ng0|libacl1|libattr1|debconf|dpkg|perl-base|libsemanage.*|libsepol.*)$'
 # Not needed to build or run dayzero (Fortran, compilers, docs, JS for HTML docs, ssh).
