@@ -63,13 +63,6 @@ void Comm::bcast_bytes(void* data, size_t n, int root) const {
   }
 }
 
-void Comm::bcast_string(std::string& s, int root) const {
-  uint64_t n = s.size();
-  bcast_bytes(&n, sizeof n, root);
-  s.resize(size_t(n));
-  if (n) bcast_bytes(&s[0], size_t(n), root);
-}
-
 bool Comm::any(bool flag) const {
   if (size_ == 1) return flag;
   int in = flag ? 1 : 0, out = 0;
@@ -126,18 +119,6 @@ std::vector<char> Comm::allgatherv_bytes(const std::vector<char>& send) const {
   MPI_CHECK(MPI_Allgatherv(send.data(), int(mine), MPI_BYTE, out.data(), cnt.data(), disp.data(), MPI_BYTE, comm_));
   return out;
 }
-
-template <class T>
-static std::vector<T> allgatherv_typed(const Comm& c, const std::vector<T>& send) {
-  std::vector<char> b(send.size() * sizeof(T));
-  if (!send.empty()) std::memcpy(b.data(), send.data(), b.size());
-  std::vector<char> r = c.allgatherv_bytes(b);
-  std::vector<T> out(r.size() / sizeof(T));
-  if (!out.empty()) std::memcpy(out.data(), r.data(), r.size());
-  return out;
-}
-std::vector<float> Comm::allgatherv(const std::vector<float>& send) const { return allgatherv_typed(*this, send); }
-std::vector<int32_t> Comm::allgatherv(const std::vector<int32_t>& send) const { return allgatherv_typed(*this, send); }
 
 SharedCounter::SharedCounter(const Comm& comm) {
   MPI_Aint size = comm.rank() == 0 ? MPI_Aint(sizeof(int64_t)) : 0;

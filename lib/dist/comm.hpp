@@ -1,5 +1,6 @@
-// MPI behind one small interface (the NCCL backend will implement the collectives on GPU
-// buffers later). Communicators are RAII values passed explicitly: no global communicator cache.
+// MPI communicators: the MPI implementation of Collectives (dist/collectives.hpp), plus what
+// only the host side needs (splitting, agreement flags, the shared work counter). Communicators
+// are RAII values passed explicitly: no global communicator cache.
 #pragma once
 #include <mpi.h>
 
@@ -8,6 +9,7 @@
 #include <vector>
 
 #include "core/error.hpp"
+#include "dist/collectives.hpp"
 
 #define MPI_CHECK(call)                                                          \
   do {                                                                           \
@@ -22,7 +24,7 @@
 
 namespace dz {
 
-class Comm {
+class Comm : public Collectives {
  public:
   // A default-constructed Comm is a group of one that needs no MPI: every collective is the
   // identity. It serves single-process use (the intra-rank segmented scan, unit tests).
@@ -32,36 +34,24 @@ class Comm {
   Comm& operator=(Comm&& o) noexcept;
   Comm(const Comm&) = delete;
   Comm& operator=(const Comm&) = delete;
-  ~Comm();
+  ~Comm() override;
 
   MPI_Comm raw() const { return comm_; }
-  int rank() const { return rank_; }
-  int size() const { return size_; }
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
 
   Comm split(int color, int key) const;
-  void barrier() const;
-  void bcast_bytes(void* data, size_t n, int root) const;
-  void bcast_string(std::string& s, int root) const;
+  void barrier() const override;
+  void bcast_bytes(void* data, size_t n, int root) const override;
   // Logical OR of a flag over the communicator.
   bool any(bool flag) const;
   // Lowest rank whose flag is set, or -1.
   int first_set(bool flag) const;
-  // In-place element-wise reductions over the communicator (no-op on a communicator of size 1).
-  void allreduce_sum(float* x, int64_t n) const;
-  void allreduce_sum(double* x, int64_t n) const;
-  void allreduce_max(float* x, int64_t n) const;
-  void allreduce_sum(int64_t* x, int64_t n) const;
-  // Every rank contributes `send` (its own length); returns the concatenation in rank order.
-  std::vector<float> allgatherv(const std::vector<float>& send) const;
-  std::vector<int32_t> allgatherv(const std::vector<int32_t>& send) const;
-  std::vector<char> allgatherv_bytes(const std::vector<char>& send) const;
-  template <class T>
-  void bcast_vec(std::vector<T>& v, int root) const {
-    uint64_t n = v.size();
-    bcast_bytes(&n, sizeof n, root);
-    v.resize(size_t(n));
-    if (n) bcast_bytes(v.data(), n * sizeof(T), root);
-  }
+  void allreduce_sum(float* x, int64_t n) const override;
+  void allreduce_sum(double* x, int64_t n) const override;
+  void allreduce_sum(int64_t* x, int64_t n) const override;
+  void allreduce_max(float* x, int64_t n) const override;
+  std::vector<char> allgatherv_bytes(const std::vector<char>& send) const override;
 
  private:
   MPI_Comm comm_ = MPI_COMM_NULL;

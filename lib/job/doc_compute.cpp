@@ -46,7 +46,7 @@ namespace {
 // Rows of a document spread over the CP group, each rank holding some positions: gathers the
 // per-position values (width w each) into sequence order on every rank.
 template <class T>
-std::vector<T> gather_rows(const Comm& cp, const std::vector<int64_t>& pos, const std::vector<T>& vals, int64_t w,
+std::vector<T> gather_rows(const Collectives& cp, const std::vector<int64_t>& pos, const std::vector<T>& vals, int64_t w,
                            int64_t n_rows) {
   std::vector<int32_t> pi(pos.begin(), pos.end());
   std::vector<int32_t> all_pos = cp.allgatherv(pi);
@@ -74,8 +74,8 @@ DocResult compute_document(const Model& model, int64_t doc, const std::vector<in
   Model::State st = model.make_state();
 
   // ---- prefill: this rank's rows (all of them when serial) ----
-  const Comm self;
-  const Comm& cp = par.cp ? *par.cp : self;
+  const Comm self;  // a group of one: the serial / segmented case
+  const Collectives& cp = par.cp ? *par.cp : static_cast<const Collectives&>(self);
   const bool parallel = cp.size() > 1 || par.segments > 1;
   SeqLayout lay = SeqLayout::zigzag(L, cp.size(), cp.rank(), par.segments);
   std::vector<int64_t> pos = lay.local_positions();  // global position of each local row

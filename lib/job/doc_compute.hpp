@@ -28,7 +28,7 @@ struct DocResult {
 // pieces per zigzag segment (the intra-rank parallel scan). cp == nullptr or size 1 with
 // segments == 1 is the plain serial prefill.
 struct DocParallel {
-  const Comm* cp = nullptr;
+  const Collectives* cp = nullptr;
   int segments = 1;
   WorkStats* stats = nullptr;
 };

@@ -21,7 +21,7 @@ namespace dz {
 
 struct TpShard {
   int rank = 0, size = 1;
-  const Comm* comm = nullptr;  // the TP group; nullptr when size == 1
+  const Collectives* comm = nullptr;  // the TP group; nullptr when size == 1
 
   // [begin, end) of n items for this rank; n must divide by size (what = name for the error).
   std::pair<int64_t, int64_t> range(int64_t n, const char* what) const {
@@ -60,7 +60,7 @@ struct WorkStats {
 };
 
 struct CpCtx {
-  const Comm* cp = nullptr;      // the CP group (size 1 for the intra-rank segmented scan)
+  const Collectives* cp = nullptr;  // the CP group (size 1 for the intra-rank segmented scan)
   const SeqLayout* lay = nullptr;
   WorkStats* stats = nullptr;    // may be null
   void flops(const std::string& k, double v) const {

@@ -199,7 +199,7 @@ void segmented(const float* q, const float* k, const float* v, const float* g, c
                float scale, const CpCtx& ctx, float* o, float* S_final, const char* op) {
   DZ_CHECK(ctx.cp && ctx.lay, op, ": CpCtx needs a CP communicator and a layout");
   const SeqLayout& lay = *ctx.lay;
-  const Comm& comm = *ctx.cp;
+  const Collectives& comm = *ctx.cp;
   DZ_CHECK(lay.cp_size == comm.size() && lay.cp_rank == comm.rank(), op, ": layout for rank ", lay.cp_rank, " of ",
            lay.cp_size, " used on CP rank ", comm.rank(), " of ", comm.size());
   d.T = lay.local_rows();

@@ -35,7 +35,7 @@ void short_conv_silu(const float* x, const float* w, const float* bias, int64_t 
 }
 
 void short_conv_silu_cp(const float* x, const float* w, const float* bias, int64_t C, int64_t W,
-                        const SeqLayout& lay, const Comm& comm, float* state, float* y) {
+                        const SeqLayout& lay, const Collectives& comm, float* state, float* y) {
   DZ_CHECK(W >= 1 && C >= 0, "short_conv_silu_cp: bad sizes C=", C, " W=", W);
   DZ_CHECK(lay.cp_size == comm.size() && lay.cp_rank == comm.rank(), "short_conv_silu_cp: layout for rank ",
            lay.cp_rank, " of ", lay.cp_size, " used on CP rank ", comm.rank(), " of ", comm.size());

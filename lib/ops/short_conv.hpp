@@ -26,6 +26,6 @@ void short_conv_silu(const float* x, const float* w, const float* bias, int64_t 
 // are bit-identical to one short_conv_silu over the whole document. state [W-1, C] out: the last
 // W-1 inputs of the whole document (what decode continues from), the same on every rank.
 void short_conv_silu_cp(const float* x, const float* w, const float* bias, int64_t C, int64_t W,
-                        const SeqLayout& lay, const Comm& comm, float* state, float* y);
+                        const SeqLayout& lay, const Collectives& comm, float* state, float* y);
 
 }  // namespace dz
