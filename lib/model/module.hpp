@@ -31,7 +31,7 @@ class Mixer {
   // holds this rank's rows in ctx.lay order (local_positions()), out [R, D] the same rows. Equal
   // to forward() over the whole document within fp32 reassociation. On return st holds the state
   // after the whole document on every CP rank, so decode continues with forward().
-  virtual void forward_cp(const float* x, const CpCtx& ctx, MixerState& st, float* out) const;
+  virtual void forward_cp(const float* x, const CpCtx& ctx, MixerState& st, float* out) const = 0;
 };
 
 class Ffn {
