@@ -49,22 +49,35 @@ struct Tensor {
   }
 };
 
-// Rows [r0, r1) of a 2-D tensor (or leading-index slab of an N-D one), copied.
+// Rows [r0, r1) of a 2-D tensor (or leading-index slab of an N-D one), copied: the TP shard of a
+// loaded weight. An absent tensor (optional, no shape) stays absent; the full range is the tensor
+// itself; a dry-run tensor (Checkpoint::set_dry_run: shape, no data) only changes shape.
 inline Tensor slice_rows(const Tensor& t, int64_t r0, int64_t r1) {
-  DZ_CHECK(t.ndim() >= 1 && r0 >= 0 && r0 <= r1 && r1 <= t.shape[0], "slice_rows [", r0, ", ", r1, ") of ",
-           shape_str(t.shape));
+  if (t.shape.empty() || (r0 == 0 && r1 == t.shape[0])) return t;
+  DZ_CHECK(r0 >= 0 && r0 <= r1 && r1 <= t.shape[0], "slice_rows [", r0, ", ", r1, ") of ", shape_str(t.shape));
   Shape s = t.shape;
   s[0] = r1 - r0;
+  if (t.empty() && numel(t.shape) > 0) {
+    Tensor o;
+    o.shape = s;
+    return o;
+  }
   Tensor o(s);
   const int64_t w = t.shape[0] ? t.size() / t.shape[0] : 0;
   std::copy(t.data.begin() + r0 * w, t.data.begin() + r1 * w, o.data.begin());
   return o;
 }
 
-// Columns [c0, c1) of a 2-D tensor, copied.
+// Columns [c0, c1) of a 2-D tensor, copied; absent / full-range / dry-run as slice_rows.
 inline Tensor slice_cols(const Tensor& t, int64_t c0, int64_t c1) {
+  if (t.shape.empty() || (t.ndim() == 2 && c0 == 0 && c1 == t.shape[1])) return t;
   DZ_CHECK(t.ndim() == 2 && c0 >= 0 && c0 <= c1 && c1 <= t.shape[1], "slice_cols [", c0, ", ", c1, ") of ",
            shape_str(t.shape));
+  if (t.empty() && numel(t.shape) > 0) {
+    Tensor o;
+    o.shape = {t.shape[0], c1 - c0};
+    return o;
+  }
   Tensor o({t.shape[0], c1 - c0});
   for (int64_t r = 0; r < t.shape[0]; ++r)
     std::copy(t.data.begin() + r * t.shape[1] + c0, t.data.begin() + r * t.shape[1] + c1,

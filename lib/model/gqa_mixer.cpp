@@ -34,25 +34,6 @@ namespace {
 
 const float* opt(const Tensor& t) { return t.empty() ? nullptr : t.ptr(); }
 
-// Rows / columns [a, b) of a loaded tensor (the TP head shard). An absent optional tensor stays
-// absent; a dry-run tensor (shape, no data) only changes shape.
-Tensor rows_of(const Tensor& t, int64_t a, int64_t b) {
-  if (t.shape.empty() || (a == 0 && b == t.shape[0])) return t;
-  if (!t.empty()) return slice_rows(t, a, b);
-  Tensor o;
-  o.shape = t.shape;
-  o.shape[0] = b - a;
-  return o;
-}
-Tensor cols_of(const Tensor& t, int64_t a, int64_t b) {
-  if (t.shape.empty() || (a == 0 && b == t.shape[1])) return t;
-  if (!t.empty()) return slice_cols(t, a, b);
-  Tensor o;
-  o.shape = t.shape;
-  o.shape[1] = b - a;
-  return o;
-}
-
 class GqaMixer : public Mixer {
  public:
   GqaMixer(const ModelConfig& cfg, Checkpoint& ck, const std::string& prefix, const TpShard& tp) {
@@ -81,13 +62,13 @@ class GqaMixer : public Mixer {
     Hkvl_ = g1 - g0;
     const int64_t qpw = Dh_ * (gated_ ? 2 : 1);  // q_proj rows per head (query, then gate)
     const Init norm_init = zero_centered_ ? Init::zeros() : Init::ones();
-    q_ = rows_of(ck.get(p + "q_proj.weight", {H_ * qpw, D_}, Init::normal(0.02f)), h0 * qpw, h1 * qpw);
-    q_bias_ = rows_of(ck.get_optional(p + "q_proj.bias", {H_ * qpw}, Init::zeros()), h0 * qpw, h1 * qpw);
-    k_ = rows_of(ck.get(p + "k_proj.weight", {Hkv_ * Dh_, D_}, Init::normal(0.02f)), g0 * Dh_, g1 * Dh_);
-    k_bias_ = rows_of(ck.get_optional(p + "k_proj.bias", {Hkv_ * Dh_}, Init::zeros()), g0 * Dh_, g1 * Dh_);
-    v_ = rows_of(ck.get(p + "v_proj.weight", {Hkv_ * Dh_, D_}, Init::normal(0.02f)), g0 * Dh_, g1 * Dh_);
-    v_bias_ = rows_of(ck.get_optional(p + "v_proj.bias", {Hkv_ * Dh_}, Init::zeros()), g0 * Dh_, g1 * Dh_);
-    o_ = cols_of(ck.get(p + "o_proj.weight", {D_, H_ * Dh_}, Init::normal(0.02f)), h0 * Dh_, h1 * Dh_);
+    q_ = slice_rows(ck.get(p + "q_proj.weight", {H_ * qpw, D_}, Init::normal(0.02f)), h0 * qpw, h1 * qpw);
+    q_bias_ = slice_rows(ck.get_optional(p + "q_proj.bias", {H_ * qpw}, Init::zeros()), h0 * qpw, h1 * qpw);
+    k_ = slice_rows(ck.get(p + "k_proj.weight", {Hkv_ * Dh_, D_}, Init::normal(0.02f)), g0 * Dh_, g1 * Dh_);
+    k_bias_ = slice_rows(ck.get_optional(p + "k_proj.bias", {Hkv_ * Dh_}, Init::zeros()), g0 * Dh_, g1 * Dh_);
+    v_ = slice_rows(ck.get(p + "v_proj.weight", {Hkv_ * Dh_, D_}, Init::normal(0.02f)), g0 * Dh_, g1 * Dh_);
+    v_bias_ = slice_rows(ck.get_optional(p + "v_proj.bias", {Hkv_ * Dh_}, Init::zeros()), g0 * Dh_, g1 * Dh_);
+    o_ = slice_cols(ck.get(p + "o_proj.weight", {D_, H_ * Dh_}, Init::normal(0.02f)), h0 * Dh_, h1 * Dh_);
     o_bias_ = ck.get_optional(p + "o_proj.bias", {D_}, Init::zeros());
     if (shard && tp.rank != 0) o_bias_ = Tensor();  // added once, before the all-reduce sums the ranks
     q_norm_ = ck.get(p + "q_norm.weight", {Dh_}, norm_init);

@@ -52,25 +52,6 @@ constexpr float kLatentNormEps = 1e-6f;
 
 const float* opt(const Tensor& t) { return t.empty() ? nullptr : t.ptr(); }
 
-// Rows / columns [a, b) of a loaded tensor (the TP head shard). An absent optional tensor stays
-// absent; a dry-run tensor (shape, no data) only changes shape.
-Tensor rows_of(const Tensor& t, int64_t a, int64_t b) {
-  if (t.shape.empty() || (a == 0 && b == t.shape[0])) return t;
-  if (!t.empty()) return slice_rows(t, a, b);
-  Tensor o;
-  o.shape = t.shape;
-  o.shape[0] = b - a;
-  return o;
-}
-Tensor cols_of(const Tensor& t, int64_t a, int64_t b) {
-  if (t.shape.empty() || (a == 0 && b == t.shape[1])) return t;
-  if (!t.empty()) return slice_cols(t, a, b);
-  Tensor o;
-  o.shape = t.shape;
-  o.shape[1] = b - a;
-  return o;
-}
-
 class MlaMixer : public Mixer {
  public:
   MlaMixer(const ModelConfig& cfg, int layer, Checkpoint& ck, const std::string& prefix, const TpShard& tp) {
@@ -97,20 +78,20 @@ class MlaMixer : public Mixer {
       q_a_ = ck.get(p + "q_a_proj.weight", {q_lora_, D_}, Init::normal(0.02f));
       q_a_bias_ = ck.get_optional(p + "q_a_proj.bias", {q_lora_}, Init::zeros());
       q_a_norm_ = ck.get(p + "q_a_layernorm.weight", {q_lora_}, Init::ones());
-      q_b_ = rows_of(ck.get(p + "q_b_proj.weight", {H_ * Dq, q_lora_}, Init::normal(0.02f)), h0 * Dq, h1 * Dq);
+      q_b_ = slice_rows(ck.get(p + "q_b_proj.weight", {H_ * Dq, q_lora_}, Init::normal(0.02f)), h0 * Dq, h1 * Dq);
     } else {
-      q_ = rows_of(ck.get(p + "q_proj.weight", {H_ * Dq, D_}, Init::normal(0.02f)), h0 * Dq, h1 * Dq);
+      q_ = slice_rows(ck.get(p + "q_proj.weight", {H_ * Dq, D_}, Init::normal(0.02f)), h0 * Dq, h1 * Dq);
     }
     kv_a_ = ck.get(p + "kv_a_proj_with_mqa.weight", {R_ + rope_dim_, D_}, Init::normal(0.02f));
     kv_a_bias_ = ck.get_optional(p + "kv_a_proj_with_mqa.bias", {R_ + rope_dim_}, Init::zeros());
     kv_a_norm_ = ck.get(p + "kv_a_layernorm.weight", {R_}, Init::ones());
-    kv_b_ = rows_of(ck.get(p + "kv_b_proj.weight", {H_ * (nope_ + vd_), R_}, Init::normal(0.02f)),
+    kv_b_ = slice_rows(ck.get(p + "kv_b_proj.weight", {H_ * (nope_ + vd_), R_}, Init::normal(0.02f)),
                     h0 * (nope_ + vd_), h1 * (nope_ + vd_));
-    o_ = cols_of(ck.get(p + "o_proj.weight", {D_, H_ * vd_}, Init::normal(0.02f)), h0 * vd_, h1 * vd_);
+    o_ = slice_cols(ck.get(p + "o_proj.weight", {D_, H_ * vd_}, Init::normal(0.02f)), h0 * vd_, h1 * vd_);
     o_bias_ = ck.get_optional(p + "o_proj.bias", {D_}, Init::zeros());
     if (shard && tp.rank != 0) o_bias_ = Tensor();  // added once, before the all-reduce sums the ranks
     if (cfg.mla_output_gate)
-      g_ = rows_of(ck.get(p + "g_proj.weight", {H_ * vd_, D_}, Init::normal(0.02f)), h0 * vd_, h1 * vd_);
+      g_ = slice_rows(ck.get(p + "g_proj.weight", {H_ * vd_, D_}, Init::normal(0.02f)), h0 * vd_, h1 * vd_);
 
     bool nope_family = cfg.family == Family::KimiLinear;
     if (cfg.family == Family::Dayzero) nope_family = cfg.raw.is_object() ? cfg.raw.value("mla_use_nope", true) : true;
