@@ -101,6 +101,11 @@ struct ModelConfig {
   // --- Block AttnRes ---
   int64_t attn_res_block_size = 0;  // 0: standard additive residual
 
+  // --- run-time precision options (DESIGN §5; set by `run`, not read from config.json) ---
+  // The CPU backend emulates them bit-exactly (core/fp8.hpp), as the CUDA kernels quantize.
+  bool kv_cache_fp8 = false;  // MLA latent cache: FP8 E4M3 per token per 128-tile (+ fp32 scale), RoPE part BF16
+  bool index_mxfp8 = false;   // DSA indexer queries and keys: MXFP8 (E4M3, one E8M0 scale per 32)
+
   nlohmann::json raw;  // the config.json as read
 
   // Parse a Hugging Face config.json (any supported family). Throws naming the field on error.

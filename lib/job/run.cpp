@@ -198,8 +198,10 @@ int run_job(const RunOptions& opt) {
     DZ_CHECK(opt.segments >= 1, "--segments must be >= 1 (got ", opt.segments, ")");
     DZ_CHECK(opt.backend == "cpu", "--backend ", opt.backend,
              ": only the cpu backend runs models in this version (the CUDA kernels are not wired into the job yet)");
-    DZ_CHECK(opt.kv_cache == "bf16", "--kv-cache ", opt.kv_cache, ": only bf16 is available in this version");
-    DZ_CHECK(opt.index_quant == "none", "--index-quant ", opt.index_quant, ": only none is available in this version");
+    DZ_CHECK(opt.kv_cache == "bf16" || opt.kv_cache == "fp8", "--kv-cache must be bf16 or fp8 (got ", opt.kv_cache,
+             ")");
+    DZ_CHECK(opt.index_quant == "none" || opt.index_quant == "mxfp8", "--index-quant must be none or mxfp8 (got ",
+             opt.index_quant, ")");
     mp.mode = parse_output_mode(opt.mode);
     mp.topk = opt.topk;
     mp.max_new_tokens = opt.max_new_tokens;
@@ -221,7 +223,8 @@ int run_job(const RunOptions& opt) {
   TpShard tp{grid.tp_rank(), T, T > 1 ? &tp_comm : nullptr};
 
   std::unique_ptr<Model> model;
-  agree(world, [&] { model = Model::load(opt.model, tp); });
+  // The CPU backend is fp32; the FP8 KV cache and MXFP8 indexer options are emulated bit-exactly.
+  agree(world, [&] { model = Model::load(opt.model, tp, opt.kv_cache == "fp8", opt.index_quant == "mxfp8"); });
   const ModelConfig& cfg = model->config();
 
   std::unique_ptr<InputFile> input;
@@ -253,7 +256,8 @@ int run_job(const RunOptions& opt) {
     spec.info["dayzero_version"] = DAYZERO_VERSION;
     spec.info["model"] = opt.model;
     spec.info["input"] = opt.input;
-    spec.info["precision"] = "fp32 (cpu reference)";
+    spec.info["precision"] = str("fp32 (cpu reference)", opt.kv_cache == "fp8" ? ", KV cache FP8 E4M3 per 128-tile (emulated)" : "",
+                                 opt.index_quant == "mxfp8" ? ", indexer q/k MXFP8 (emulated)" : "");
     spec.info["world_size"] = std::to_string(world.size());
     spec.info["parallel"] = str("dp ", grid.dp, " x cp ", C, " x tp ", T, ", segments ", opt.segments);
     output = opt.resume ? OutputFile::resume(opt.output, spec) : OutputFile::create(opt.output, spec, opt.overwrite);

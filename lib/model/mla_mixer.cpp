@@ -37,6 +37,7 @@
 #include <tuple>
 
 #include "core/error.hpp"
+#include "core/fp8.hpp"
 #include "core/linalg.hpp"
 #include "model/module.hpp"
 #include "ops/attention.hpp"
@@ -57,6 +58,7 @@ class MlaMixer : public Mixer {
   MlaMixer(const ModelConfig& cfg, int layer, Checkpoint& ck, const std::string& prefix, const TpShard& tp) {
     D_ = cfg.hidden_size;
     H_ = cfg.num_heads;
+    kv_fp8_ = cfg.kv_cache_fp8;
     q_lora_ = cfg.q_lora_rank;
     R_ = cfg.kv_lora_rank;
     nope_ = cfg.qk_nope_head_dim;
@@ -260,6 +262,10 @@ class MlaMixer : public Mixer {
       rope_->apply(q, T, Hl_, Dq, nope_, pos0);
       rope_->apply(kr, T, 1, rope_dim_, 0, pos0);
     }
+    if (kv_fp8_) {  // --kv-cache fp8: what the cache would hold (latent per 128-tile FP8, RoPE part BF16)
+      kv_fp8_round(c, T, R_, c);
+      bf16_round(kr, T * rope_dim_, kr);
+    }
     if (indexer_) indexer_->keys(x, T, pos0, ki);
   }
 
@@ -332,6 +338,7 @@ class MlaMixer : public Mixer {
 
   int64_t D_ = 0, H_ = 0, Hl_ = 0, q_lora_ = 0, R_ = 0, nope_ = 0, rope_dim_ = 0, vd_ = 0;
   float scale_ = 1.f;
+  bool kv_fp8_ = false;  // --kv-cache fp8
   TpShard tp_;                          // size 1 unless loaded sharded
   Tensor q_;                            // [Hl*Dq, D]        (q_lora_rank == 0)
   Tensor q_a_, q_a_bias_, q_a_norm_;    // [q_lora, D], [q_lora], [q_lora]

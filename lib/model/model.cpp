@@ -23,8 +23,10 @@ void skip_mtp_layers(const ModelConfig& cfg, Checkpoint& ck) {
   ck.set_dry_run(false);
 }
 
-std::unique_ptr<Model> Model::load(const std::string& dir, const TpShard& tp) {
+std::unique_ptr<Model> Model::load(const std::string& dir, const TpShard& tp, bool kv_cache_fp8, bool index_mxfp8) {
   ModelConfig cfg = ModelConfig::from_file(dir + "/config.json");
+  cfg.kv_cache_fp8 = kv_cache_fp8;
+  cfg.index_mxfp8 = index_mxfp8;
   auto ck = Checkpoint::open(dir);
   auto m = build(cfg, *ck, tp);
   skip_mtp_layers(cfg, *ck);

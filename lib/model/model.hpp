@@ -22,7 +22,9 @@ class Model {
   // Loads DIR/config.json and the safetensors weights, strictly: any missing, unexpected or
   // mis-shaped tensor is an error naming it.
   // With tp.size > 1 each rank keeps only its tensor-parallel shard (heads, FFN width, vocabulary).
-  static std::unique_ptr<Model> load(const std::string& dir, const TpShard& tp = TpShard{});
+  // kv_cache_fp8 / index_mxfp8 select the emulated low-precision caches (ModelConfig, DESIGN §5).
+  static std::unique_ptr<Model> load(const std::string& dir, const TpShard& tp = TpShard{}, bool kv_cache_fp8 = false,
+                                     bool index_mxfp8 = false);
   // Builds from any Checkpoint (a real one, or Checkpoint::random for make-model).
   static std::unique_ptr<Model> build(const ModelConfig& cfg, Checkpoint& ck, const TpShard& tp = TpShard{});
   ~Model();

@@ -8,6 +8,7 @@
 #include <numeric>
 
 #include "core/error.hpp"
+#include "core/fp8.hpp"
 #include "core/linalg.hpp"
 
 namespace dz {
@@ -89,7 +90,8 @@ DsaIndexer::DsaIndexer(const ModelConfig& cfg, Checkpoint& ck, const std::string
       H_(cfg.index_n_heads),
       D_(cfg.index_head_dim),
       rope_dim_(cfg.qk_rope_head_dim),
-      topk_(cfg.index_topk) {
+      topk_(cfg.index_topk),
+      mxfp8_(cfg.index_mxfp8) {
   DZ_CHECK(q_lora_ > 0, prefix, ": the DSA indexer reads the q latent, so q_lora_rank must be > 0");
   DZ_CHECK(H_ > 0 && D_ > 0 && topk_ > 0, prefix, ": index_n_heads, index_head_dim and index_topk must be > 0");
   DZ_CHECK(rope_dim_ >= 0 && rope_dim_ <= D_ && rope_dim_ % 2 == 0, prefix, ": qk_rope_head_dim ", rope_dim_,
@@ -120,6 +122,7 @@ void DsaIndexer::keys(const float* x, int64_t T, int64_t pos0, float* k) const {
   linear(x, wk_.ptr(), nullptr, k, T, hidden_, D_);
   layer_norm(k, k_norm_w_.ptr(), k_norm_b_.ptr(), k, T, D_, 1e-6f);
   if (rope_) rope_->apply(k, T, 1, D_, 0, pos0);
+  if (mxfp8_) mxfp8_round(k, T, D_, k);  // each key: D/32 groups with one E8M0 scale each
 }
 
 void DsaIndexer::select(const float* x, const float* q_resid, int64_t T, int64_t pos0, const float* index_k,
@@ -129,6 +132,7 @@ void DsaIndexer::select(const float* x, const float* q_resid, int64_t T, int64_t
   std::vector<float> q(size_t(T * H_ * D_));  // [T, H, D]
   linear(q_resid, wq_b_.ptr(), nullptr, q.data(), T, q_lora_, H_ * D_);
   if (rope_) rope_->apply(q.data(), T, H_, D_, 0, pos0);
+  if (mxfp8_) mxfp8_round(q.data(), T * H_, D_, q.data());  // per token and head
   std::vector<float> w(size_t(T * H_));  // [T, H]
   linear(x, weights_proj_.ptr(), nullptr, w.data(), T, hidden_, H_);
   const float wscale = float(1.0 / std::sqrt(double(H_)) / std::sqrt(double(D_)));

@@ -66,6 +66,7 @@ class DsaIndexer {
   Tensor k_norm_b_;      // [D]
   Tensor weights_proj_;  // [H, hidden]
   std::unique_ptr<Rope> rope_;  // NeoX over rope_dim (null when rope_dim == 0)
+  bool mxfp8_ = false;          // --index-quant mxfp8: queries and keys rounded to MXFP8
 };
 
 }  // namespace dz
