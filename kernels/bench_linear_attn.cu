@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "bench_util.cuh"
 #include "common.cuh"
 #include "linear_attn.cuh"
 
@@ -48,28 +49,6 @@ float* rand_f32(size_t n, uint32_t seed, float lo, float hi) {
   fill_f32<<<1024, 256>>>(p, n, seed, lo, hi);
   CUDA_CHECK_LAUNCH();
   return p;
-}
-
-// Median of `reps` event-timed runs after `warm` untimed ones.
-double median_ms(const std::function<void()>& fn, int reps, int warm = 2) {
-  for (int i = 0; i < warm; ++i) fn();
-  cudaEvent_t a, b;
-  CUDA_CHECK(cudaEventCreate(&a));
-  CUDA_CHECK(cudaEventCreate(&b));
-  std::vector<double> t;
-  for (int i = 0; i < reps; ++i) {
-    CUDA_CHECK(cudaEventRecord(a));
-    fn();
-    CUDA_CHECK(cudaEventRecord(b));
-    CUDA_CHECK(cudaEventSynchronize(b));
-    float ms = 0;
-    CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
-    t.push_back(ms);
-  }
-  cudaEventDestroy(a);
-  cudaEventDestroy(b);
-  std::sort(t.begin(), t.end());
-  return t[t.size() / 2];
 }
 
 struct Row {

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "bench_sparse_attn.cuh"
+#include "bench_util.cuh"
 #include "common.cuh"
 #include "indexer.cuh"
 #include "paged_cache.cuh"
@@ -42,29 +43,6 @@ __global__ void fill_bf16(__nv_bfloat16* x, size_t n, uint32_t seed, float sd) {
 void randomize(__nv_bfloat16* x, size_t n, uint32_t seed, float sd = 1.f) {
   fill_bf16<<<1024, 256>>>(x, n, seed, sd);
   CUDA_CHECK_LAUNCH();
-}
-
-// Median time (ms) of `reps` timed calls after one warm-up.
-double time_ms(const std::function<void()>& f, int reps) {
-  f();
-  CUDA_CHECK(cudaDeviceSynchronize());
-  cudaEvent_t a, b;
-  CUDA_CHECK(cudaEventCreate(&a));
-  CUDA_CHECK(cudaEventCreate(&b));
-  std::vector<double> t;
-  for (int i = 0; i < reps; ++i) {
-    CUDA_CHECK(cudaEventRecord(a));
-    f();
-    CUDA_CHECK(cudaEventRecord(b));
-    CUDA_CHECK(cudaEventSynchronize(b));
-    float ms = 0;
-    CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
-    t.push_back(ms);
-  }
-  cudaEventDestroy(a);
-  cudaEventDestroy(b);
-  std::sort(t.begin(), t.end());
-  return t[t.size() / 2];
 }
 
 // One sequence per query-batch layout helper: block table with identity pages.
@@ -110,7 +88,7 @@ std::string bench_indexer(bool mx) {
   IndexKeyCache cache{D, mx, kbf, kc, ks};
   store_index_k(k, seq, pos, T, lay.bt, cache, nullptr);
   const double ms =
-      time_ms([&] { indexer_topk(q, w, seq, pos, T, H, T, lay.bt, cache, K, sel, nullptr, nullptr); }, 5);
+      median_ms([&] { indexer_topk(q, w, seq, pos, T, H, T, lay.bt, cache, K, sel, nullptr, nullptr); }, 5);
   const double flop = 2.0 * H * D * (double(T) * (T + 1) / 2);
   std::printf("indexer prefill T=%d H=%d D=%d K=%d keys=%s: %.3f ms (%.1f TFLOP/s on the causal scores)\n", T, H,
               D, K, mx ? "mxfp8" : "bf16", ms, flop / ms * 1e-9);
@@ -118,15 +96,15 @@ std::string bench_indexer(bool mx) {
   double ms_var[2];
   for (int v = 0; v < 2; ++v) {
     indexer_set_variant(v == 0 ? IndexerVariant::QInSmem : IndexerVariant::QInRegisters);
-    ms_var[v] = time_ms([&] { indexer_topk(q, w, seq, pos, T, H, T, lay.bt, cache, K, sel, nullptr, nullptr); }, 3);
+    ms_var[v] = median_ms([&] { indexer_topk(q, w, seq, pos, T, H, T, lay.bt, cache, K, sel, nullptr, nullptr); }, 3);
   }
   indexer_set_variant(IndexerVariant::Auto);
   std::printf("  variants: Q in shared memory (16 warps) %.3f ms, Q in registers (8 warps) %.3f ms\n", ms_var[0],
               ms_var[1]);
   // Where the time goes: the split mode's two kernels timed apart (scores to memory, then Top-K).
   auto* scores = dalloc<float>(size_t(T) * T);
-  const double ms_sc = time_ms([&] { indexer_scores(q, w, seq, pos, T, H, T, lay.bt, cache, scores, nullptr); }, 3);
-  const double ms_tk = time_ms([&] { topk_from_scores(scores, T, pos, T, K, sel, nullptr); }, 3);
+  const double ms_sc = median_ms([&] { indexer_scores(q, w, seq, pos, T, H, T, lay.bt, cache, scores, nullptr); }, 3);
+  const double ms_tk = median_ms([&] { topk_from_scores(scores, T, pos, T, K, sel, nullptr); }, 3);
   std::printf("  split mode: scores %.3f ms (%.1f TFLOP/s), Top-K from memory %.3f ms\n", ms_sc, flop / ms_sc * 1e-9,
               ms_tk);
   for (void* p : std::vector<void*>{k, q, kbf, kc, ks, w, sel, seq, pos, scores}) cudaFree(p);
@@ -199,7 +177,7 @@ std::string bench_mla(const char* name, int nseq, int q_per_seq, int ctx, bool f
   const float scale = 1.f / 24.f;
   const int64_t ns = split_kv ? sparse_mla_scratch_elems(nq, H, R, K) : 0;
   float* scratch = split_kv ? dalloc<float>(size_t(ns)) : nullptr;
-  const double ms = time_ms(
+  const double ms = median_ms(
       [&] { sparse_mla(q, sel, K, seq, pos, nq, H, lay.bt, cache, scale, out, nullptr, scratch, ns); }, reps);
   cudaFree(scratch);
   const double flop = 2.0 * double(nq) * H * K * (DK + R);
