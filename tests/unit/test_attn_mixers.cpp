@@ -16,6 +16,7 @@
 
 #include "io/checkpoint.hpp"
 #include "model/module.hpp"
+#include "attn_fixtures.hpp"
 #include "ops/attention.hpp"
 
 namespace fs = std::filesystem;
@@ -25,10 +26,8 @@ namespace {
 
 using Vec = std::vector<double>;
 using Weights = std::map<std::string, Tensor>;
-using Factory = std::function<std::unique_ptr<Mixer>(const ModelConfig&, int, Checkpoint&, const std::string&,
-                                                     const TpShard&)>;
-
-const std::string kPrefix = "model.layers.0.";
+using dzt::Factory;
+using dzt::kPrefix;
 
 bool ends_with(const std::string& s, const std::string& suf) {
   return s.size() >= suf.size() && s.compare(s.size() - suf.size(), suf.size(), suf) == 0;

@@ -17,6 +17,7 @@
 
 #include "io/checkpoint.hpp"
 #include "model/module.hpp"
+#include "attn_fixtures.hpp"
 #include "ops/attention.hpp"
 
 namespace fs = std::filesystem;
@@ -24,21 +25,9 @@ using namespace dz;
 
 namespace {
 
-using Factory = std::function<std::unique_ptr<Mixer>(const ModelConfig&, int, Checkpoint&, const std::string&,
-                                                     const TpShard&)>;
-const std::string kPrefix = "model.layers.0.";
-
-// Optional biases (absent from make-model's minimal layout), so that TP must shard them (q/k/v)
-// or add them once (o_proj).
-std::map<std::string, Shape> biases(const ModelConfig& c) {
-  const std::string p = kPrefix + "self_attn.";
-  if (c.num_kv_heads > 0)
-    return {{p + "q_proj.bias", {c.num_heads * 2 * c.head_dim}},
-            {p + "k_proj.bias", {c.num_kv_heads * c.head_dim}},
-            {p + "v_proj.bias", {c.num_kv_heads * c.head_dim}},
-            {p + "o_proj.bias", {c.hidden_size}}};
-  return {{p + "kv_a_proj_with_mqa.bias", {c.kv_lora_rank + c.qk_rope_head_dim}}, {p + "o_proj.bias", {c.hidden_size}}};
-}
+using dzt::biases;
+using dzt::Factory;
+using dzt::kPrefix;
 
 struct Scratch {
   std::string path;
