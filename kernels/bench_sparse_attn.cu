@@ -1,6 +1,6 @@
 // Benchmarks of the sparse-attention path (see bench_sparse_attn.cuh). Shapes follow DESIGN.md §7:
 // indexer prefill T=32768, 64 heads x 128, top-2048; sparse MLA prefill h=128, d_qk 576, top-2048;
-// sparse MLA decode with the FP8 KV cache.
+// sparse MLA decode with the FP8 KV cache; the indexer's decode preprocessing, serial vs three streams.
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -15,6 +15,7 @@
 #include "bench_util.cuh"
 #include "common.cuh"
 #include "indexer.cuh"
+#include "indexer_prep.cuh"
 #include "paged_cache.cuh"
 #include "sparse_mla.cuh"
 
@@ -194,6 +195,84 @@ std::string bench_mla(const char* name, int nseq, int q_per_seq, int ctx, bool f
   return os.str();
 }
 
+// Indexer decode preprocessing at DeepSeek-V3.2 dims (hidden 7168, q_lora 1536, 64 heads x 128,
+// rope 64, MXFP8 keys), B tokens one per sequence at position 4095: serial vs three streams, eager
+// and replayed from a CUDA graph. The caller's stream is a blocking one so median_ms's events on
+// the legacy stream bracket the whole call (side streams join it before they are recorded).
+std::string bench_indexer_prep(int B, int reps) {
+  const int64_t hidden = 7168, q_lora = 1536;
+  const int H = 64, D = 128, rope = 64, ctx = 4096, P = 64;
+  Layout lay(B, ctx, P);
+  auto* x = dalloc<__nv_bfloat16>(size_t(B) * hidden);
+  auto* qr = dalloc<__nv_bfloat16>(size_t(B) * q_lora);
+  auto* wq_b = dalloc<__nv_bfloat16>(size_t(H) * D * q_lora);
+  auto* wk = dalloc<__nv_bfloat16>(size_t(D) * hidden);
+  auto* wp = dalloc<__nv_bfloat16>(size_t(H) * hidden);
+  randomize(x, size_t(B) * hidden, 11);
+  randomize(qr, size_t(B) * q_lora, 12);
+  randomize(wq_b, size_t(H) * D * q_lora, 13, 0.025f);
+  randomize(wk, size_t(D) * hidden, 14, 0.012f);
+  randomize(wp, size_t(H) * hidden, 15, 0.012f);
+  auto* lnw = dalloc<float>(D);
+  auto* lnb = dalloc<float>(D);
+  const std::vector<float> ones(D, 1.f), zeros(D, 0.f);
+  CUDA_CHECK(cudaMemcpy(lnw, ones.data(), D * 4, cudaMemcpyHostToDevice));
+  CUDA_CHECK(cudaMemcpy(lnb, zeros.data(), D * 4, cudaMemcpyHostToDevice));
+  std::vector<int32_t> hs(size_t(B), 0), hp(size_t(B), ctx - 1);
+  for (int b = 0; b < B; ++b) hs[size_t(b)] = b;
+  auto* seq = dalloc<int32_t>(size_t(B));
+  auto* pos = dalloc<int32_t>(size_t(B));
+  CUDA_CHECK(cudaMemcpy(seq, hs.data(), size_t(B) * 4, cudaMemcpyHostToDevice));
+  CUDA_CHECK(cudaMemcpy(pos, hp.data(), size_t(B) * 4, cudaMemcpyHostToDevice));
+  IndexKeyCache cache{D, true, nullptr, dalloc<uint8_t>(size_t(lay.rows) * D), dalloc<uint8_t>(size_t(lay.rows) * D / 32)};
+  auto* q = dalloc<__nv_bfloat16>(size_t(B) * H * D);
+  auto* w = dalloc<float>(size_t(B) * H);
+  IndexerPrepDims dims;
+  dims.hidden = hidden;
+  dims.q_lora = q_lora;
+  dims.H = H;
+  dims.D = D;
+  dims.rope = rope;
+  dims.max_tokens = B;
+  IndexerPrep* prep = indexer_prep_create(dims);
+  const IndexerPrepWeights wt{wq_b, wk, wp, lnw, lnb};
+  cudaStream_t s;
+  CUDA_CHECK(cudaStreamCreate(&s));
+  CUDA_CHECK(cudaDeviceSynchronize());
+  auto call = [&](IndexerPrepMode m) { indexer_prep(prep, wt, x, qr, seq, pos, B, lay.bt, cache, q, w, m, s); };
+  double ms[2][2];  // [eager, graph][serial, streams]
+  for (int m = 0; m < 2; ++m) {
+    const IndexerPrepMode mode = m == 0 ? IndexerPrepMode::Serial : IndexerPrepMode::Streams;
+    ms[0][m] = median_ms([&] { call(mode); }, reps, 3);
+    cudaGraph_t g;
+    cudaGraphExec_t ge;
+    CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+    call(mode);
+    CUDA_CHECK(cudaStreamEndCapture(s, &g));
+    CUDA_CHECK(cudaGraphInstantiate(&ge, g, 0));
+    ms[1][m] = median_ms([&] { CUDA_CHECK(cudaGraphLaunch(ge, s)); }, reps, 3);
+    CUDA_CHECK(cudaGraphExecDestroy(ge));
+    CUDA_CHECK(cudaGraphDestroy(g));
+  }
+  indexer_prep_destroy(prep);
+  CUDA_CHECK(cudaStreamDestroy(s));
+  const double wbytes = 2.0 * (double(H) * D * q_lora + double(D) * hidden + double(H) * hidden);
+  std::printf("indexer decode prep B=%d: eager serial %.4f / streams %.4f ms (%.2fx), graph serial %.4f / streams %.4f ms "
+              "(%.2fx); weights %.1f MB\n",
+              B, ms[0][0], ms[0][1], ms[0][0] / ms[0][1], ms[1][0], ms[1][1], ms[1][0] / ms[1][1], wbytes * 1e-6);
+  for (void* p : std::vector<void*>{x, qr, wq_b, wk, wp, lnw, lnb, seq, pos, cache.codes, cache.scales, q, w})
+    cudaFree(p);
+  std::ostringstream os;
+  os << "{\"op\": \"indexer_prep_decode\", \"tokens\": " << B << ", \"hidden\": " << hidden << ", \"q_lora\": " << q_lora
+     << ", \"heads\": " << H << ", \"head_dim\": " << D << ", \"rope\": " << rope << ", \"keys\": \"mxfp8\""
+     << ", \"serial_eager_ms\": " << ms[0][0] << ", \"streams_eager_ms\": " << ms[0][1]
+     << ", \"serial_graph_ms\": " << ms[1][0] << ", \"streams_graph_ms\": " << ms[1][1]
+     << ", \"ratio_serial_over_streams_eager\": " << ms[0][0] / ms[0][1]
+     << ", \"ratio_serial_over_streams_graph\": " << ms[1][0] / ms[1][1]
+     << ", \"weight_tb_s_streams_graph\": " << wbytes / ms[1][1] * 1e-9 << "}";
+  return os.str();
+}
+
 }  // namespace
 
 int bench_sparse_attn(const std::string& json_out) {
@@ -219,6 +298,8 @@ int bench_sparse_attn(const std::string& json_out) {
                               16384, true, 128, 20, true));
     }
   }
+  if (want("indexer_prep"))
+    for (int b : {1, 32, 128}) res.push_back(bench_indexer_prep(b, 200));
   const char* commit = std::getenv("DZ_COMMIT");
   char date[64];
   const std::time_t now = std::time(nullptr);
