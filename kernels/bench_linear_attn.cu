@@ -105,15 +105,16 @@ int bench_linear_attn(const std::string& json_out) {
       p.gate = {kda ? f : fg, A_log, dtb, 0.f};
       const double gb = (bytes + (kda ? double(TH) * K * 2 : 0.0)) / 1e9;
       std::snprintf(buf, sizeof buf, "B=1 T=%d H=%d K=%d V=%d", T, H, K, V);
-      // serial scan: one sequence of chunks per (head, column block); v2 (key side in the loop)
-      // and v3 (key side precomputed in parallel); the earlier versions are in docs/perf/.
+      // serial scan: one sequence of chunks per (head, column block); v3 (key side precomputed
+      // in parallel, fp32 SIMT) and v4 (tensor cores, outputs after the recurrence); v1/v2 are
+      // in docs/perf/.
       double ms_s = 1e30;
-      for (int variant : {2, 3})
-        for (int bv : {64, 32}) {
-          if (variant == 2 && bv == 64) continue;
+      for (int variant : {3, 4})
+        for (int bv : {128, 64, 32}) {
+          if (bv == 128 && (variant == 3 || H > 8)) continue;
           la_set_variant(variant);
           la_set_value_block(bv);
-          p.workspace = variant == 3 ? pws : nullptr;
+          p.workspace = pws;
           const double ms = median_ms([&] { la_chunk_prefill(p, nullptr); }, 3, 1);
           ms_s = std::min(ms_s, ms);
           std::snprintf(buf + 128, 128, "v%d BV=%d (%d CTAs), %.0f GB/s", variant, bv, H * (V / bv), gb / (ms * 1e-3));
@@ -121,14 +122,14 @@ int bench_linear_attn(const std::string& json_out) {
         }
       la_set_value_block(0);
       p.workspace = nullptr;
-      for (int variant : {2, 3}) {
+      for (int variant : {3}) {
         la_set_variant(variant);
         const double ms_p = median_ms([&] { la_parallel_prefill(p, T, segs, ws, nullptr); }, 5, 1);
         std::snprintf(buf + 128, 128, "v%d segments=%d, %.2fx best serial, %.0f GB/s", variant, segs, ms_s / ms_p,
                       gb / (ms_p * 1e-3));
         add(kda ? "kda_chunk_parallel_scan" : "gdn_chunk_parallel_scan", buf, ms_p, buf + 128);
       }
-      la_set_variant(3);  // the default
+      la_set_variant(4);  // the default
     }
     for (void* ptr : {(void*)q, (void*)k, (void*)v, (void*)b, (void*)f, (void*)fg, (void*)o, (void*)A_log,
                       (void*)dtb, (void*)ht, (void*)cu, ws, pws})

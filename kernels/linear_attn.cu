@@ -25,9 +25,10 @@ constexpr size_t chunk_smem_floats() {
 
 int g_value_block = 0;  // 0: heuristic (see pick_bv)
 // 1: SIMT products with broadcast operands; 2: register-tiled products; 3: key side precomputed
-// in parallel (used by la_chunk_prefill only when p.workspace is given, else 2). Measured on the
+// in parallel; 4: tensor cores, chunk 64 (3 and 4 are used by la_chunk_prefill only when
+// p.workspace is given, else 2; the parallel scan and transitions use 3 for 4). Measured on the
 // H200 at T=65536 H=32 K=V=128 (docs/perf): v1 108 ms, v2 60 ms, v3 24 ms (KDA, best column block).
-int g_variant = 3;
+int g_variant = 4;
 
 // One CTA per (value head, block of BV state columns, sequence): the columns of S evolve
 // independently given the key-side quantities (W, Kd, Qg, L, Aqk), which every column block of a
@@ -268,7 +269,12 @@ size_t records_bytes(int64_t T, int N, int HV, int K, int V) {
 void run_chunk(const ChunkArgs& a, int V, cudaStream_t stream) {
   DZ_CHECK(a.p.HK > 0 && a.p.HV % a.p.HK == 0, "linear attention CUDA: HV=", a.p.HV, " not a multiple of HK=", a.p.HK);
   if (a.p.N == 0 || a.p.HV == 0) return;
-  if (g_variant == 3 && a.p.workspace) {
+  if (g_variant == 4 && a.p.workspace && !a.trans_A) {
+    LaPrefill p = a.p;
+    if (!a.write_o) p.o = nullptr;
+    return mma_prefill(p, pick_bv(a.p.HV * a.p.N, V), stream);
+  }
+  if (g_variant >= 3 && a.p.workspace) {
     DZ_CHECK(a.p.K == V && (V == 64 || V == 128), "linear attention CUDA: K=", a.p.K, " V=", V,
              " not supported (K = V = 64 or 128)");
     auto* base = static_cast<int32_t*>(a.p.workspace);
@@ -339,7 +345,8 @@ void la_set_variant(int v) { g_variant = v; }
 void la_chunk_prefill(const LaPrefill& p, cudaStream_t stream) { run_chunk(ChunkArgs{p, p.o != nullptr, false}, p.V, stream); }
 
 size_t la_prefill_workspace_bytes(int64_t T_total, int N, int HV, int K, int V) {
-  return align256(size_t(N + 1) * 4) + records_bytes(T_total, N, HV, K, V);
+  return std::max(align256(size_t(N + 1) * 4) + records_bytes(T_total, N, HV, K, V),
+                  mma_workspace_bytes(T_total, N, HV, K, V));
 }
 
 void la_transitions(const LaPrefill& p, const int32_t* seg_cu, int S, float* A, float* B, cudaStream_t stream) {
@@ -394,7 +401,7 @@ void la_parallel_prefill(const LaPrefill& p, int64_t T, int segments, void* work
   auto* S_init = reinterpret_cast<float*>(ws);
   segment_bounds_kernel<<<1, 1024, 0, stream>>>(p.cu_seqlens, S, L, int(T), seg_cu);
   CUDA_CHECK_LAUNCH();
-  if (g_variant == 3) {  // key side once for all chunks; the three passes only stream records
+  if (g_variant >= 3) {  // key side once for all chunks; the three passes only stream records
     ws += align256(size_t(segments) * p.HV * p.K * p.V * 4);
     auto* base = reinterpret_cast<int32_t*>(ws);
     auto* records = reinterpret_cast<float*>(ws + align256(size_t(segments + 1) * 4));

@@ -25,4 +25,9 @@ size_t split_max_chunks(int64_t T_total, int N);
 void split_prepare(const LaPrefill& p, int64_t T_total, int32_t* chunk_base, float* records, cudaStream_t stream);
 void split_recur(const ChunkArgs& a, int bv, const int32_t* chunk_base, const float* records, cudaStream_t stream);
 
+// Version 4 (linear_attn_mma.cu): tensor cores, chunk 64, outputs in a parallel pass after the
+// recurrence. Needs p.T_total and p.workspace of mma_workspace_bytes(...) bytes; bv in {32, 64, K}.
+size_t mma_workspace_bytes(int64_t T_total, int N, int HV, int K, int V);
+void mma_prefill(const LaPrefill& p, int bv, cudaStream_t stream);
+
 }  // namespace dz::cuda::la

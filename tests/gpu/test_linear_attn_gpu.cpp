@@ -187,10 +187,10 @@ TEST_CASE("gpu linear attention chunked prefill and parallel scan equal the CPU 
     p.h0 = c.h0 ? h0.p : nullptr, p.ht = ht.p, p.o = o.p;
     Dev<char> pws(dz::cuda::la_prefill_workspace_bytes(in.T, p.N, c.HV, c.K, c.V));
     p.T_total = in.T;
-    for (int variant : {1, 2, 3})
+    for (int variant : {1, 2, 3, 4})
     for (int bv : {128, 64, 32}) {  // kernel version; state columns per CTA (128: whole rows)
       if (bv > c.V) continue;
-      p.workspace = variant == 3 ? pws.p : nullptr;
+      p.workspace = variant >= 3 ? pws.p : nullptr;
       dz::cuda::la_set_variant(variant);
       dz::cuda::la_set_value_block(bv);
       CUDA_CHECK(cudaMemset(o.p, 0xff, o.n * 2));  // poison: NaN unless written
@@ -201,8 +201,12 @@ TEST_CASE("gpu linear attention chunked prefill and parallel scan equal the CPU 
       std::printf("%s HK=%d HV=%d K=%d V=%d T=%lld N=%zu h0=%d lb=%g v%d BV=%d: chunked o err %.3g, state err %.3g\n",
                   c.kda ? "kda" : "gdn", c.HK, c.HV, c.K, c.V, (long long)in.T, c.lens.size(), int(c.h0),
                   double(c.lower_bound), variant, bv, eo, es);
-      CHECK(eo < 1e-2);
-      CHECK(es < 2e-3);
+      // v1-v3: fp32 arithmetic, so the output differs by its bf16 rounding (2^-9) plus fp32 noise
+      // and the state by fp32 reassociation only. v4 feeds bf16 operands to the tensor cores
+      // (normalised q/k, the decayed keys, (I+L)^-1, W, U, U' and S as a product operand, each
+      // rounded to 2^-9 relative; the state itself accumulates in fp32), as fla's kernels do.
+      CHECK(eo < (variant == 4 ? 2e-2 : 1e-2));
+      CHECK(es < (variant == 4 ? 1e-2 : 2e-3));
     }
     dz::cuda::la_set_value_block(0);
     p.workspace = nullptr;
@@ -219,7 +223,7 @@ TEST_CASE("gpu linear attention chunked prefill and parallel scan equal the CPU 
       CHECK(po < 1e-2);
       CHECK(ps < 2e-3);
     }
-    dz::cuda::la_set_variant(3);  // the default
+    dz::cuda::la_set_variant(4);  // the default
   }
 }
 
