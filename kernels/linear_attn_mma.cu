@@ -27,10 +27,10 @@ namespace {
 
 constexpr int BT = 64, NT = 256, AP = BT + 8;  // AP: padded bf16 row of 64 (conflict-free fragments)
 
-// Record of one (chunk, value head), bf16: W [BT][K] | KdT [K][BT] | U [BT][V] | Qg [BT][K] | Aqk [BT][BT]
+// Record of one (chunk, value head), bf16: W [BT][K] | Kd [BT][K] | U [BT][V] | Qg [BT][K] | Aqk [BT][BT]
 template <int K, int V>
 struct R4 {
-  static constexpr size_t W = 0, KdT = size_t(BT) * K, U = 2 * size_t(BT) * K, Qg = U + size_t(BT) * V,
+  static constexpr size_t W = 0, Kd = size_t(BT) * K, U = 2 * size_t(BT) * K, Qg = U + size_t(BT) * V,
                           Aqk = Qg + size_t(BT) * K, size = Aqk + BT * BT;
 };
 constexpr size_t rec_elems(int K, int V) { return 3 * size_t(BT) * K + size_t(BT) * V + BT * BT; }
@@ -57,6 +57,25 @@ __device__ __forceinline__ void frag_b(uint32_t b[2], const bf16* Bt, int ld, in
   b[0] = ld32(q), b[1] = ld32(q + 8);
 }
 
+__device__ __forceinline__ void ldsm_x4_trans(uint32_t r[4], const bf16* p) {
+  const uint32_t a = static_cast<uint32_t>(__cvta_generic_to_shared(p));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(a));
+}
+// B fragments of two column tiles (n0..n0+15), k k0..k0+15, from a row-major [k][ld] matrix.
+__device__ __forceinline__ void frag_b2_rowmajor(uint32_t b0[2], uint32_t b1[2], const bf16* B, int ld, int k0, int n0,
+                                                 int lane) {
+  uint32_t r[4];
+  ldsm_x4_trans(r, B + (k0 + (lane & 15)) * ld + n0 + 8 * (lane >> 4));
+  b0[0] = r[0], b0[1] = r[1], b1[0] = r[2], b1[1] = r[3];
+}
+// A fragment (rows m0..m0+15, k k0..k0+15) of A = S^T, S stored row-major [k][ld].
+__device__ __forceinline__ void frag_a_trans(uint32_t a[4], const bf16* S, int ld, int m0, int k0, int lane) {
+  const int q = lane >> 3;
+  ldsm_x4_trans(a, S + (k0 + (lane & 7) + 8 * (q >> 1)) * ld + m0 + 8 * (q & 1));
+}
+
 __global__ void base64_kernel(const int32_t* cu, int N, int32_t* base) {
   int acc = 0;
   base[0] = 0;
@@ -73,125 +92,213 @@ __device__ __forceinline__ int seq_of(const int32_t* base, int N, int g) {
   return lo;
 }
 
+constexpr int NTP = 512;        // prep threads: 16 warps, two CTAs per SM (their phases overlap)
+constexpr float kSpanMax = 80.f;  // diagonal blocks factor e^(G_i - G_j) through their middle row when
+                                  // every channel decays by at most e^-80 across the 16 rows (no overflow)
+
 template <int K, bool KDA>
 constexpr size_t prep_smem_bytes() {
-  constexpr int KP = K + 8, GS = KDA ? K + 1 : 1;
-  constexpr size_t uni = std::max(size_t(2 * (BT - 16) + 16) * KP, size_t(BT) * AP + size_t(K) * AP) * 2;
-  return size_t(2 * BT * (K + 2)) * 2 + size_t(BT * GS) * 4 + size_t(BT * (BT + 1)) * 4 + uni;
+  constexpr int KP = K + 8;
+  return size_t(2 * BT * KP) * 2 + size_t(BT * (KDA ? K : 1)) * 4 + size_t(BT * (BT + 1)) * 4 + size_t(112 * KP) * 2;
 }
 
-// One CTA per (chunk, value head): the key side of the chunk into its record.
+__device__ __forceinline__ void unpack8(const uint4 u, float f[8]) {
+  const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+  for (int e = 0; e < 4; ++e) {
+    f[2 * e] = __uint_as_float(w[e] << 16);
+    f[2 * e + 1] = __uint_as_float(w[e] & 0xffff0000u);
+  }
+}
+__device__ __forceinline__ uint4 pack8(const float f[8]) {
+  return make_uint4(pack2(f[0], f[1]), pack2(f[2], f[3]), pack2(f[4], f[5]), pack2(f[6], f[7]));
+}
+__device__ __forceinline__ void ld8f(const float* p, float f[8]) {
+  const float4 a = *reinterpret_cast<const float4*>(p), b = *reinterpret_cast<const float4*>(p + 4);
+  f[0] = a.x, f[1] = a.y, f[2] = a.z, f[3] = a.w, f[4] = b.x, f[5] = b.y, f[6] = b.z, f[7] = b.w;
+}
+
+// One CTA per (chunk, value head): the key side of the chunk into its record. Work is spread in
+// 8-channel slots (16-byte loads and stores); barriers separate the phases.
 template <int K, bool KDA>
-__global__ void __launch_bounds__(NT, 2) mma_prep_kernel(const LaPrefill p, const int32_t* __restrict__ base,
-                                                         bf16* __restrict__ records, float* __restrict__ gls) {
-  constexpr int V = K, KN = K + 2, KP = K + 8, GS = KDA ? K + 1 : 1, LS = BT + 1;
+__global__ void __launch_bounds__(NTP, 2) mma_prep_kernel(const LaPrefill p, const int32_t* __restrict__ base,
+                                                          bf16* __restrict__ records, float* __restrict__ gls) {
+  constexpr int V = K, KP = K + 8, GS = KDA ? K : 1, LS = BT + 1, SPR = K / 8, SLOTS = BT * SPR;
   using R = R4<K, V>;
   const int g = blockIdx.x, h = blockIdx.y, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int gq = lane >> 2, tq = lane & 3;
   if (g >= base[p.N]) return;
   const int n = seq_of(base, p.N, g), hk = h / (p.HV / p.HK);
   const int64_t bos = p.cu_seqlens[n];
   const int c0 = (g - base[n]) * BT, C = min(BT, int(p.cu_seqlens[n + 1] - bos) - c0);
   extern __shared__ __align__(16) unsigned char sm4[];
-  bf16* Kn = reinterpret_cast<bf16*>(sm4);          // [BT][KN] L2-normalised k (odd word stride: SIMT rows)
-  bf16* Qn = Kn + BT * KN;                          // [BT][KN] L2-normalised q * scale
-  float* Gc = reinterpret_cast<float*>(Qn + BT * KN);  // [BT][GS] cumulative log-decay in the chunk
-  float* L = Gc + BT * GS;                          // [BT][LS] beta_i k_i.k_j e^(G_i - G_j), j < i
-  bf16* Ka = reinterpret_cast<bf16*>(L + BT * LS);  // pair phase: [BT-16][KP] k_i e^(G_i - G_r), rows 16..
-  bf16* Qa = Ka + (BT - 16) * KP;                   //             [BT-16][KP] q_i e^(G_i - G_r)
-  bf16* Kb = Qa + (BT - 16) * KP;                   //             [16][KP] k_j e^(G_r - G_j)
-  bf16* Ai = Ka;                                    // solve phase: [BT][AP] (I + L)^-1
-  bf16* Bt = Ai + BT * AP;                          //              [K][AP] (beta k e^G)^T, then (beta v)^T
+  bf16* Kn = reinterpret_cast<bf16*>(sm4);             // [BT][KP] L2-normalised k; later v
+  bf16* Qn = Kn + BT * KP;                             // [BT][KP] L2-normalised q * scale; later k e^G
+  float* Gc = reinterpret_cast<float*>(Qn + BT * KP);  // [BT][GS] cumulative log-decay in the chunk
+  float* L = Gc + BT * GS;                             // [BT][LS] beta_i k_i.k_j e^(G_i - G_j), j < i
+  bf16* X = reinterpret_cast<bf16*>(L + BT * LS);      // [112][KP] pair operands; later (I+L)^-1 [BT][AP]
   __shared__ float betas[BT];
+  __shared__ int wide[4];  // diagonal block whose decay span is too wide to factor: computed exactly
   bf16* rec = records + (size_t(g) * p.HV + h) * R::size;
   auto G = [&](int i, int x) -> float { return Gc[i * GS + (KDA ? x : 0)]; };
+  auto G8 = [&](int i, int x0, float f[8]) {
+    if (KDA) {
+      ld8f(Gc + i * GS + x0, f);
+    } else {
+#pragma unroll
+      for (int e = 0; e < 8; ++e) f[e] = Gc[i];
+    }
+  };
+  if (tid < 4) wide[tid] = 0;
 
+  // ---- rows: every load in flight at once; L2 norms; gates; beta ----
   const float aexp = p.gate.A_log ? expf(p.gate.A_log[h]) : 1.f, lb = p.gate.lower_bound;
-  const bool has_q = p.q != nullptr;
-  for (int i = warp; i < BT; i += NT / 32) {  // a warp per row: norms, beta, gates
-    const bool valid = i < C;
-    const int64_t t = bos + c0 + i;
-    float kv[K / 32], qv[K / 32], ss = 0.f, sq = 0.f;
+  {
+    constexpr int NS = SLOTS / NTP;  // slots per thread (the same 8 channels x0 in each)
+    const int x0 = 8 * (tid % SPR);
+    uint4 kr[NS], qr[NS], fr[NS];
 #pragma unroll
-    for (int m = 0; m < K / 32; ++m) {
-      const int x = lane + 32 * m;
-      kv[m] = valid ? bf(p.k[(t * p.HK + hk) * K + x]) : 0.f;
-      qv[m] = valid && has_q ? bf(p.q[(t * p.HK + hk) * K + x]) : 0.f;
-      ss += kv[m] * kv[m];
-      sq += qv[m] * qv[m];
+    for (int s = 0; s < NS; ++s) {
+      const int i = (tid + NTP * s) / SPR;
+      const bool valid = i < C;
+      const int64_t t = bos + c0 + i;
+      const uint4 z = make_uint4(0, 0, 0, 0);
+      kr[s] = valid ? *reinterpret_cast<const uint4*>(p.k + (t * p.HK + hk) * K + x0) : z;
+      qr[s] = valid && p.q ? *reinterpret_cast<const uint4*>(p.q + (t * p.HK + hk) * K + x0) : z;
+      if (KDA) fr[s] = valid ? *reinterpret_cast<const uint4*>(p.gate.f + t * (int64_t(p.HV) * K) + h * K + x0) : z;
     }
-    ss = warp_sum(ss);
-    sq = warp_sum(sq);
-    const float ik = 1.f / sqrtf(ss + 1e-6f), iq = 1.f / sqrtf(sq + 1e-6f);
+    float db[8];
 #pragma unroll
-    for (int m = 0; m < K / 32; ++m) {
-      const int x = lane + 32 * m;
-      Kn[i * KN + x] = __float2bfloat16(kv[m] * ik);
-      Qn[i * KN + x] = __float2bfloat16(p.scale * (qv[m] * iq));
+    for (int e = 0; e < 8; ++e) db[e] = KDA && p.gate.dt_bias ? p.gate.dt_bias[h * K + x0 + e] : 0.f;
+#pragma unroll
+    for (int s = 0; s < NS; ++s) {
+      const int i = (tid + NTP * s) / SPR;
+      float kf[8], qf[8], ss = 0.f, sq = 0.f;
+      unpack8(kr[s], kf);
+      unpack8(qr[s], qf);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) ss += kf[e] * kf[e], sq += qf[e] * qf[e];
+#pragma unroll
+      for (int o = SPR / 2; o > 0; o >>= 1) {  // the SPR lanes of a row are adjacent
+        ss += __shfl_xor_sync(0xffffffffu, ss, o);
+        sq += __shfl_xor_sync(0xffffffffu, sq, o);
+      }
+      const float ik = 1.f / sqrtf(ss + 1e-6f), iq = 1.f / sqrtf(sq + 1e-6f);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) kf[e] *= ik, qf[e] = p.scale * (qf[e] * iq);
+      *reinterpret_cast<uint4*>(Kn + i * KP + x0) = pack8(kf);
+      *reinterpret_cast<uint4*>(Qn + i * KP + x0) = pack8(qf);
       if (KDA) {
-        const int c = h * K + x;
-        Gc[i * GS + x] = valid ? gate(bf(p.gate.f[t * (int64_t(p.HV) * K) + c]) + (p.gate.dt_bias ? p.gate.dt_bias[c] : 0.f),
-                                      aexp, lb)
-                               : 0.f;
+        float ff[8];
+        unpack8(fr[s], ff);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) ff[e] = i < C ? gate(ff[e] + db[e], aexp, lb) : 0.f;
+        *reinterpret_cast<float4*>(Gc + i * GS + x0) = make_float4(ff[0], ff[1], ff[2], ff[3]);
+        *reinterpret_cast<float4*>(Gc + i * GS + x0 + 4) = make_float4(ff[4], ff[5], ff[6], ff[7]);
       }
     }
-    if (lane == 0) {
-      betas[i] = valid ? sigmoid(bf(p.b[t * p.HV + h])) : 0.f;
+    if (tid < BT) {
+      const bool valid = tid < C;
+      const int64_t t = bos + c0 + tid;
+      betas[tid] = valid ? sigmoid(bf(p.b[t * p.HV + h])) : 0.f;
       if (!KDA)
-        Gc[i] = valid ? gate(bf(p.gate.f[t * p.HV + h]) + (p.gate.dt_bias ? p.gate.dt_bias[h] : 0.f), aexp, lb) : 0.f;
+        Gc[tid] = valid ? gate(bf(p.gate.f[t * p.HV + h]) + (p.gate.dt_bias ? p.gate.dt_bias[h] : 0.f), aexp, lb) : 0.f;
     }
   }
   __syncthreads();
-  for (int x = tid; x < (KDA ? K : 1); x += NT) {  // invalid rows have gate 0: G stays at G_(C-1)
-    float acc = 0.f;
-    for (int i = 0; i < BT; ++i) acc = (Gc[i * GS + x] += acc);
+  if (warp < (4 * GS + 31) / 32) {  // cumulative sum per channel: 4 threads per channel, 16 rows each
+    const int x = tid >> 2, part = tid & 3;
+    const bool act = x < GS;
+    float v[16];
+#pragma unroll
+    for (int i = 0; i < 16; ++i) v[i] = act ? Gc[(16 * part + i) * GS + x] : 0.f;
+#pragma unroll
+    for (int i = 1; i < 16; ++i) v[i] += v[i - 1];
+    const int l0 = lane & ~3;
+    const float t0 = __shfl_sync(0xffffffffu, v[15], l0), t1 = __shfl_sync(0xffffffffu, v[15], l0 + 1),
+                t2 = __shfl_sync(0xffffffffu, v[15], l0 + 2);
+    const float off = part == 0 ? 0.f : (part == 1 ? t0 : (part == 2 ? t0 + t1 : (t0 + t1) + t2));
+#pragma unroll
+    for (int i = 0; i < 16; ++i) v[i] += off;
+    if (act) {
+#pragma unroll
+      for (int i = 0; i < 16; ++i) Gc[(16 * part + i) * GS + x] = v[i];
+      if (KDA && v[0] - v[15] > kSpanMax) wide[part] = 1;
+    }
   }
   __syncthreads();
-  const int gq = lane >> 2, tq = lane & 3;
+
+  // ---- q e^G and k e^(G_last - G) (row-major) and e^G_last to the record ----
+  for (int sl = tid; sl < SLOTS; sl += NTP) {
+    const int i = sl / SPR, x0 = 8 * (sl % SPR);
+    float gi[8], gl[8], a[8], b[8];
+    G8(i, x0, gi);
+    G8(BT - 1, x0, gl);
+    unpack8(*reinterpret_cast<const uint4*>(Qn + i * KP + x0), a);
+    unpack8(*reinterpret_cast<const uint4*>(Kn + i * KP + x0), b);
+#pragma unroll
+    for (int e = 0; e < 8; ++e) a[e] *= __expf(gi[e]), b[e] *= __expf(gl[e] - gi[e]);
+    *reinterpret_cast<uint4*>(rec + R::Qg + i * K + x0) = pack8(a);
+    *reinterpret_cast<uint4*>(rec + R::Kd + i * K + x0) = pack8(b);
+    if (i == 0)
+#pragma unroll
+      for (int e = 0; e < 8; ++e) gls[(size_t(g) * p.HV + h) * K + x0 + e] = __expf(gl[e]);
+  }
+  // Aqk above the diagonal blocks: zeros (the inverse never reads L there).
+  for (int e = tid; e < 6 * 32; e += NTP) {
+    const int pr = e >> 5, bi = pr < 3 ? 0 : (pr < 5 ? 1 : 2), bj = pr < 3 ? pr + 1 : (pr < 5 ? pr - 1 : 3);
+    *reinterpret_cast<uint4*>(rec + R::Aqk + (16 * bi + (e & 15)) * BT + 16 * bj + 8 * ((e >> 4) & 1)) =
+        make_uint4(0, 0, 0, 0);
+  }
+  // Pair products into L (fp32, beta_i folded in, j < i) and Aqk (bf16 record, j <= i).
+  auto store_pair = [&](bool isq, const float c[4], int i, int j) {  // rows i, i+8; columns j, j+1
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+      const int ii = i + 8 * hh;
+      const float c0v = c[2 * hh] * (j <= ii), c1v = c[2 * hh + 1] * (j + 1 <= ii);
+      if (isq) {
+        *reinterpret_cast<uint32_t*>(rec + R::Aqk + ii * BT + j) = pack2(c0v, c1v);
+      } else {
+        L[ii * LS + j] = j < ii ? betas[ii] * c0v : 0.f;
+        L[ii * LS + j + 1] = j + 1 < ii ? betas[ii] * c1v : 0.f;
+      }
+    }
+  };
   if (KDA) {
-    // Diagonal 16x16 blocks, exact: e^(G_i - G_j) per channel (j <= i, so <= 1). Zeros above.
-    for (int task = tid; task < 4 * 256; task += NT) {
-      const int b = task >> 8, i = 16 * b + ((task >> 4) & 15), j = 16 * b + (task & 15);
-      if (j > i) {
-        L[i * LS + j] = 0.f;
-        rec[R::Aqk + i * BT + j] = __float2bfloat16(0.f);
-        continue;
-      }
-      const bf16 *ki = Kn + i * KN, *kj = Kn + j * KN, *qi = Qn + i * KN;
-      const float *gi = Gc + i * GS, *gj = Gc + j * GS;
-      float l = 0.f, aq = 0.f;
-#pragma unroll 8
-      for (int x = 0; x < K; ++x) {
-        const float kb = bf(kj[x]) * __expf(gi[x] - gj[x]);
-        l += bf(ki[x]) * kb;
-        aq += bf(qi[x]) * kb;
-      }
-      L[i * LS + j] = j < i ? betas[i] * l : 0.f;
-      rec[R::Aqk + i * BT + j] = __float2bfloat16(aq);
-    }
-    // Blocks above the diagonal: zeros.
-    for (int e = tid; e < 6 * 256; e += NT) {
-      const int pr = e >> 8, bi = pr < 3 ? 0 : (pr < 5 ? 1 : 2), bj = pr < 3 ? pr + 1 : (pr < 5 ? pr - 1 : 3);
-      const int i = 16 * bi + ((e >> 4) & 15), j = 16 * bj + (e & 15);
-      L[i * LS + j] = 0.f;
-      rec[R::Aqk + i * BT + j] = __float2bfloat16(0.f);
-    }
-    // Off-diagonal blocks (bi > bj) on tensor cores, reference row r = last row of block bj.
+    // Off-diagonal blocks (bi > bj): reference row r = last row of block bj, so e^(G_i - G_r) and
+    // e^(G_r - G_j) are both <= 1.
+    bf16 *Ka = X, *Qa = X + 48 * KP, *Kb = X + 96 * KP;  // rows 16.. ; rows 16.. ; block bj
     for (int bj = 0; bj < 3; ++bj) {
       const int r = 16 * bj + 15, r0 = 16 * (bj + 1);
-      __syncthreads();  // previous bj's operands consumed
-      for (int e = tid; e < (BT - r0) * K; e += NT) {
-        const int i = r0 + e / K, x = e % K;
-        const float d = __expf(G(i, x) - G(r, x));
-        Ka[(i - 16) * KP + x] = __float2bfloat16(bf(Kn[i * KN + x]) * d);
-        Qa[(i - 16) * KP + x] = __float2bfloat16(bf(Qn[i * KN + x]) * d);
-      }
-      for (int e = tid; e < 16 * K; e += NT) {
-        const int j = 16 * bj + e / K, x = e % K;
-        Kb[(e / K) * KP + x] = __float2bfloat16(bf(Kn[j * KN + x]) * __expf(G(r, x) - G(j, x)));
+      __syncthreads();
+      for (int sl = tid; sl < (BT - r0 + 16) * SPR; sl += NTP) {
+        const int row = sl / SPR, x0 = 8 * (sl % SPR);
+        float gr[8], gi[8], kf[8];
+        G8(r, x0, gr);
+        if (row < BT - r0) {
+          const int i = r0 + row;
+          float qf[8];
+          G8(i, x0, gi);
+          unpack8(*reinterpret_cast<const uint4*>(Kn + i * KP + x0), kf);
+          unpack8(*reinterpret_cast<const uint4*>(Qn + i * KP + x0), qf);
+#pragma unroll
+          for (int e = 0; e < 8; ++e) {
+            const float d = __expf(gi[e] - gr[e]);
+            kf[e] *= d, qf[e] *= d;
+          }
+          *reinterpret_cast<uint4*>(Ka + (i - 16) * KP + x0) = pack8(kf);
+          *reinterpret_cast<uint4*>(Qa + (i - 16) * KP + x0) = pack8(qf);
+        } else {
+          const int jr = row - (BT - r0), j = 16 * bj + jr;
+          G8(j, x0, gi);
+          unpack8(*reinterpret_cast<const uint4*>(Kn + j * KP + x0), kf);
+#pragma unroll
+          for (int e = 0; e < 8; ++e) kf[e] *= __expf(gr[e] - gi[e]);
+          *reinterpret_cast<uint4*>(Kb + jr * KP + x0) = pack8(kf);
+        }
       }
       __syncthreads();
-      const int tasks = (3 - bj) * 4;  // (row block, column half, L or Aqk)
-      for (int tk = warp; tk < tasks; tk += NT / 32) {
+      for (int tk = warp; tk < (3 - bj) * 4; tk += NTP / 32) {
         const int bi = bj + 1 + (tk >> 2), half = (tk >> 1) & 1;
         const bool isq = tk & 1;
         float c[4] = {0.f, 0.f, 0.f, 0.f};
@@ -202,19 +309,63 @@ __global__ void __launch_bounds__(NT, 2) mma_prep_kernel(const LaPrefill p, cons
           frag_b(b, Kb, KP, 8 * half, k0, lane);
           mma16816(c, a, b);
         }
-        const int i = 16 * bi + gq, j = 16 * bj + 8 * half + 2 * tq;
-        if (isq) {
-          *reinterpret_cast<uint32_t*>(rec + R::Aqk + i * BT + j) = pack2(c[0], c[1]);
-          *reinterpret_cast<uint32_t*>(rec + R::Aqk + (i + 8) * BT + j) = pack2(c[2], c[3]);
-        } else {
-          L[i * LS + j] = betas[i] * c[0], L[i * LS + j + 1] = betas[i] * c[1];
-          L[(i + 8) * LS + j] = betas[i + 8] * c[2], L[(i + 8) * LS + j + 1] = betas[i + 8] * c[3];
+        store_pair(isq, c, 16 * bi + gq, 16 * bj + 8 * half + 2 * tq);
+      }
+    }
+    // Diagonal blocks, two at a time: factor through the middle row m (exponents within +-span).
+    bf16 *Ad = X, *Qd = X + 32 * KP, *Bd = X + 64 * KP;  // [32][KP] each
+    for (int hb = 0; hb < 2; ++hb) {
+      __syncthreads();
+      for (int sl = tid; sl < 32 * SPR; sl += NTP) {
+        const int row = sl / SPR, x0 = 8 * (sl % SPR), i = 32 * hb + row, m = (i & ~15) + 7;
+        float gm[8], gi[8], kf[8], qf[8], kb[8];
+        G8(m, x0, gm);
+        G8(i, x0, gi);
+        unpack8(*reinterpret_cast<const uint4*>(Kn + i * KP + x0), kf);
+        unpack8(*reinterpret_cast<const uint4*>(Qn + i * KP + x0), qf);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) {
+          const float d = __expf(fminf(gi[e] - gm[e], kSpanMax)), u = __expf(fminf(gm[e] - gi[e], kSpanMax));
+          kb[e] = kf[e] * u, kf[e] *= d, qf[e] *= d;
         }
+        *reinterpret_cast<uint4*>(Ad + row * KP + x0) = pack8(kf);
+        *reinterpret_cast<uint4*>(Qd + row * KP + x0) = pack8(qf);
+        *reinterpret_cast<uint4*>(Bd + row * KP + x0) = pack8(kb);
+      }
+      __syncthreads();
+      for (int tk = warp; tk < 8; tk += NTP / 32) {
+        const int lbk = tk >> 2, b = 2 * hb + lbk, half = (tk >> 1) & 1;
+        const bool isq = tk & 1;
+        if (wide[b]) continue;
+        float c[4] = {0.f, 0.f, 0.f, 0.f};
+        uint32_t a[4], bb[2];
+#pragma unroll
+        for (int k0 = 0; k0 < K; k0 += 16) {
+          frag_a(a, isq ? Qd : Ad, KP, 16 * lbk, k0, lane);
+          frag_b(bb, Bd, KP, 16 * lbk + 8 * half, k0, lane);
+          mma16816(c, a, bb);
+        }
+        store_pair(isq, c, 16 * b + gq, 16 * b + 8 * half + 2 * tq);
+      }
+    }
+    if (wide[0] | wide[1] | wide[2] | wide[3]) {  // rare: exact per element for those blocks
+      for (int task = tid; task < 4 * 256; task += NTP) {
+        const int b = task >> 8, i = 16 * b + ((task >> 4) & 15), j = 16 * b + (task & 15);
+        if (!wide[b] || j > i) continue;
+        float l = 0.f, aq = 0.f;
+        for (int x = 0; x < K; ++x) {
+          const float kb = bf(Kn[j * KP + x]) * __expf(G(i, x) - G(j, x));
+          l += bf(Kn[i * KP + x]) * kb;
+          aq += bf(Qn[i * KP + x]) * kb;
+        }
+        L[i * LS + j] = j < i ? betas[i] * l : 0.f;
+        rec[R::Aqk + i * BT + j] = __float2bfloat16(aq);
+        if (j < i) rec[R::Aqk + j * BT + i] = __float2bfloat16(0.f);
       }
     }
   } else {
-    // Scalar decay: k_i.k_j and q_i.k_j for all lower blocks on tensor cores, then e^(G_i - G_j).
-    for (int tk = warp; tk < 10 * 4; tk += NT / 32) {
+    // Scalar decay: k_i.k_j and q_i.k_j for all lower blocks, then e^(G_i - G_j) (j <= i).
+    for (int tk = warp; tk < 10 * 4; tk += NTP / 32) {
       const int pr = tk >> 2, half = (tk >> 1) & 1;
       const bool isq = tk & 1;
       int bi = 0;
@@ -224,86 +375,86 @@ __global__ void __launch_bounds__(NT, 2) mma_prep_kernel(const LaPrefill p, cons
       uint32_t a[4], b[2];
 #pragma unroll
       for (int k0 = 0; k0 < K; k0 += 16) {
-        frag_a(a, isq ? Qn : Kn, KN, 16 * bi, k0, lane);
-        frag_b(b, Kn, KN, 16 * bj + 8 * half, k0, lane);
+        frag_a(a, isq ? Qn : Kn, KP, 16 * bi, k0, lane);
+        frag_b(b, Kn, KP, 16 * bj + 8 * half, k0, lane);
         mma16816(c, a, b);
       }
+      const int i = 16 * bi + gq, j = 16 * bj + 8 * half + 2 * tq;
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        const int i = 16 * bi + gq + 8 * (e >> 1), j = 16 * bj + 8 * half + 2 * tq + (e & 1);
-        const float d = j <= i ? __expf(Gc[i] - Gc[j]) : 0.f;
-        if (isq)
-          rec[R::Aqk + i * BT + j] = __float2bfloat16(c[e] * d);
-        else
-          L[i * LS + j] = j < i ? betas[i] * c[e] * d : 0.f;
+        const int ii = i + 8 * (e >> 1), jj = j + (e & 1);
+        c[e] *= jj <= ii ? __expf(Gc[ii] - Gc[jj]) : 0.f;
       }
-    }
-    for (int e = tid; e < 6 * 256; e += NT) {
-      const int pr = e >> 8, bi = pr < 3 ? 0 : (pr < 5 ? 1 : 2), bj = pr < 3 ? pr + 1 : (pr < 5 ? pr - 1 : 3);
-      const int i = 16 * bi + ((e >> 4) & 15), j = 16 * bj + (e & 15);
-      L[i * LS + j] = 0.f;
-      rec[R::Aqk + i * BT + j] = __float2bfloat16(0.f);
+      store_pair(isq, c, i, j);
     }
   }
   __syncthreads();
-  if (tid < BT) {
-    // (I + L)^-1, one column per thread by forward substitution (L reads are warp broadcasts).
-    const int c = tid;
-    float xs[BT];
+  // k e^G into Qn's space (the B operand of W); then v into Kn's space (of U), in flight during the solve.
+  bf16 *Ke = Qn, *Vs = Kn;
+  for (int sl = tid; sl < SLOTS; sl += NTP) {
+    const int i = sl / SPR, x0 = 8 * (sl % SPR);
+    float gi[8], kf[8];
+    G8(i, x0, gi);
+    unpack8(*reinterpret_cast<const uint4*>(Kn + i * KP + x0), kf);
 #pragma unroll
-    for (int i = 0; i < BT; ++i) xs[i] = i == c ? 1.f : 0.f;
-#pragma unroll
-    for (int i = 1; i < BT; ++i) {
-      float s = xs[i];
-#pragma unroll
-      for (int j = 0; j < i; ++j) s -= L[i * LS + j] * xs[j];
-      xs[i] = s;
-    }
-#pragma unroll
-    for (int i = 0; i < BT; ++i) Ai[i * AP + c] = __float2bfloat16(xs[i]);
-  } else {
-    // Meanwhile: q e^G, k e^(G_last - G) (transposed), (beta k e^G)^T and e^G_last.
-    const int t2 = tid - BT, n2 = NT - BT;
-    for (int e = t2; e < BT * K; e += n2) {
-      const int i = e / K, x = e % K;
-      rec[R::Qg + e] = __float2bfloat16(bf(Qn[i * KN + x]) * __expf(G(i, x)));
-    }
-    for (int e = t2; e < K * BT; e += n2) {
-      const int x = e / BT, j = e % BT;
-      const float kj = bf(Kn[j * KN + x]), gj = G(j, x);
-      rec[R::KdT + e] = __float2bfloat16(kj * __expf(G(BT - 1, x) - gj));
-      Bt[x * AP + j] = __float2bfloat16(betas[j] * kj * __expf(gj));
-    }
-    for (int x = t2; x < K; x += n2) gls[(size_t(g) * p.HV + h) * K + x] = __expf(G(BT - 1, x));
+    for (int e = 0; e < 8; ++e) kf[e] *= __expf(gi[e]);
+    *reinterpret_cast<uint4*>(Ke + i * KP + x0) = pack8(kf);
   }
   __syncthreads();
-  // W = Ainv (beta k e^G), U = Ainv (beta v): [BT][K] each, 4 row tiles x K/8 column tiles.
-  const int mt = warp & 3, nt0 = (warp >> 2) * (K / 16);
+  for (int sl = tid; sl < BT * (V / 8); sl += NTP) {
+    const int j = sl / (V / 8), y0 = 8 * (sl % (V / 8));
+    if (j < C)
+      __pipeline_memcpy_async(Vs + j * KP + y0, p.v + ((bos + c0 + j) * p.HV + h) * V + y0, 16);
+    else
+      *reinterpret_cast<uint4*>(Vs + j * KP + y0) = make_uint4(0, 0, 0, 0);
+  }
+  __pipeline_commit();
+  // (I + L)^-1 by forward substitution: 8 threads per column c, thread r owns rows 8m + r; the
+  // finished x_j is shuffled from its owner. Column c is then scaled by beta_c (W = Ainv diag(beta) K e^G).
+  bf16* Ai = X;  // [BT][AP]
+  {
+    const int c = tid >> 3, r = tid & 7;
+    float xs[8];
+#pragma unroll
+    for (int m = 0; m < 8; ++m) xs[m] = 8 * m + r == c ? 1.f : 0.f;
+#pragma unroll
+    for (int j = 0; j < BT - 1; ++j) {
+      const float xj = __shfl_sync(0xffffffffu, xs[j >> 3], (lane & ~7) | (j & 7));
+#pragma unroll
+      for (int m = j >> 3; m < 8; ++m)
+        if (m > (j >> 3) || r > (j & 7)) xs[m] -= L[(8 * m + r) * LS + j] * xj;
+    }
+    const float bc = betas[c];
+#pragma unroll
+    for (int m = 0; m < 8; ++m) Ai[(8 * m + r) * AP + c] = __float2bfloat16(xs[m] * bc);
+  }
+  __syncthreads();
+  // W = Ai (k e^G), U = Ai v: [BT][K] each; warp: row tile mt, K/32 column tiles from nt0.
+  constexpr int TW = K / 32;
+  const int mt = warp & 3, nt0 = (warp >> 2) * TW;
   for (int pass = 0; pass < 2; ++pass) {
     if (pass == 1) {
-      __syncthreads();
-      for (int e = tid; e < BT * V; e += NT) {
-        const int j = e / V, y = e % V;
-        Bt[y * AP + j] = __float2bfloat16(j < C ? betas[j] * bf(p.v[((bos + c0 + j) * p.HV + h) * V + y]) : 0.f);
-      }
+      __pipeline_wait_prior(0);
       __syncthreads();
     }
-    float c[K / 16][4];
+    const bf16* B = pass == 0 ? Ke : Vs;
+    float c[TW][4];
 #pragma unroll
-    for (int t = 0; t < K / 16; ++t) c[t][0] = c[t][1] = c[t][2] = c[t][3] = 0.f;
+    for (int t = 0; t < TW; ++t) c[t][0] = c[t][1] = c[t][2] = c[t][3] = 0.f;
 #pragma unroll
     for (int k0 = 0; k0 < BT; k0 += 16) {
-      uint32_t a[4], b[2];
+      uint32_t a[4], b0[2], b1[2];
       frag_a(a, Ai, AP, 16 * mt, k0, lane);
 #pragma unroll
-      for (int t = 0; t < K / 16; ++t) {
-        frag_b(b, Bt, AP, 8 * (nt0 + t), k0, lane);
-        mma16816(c[t], a, b);
+      for (int t = 0; t < TW; t += 2) {
+        frag_b2_rowmajor(b0, b1, B, KP, k0, 8 * (nt0 + t), lane);
+        mma16816(c[t], a, b0);
+        mma16816(c[t + 1], a, b1);
       }
     }
     bf16* out = rec + (pass == 0 ? R::W : R::U);
 #pragma unroll
-    for (int t = 0; t < K / 16; ++t) {
+    for (int t = 0; t < TW; ++t) {
       const int i = 16 * mt + gq, x = 8 * (nt0 + t) + 2 * tq;
       *reinterpret_cast<uint32_t*>(out + i * K + x) = pack2(c[t][0], c[t][1]);
       *reinterpret_cast<uint32_t*>(out + (i + 8) * K + x) = pack2(c[t][2], c[t][3]);
@@ -314,7 +465,7 @@ __global__ void __launch_bounds__(NT, 2) mma_prep_kernel(const LaPrefill p, cons
 template <int K, int BV>
 constexpr size_t rec_smem_bytes() {
   constexpr int KP = K + 8, BVP = BV + 8;
-  return (size_t(BV) * KP + size_t(BV) * AP) * 2 + 2 * ((size_t(BT) * KP + size_t(K) * AP + size_t(BT) * BVP) * 2 + K * 4);
+  return (size_t(BV) * KP + size_t(BV) * AP) * 2 + 2 * ((2 * size_t(BT) * KP + size_t(BT) * BVP) * 2 + K * 4);
 }
 
 // One CTA per (value head, block of BV state columns, sequence): the state recurrence.
@@ -323,7 +474,7 @@ __global__ void __launch_bounds__(NT, 1) mma_rec_kernel(const LaPrefill p, const
                                                         const bf16* __restrict__ records, const float* __restrict__ gls,
                                                         bf16* __restrict__ Sg, bf16* __restrict__ Ug) {
   constexpr int V = K, KP = K + 8, BVP = BV + 8;
-  constexpr int BUF = (BT * KP + K * AP + BT * BVP) * 2 + K * 4;  // bytes per record buffer
+  constexpr int BUF = (2 * BT * KP + BT * BVP) * 2 + K * 4;  // bytes per record buffer
   using R = R4<K, V>;
   const int h = blockIdx.x / (V / BV), y0 = (blockIdx.x % (V / BV)) * BV, n = blockIdx.y;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, gq = lane >> 2, tq = lane & 3;
@@ -333,8 +484,8 @@ __global__ void __launch_bounds__(NT, 1) mma_rec_kernel(const LaPrefill p, const
   bf16* Ut = St + BV * KP;                  // [BV][AP] bf16 U'^T
   unsigned char* bufs = reinterpret_cast<unsigned char*>(Ut + BV * AP);
   auto Wb = [&](int c) { return reinterpret_cast<bf16*>(bufs + (c & 1) * BUF); };  // [BT][KP]
-  auto Kb = [&](int c) { return Wb(c) + BT * KP; };                                  // [K][AP] Kd^T
-  auto Ub = [&](int c) { return Kb(c) + K * AP; };                                   // [BT][BVP]
+  auto Kb = [&](int c) { return Wb(c) + BT * KP; };                                  // [BT][KP] Kd
+  auto Ub = [&](int c) { return Kb(c) + BT * KP; };                                  // [BT][BVP]
   auto Gb = [&](int c) { return reinterpret_cast<float*>(Ub(c) + BT * BVP); };       // [K] e^G_last
   // S [K][BV] in accumulators: warp owns row tile sm and NTW column tiles from sn0.
   constexpr int MT = K / 16, NTW = (BV / 8) / (8 / MT);
@@ -369,9 +520,9 @@ __global__ void __launch_bounds__(NT, 1) mma_rec_kernel(const LaPrefill p, const
       const int i = e / (K / 8), q = e % (K / 8);
       __pipeline_memcpy_async(W + i * KP + 8 * q, r + R::W + i * K + 8 * q, 16);
     }
-    for (int e = tid; e < K * BT / 8; e += NT) {
-      const int x = e / (BT / 8), q = e % (BT / 8);
-      __pipeline_memcpy_async(Kd + x * AP + 8 * q, r + R::KdT + x * BT + 8 * q, 16);
+    for (int e = tid; e < BT * K / 8; e += NT) {
+      const int j = e / (K / 8), q = e % (K / 8);
+      __pipeline_memcpy_async(Kd + j * KP + 8 * q, r + R::Kd + j * K + 8 * q, 16);
     }
     for (int e = tid; e < BT * BV / 8; e += NT) {
       const int i = e / (BV / 8), q = e % (BV / 8);
@@ -439,7 +590,7 @@ __global__ void __launch_bounds__(NT, 1) mma_rec_kernel(const LaPrefill p, const
 #pragma unroll
       for (int k0 = 0; k0 < BT; k0 += 16) {
         uint32_t a[4], b[2];
-        frag_a(a, Kd, AP, 16 * sm, k0, lane);
+        frag_a_trans(a, Kd, KP, 16 * sm, k0, lane);
 #pragma unroll
         for (int t = 0; t < NTW; ++t) {
           frag_b(b, Ut, AP, 8 * (sn0 + t), k0, lane);
@@ -562,7 +713,8 @@ template <int K, bool KDA>
 void launch_prep(const LaPrefill& p, size_t G, const Ws4& w, cudaStream_t stream) {
   constexpr size_t smem = prep_smem_bytes<K, KDA>();
   CUDA_CHECK(cudaFuncSetAttribute(mma_prep_kernel<K, KDA>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-  mma_prep_kernel<K, KDA><<<dim3(unsigned(G), unsigned(p.HV)), NT, smem, stream>>>(p, w.base, w.records, w.gls);
+  CUDA_CHECK(cudaFuncSetAttribute(mma_prep_kernel<K, KDA>, cudaFuncAttributePreferredSharedMemoryCarveout, 100));
+  mma_prep_kernel<K, KDA><<<dim3(unsigned(G), unsigned(p.HV)), NTP, smem, stream>>>(p, w.base, w.records, w.gls);
   CUDA_CHECK_LAUNCH();
 }
 
