@@ -122,7 +122,7 @@ int bench_linear_attn(const std::string& json_out) {
         }
       la_set_value_block(0);
       p.workspace = nullptr;
-      for (int variant : {3}) {
+      for (int variant : {3, 4}) {
         la_set_variant(variant);
         const double ms_p = median_ms([&] { la_parallel_prefill(p, T, segs, ws, nullptr); }, 5, 1);
         std::snprintf(buf + 128, 128, "v%d segments=%d, %.2fx best serial, %.0f GB/s", variant, segs, ms_s / ms_p,

@@ -269,11 +269,7 @@ size_t records_bytes(int64_t T, int N, int HV, int K, int V) {
 void run_chunk(const ChunkArgs& a, int V, cudaStream_t stream) {
   DZ_CHECK(a.p.HK > 0 && a.p.HV % a.p.HK == 0, "linear attention CUDA: HV=", a.p.HV, " not a multiple of HK=", a.p.HK);
   if (a.p.N == 0 || a.p.HV == 0) return;
-  if (g_variant == 4 && a.p.workspace && !a.trans_A) {
-    LaPrefill p = a.p;
-    if (!a.write_o) p.o = nullptr;
-    return mma_prefill(p, pick_bv(a.p.HV * a.p.N, V), stream);
-  }
+  if (g_variant == 4 && a.p.workspace) return mma_prefill(a, pick_bv(a.p.HV * a.p.N, V), kAllStages, stream);
   if (g_variant >= 3 && a.p.workspace) {
     DZ_CHECK(a.p.K == V && (V == 64 || V == 128), "linear attention CUDA: K=", a.p.K, " V=", V,
              " not supported (K = V = 64 or 128)");
@@ -382,14 +378,15 @@ void la_merge(const float* A, const float* B, const float* h0, int S, int HV, in
 size_t la_scan_workspace_bytes(int64_t T, int segments, int HV, int K, int V) {
   const size_t s = size_t(std::max(segments, 1));
   return align256((s + 1) * 4) + align256(s * HV * K * K * 4) + 2 * align256(s * HV * K * V * 4) +
-         align256((s + 1) * 4) + records_bytes(T, int(s), HV, K, V);
+         std::max(align256((s + 1) * 4) + records_bytes(T, int(s), HV, K, V), mma_workspace_bytes(T, int(s), HV, K, V));
 }
 
 void la_parallel_prefill(const LaPrefill& p, int64_t T, int segments, void* workspace, cudaStream_t stream) {
   DZ_CHECK(p.N == 1, "la_parallel_prefill: one sequence expected, got N=", p.N);
-  const int64_t chunks = (T + BT - 1) / BT;
+  const int CB = g_variant == 4 ? 64 : BT;  // segments of whole chunks of the kernel version
+  const int64_t chunks = (T + CB - 1) / CB;
   if (segments <= 1 || chunks <= 1) return la_chunk_prefill(p, stream);
-  const int L = int((chunks + segments - 1) / segments) * BT;  // rows per segment, whole chunks
+  const int L = int((chunks + segments - 1) / segments) * CB;  // rows per segment
   const int S = int((T + L - 1) / L);
   char* ws = static_cast<char*>(workspace);
   auto* seg_cu = reinterpret_cast<int32_t*>(ws);
@@ -401,7 +398,21 @@ void la_parallel_prefill(const LaPrefill& p, int64_t T, int segments, void* work
   auto* S_init = reinterpret_cast<float*>(ws);
   segment_bounds_kernel<<<1, 1024, 0, stream>>>(p.cu_seqlens, S, L, int(T), seg_cu);
   CUDA_CHECK_LAUNCH();
-  if (g_variant >= 3) {  // key side once for all chunks; the three passes only stream records
+  if (g_variant == 4) {  // key side once (tensor cores); transitions, zero-state ends, merge, outputs
+    ws += align256(size_t(segments) * p.HV * p.K * p.V * 4);
+    LaPrefill q = p;
+    q.cu_seqlens = seg_cu, q.N = S, q.h0 = nullptr, q.o = nullptr, q.T_total = T, q.workspace = ws;
+    mma_prefill(ChunkArgs{q, false, false}, 0, kPrep, stream);
+    q.ht = A;
+    mma_prefill(ChunkArgs{q, false, true}, pick_bv(p.HV * S, p.K), kRecur, stream);
+    q.ht = B;
+    mma_prefill(ChunkArgs{q, false, false}, pick_bv(p.HV * S, p.V), kRecur, stream);
+    la_merge(A, B, p.h0, S, p.HV, p.K, p.V, S_init, p.ht, stream);
+    q.h0 = S_init, q.ht = nullptr, q.o = p.o;
+    mma_prefill(ChunkArgs{q, true, false}, pick_bv(p.HV * S, p.V), kRecur | kOutput, stream);
+    return;
+  }
+  if (g_variant == 3) {  // key side once for all chunks; the three passes only stream records
     ws += align256(size_t(segments) * p.HV * p.K * p.V * 4);
     auto* base = reinterpret_cast<int32_t*>(ws);
     auto* records = reinterpret_cast<float*>(ws + align256(size_t(segments + 1) * 4));

@@ -27,7 +27,10 @@ void split_recur(const ChunkArgs& a, int bv, const int32_t* chunk_base, const fl
 
 // Version 4 (linear_attn_mma.cu): tensor cores, chunk 64, outputs in a parallel pass after the
 // recurrence. Needs p.T_total and p.workspace of mma_workspace_bytes(...) bytes; bv in {32, 64, K}.
+// Stages: prep (key side into records), recurrence (a.trans_A: S0 = I, v = 0; outputs stored for
+// the output pass only with a.write_o and p.o), outputs. The parallel scan runs them separately.
 size_t mma_workspace_bytes(int64_t T_total, int N, int HV, int K, int V);
-void mma_prefill(const LaPrefill& p, int bv, cudaStream_t stream);
+constexpr unsigned kPrep = 1, kRecur = 2, kOutput = 4, kAllStages = 7;
+void mma_prefill(const ChunkArgs& a, int bv, unsigned stages, cudaStream_t stream);
 
 }  // namespace dz::cuda::la

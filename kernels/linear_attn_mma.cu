@@ -469,10 +469,13 @@ constexpr size_t rec_smem_bytes() {
 }
 
 // One CTA per (value head, block of BV state columns, sequence): the state recurrence.
+// trans_A: the transition pass of the parallel scan (S0 = I, v = 0, so S_end = A; needs V == K);
+// store: write the per-chunk states and U' for the output kernel (false: final states only).
 template <int K, int BV>
 __global__ void __launch_bounds__(NT, 1) mma_rec_kernel(const LaPrefill p, const int32_t* __restrict__ base,
                                                         const bf16* __restrict__ records, const float* __restrict__ gls,
-                                                        bf16* __restrict__ Sg, bf16* __restrict__ Ug) {
+                                                        bf16* __restrict__ Sg, bf16* __restrict__ Ug, bool trans_A,
+                                                        bool store) {
   constexpr int V = K, KP = K + 8, BVP = BV + 8;
   constexpr int BUF = (2 * BT * KP + BT * BVP) * 2 + K * 4;  // bytes per record buffer
   using R = R4<K, V>;
@@ -500,7 +503,7 @@ __global__ void __launch_bounds__(NT, 1) mma_rec_kernel(const LaPrefill p, const
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       const int x = 16 * sm + gq + 8 * (e >> 1), y = y0 + 8 * (sn0 + t) + 2 * tq + (e & 1);
-      S[t][e] = p.h0 ? p.h0[soff + size_t(x) * V + y] : 0.f;
+      S[t][e] = trans_A ? (x == y ? 1.f : 0.f) : (p.h0 ? p.h0[soff + size_t(x) * V + y] : 0.f);
     }
   auto store_St = [&] {
 #pragma unroll
@@ -524,7 +527,7 @@ __global__ void __launch_bounds__(NT, 1) mma_rec_kernel(const LaPrefill p, const
       const int j = e / (K / 8), q = e % (K / 8);
       __pipeline_memcpy_async(Kd + j * KP + 8 * q, r + R::Kd + j * K + 8 * q, 16);
     }
-    for (int e = tid; e < BT * BV / 8; e += NT) {
+    for (int e = tid; e < BT * BV / 8 && !trans_A; e += NT) {
       const int i = e / (BV / 8), q = e % (BV / 8);
       __pipeline_memcpy_async(U + i * BVP + 8 * q, r + R::U + i * V + y0 + 8 * q, 16);
     }
@@ -538,7 +541,7 @@ __global__ void __launch_bounds__(NT, 1) mma_rec_kernel(const LaPrefill p, const
     __pipeline_wait_prior(1);
     __syncthreads();
     const size_t gh = size_t(g0 + c) * p.HV + h;
-    {  // the state entering chunk c, for the output kernel: Sg [.., V][K]
+    if (store) {  // the state entering chunk c, for the output kernel: Sg [.., V][K]
       bf16* dst = Sg + gh * V * K + size_t(y0) * K;
       for (int e = tid; e < BV * K / 8; e += NT) {
         const int y = e / (K / 8), q = e % (K / 8);
@@ -552,7 +555,7 @@ __global__ void __launch_bounds__(NT, 1) mma_rec_kernel(const LaPrefill p, const
       for (int t = 0; t < UN; ++t)
 #pragma unroll
         for (int e = 0; e < 4; ++e)
-          u[t][e] = bf(U[(16 * um + gq + 8 * (e >> 1)) * BVP + 8 * (un0 + t) + 2 * tq + (e & 1)]);
+          u[t][e] = trans_A ? 0.f : bf(U[(16 * um + gq + 8 * (e >> 1)) * BVP + 8 * (un0 + t) + 2 * tq + (e & 1)]);
 #pragma unroll
       for (int k0 = 0; k0 < K; k0 += 16) {
         uint32_t a[4], b[2];
@@ -574,7 +577,7 @@ __global__ void __launch_bounds__(NT, 1) mma_rec_kernel(const LaPrefill p, const
         }
     }
     __syncthreads();
-    {  // U' for the output kernel: Ug [.., V][BT]
+    if (store) {  // U' for the output kernel: Ug [.., V][BT]
       bf16* dst = Ug + gh * V * BT + size_t(y0) * BT;
       for (int e = tid; e < BV * BT / 8; e += NT) {
         const int y = e / (BT / 8), q = e % (BT / 8);
@@ -719,11 +722,11 @@ void launch_prep(const LaPrefill& p, size_t G, const Ws4& w, cudaStream_t stream
 }
 
 template <int K, int BV>
-void launch_rec(const LaPrefill& p, const Ws4& w, cudaStream_t stream) {
+void launch_rec(const LaPrefill& p, const Ws4& w, bool trans_A, bool store, cudaStream_t stream) {
   constexpr size_t smem = rec_smem_bytes<K, BV>();
   CUDA_CHECK(cudaFuncSetAttribute(mma_rec_kernel<K, BV>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-  mma_rec_kernel<K, BV><<<dim3(unsigned(p.HV * (K / BV)), unsigned(p.N)), NT, smem, stream>>>(p, w.base, w.records, w.gls,
-                                                                                              w.Sg, w.Ug);
+  mma_rec_kernel<K, BV><<<dim3(unsigned(p.HV * (K / BV)), unsigned(p.N)), NT, smem, stream>>>(
+      p, w.base, w.records, w.gls, w.Sg, w.Ug, trans_A, store);
   CUDA_CHECK_LAUNCH();
 }
 
@@ -741,27 +744,33 @@ size_t mma_workspace_bytes(int64_t T_total, int N, int HV, int K, int V) {
   return carve(nullptr, T_total, N, HV, K, V).bytes;
 }
 
-void mma_prefill(const LaPrefill& p, int bv, cudaStream_t stream) {
+void mma_prefill(const ChunkArgs& a, int bv, unsigned stages, cudaStream_t stream) {
+  const LaPrefill& p = a.p;
   DZ_CHECK(p.K == p.V && (p.K == 64 || p.K == 128), "linear attention CUDA v4: K=", p.K, " V=", p.V,
            " not supported (K = V = 64 or 128)");
   const Ws4 w = carve(p.workspace, p.T_total, p.N, p.HV, p.K, p.V);
-  base64_kernel<<<1, 1, 0, stream>>>(p.cu_seqlens, p.N, w.base);
-  CUDA_CHECK_LAUNCH();
   const size_t G = size_t((p.T_total + BT - 1) / BT + p.N);
-  if (p.T_total > 0) {
-    if (p.K == 64)
-      p.kda ? launch_prep<64, true>(p, G, w, stream) : launch_prep<64, false>(p, G, w, stream);
-    else
-      p.kda ? launch_prep<128, true>(p, G, w, stream) : launch_prep<128, false>(p, G, w, stream);
+  if (stages & kPrep) {
+    base64_kernel<<<1, 1, 0, stream>>>(p.cu_seqlens, p.N, w.base);
+    CUDA_CHECK_LAUNCH();
+    if (p.T_total > 0) {
+      if (p.K == 64)
+        p.kda ? launch_prep<64, true>(p, G, w, stream) : launch_prep<64, false>(p, G, w, stream);
+      else
+        p.kda ? launch_prep<128, true>(p, G, w, stream) : launch_prep<128, false>(p, G, w, stream);
+    }
   }
-  if (p.K == 64) {
-    bv == 32 ? launch_rec<64, 32>(p, w, stream) : launch_rec<64, 64>(p, w, stream);
-  } else {
-    if (bv == 32) launch_rec<128, 32>(p, w, stream);
-    else if (bv == 64) launch_rec<128, 64>(p, w, stream);
-    else launch_rec<128, 128>(p, w, stream);
+  const bool out = a.write_o && p.o && p.T_total > 0;
+  if (stages & kRecur) {
+    if (p.K == 64) {
+      bv == 32 ? launch_rec<64, 32>(p, w, a.trans_A, out, stream) : launch_rec<64, 64>(p, w, a.trans_A, out, stream);
+    } else {
+      if (bv == 32) launch_rec<128, 32>(p, w, a.trans_A, out, stream);
+      else if (bv == 64) launch_rec<128, 64>(p, w, a.trans_A, out, stream);
+      else launch_rec<128, 128>(p, w, a.trans_A, out, stream);
+    }
   }
-  if (p.o && p.T_total > 0) p.K == 64 ? launch_out<64>(p, G, w, stream) : launch_out<128>(p, G, w, stream);
+  if ((stages & kOutput) && out) p.K == 64 ? launch_out<64>(p, G, w, stream) : launch_out<128>(p, G, w, stream);
 }
 
 }  // namespace dz::cuda::la

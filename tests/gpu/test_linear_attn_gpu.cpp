@@ -211,7 +211,7 @@ TEST_CASE("gpu linear attention chunked prefill and parallel scan equal the CPU 
     dz::cuda::la_set_value_block(0);
     p.workspace = nullptr;
     if (c.segments > 1)
-    for (int variant : {2, 3}) {
+    for (int variant : {2, 3, 4}) {
       dz::cuda::la_set_variant(variant);
       Dev<char> ws(dz::cuda::la_scan_workspace_bytes(in.T, c.segments, c.HV, c.K, c.V));
       CUDA_CHECK(cudaMemset(o.p, 0xff, o.n * 2));
@@ -220,8 +220,8 @@ TEST_CASE("gpu linear attention chunked prefill and parallel scan equal the CPU 
       CUDA_CHECK(cudaDeviceSynchronize());
       const double po = rel_err(bf_to_f(o.get<uint16_t>()), o_ref), ps = rel_err(ht.get<float>(), ht_ref);
       std::printf("    parallel scan v%d, %d segments: o err %.3g, state err %.3g\n", variant, c.segments, po, ps);
-      CHECK(po < 1e-2);
-      CHECK(ps < 2e-3);
+      CHECK(po < (variant == 4 ? 2e-2 : 1e-2));  // tolerances as for the chunked prefill above
+      CHECK(ps < (variant == 4 ? 1e-2 : 2e-3));
     }
     dz::cuda::la_set_variant(4);  // the default
   }
