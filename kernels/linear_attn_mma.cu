@@ -35,7 +35,6 @@ struct R4 {
 };
 constexpr size_t rec_elems(int K, int V) { return 3 * size_t(BT) * K + size_t(BT) * V + BT * BT; }
 
-__device__ __forceinline__ uint32_t ld32(const bf16* p) { return *reinterpret_cast<const uint32_t*>(p); }
 __device__ __forceinline__ uint32_t pack2(float lo, float hi) {
   const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
   return *reinterpret_cast<const uint32_t*>(&v);
@@ -46,22 +45,24 @@ __device__ __forceinline__ void mma16816(float c[4], const uint32_t a[4], const 
       : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
-// A fragment: rows r0..r0+15, k k0..k0+15 of a row-major [rows][ld] bf16 matrix.
+__device__ __forceinline__ uint32_t smem_addr(const void* p) { return static_cast<uint32_t>(__cvta_generic_to_shared(p)); }
+// A fragment: rows r0..r0+15, k k0..k0+15 of a row-major [rows][ld] bf16 matrix (16-byte rows).
 __device__ __forceinline__ void frag_a(uint32_t a[4], const bf16* A, int ld, int r0, int k0, int lane) {
-  const bf16* q = A + (r0 + (lane >> 2)) * ld + k0 + 2 * (lane & 3);
-  a[0] = ld32(q), a[1] = ld32(q + 8 * ld), a[2] = ld32(q + 8), a[3] = ld32(q + 8 * ld + 8);
+  const bf16* q = A + (r0 + (lane & 7) + 8 * ((lane >> 3) & 1)) * ld + k0 + 8 * (lane >> 4);
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(a[0]), "=r"(a[1]), "=r"(a[2]), "=r"(a[3])
+               : "r"(smem_addr(q)));
 }
 // B fragment: k k0..k0+15, columns n0..n0+7, from the transposed (column-major) [n][ld] matrix.
 __device__ __forceinline__ void frag_b(uint32_t b[2], const bf16* Bt, int ld, int n0, int k0, int lane) {
-  const bf16* q = Bt + (n0 + (lane >> 2)) * ld + k0 + 2 * (lane & 3);
-  b[0] = ld32(q), b[1] = ld32(q + 8);
+  const bf16* q = Bt + (n0 + (lane & 7)) * ld + k0 + 8 * ((lane >> 3) & 1);
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];\n" : "=r"(b[0]), "=r"(b[1]) : "r"(smem_addr(q)));
 }
 
 __device__ __forceinline__ void ldsm_x4_trans(uint32_t r[4], const bf16* p) {
-  const uint32_t a = static_cast<uint32_t>(__cvta_generic_to_shared(p));
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(a));
+               : "r"(smem_addr(p)));
 }
 // B fragments of two column tiles (n0..n0+15), k k0..k0+15, from a row-major [k][ld] matrix.
 __device__ __forceinline__ void frag_b2_rowmajor(uint32_t b0[2], uint32_t b1[2], const bf16* B, int ld, int k0, int n0,
@@ -259,8 +260,8 @@ __global__ void __launch_bounds__(NTP, 2) mma_prep_kernel(const LaPrefill p, con
       if (isq) {
         *reinterpret_cast<uint32_t*>(rec + R::Aqk + ii * BT + j) = pack2(c0v, c1v);
       } else {
-        L[ii * LS + j] = j < ii ? betas[ii] * c0v : 0.f;
-        L[ii * LS + j + 1] = j + 1 < ii ? betas[ii] * c1v : 0.f;
+        if (j < ii) L[ii * LS + j] = betas[ii] * c0v;  // only j < i is ever read
+        if (j + 1 < ii) L[ii * LS + j + 1] = betas[ii] * c1v;
       }
     }
   };
@@ -358,7 +359,7 @@ __global__ void __launch_bounds__(NTP, 2) mma_prep_kernel(const LaPrefill p, con
           l += bf(Kn[i * KP + x]) * kb;
           aq += bf(Qn[i * KP + x]) * kb;
         }
-        L[i * LS + j] = j < i ? betas[i] * l : 0.f;
+        if (j < i) L[i * LS + j] = betas[i] * l;
         rec[R::Aqk + i * BT + j] = __float2bfloat16(aq);
         if (j < i) rec[R::Aqk + j * BT + i] = __float2bfloat16(0.f);
       }
