@@ -119,6 +119,14 @@ __device__ __forceinline__ void ld8f(const float* p, float f[8]) {
   f[0] = a.x, f[1] = a.y, f[2] = a.z, f[3] = a.w, f[4] = b.x, f[5] = b.y, f[6] = b.z, f[7] = b.w;
 }
 
+// The gate with MUFU exp/log: softplus(z) = log(1 + e^z) to ~1e-7 absolute, e^z below -15 (where
+// 1 + e^z rounds to 1); the log-decay is then within 1e-7 of the CPU's log1pf form per step.
+__device__ __forceinline__ float gate_fast(float z, float a, float lower_bound) {
+  if (lower_bound < 0.f) return lower_bound / (1.f + __expf(-a * z));
+  const float sp = z > 20.f ? z : (z < -15.f ? __expf(z) : __logf(1.f + __expf(z)));
+  return -a * sp;
+}
+
 // One CTA per (chunk, value head): the key side of the chunk into its record. Work is spread in
 // 8-channel slots (16-byte loads and stores); barriers separate the phases.
 template <int K, bool KDA>
@@ -193,7 +201,7 @@ __global__ void __launch_bounds__(NTP, 2) mma_prep_kernel(const LaPrefill p, con
         float ff[8];
         unpack8(fr[s], ff);
 #pragma unroll
-        for (int e = 0; e < 8; ++e) ff[e] = i < C ? gate(ff[e] + db[e], aexp, lb) : 0.f;
+        for (int e = 0; e < 8; ++e) ff[e] = i < C ? gate_fast(ff[e] + db[e], aexp, lb) : 0.f;
         *reinterpret_cast<float4*>(Gc + i * GS + x0) = make_float4(ff[0], ff[1], ff[2], ff[3]);
         *reinterpret_cast<float4*>(Gc + i * GS + x0 + 4) = make_float4(ff[4], ff[5], ff[6], ff[7]);
       }
@@ -420,6 +428,7 @@ __global__ void __launch_bounds__(NTP, 2) mma_prep_kernel(const LaPrefill p, con
     for (int m = 0; m < 8; ++m) xs[m] = 8 * m + r == c ? 1.f : 0.f;
 #pragma unroll
     for (int j = 0; j < BT - 1; ++j) {
+      if (j < 4 * warp) continue;  // x_j = 0 in all four columns of this warp (c > j): nothing to do
       const float xj = __shfl_sync(0xffffffffu, xs[j >> 3], (lane & ~7) | (j & 7));
 #pragma unroll
       for (int m = j >> 3; m < 8; ++m)
