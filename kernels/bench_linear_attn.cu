@@ -110,8 +110,8 @@ int bench_linear_attn(const std::string& json_out) {
       // in docs/perf/.
       double ms_s = 1e30;
       for (int variant : {3, 4})
-        for (int bv : {128, 64, 32}) {
-          if (bv == 128 && (variant == 3 || H > 8)) continue;
+        for (int bv : {128, 64, 32, 16}) {
+          if ((bv == 128 && (variant == 3 || H > 8)) || (bv == 16 && variant == 3)) continue;
           la_set_variant(variant);
           la_set_value_block(bv);
           p.workspace = pws;

@@ -41,7 +41,7 @@ struct LaPrefill {
   const float* h0 = nullptr;      // [N, HV, K, V] initial states, nullptr: zeros
   float* ht = nullptr;            // [N, HV, K, V] final states, nullptr: not written
   bf16* o = nullptr;              // [T, HV, V]
-  // Optional (version 3, see la_set_variant): T_total = rows of all sequences, and a device
+  // Optional (versions 3 and 4, see la_set_variant): T_total = rows of all sequences, and a device
   // workspace of la_prefill_workspace_bytes(T_total, N, HV, K, V) bytes; without them, version 2.
   int64_t T_total = 0;
   void* workspace = nullptr;
@@ -51,10 +51,12 @@ size_t la_prefill_workspace_bytes(int64_t T_total, int N, int HV, int K, int V);
 // Chunked (WY / UT) prefill, one CTA per (sequence, value head, block of state columns);
 // sequential over chunks. K = V = 64 or 128.
 void la_chunk_prefill(const LaPrefill& p, cudaStream_t stream);
-// Column block of S per CTA (32, 64 or V; 0: chosen from the CTA count). For tests and the bench.
+// Column block of S per CTA (32, 64 or V, and 16 for version 4; 0: chosen from the CTA count).
+// For tests and the bench.
 void la_set_value_block(int bv);
-// Kernel version (1: SIMT v1; 2: register-tiled v2; 3, the default: key side precomputed in
-// parallel, then the recurrence; la_chunk_prefill uses it only with p.workspace, else v2).
+// Kernel version (1: SIMT v1; 2: register-tiled v2; 3: key side precomputed in parallel, fp32
+// SIMT; 4, the default: tensor cores, chunk 64, outputs after the recurrence). la_chunk_prefill
+// uses 3 and 4 only with p.workspace, else v2; the parallel scan uses v4 (or v3) throughout.
 // For tests and the bench.
 void la_set_variant(int v);
 

@@ -472,10 +472,12 @@ __global__ void __launch_bounds__(NTP, 2) mma_prep_kernel(const LaPrefill p, con
   }
 }
 
+constexpr int kStages = 3;  // record buffers of the recurrence
+
 template <int K, int BV>
 constexpr size_t rec_smem_bytes() {
   constexpr int KP = K + 8, BVP = BV + 8;
-  return (size_t(BV) * KP + size_t(BV) * AP) * 2 + 2 * ((2 * size_t(BT) * KP + size_t(BT) * BVP) * 2 + K * 4);
+  return (size_t(BV) * KP + size_t(BV) * AP) * 2 + kStages * ((2 * size_t(BT) * KP + size_t(BT) * BVP) * 2 + K * 4);
 }
 
 // One CTA per (value head, block of BV state columns, sequence): the state recurrence.
@@ -496,7 +498,7 @@ __global__ void __launch_bounds__(NT, 1) mma_rec_kernel(const LaPrefill p, const
   bf16* St = reinterpret_cast<bf16*>(sm4);  // [BV][KP] bf16 S^T (the product operand)
   bf16* Ut = St + BV * KP;                  // [BV][AP] bf16 U'^T
   unsigned char* bufs = reinterpret_cast<unsigned char*>(Ut + BV * AP);
-  auto Wb = [&](int c) { return reinterpret_cast<bf16*>(bufs + (c & 1) * BUF); };  // [BT][KP]
+  auto Wb = [&](int c) { return reinterpret_cast<bf16*>(bufs + (c % kStages) * BUF); };  // [BT][KP]
   auto Kb = [&](int c) { return Wb(c) + BT * KP; };                                  // [BT][KP] Kd
   auto Ub = [&](int c) { return Kb(c) + BT * KP; };                                  // [BT][BVP]
   auto Gb = [&](int c) { return reinterpret_cast<float*>(Ub(c) + BT * BVP); };       // [K] e^G_last
@@ -543,12 +545,14 @@ __global__ void __launch_bounds__(NT, 1) mma_rec_kernel(const LaPrefill p, const
     }
     for (int e = tid; e < K / 4; e += NT) __pipeline_memcpy_async(Gb(c) + 4 * e, gls + gh * K + 4 * e, 16);
   };
-  if (nch > 0) issue(0);
-  __pipeline_commit();
-  for (int c = 0; c < nch; ++c) {
-    if (c + 1 < nch) issue(c + 1);
+  for (int c = 0; c < kStages - 1; ++c) {  // records stream kStages - 1 chunks ahead
+    if (c < nch) issue(c);
     __pipeline_commit();
-    __pipeline_wait_prior(1);
+  }
+  for (int c = 0; c < nch; ++c) {
+    if (c + kStages - 1 < nch) issue(c + kStages - 1);
+    __pipeline_commit();
+    __pipeline_wait_prior(kStages - 1);
     __syncthreads();
     const size_t gh = size_t(g0 + c) * p.HV + h;
     if (store) {  // the state entering chunk c, for the output kernel: Sg [.., V][K]
@@ -773,9 +777,12 @@ void mma_prefill(const ChunkArgs& a, int bv, unsigned stages, cudaStream_t strea
   const bool out = a.write_o && p.o && p.T_total > 0;
   if (stages & kRecur) {
     if (p.K == 64) {
-      bv == 32 ? launch_rec<64, 32>(p, w, a.trans_A, out, stream) : launch_rec<64, 64>(p, w, a.trans_A, out, stream);
+      if (bv == 16) launch_rec<64, 16>(p, w, a.trans_A, out, stream);
+      else if (bv == 32) launch_rec<64, 32>(p, w, a.trans_A, out, stream);
+      else launch_rec<64, 64>(p, w, a.trans_A, out, stream);
     } else {
-      if (bv == 32) launch_rec<128, 32>(p, w, a.trans_A, out, stream);
+      if (bv == 16) launch_rec<128, 16>(p, w, a.trans_A, out, stream);
+      else if (bv == 32) launch_rec<128, 32>(p, w, a.trans_A, out, stream);
       else if (bv == 64) launch_rec<128, 64>(p, w, a.trans_A, out, stream);
       else launch_rec<128, 128>(p, w, a.trans_A, out, stream);
     }
