@@ -110,17 +110,21 @@ int bench_linear_attn(const std::string& json_out) {
       // in docs/perf/.
       double ms_s = 1e30;
       for (int variant : {3, 4})
-        for (int bv : {128, 64, 32, 16}) {
-          if ((bv == 128 && (variant == 3 || H > 8)) || (bv == 16 && variant == 3)) continue;
+        for (int bv : {128, 64, 32, 16})
+          for (int fused : {1, 0}) {  // v4: outputs inside the recurrence / in a pass after it
+          if ((bv == 128 && (variant == 3 || H > 8)) || (variant == 3 && (bv == 16 || !fused))) continue;
           la_set_variant(variant);
           la_set_value_block(bv);
+          la_set_fused_output(fused);
           p.workspace = pws;
           const double ms = median_ms([&] { la_chunk_prefill(p, nullptr); }, 3, 1);
           ms_s = std::min(ms_s, ms);
-          std::snprintf(buf + 128, 128, "v%d BV=%d (%d CTAs), %.0f GB/s", variant, bv, H * (V / bv), gb / (ms * 1e-3));
+          std::snprintf(buf + 128, 128, "v%d BV=%d%s (%d CTAs), %.0f GB/s", variant, bv,
+                        variant == 4 ? (fused ? " fused" : " out-pass") : "", H * (V / bv), gb / (ms * 1e-3));
           add(kda ? "kda_chunk_serial" : "gdn_chunk_serial", buf, ms, buf + 128);
         }
       la_set_value_block(0);
+      la_set_fused_output(-1);  // the default
       p.workspace = nullptr;
       for (int variant : {3, 4}) {
         la_set_variant(variant);

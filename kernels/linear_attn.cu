@@ -342,6 +342,7 @@ __global__ void segment_bounds_kernel(const int32_t* cu, int S, int L, int T, in
 
 void la_set_value_block(int bv) { g_value_block = bv; }
 void la_set_variant(int v) { g_variant = v; }
+void la_set_fused_output(int mode) { set_fused_output(mode); }
 
 void la_chunk_prefill(const LaPrefill& p, cudaStream_t stream) { run_chunk(ChunkArgs{p, p.o != nullptr, false}, p.V, stream); }
 

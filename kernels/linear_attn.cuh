@@ -59,6 +59,9 @@ void la_set_value_block(int bv);
 // uses 3 and 4 only with p.workspace, else v2; the parallel scan uses v4 (or v3) throughout.
 // For tests and the bench.
 void la_set_variant(int v);
+// Version 4: outputs inside the recurrence (1) or in a parallel pass after it (0); -1, the
+// default: inside when the recurrence has at least half as many CTAs as SMs. For tests and the bench.
+void la_set_fused_output(int mode);
 
 // ---- Segment transitions and the ordered merge (DESIGN §4 stage 1 and 2) ----
 // For the segments of one sequence given by seg_cu [S + 1] (device, int32, absolute rows):

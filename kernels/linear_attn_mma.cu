@@ -26,6 +26,20 @@ namespace dz::cuda::la {
 namespace {
 
 constexpr int BT = 64, NT = 256, AP = BT + 8;  // AP: padded bf16 row of 64 (conflict-free fragments)
+// Outputs inside the recurrence: -1 automatic, 0 off, 1 on (la_set_fused_output). H200, T=64K:
+// fused 6.28 vs 6.40 ms at H=32 (128 recurrence CTAs), but 2.67 vs 2.08 ms at H=4 (32 CTAs,
+// where the longer sequential step is the whole cost); the scan's last pass: 1.30 vs 1.37 ms.
+int g_fuse_out = -1;
+bool fuse_outputs(int ctas) {
+  if (g_fuse_out >= 0) return g_fuse_out == 1;
+  static int sms = 0;
+  if (!sms) {
+    int dev = 0;
+    CUDA_CHECK(cudaGetDevice(&dev));
+    CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  }
+  return 2 * ctas >= sms;
+}
 
 // Record of one (chunk, value head), bf16: W [BT][K] | Kd [BT][K] | U [BT][V] | Qg [BT][K] | Aqk [BT][BT]
 template <int K, int V>
@@ -472,24 +486,31 @@ __global__ void __launch_bounds__(NTP, 2) mma_prep_kernel(const LaPrefill p, con
   }
 }
 
-constexpr int kStages = 3;  // record buffers of the recurrence
-
-template <int K, int BV>
+// Bytes of one record buffer of the recurrence; FUSE adds q e^G and Aqk (outputs in the loop).
+template <int K, int BV, bool FUSE>
+__host__ __device__ constexpr int rec_buf_bytes() {
+  return (2 * BT * (K + 8) + BT * (BV + 8)) * 2 + K * 4 + (FUSE ? (BT * (K + 8) + BT * AP) * 2 : 0);
+}
+template <int K, int BV, bool FUSE>
+__host__ __device__ constexpr int rec_stages() {  // three buffers where they fit in 227 KB, else two
+  return (BV * (K + 8) + BV * AP) * 2 + 3 * rec_buf_bytes<K, BV, FUSE>() <= 227 * 1024 ? 3 : 2;
+}
+template <int K, int BV, bool FUSE>
 constexpr size_t rec_smem_bytes() {
-  constexpr int KP = K + 8, BVP = BV + 8;
-  return (size_t(BV) * KP + size_t(BV) * AP) * 2 + kStages * ((2 * size_t(BT) * KP + size_t(BT) * BVP) * 2 + K * 4);
+  return size_t(BV * (K + 8) + BV * AP) * 2 + size_t(rec_stages<K, BV, FUSE>()) * rec_buf_bytes<K, BV, FUSE>();
 }
 
 // One CTA per (value head, block of BV state columns, sequence): the state recurrence.
 // trans_A: the transition pass of the parallel scan (S0 = I, v = 0, so S_end = A; needs V == K);
-// store: write the per-chunk states and U' for the output kernel (false: final states only).
-template <int K, int BV>
+// store: write the per-chunk states and U' for the output kernel (false: final states only);
+// FUSE: compute the outputs in the loop instead (o = q e^G S + Aqk U'; no output kernel).
+template <int K, int BV, bool FUSE>
 __global__ void __launch_bounds__(NT, 1) mma_rec_kernel(const LaPrefill p, const int32_t* __restrict__ base,
                                                         const bf16* __restrict__ records, const float* __restrict__ gls,
                                                         bf16* __restrict__ Sg, bf16* __restrict__ Ug, bool trans_A,
                                                         bool store) {
-  constexpr int V = K, KP = K + 8, BVP = BV + 8;
-  constexpr int BUF = (2 * BT * KP + BT * BVP) * 2 + K * 4;  // bytes per record buffer
+  constexpr int V = K, KP = K + 8, BVP = BV + 8, kStages = rec_stages<K, BV, FUSE>();
+  constexpr int BUF = rec_buf_bytes<K, BV, FUSE>();
   using R = R4<K, V>;
   const int h = blockIdx.x / (V / BV), y0 = (blockIdx.x % (V / BV)) * BV, n = blockIdx.y;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, gq = lane >> 2, tq = lane & 3;
@@ -502,6 +523,10 @@ __global__ void __launch_bounds__(NT, 1) mma_rec_kernel(const LaPrefill p, const
   auto Kb = [&](int c) { return Wb(c) + BT * KP; };                                  // [BT][KP] Kd
   auto Ub = [&](int c) { return Kb(c) + BT * KP; };                                  // [BT][BVP]
   auto Gb = [&](int c) { return reinterpret_cast<float*>(Ub(c) + BT * BVP); };       // [K] e^G_last
+  auto Qb = [&](int c) { return reinterpret_cast<bf16*>(Gb(c) + K); };               // [BT][KP] q e^G (FUSE)
+  auto Ab = [&](int c) { return Qb(c) + BT * KP; };                                  // [BT][AP] Aqk (FUSE)
+  const int64_t bos = p.cu_seqlens[n];
+  const int T = int(p.cu_seqlens[n + 1] - bos);
   // S [K][BV] in accumulators: warp owns row tile sm and NTW column tiles from sn0.
   constexpr int MT = K / 16, NTW = (BV / 8) / (8 / MT);
   const int sm = warp % MT, sn0 = (warp / MT) * NTW;
@@ -544,6 +569,16 @@ __global__ void __launch_bounds__(NT, 1) mma_rec_kernel(const LaPrefill p, const
       __pipeline_memcpy_async(U + i * BVP + 8 * q, r + R::U + i * V + y0 + 8 * q, 16);
     }
     for (int e = tid; e < K / 4; e += NT) __pipeline_memcpy_async(Gb(c) + 4 * e, gls + gh * K + 4 * e, 16);
+    if (FUSE) {
+      for (int e = tid; e < BT * K / 8; e += NT) {
+        const int i = e / (K / 8), q = e % (K / 8);
+        __pipeline_memcpy_async(Qb(c) + i * KP + 8 * q, r + R::Qg + i * K + 8 * q, 16);
+      }
+      for (int e = tid; e < BT * BT / 8; e += NT) {
+        const int i = e / (BT / 8), q = e % (BT / 8);
+        __pipeline_memcpy_async(Ab(c) + i * AP + 8 * q, r + R::Aqk + i * BT + 8 * q, 16);
+      }
+    }
   };
   for (int c = 0; c < kStages - 1; ++c) {  // records stream kStages - 1 chunks ahead
     if (c < nch) issue(c);
@@ -562,9 +597,12 @@ __global__ void __launch_bounds__(NT, 1) mma_rec_kernel(const LaPrefill p, const
         *reinterpret_cast<uint4*>(dst + y * K + 8 * q) = *reinterpret_cast<const uint4*>(St + y * KP + 8 * q);
       }
     }
+    float o[UN][4];  // FUSE: this warp's output tiles, (q e^G) S here, + Aqk U' after the barrier
     {  // U' = U - W S
       const bf16 *W = Wb(c), *U = Ub(c);
       float u[UN][4];
+#pragma unroll
+      for (int t = 0; t < UN; ++t) o[t][0] = o[t][1] = o[t][2] = o[t][3] = 0.f;
 #pragma unroll
       for (int t = 0; t < UN; ++t)
 #pragma unroll
@@ -572,14 +610,16 @@ __global__ void __launch_bounds__(NT, 1) mma_rec_kernel(const LaPrefill p, const
           u[t][e] = trans_A ? 0.f : bf(U[(16 * um + gq + 8 * (e >> 1)) * BVP + 8 * (un0 + t) + 2 * tq + (e & 1)]);
 #pragma unroll
       for (int k0 = 0; k0 < K; k0 += 16) {
-        uint32_t a[4], b[2];
+        uint32_t a[4], aq[4], b[2];
         frag_a(a, W, KP, 16 * um, k0, lane);
+        if (FUSE) frag_a(aq, Qb(c), KP, 16 * um, k0, lane);
 #pragma unroll
         for (int m = 0; m < 4; ++m) a[m] ^= 0x80008000u;  // -W
 #pragma unroll
         for (int t = 0; t < UN; ++t) {
           frag_b(b, St, KP, 8 * (un0 + t), k0, lane);
           mma16816(u[t], a, b);
+          if (FUSE) mma16816(o[t], aq, b);
         }
       }
 #pragma unroll
@@ -597,6 +637,28 @@ __global__ void __launch_bounds__(NT, 1) mma_rec_kernel(const LaPrefill p, const
         const int y = e / (BT / 8), q = e % (BT / 8);
         *reinterpret_cast<uint4*>(dst + y * BT + 8 * q) = *reinterpret_cast<const uint4*>(Ut + y * AP + 8 * q);
       }
+    }
+    if (FUSE) {  // o += Aqk U', rows of the chunk that exist
+#pragma unroll
+      for (int k0 = 0; k0 < BT; k0 += 16) {
+        uint32_t a[4], b[2];
+        frag_a(a, Ab(c), AP, 16 * um, k0, lane);
+#pragma unroll
+        for (int t = 0; t < UN; ++t) {
+          frag_b(b, Ut, AP, 8 * (un0 + t), k0, lane);
+          mma16816(o[t], a, b);
+        }
+      }
+      const int C = min(BT, T - c * BT);
+#pragma unroll
+      for (int t = 0; t < UN; ++t)
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+          const int i = 16 * um + gq + 8 * hh, y = y0 + 8 * (un0 + t) + 2 * tq;
+          if (i < C)
+            *reinterpret_cast<uint32_t*>(p.o + ((bos + c * BT + i) * p.HV + h) * V + y) =
+                pack2(o[t][2 * hh], o[t][2 * hh + 1]);
+        }
     }
     {  // S = e^G_last S + Kd^T U'
       const bf16* Kd = Kb(c);
@@ -736,11 +798,17 @@ void launch_prep(const LaPrefill& p, size_t G, const Ws4& w, cudaStream_t stream
 }
 
 template <int K, int BV>
-void launch_rec(const LaPrefill& p, const Ws4& w, bool trans_A, bool store, cudaStream_t stream) {
-  constexpr size_t smem = rec_smem_bytes<K, BV>();
-  CUDA_CHECK(cudaFuncSetAttribute(mma_rec_kernel<K, BV>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-  mma_rec_kernel<K, BV><<<dim3(unsigned(p.HV * (K / BV)), unsigned(p.N)), NT, smem, stream>>>(
-      p, w.base, w.records, w.gls, w.Sg, w.Ug, trans_A, store);
+void launch_rec(const LaPrefill& p, const Ws4& w, bool trans_A, bool out, bool fuse, cudaStream_t stream) {
+  const dim3 grid(unsigned(p.HV * (K / BV)), unsigned(p.N));
+  if (out && fuse) {
+    constexpr size_t smem = rec_smem_bytes<K, BV, true>();
+    CUDA_CHECK(cudaFuncSetAttribute(mma_rec_kernel<K, BV, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+    mma_rec_kernel<K, BV, true><<<grid, NT, smem, stream>>>(p, w.base, w.records, w.gls, w.Sg, w.Ug, trans_A, false);
+  } else {
+    constexpr size_t smem = rec_smem_bytes<K, BV, false>();
+    CUDA_CHECK(cudaFuncSetAttribute(mma_rec_kernel<K, BV, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+    mma_rec_kernel<K, BV, false><<<grid, NT, smem, stream>>>(p, w.base, w.records, w.gls, w.Sg, w.Ug, trans_A, out);
+  }
   CUDA_CHECK_LAUNCH();
 }
 
@@ -753,6 +821,8 @@ void launch_out(const LaPrefill& p, size_t G, const Ws4& w, cudaStream_t stream)
 }
 
 }  // namespace
+
+void set_fused_output(int mode) { g_fuse_out = mode; }
 
 size_t mma_workspace_bytes(int64_t T_total, int N, int HV, int K, int V) {
   return carve(nullptr, T_total, N, HV, K, V).bytes;
@@ -775,19 +845,21 @@ void mma_prefill(const ChunkArgs& a, int bv, unsigned stages, cudaStream_t strea
     }
   }
   const bool out = a.write_o && p.o && p.T_total > 0;
+  const bool fuse = fuse_outputs(p.HV * p.N * (p.K / std::max(bv, 16)));
   if (stages & kRecur) {
     if (p.K == 64) {
-      if (bv == 16) launch_rec<64, 16>(p, w, a.trans_A, out, stream);
-      else if (bv == 32) launch_rec<64, 32>(p, w, a.trans_A, out, stream);
-      else launch_rec<64, 64>(p, w, a.trans_A, out, stream);
+      if (bv == 16) launch_rec<64, 16>(p, w, a.trans_A, out, fuse, stream);
+      else if (bv == 32) launch_rec<64, 32>(p, w, a.trans_A, out, fuse, stream);
+      else launch_rec<64, 64>(p, w, a.trans_A, out, fuse, stream);
     } else {
-      if (bv == 16) launch_rec<128, 16>(p, w, a.trans_A, out, stream);
-      else if (bv == 32) launch_rec<128, 32>(p, w, a.trans_A, out, stream);
-      else if (bv == 64) launch_rec<128, 64>(p, w, a.trans_A, out, stream);
-      else launch_rec<128, 128>(p, w, a.trans_A, out, stream);
+      if (bv == 16) launch_rec<128, 16>(p, w, a.trans_A, out, fuse, stream);
+      else if (bv == 32) launch_rec<128, 32>(p, w, a.trans_A, out, fuse, stream);
+      else if (bv == 64) launch_rec<128, 64>(p, w, a.trans_A, out, fuse, stream);
+      else launch_rec<128, 128>(p, w, a.trans_A, out, fuse, stream);
     }
   }
-  if ((stages & kOutput) && out) p.K == 64 ? launch_out<64>(p, G, w, stream) : launch_out<128>(p, G, w, stream);
+  if ((stages & kOutput) && out && !fuse)
+    p.K == 64 ? launch_out<64>(p, G, w, stream) : launch_out<128>(p, G, w, stream);
 }
 
 }  // namespace dz::cuda::la
