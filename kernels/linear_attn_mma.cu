@@ -73,6 +73,23 @@ __device__ __forceinline__ void frag_b(uint32_t b[2], const bf16* Bt, int ld, in
   asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];\n" : "=r"(b[0]), "=r"(b[1]) : "r"(smem_addr(q)));
 }
 
+// c[t] += A[m0 .. m0+15][0 .. kdim) · B[0 .. kdim)[n0 + 8t .. +7] for t < TN; A row-major, B
+// given transposed ([n][k], as frag_b reads it).
+template <int TN>
+__device__ __forceinline__ void mma_rows(float (*c)[4], const bf16* A, int lda, int m0, const bf16* Bt, int ldb, int n0,
+                                         int kdim, int lane) {
+#pragma unroll
+  for (int k0 = 0; k0 < kdim; k0 += 16) {
+    uint32_t a[4], b[2];
+    frag_a(a, A, lda, m0, k0, lane);
+#pragma unroll
+    for (int t = 0; t < TN; ++t) {
+      frag_b(b, Bt, ldb, n0 + 8 * t, k0, lane);
+      mma16816(c[t], a, b);
+    }
+  }
+}
+
 __device__ __forceinline__ void ldsm_x4_trans(uint32_t r[4], const bf16* p) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
@@ -639,16 +656,7 @@ __global__ void __launch_bounds__(NT, 1) mma_rec_kernel(const LaPrefill p, const
       }
     }
     if (FUSE) {  // o += Aqk U', rows of the chunk that exist
-#pragma unroll
-      for (int k0 = 0; k0 < BT; k0 += 16) {
-        uint32_t a[4], b[2];
-        frag_a(a, Ab(c), AP, 16 * um, k0, lane);
-#pragma unroll
-        for (int t = 0; t < UN; ++t) {
-          frag_b(b, Ut, AP, 8 * (un0 + t), k0, lane);
-          mma16816(o[t], a, b);
-        }
-      }
+      mma_rows<UN>(o, Ab(c), AP, 16 * um, Ut, AP, 8 * un0, BT, lane);
       const int C = min(BT, T - c * BT);
 #pragma unroll
       for (int t = 0; t < UN; ++t)
@@ -739,25 +747,8 @@ __global__ void __launch_bounds__(NT, 2) mma_out_kernel(const LaPrefill p, const
   float c[TN][4];
 #pragma unroll
   for (int t = 0; t < TN; ++t) c[t][0] = c[t][1] = c[t][2] = c[t][3] = 0.f;
-  uint32_t a[4], b[2];
-#pragma unroll
-  for (int k0 = 0; k0 < K; k0 += 16) {
-    frag_a(a, Qs, KP, 16 * mt, k0, lane);
-#pragma unroll
-    for (int t = 0; t < TN; ++t) {
-      frag_b(b, Ss, KP, 8 * (nt0 + t), k0, lane);
-      mma16816(c[t], a, b);
-    }
-  }
-#pragma unroll
-  for (int k0 = 0; k0 < BT; k0 += 16) {
-    frag_a(a, As, AP, 16 * mt, k0, lane);
-#pragma unroll
-    for (int t = 0; t < TN; ++t) {
-      frag_b(b, Us, AP, 8 * (nt0 + t), k0, lane);
-      mma16816(c[t], a, b);
-    }
-  }
+  mma_rows<TN>(c, Qs, KP, 16 * mt, Ss, KP, 8 * nt0, K, lane);
+  mma_rows<TN>(c, As, AP, 16 * mt, Us, AP, 8 * nt0, BT, lane);
 #pragma unroll
   for (int t = 0; t < TN; ++t)
 #pragma unroll

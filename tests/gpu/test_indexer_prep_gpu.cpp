@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "common.cuh"
+#include "gpu_fixtures.hpp"
 #include "core/bf16.hpp"
 #include "core/fp8.hpp"
 #include "core/linalg.hpp"
@@ -24,43 +25,8 @@ namespace {
 
 using dz::cuda::IndexerPrepMode;
 
-template <typename T>
-struct Dev {
-  T* p = nullptr;
-  size_t n = 0;
-  explicit Dev(size_t count) : n(count) {
-    CUDA_CHECK(cudaMalloc(&p, std::max<size_t>(1, n) * sizeof(T)));
-    zero();
-  }
-  Dev(const std::vector<T>& h) : Dev(h.size()) { up(h); }
-  ~Dev() { cudaFree(p); }
-  Dev(const Dev&) = delete;
-  void zero() { CUDA_CHECK(cudaMemset(p, 0, std::max<size_t>(1, n) * sizeof(T))); }
-  void up(const std::vector<T>& h) { CUDA_CHECK(cudaMemcpy(p, h.data(), n * sizeof(T), cudaMemcpyHostToDevice)); }
-  std::vector<T> down() const {
-    std::vector<T> h(n);
-    CUDA_CHECK(cudaMemcpy(h.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost));
-    return h;
-  }
-};
+using namespace dz::gputest;
 
-std::vector<__nv_bfloat16> to_bf16(const std::vector<float>& x) {
-  std::vector<__nv_bfloat16> y(x.size());
-  for (size_t i = 0; i < x.size(); ++i) {
-    const uint16_t b = dz::f32_to_bf16(x[i]);
-    std::memcpy(static_cast<void*>(&y[i]), &b, 2);
-  }
-  return y;
-}
-std::vector<float> from_bf16(const std::vector<__nv_bfloat16>& x) {
-  std::vector<float> y(x.size());
-  for (size_t i = 0; i < x.size(); ++i) {
-    uint16_t b;
-    std::memcpy(&b, static_cast<const void*>(&x[i]), 2);
-    y[i] = dz::bf16_to_f32(b);
-  }
-  return y;
-}
 // bf16-rounded normal values (the GPU gets exactly these, the CPU reference the same numbers in fp32)
 std::vector<float> randn_bf16(size_t n, float sd, std::mt19937& rng) {
   std::normal_distribution<float> nd(0.f, sd);

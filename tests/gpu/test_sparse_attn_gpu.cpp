@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "common.cuh"
+#include "gpu_fixtures.hpp"
 #include "core/bf16.hpp"
 #include "core/fp8.hpp"
 #include "indexer.cuh"
@@ -24,36 +25,8 @@
 
 namespace {
 
-// Device buffer of T, freed on scope exit.
-template <typename T>
-struct Dev {
-  T* p = nullptr;
-  size_t n = 0;
-  explicit Dev(size_t count) : n(count) { CUDA_CHECK(cudaMalloc(&p, std::max<size_t>(1, n) * sizeof(T))); }
-  Dev(const std::vector<T>& h) : Dev(h.size()) { up(h); }
-  ~Dev() { cudaFree(p); }
-  Dev(const Dev&) = delete;
-  void up(const std::vector<T>& h) { CUDA_CHECK(cudaMemcpy(p, h.data(), n * sizeof(T), cudaMemcpyHostToDevice)); }
-  std::vector<T> down() const {
-    std::vector<T> h(n);
-    CUDA_CHECK(cudaMemcpy(h.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost));
-    return h;
-  }
-};
+using namespace dz::gputest;
 
-std::vector<__nv_bfloat16> to_bf16(const std::vector<float>& x) {
-  std::vector<__nv_bfloat16> y(x.size());
-  for (size_t i = 0; i < x.size(); ++i) {
-    const uint16_t b = dz::f32_to_bf16(x[i]);
-    std::memcpy(static_cast<void*>(&y[i]), &b, 2);
-  }
-  return y;
-}
-float bf(const __nv_bfloat16& v) {
-  uint16_t b;
-  std::memcpy(&b, static_cast<const void*>(&v), 2);
-  return dz::bf16_to_f32(b);
-}
 std::vector<float> round_bf16(std::vector<float> x) {
   for (float& v : x) v = dz::round_bf16(v);
   return x;
