@@ -93,6 +93,7 @@ struct Case {
   float lower_bound;
   int segments;  // > 1: also run the parallel scan (one sequence)
   bool chunked_ref;
+  float a_log_shift = 0.f;  // > 0: fast decays (v4's diagonal blocks past e^-80 take the exact path)
 };
 
 // The raw inputs of one case, on host (bf16 bits + values) and device.
@@ -115,6 +116,7 @@ Inputs make_inputs(const Case& c, std::mt19937& rng) {
   in.b = rand_bf(rng, T * c.HV, 1.f);
   in.f = rand_bf(rng, T * c.HV * (c.kda ? c.K : 1), 1.f, -1.f);
   in.A_log = rand_f(rng, size_t(c.HV), 0.5f);
+  for (float& a : in.A_log) a += c.a_log_shift;
   in.dt_bias = rand_f(rng, size_t(c.HV) * (c.kda ? c.K : 1), 0.3f);
   if (c.h0) in.h0 = rand_f(rng, c.lens.size() * c.HV * c.K * c.V, 0.3f);
   return in;
@@ -167,6 +169,11 @@ TEST_CASE("gpu linear attention chunked prefill and parallel scan equal the CPU 
       {false, 2, 4, 128, 128, {0, 1, 130, 64}, true, 0.f, 0, true},
       {false, 16, 32, 64, 64, {300}, false, 0.f, 0, false},
       {false, 1, 2, 64, 64, {65600}, true, 0.f, 8, false},
+      // exp(A_log) ~ 2-12: 16-row decays per channel around e^-20 .. e^-150, blocks on both sides of
+      // e^-80 (both diagonal-block paths of v4);
+      // exp(A_log) ~ 55: every diagonal block past e^-80 (exact path throughout)
+      {true, 2, 2, 128, 128, {300, 17}, true, 0.f, 0, false, 1.5f},
+      {true, 1, 2, 64, 64, {200}, true, 0.f, 0, false, 4.f},
   };
   for (const Case& c : cases) {
     Inputs in = make_inputs(c, rng);
