@@ -14,6 +14,7 @@
 
 #include "core/error.hpp"
 #include "core/linalg.hpp"
+#include "model/la_mixer.hpp"
 #include "model/module.hpp"
 #include "ops/linear_attn.hpp"
 #include "ops/norm.hpp"
@@ -31,7 +32,7 @@ Tensor get_conv(Checkpoint& ck, const std::string& name, int64_t C, int64_t W, I
   return t;
 }
 
-class GdnMixer : public Mixer {
+class GdnMixer : public LinearAttnMixer {
  public:
   GdnMixer(const ModelConfig& cfg, Checkpoint& ck, const std::string& prefix, const TpShard& tp) {
     const int64_t HKf = cfg.la_num_k_heads, HVf = cfg.la_num_v_heads;  // heads of the whole layer
@@ -40,6 +41,9 @@ class GdnMixer : public Mixer {
     D_ = cfg.hidden_size;
     W_ = cfg.la_conv_kernel;
     eps_ = cfg.rms_norm_eps;
+    name_ = "GDN";
+    per_channel_ = false;
+    act_ = GateAct::SiLU;
     DZ_CHECK(HKf > 0 && HVf > 0 && K_ > 0 && V_ > 0 && D_ > 0 && W_ > 0, "GDN layer ", prefix,
              ": bad linear-attention sizes");
     DZ_CHECK(HVf % HKf == 0, "GDN layer ", prefix, ": value heads ", HVf, " not a multiple of key heads ", HKf);
@@ -75,107 +79,40 @@ class GdnMixer : public Mixer {
     dt_bias_ = rows(ck.get(p + "dt_bias", {HVf}, Init::uniform(-4.f, -1.f)), r_);
     A_log_ = rows(ck.get(p + "A_log", {HVf}, Init::uniform(0.f, std::log(16.f))), r_);
     // qwen3_next's gated norm is weight * x (ones init), not zero-centred like its other RMSNorms.
-    norm_ = ck.get(p + "norm.weight", {V_}, Init::ones());
+    out_norm_ = ck.get(p + "norm.weight", {V_}, Init::ones());
     wo_ = ck.get(p + "out_proj.weight", {D_, HVf * V_}, proj);
     if (shard) wo_ = slice_cols(wo_, h0 * r_ * V_, h1 * r_ * V_);
   }
 
-  std::unique_ptr<MixerState> make_state() const override {
-    auto st = std::make_unique<LaState>();
-    st->S = Tensor({HV_, K_, V_});
-    st->conv = {Tensor({W_ - 1, conv_dim()})};
-    return st;
-  }
-
-  void forward(const float* x, int64_t T, MixerState& base, float* out) const override {
-    LaState& st = state_of(base);
-    Tok tk = project(x, T);
-    std::vector<float> c(size_t(T * conv_dim()));
-    short_conv_silu(tk.mixed.data(), conv_.ptr(), nullptr, T, conv_dim(), W_, st.conv[0].ptr(), c.data());
-    Qkv a = split(c.data(), T);
-    std::vector<float> o(size_t(T * HV_ * V_));
-    const float scale = 1.f / std::sqrt(float(K_));
-    if (T >= kLaChunk)
-      gdn_chunked(a.q.data(), a.k.data(), a.v.data(), tk.g.data(), tk.b.data(), T, HK_, HV_, K_, V_, scale,
-                  st.S.ptr(), o.data());
-    else
-      gdn_recurrent(a.q.data(), a.k.data(), a.v.data(), tk.g.data(), tk.b.data(), T, HK_, HV_, K_, V_, scale,
-                    st.S.ptr(), o.data());
-    finish(o.data(), tk.z.data(), T, out);
-    st.pos += T;
-  }
-
-  void forward_cp(const float* x, const CpCtx& ctx, MixerState& base, float* out) const override {
-    LaState& st = state_of(base);
-    DZ_CHECK(ctx.cp && ctx.lay, "GDN forward_cp: CpCtx needs a CP communicator and a layout");
-    DZ_CHECK(st.pos == 0, "GDN forward_cp: the state has already consumed ", st.pos, " tokens (needs a fresh one)");
-    const int64_t R = ctx.lay->local_rows();
-    Tok tk;
-    Qkv a;
-    {
-      auto timer = ctx.time("la_stage1");  // projections and the conv halo belong to stage 1
-      tk = project(x, R);
-      std::vector<float> c(size_t(R * conv_dim()));
-      short_conv_silu_cp(tk.mixed.data(), conv_.ptr(), nullptr, conv_dim(), W_, *ctx.lay, *ctx.cp,
-                         st.conv[0].ptr(), c.data());
-      a = split(c.data(), R);
-    }
-    std::vector<float> o(size_t(R * HV_ * V_));
-    gdn_segmented(a.q.data(), a.k.data(), a.v.data(), tk.g.data(), tk.b.data(), HK_, HV_, K_, V_,
-                  1.f / std::sqrt(float(K_)), ctx, o.data(), st.S.ptr());
-    {
-      auto timer = ctx.time("la_stage2");
-      finish(o.data(), tk.z.data(), R, out);
-    }
-    st.pos = ctx.lay->length;
-  }
-
  private:
-  // Per-token inputs of the scan: mixed [T, conv_dim] the pre-conv [q | k | v], z [T, HV*V] the
-  // output gate, b [T, HV] = sigmoid(b) (beta), g [T, HV] log-decay.
-  struct Tok {
-    std::vector<float> mixed, z, b, g;
-  };
-  struct Qkv {
-    std::vector<float> q, k, v;  // [T, HK, K], [T, HK, K], [T, HV, V]
-  };
-
-  int64_t conv_dim() const { return 2 * HK_ * K_ + HV_ * V_; }
-
-  static LaState& state_of(MixerState& base) {
-    auto* st = dynamic_cast<LaState*>(&base);
-    DZ_CHECK(st && st->conv.size() == 1, "GDN mixer: state of another mixer kind");
-    return *st;
-  }
-
-  Tok project(const float* x, int64_t T) const {
+  Tok project(const float* x, int64_t T) const override {
     const int64_t r = r_, KD = HK_ * K_, VD = HV_ * V_, QKVZ = 2 * KD + 2 * VD, CD = conv_dim();
     std::vector<float> qkvz(size_t(T * QKVZ)), ba(size_t(T * 2 * HV_));
     linear(x, w_qkvz_.ptr(), nullptr, qkvz.data(), T, D_, QKVZ);
     linear(x, w_ba_.ptr(), nullptr, ba.data(), T, D_, 2 * HV_);
     // Un-interleave as fix_query_key_value_ordering: per key head h the projection holds
     // [q (K) | k (K) | v (r*V) | z (r*V)], and in_proj_ba holds [b (r) | a (r)]; value head h*r+i
-    // is the i-th of its group. mixed = [q all heads | k all heads | v all heads] for the conv.
+    // is the i-th of its group. pre = [q all heads | k all heads | v all heads] for the conv.
     Tok tk;
-    tk.mixed.resize(size_t(T * CD));
-    tk.z.resize(size_t(T * VD));
-    tk.b.resize(size_t(T * HV_));
+    tk.pre.resize(size_t(T * CD));
+    tk.gate.resize(size_t(T * VD));
+    tk.beta.resize(size_t(T * HV_));
     std::vector<float> a(size_t(T * HV_));
     for (int64_t t = 0; t < T; ++t)
       for (int64_t h = 0; h < HK_; ++h) {
         const float* grp = qkvz.data() + t * QKVZ + h * (2 * K_ + 2 * r * V_);
-        float* m = tk.mixed.data() + t * CD;
+        float* m = tk.pre.data() + t * CD;
         for (int64_t i = 0; i < K_; ++i) {
           m[h * K_ + i] = grp[i];
           m[KD + h * K_ + i] = grp[K_ + i];
         }
         for (int64_t i = 0; i < r * V_; ++i) {
           m[2 * KD + h * r * V_ + i] = grp[2 * K_ + i];
-          tk.z[size_t(t * VD + h * r * V_ + i)] = grp[2 * K_ + r * V_ + i];
+          tk.gate[size_t(t * VD + h * r * V_ + i)] = grp[2 * K_ + r * V_ + i];
         }
         const float* bag = ba.data() + t * 2 * HV_ + h * 2 * r;
         for (int64_t i = 0; i < r; ++i) {
-          tk.b[size_t(t * HV_ + h * r + i)] = sigmoid(bag[i]);
+          tk.beta[size_t(t * HV_ + h * r + i)] = sigmoid(bag[i]);
           a[size_t(t * HV_ + h * r + i)] = bag[r + i];
         }
       }
@@ -184,39 +121,9 @@ class GdnMixer : public Mixer {
     return tk;
   }
 
-  // conv output c [T, conv_dim] -> q, k (L2-normalised per head), v
-  Qkv split(const float* c, int64_t T) const {
-    const int64_t KD = HK_ * K_, VD = HV_ * V_, CD = conv_dim();
-    Qkv a;
-    a.q.resize(size_t(T * KD));
-    a.k.resize(size_t(T * KD));
-    a.v.resize(size_t(T * VD));
-    for (int64_t t = 0; t < T; ++t) {
-      const float* row = c + t * CD;
-      std::copy(row, row + KD, a.q.begin() + t * KD);
-      std::copy(row + KD, row + 2 * KD, a.k.begin() + t * KD);
-      std::copy(row + 2 * KD, row + CD, a.v.begin() + t * VD);
-    }
-    l2norm(a.q.data(), a.q.data(), T * HK_, K_, 1e-6f);
-    l2norm(a.k.data(), a.k.data(), T * HK_, K_, 1e-6f);
-    return a;
-  }
-
-  // o [T, HV*V] -> per-head RMSNorm * silu(z) -> out_proj (partial under TP) -> all-reduce
-  void finish(float* o, const float* z, int64_t T, float* out) const {
-    gated_rmsnorm(o, z, norm_.ptr(), o, T * HV_, V_, eps_, GateAct::SiLU);
-    linear(o, wo_.ptr(), nullptr, out, T, HV_ * V_, D_);
-    tp_.allreduce_sum(out, T * D_);
-  }
-
-  int64_t HK_, HV_, r_, K_, V_, D_, W_;  // HK_, HV_: heads on this TP rank
-  float eps_;
-  TpShard tp_;                // size 1 unless the weights are a shard
+  int64_t r_ = 1;             // value heads per key head
   Tensor w_qkvz_, w_ba_;      // [2*HK*K + 2*HV*V, D], [2*HV, D]: this rank's key-head groups
-  Tensor conv_;               // [2*HK*K + HV*V, W]
-  Tensor dt_bias_, A_log_;    // [HV], [HV]
-  Tensor norm_;               // [V]
-  Tensor wo_;                 // [D, HV*V]: this rank's columns
+  Tensor dt_bias_, A_log_;    // [HV], [HV]; out_norm_ (norm) [V] replicated
 };
 
 }  // namespace

@@ -13,6 +13,7 @@
 
 #include "core/error.hpp"
 #include "core/linalg.hpp"
+#include "model/la_mixer.hpp"
 #include "model/module.hpp"
 #include "ops/linear_attn.hpp"
 #include "ops/norm.hpp"
@@ -37,7 +38,7 @@ Tensor get_alt(Checkpoint& ck, const std::string& name, const std::vector<Shape>
   return t;
 }
 
-class KdaMixer : public Mixer {
+class KdaMixer : public LinearAttnMixer {
  public:
   KdaMixer(const ModelConfig& cfg, Checkpoint& ck, const std::string& prefix, const TpShard& tp) {
     const int64_t Hf = cfg.la_num_k_heads;  // heads of the whole layer
@@ -46,6 +47,9 @@ class KdaMixer : public Mixer {
     D_ = cfg.hidden_size;
     W_ = cfg.la_conv_kernel;
     eps_ = cfg.rms_norm_eps;
+    name_ = "KDA";
+    per_channel_ = true;
+    act_ = GateAct::Sigmoid;
     gate_ = cfg.kda_gate;
     lower_bound_ = cfg.kda_gate_lower_bound;
     DZ_CHECK(Hf > 0 && K_ > 0 && V_ > 0 && D_ > 0 && W_ > 0, "KDA layer ", prefix, ": bad linear-attention sizes");
@@ -55,10 +59,9 @@ class KdaMixer : public Mixer {
     const auto range = tp.range(Hf, what.c_str());
     // Generating mode (make-model) must see the full tensors: keep them all and reduce nothing.
     const bool shard = tp.size > 1 && !ck.generating();
-    h0_ = shard ? range.first : 0;
-    H_ = shard ? range.second - range.first : Hf;
+    const int64_t h0 = shard ? range.first : 0, h1 = shard ? range.second : Hf;
+    H_ = HK_ = HV_ = h1 - h0;
     if (shard) tp_ = tp;
-    const int64_t h0 = h0_, h1 = h0_ + H_;
     auto rows = [&](Tensor t, int64_t per_head) { return shard ? slice_rows(t, h0 * per_head, h1 * per_head) : t; };
 
     const std::string p = prefix + "self_attn.";
@@ -83,80 +86,13 @@ class KdaMixer : public Mixer {
     b_ = rows(ck.get(p + "b_proj.weight", {Hf, D_}, proj), 1);
     g_a_ = ck.get(p + "g_a_proj.weight", {V_, D_}, proj);
     g_b_ = rows(ck.get(p + "g_b_proj.weight", {HVf, V_}, proj), V_);
-    o_norm_ = ck.get(p + "o_norm.weight", {V_}, Init::ones());
+    out_norm_ = ck.get(p + "o_norm.weight", {V_}, Init::ones());
     wo_ = ck.get(p + "o_proj.weight", {D_, HVf}, proj);
     if (shard) wo_ = slice_cols(wo_, h0 * V_, h1 * V_);
   }
 
-  std::unique_ptr<MixerState> make_state() const override {
-    auto st = std::make_unique<LaState>();
-    st->S = Tensor({H_, K_, V_});
-    st->conv = {Tensor({W_ - 1, conv_dim()})};
-    return st;
-  }
-
-  void forward(const float* x, int64_t T, MixerState& base, float* out) const override {
-    LaState& st = state_of(base);
-    Tok tk = project(x, T);
-    std::vector<float> c(size_t(T * conv_dim()));
-    short_conv_silu(tk.pre.data(), conv_.ptr(), nullptr, T, conv_dim(), W_, st.conv[0].ptr(), c.data());
-    Qkv a = split(c.data(), T);
-    std::vector<float> o(size_t(T * H_ * V_));
-    const float scale = 1.f / std::sqrt(float(K_));
-    if (T >= kLaChunk)
-      kda_chunked(a.q.data(), a.k.data(), a.v.data(), tk.g.data(), tk.beta.data(), T, H_, H_, K_, V_, scale,
-                  st.S.ptr(), o.data());
-    else
-      kda_recurrent(a.q.data(), a.k.data(), a.v.data(), tk.g.data(), tk.beta.data(), T, H_, H_, K_, V_, scale,
-                    st.S.ptr(), o.data());
-    finish(o.data(), tk.og.data(), T, out);
-    st.pos += T;
-  }
-
-  void forward_cp(const float* x, const CpCtx& ctx, MixerState& base, float* out) const override {
-    LaState& st = state_of(base);
-    DZ_CHECK(ctx.cp && ctx.lay, "KDA forward_cp: CpCtx needs a CP communicator and a layout");
-    DZ_CHECK(st.pos == 0, "KDA forward_cp: the state has already consumed ", st.pos, " tokens (needs a fresh one)");
-    const int64_t R = ctx.lay->local_rows();
-    Tok tk;
-    Qkv a;
-    {
-      auto timer = ctx.time("la_stage1");  // projections and the conv halo belong to stage 1
-      tk = project(x, R);
-      std::vector<float> c(size_t(R * conv_dim()));
-      short_conv_silu_cp(tk.pre.data(), conv_.ptr(), nullptr, conv_dim(), W_, *ctx.lay, *ctx.cp, st.conv[0].ptr(),
-                         c.data());
-      a = split(c.data(), R);
-    }
-    std::vector<float> o(size_t(R * H_ * V_));
-    kda_segmented(a.q.data(), a.k.data(), a.v.data(), tk.g.data(), tk.beta.data(), H_, H_, K_, V_,
-                  1.f / std::sqrt(float(K_)), ctx, o.data(), st.S.ptr());
-    {
-      auto timer = ctx.time("la_stage2");
-      finish(o.data(), tk.og.data(), R, out);
-    }
-    st.pos = ctx.lay->length;
-  }
-
  private:
-  // Per-token inputs of the scan: pre [T, conv_dim] the pre-conv q|k|v, g [T, H, K] log-decay,
-  // beta [T, H], og [T, H*V] the output gate before its sigmoid.
-  struct Tok {
-    std::vector<float> pre, g, beta, og;
-  };
-  struct Qkv {
-    std::vector<float> q, k, v;  // [T, H, K], [T, H, K], [T, H, V]
-  };
-
-  int64_t conv_dim() const { return H_ * (2 * K_ + V_); }
-
-  static LaState& state_of(MixerState& base) {
-    auto* st = dynamic_cast<LaState*>(&base);
-    DZ_CHECK(st && st->conv.size() == 1, "KDA mixer: state of another mixer kind");
-    return *st;
-  }
-
-  Tok project(const float* x, int64_t T) const {
+  Tok project(const float* x, int64_t T) const override {
     const int64_t HK = H_ * K_, HV = H_ * V_, CD = conv_dim();
     Tok tk;
     tk.pre.resize(size_t(T * CD));
@@ -182,47 +118,19 @@ class KdaMixer : public Mixer {
     linear(x, b_.ptr(), nullptr, tk.beta.data(), T, D_, H_);
     for (auto& b : tk.beta) b = sigmoid(b);
     // output gate (low rank)
-    tk.og.resize(size_t(T * HV));
+    tk.gate.resize(size_t(T * HV));
     linear(x, g_a_.ptr(), nullptr, low.data(), T, D_, V_);
-    linear(low.data(), g_b_.ptr(), nullptr, tk.og.data(), T, V_, HV);
+    linear(low.data(), g_b_.ptr(), nullptr, tk.gate.data(), T, V_, HV);
     return tk;
   }
 
-  // conv output c [T, conv_dim] -> q, k (L2-normalised per head), v
-  Qkv split(const float* c, int64_t T) const {
-    const int64_t HK = H_ * K_, HV = H_ * V_, CD = conv_dim();
-    Qkv a;
-    a.q.resize(size_t(T * HK));
-    a.k.resize(size_t(T * HK));
-    a.v.resize(size_t(T * HV));
-    for (int64_t t = 0; t < T; ++t) {
-      const float* r = c + t * CD;
-      std::copy(r, r + HK, a.q.begin() + t * HK);
-      std::copy(r + HK, r + 2 * HK, a.k.begin() + t * HK);
-      std::copy(r + 2 * HK, r + CD, a.v.begin() + t * HV);
-    }
-    l2norm(a.q.data(), a.q.data(), T * H_, K_, 1e-6f);
-    l2norm(a.k.data(), a.k.data(), T * H_, K_, 1e-6f);
-    return a;
-  }
-
-  // o [T, H*V] -> per-head RMSNorm * sigmoid(gate) -> o_proj (partial under TP) -> all-reduce
-  void finish(float* o, const float* og, int64_t T, float* out) const {
-    gated_rmsnorm(o, og, o_norm_.ptr(), o, T * H_, V_, eps_, GateAct::Sigmoid);
-    linear(o, wo_.ptr(), nullptr, out, T, H_ * V_, D_);
-    tp_.allreduce_sum(out, T * D_);
-  }
-
-  int64_t H_, h0_, K_, V_, D_, W_;  // H_: heads on this TP rank, from global head h0_
-  float eps_, lower_bound_;
+  int64_t H_ = 0;             // heads on this TP rank (KDA has one head count: HK_ = HV_ = H_)
+  float lower_bound_;
   KdaGate gate_;
-  TpShard tp_;                // size 1 unless the weights are a shard
-  Tensor wq_, wk_, wv_;       // [H*K, D], [H*K, D], [H*V, D]
-  Tensor conv_;               // [H*K + H*K + H*V, W]: q, k, v conv weights stacked
+  Tensor wq_, wk_, wv_;       // [H*K, D], [H*K, D], [H*V, D]; conv_ stacks the q, k, v convs
   Tensor A_log_, dt_bias_;    // [H], [H*K]
   Tensor f_a_, f_b_, b_;      // [K, D] (replicated), [H*K, K], [H, D]
-  Tensor g_a_, g_b_, o_norm_; // [V, D] (replicated), [H*V, V], [V]
-  Tensor wo_;                 // [D, H*V]: this rank's columns
+  Tensor g_a_, g_b_;          // [V, D] (replicated), [H*V, V]; out_norm_ o_norm [V]
 };
 
 }  // namespace
