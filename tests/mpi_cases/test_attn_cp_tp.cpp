@@ -31,9 +31,9 @@ using namespace dz;
 
 namespace {
 
-using dzt::biases;
 using dzt::Factory;
-using dzt::kPrefix;
+using dzt::gqa_cfg;
+using dzt::rand_x;
 
 // Weights: O(1)-scaled random values (peaky softmax, so mistakes show), the same on every rank
 // (seeded), written by each rank to its own scratch directory.
@@ -44,95 +44,19 @@ struct Weights {
               .string();
     fs::remove_all(dir);
     fs::create_directories(dir);
-    auto gen = Checkpoint::random(seed);
-    make(cfg, 0, *gen, kPrefix, TpShard{});
-    std::mt19937 g(seed);
-    std::normal_distribution<float> nd(0.f, 1.f);
-    std::map<std::string, Tensor> w;
-    for (const auto& [name, t0] : gen->generated()) {
-      Tensor t(t0.shape);
-      const bool norm_w = name.find("norm.weight") != std::string::npos;
-      for (auto& v : t.data) {
-        if (norm_w) v = 1.f + 0.3f * nd(g);
-        else if (t.ndim() == 1) v = 0.3f * nd(g);
-        else v = 1.5f * nd(g) / std::sqrt(float(t.shape[1]));
-      }
-      w[name] = t;
-    }
-    for (const auto& [name, shape] : biases(cfg)) {
-      Tensor t(shape);
-      for (auto& v : t.data) v = 0.3f * nd(g);
-      w[name] = t;
-    }
-    write_safetensors(dir, w, DType::F32);
+    dzt::write_weights(cfg, make, seed, dir);
   }
   ~Weights() { fs::remove_all(dir); }
   std::unique_ptr<Mixer> load(const ModelConfig& cfg, const Factory& make, const TpShard& tp) const {
-    auto ck = Checkpoint::open(dir);
-    auto m = make(cfg, 0, *ck, kPrefix, tp);
-    ck->check_all_used();
-    return m;
+    return dzt::load(cfg, make, dir, tp);
   }
 };
 
+// topk 7: sparse for most queries of the 67- and 130-token documents; YaRN over 32 positions.
 ModelConfig mla_cfg(Family f, int64_t q_lora, bool gate, bool indexer, bool yarn) {
-  ModelConfig c;
-  c.family = f;
-  c.hidden_size = 19;
-  c.num_layers = 1;
-  c.num_heads = 4;
-  c.q_lora_rank = q_lora;
-  c.kv_lora_rank = 9;
-  c.qk_nope_head_dim = 5;
-  c.qk_rope_head_dim = 4;
-  c.v_head_dim = 7;
-  c.mla_output_gate = gate;
-  c.rope.theta = 50.f;
-  c.index_n_heads = 3;
-  c.index_head_dim = 8;
-  c.index_topk = 7;  // sparse for most queries of the 67- and 130-token documents
-  if (yarn) {
-    c.rope.yarn = true;
-    c.rope.yarn_factor = 4.f;
-    c.rope.yarn_original_max_pos = 32;
-    c.rope.yarn_beta_fast = 32.f;
-    c.rope.yarn_beta_slow = 1.f;
-    c.rope.yarn_mscale = 1.f;
-    c.rope.yarn_mscale_all_dim = 0.5f;
-  }
-  LayerSpec ls;
-  ls.mixer = MixerKind::MLA;
-  ls.has_indexer = indexer;
-  c.layers = {ls};
-  return c;
+  return dzt::mla_cfg(f, q_lora, gate, indexer, yarn, 7, 32);
 }
 
-ModelConfig gqa_cfg() {
-  ModelConfig c;
-  c.family = Family::Qwen3Next;
-  c.hidden_size = 19;
-  c.num_layers = 1;
-  c.num_heads = 6;
-  c.num_kv_heads = 2;  // groups of 3; T = 2 puts one KV head and its 3 query heads on each rank
-  c.head_dim = 8;
-  c.attn_output_gate = true;
-  c.norm_zero_centered = true;
-  c.rms_norm_eps = 1e-6f;
-  c.rope.theta = 50.f;
-  c.rope.partial_rotary_factor = 0.5f;
-  LayerSpec ls;
-  ls.mixer = MixerKind::GQA;
-  c.layers = {ls};
-  return c;
-}
-
-std::vector<float> rand_x(int64_t T, int64_t D, uint32_t seed) {
-  std::mt19937 g(seed);
-  std::normal_distribution<float> nd(0.f, 1.f);
-  std::vector<float> x(size_t(T * D));
-  for (auto& v : x) v = nd(g);
-  return x;
-}
 
 const AttnCache& cache(const MixerState& s) { return dynamic_cast<const AttnCache&>(s); }
 

@@ -25,9 +25,12 @@ using namespace dz;
 
 namespace {
 
-using dzt::biases;
 using dzt::Factory;
+using dzt::gqa_cfg;
 using dzt::kPrefix;
+using dzt::load;
+using dzt::rand_x;
+using dzt::write_weights;
 
 struct Scratch {
   std::string path;
@@ -40,88 +43,10 @@ struct Scratch {
   ~Scratch() { fs::remove_all(path); }
 };
 
-// Writes O(1)-scaled random weights for every tensor the factory asks for (the 0.02 init would
-// make every softmax nearly uniform and hide mistakes) into dir as safetensors.
-void write_weights(const ModelConfig& cfg, const Factory& make, uint32_t seed, const std::string& dir) {
-  auto gen = Checkpoint::random(seed);
-  make(cfg, 0, *gen, kPrefix, TpShard{});
-  std::mt19937 g(seed);
-  std::normal_distribution<float> nd(0.f, 1.f);
-  std::map<std::string, Tensor> w;
-  for (const auto& [name, t0] : gen->generated()) {
-    Tensor t(t0.shape);
-    const bool norm_w = name.find("norm.weight") != std::string::npos;
-    for (auto& v : t.data) {
-      if (norm_w) v = 1.f + 0.3f * nd(g);
-      else if (t.ndim() == 1) v = 0.3f * nd(g);  // LayerNorm / projection biases
-      else v = 1.5f * nd(g) / std::sqrt(float(t.shape[1]));
-    }
-    w[name] = t;
-  }
-  for (const auto& [name, shape] : biases(cfg)) {
-    Tensor t(shape);
-    for (auto& v : t.data) v = 0.3f * nd(g);
-    w[name] = t;
-  }
-  write_safetensors(dir, w, DType::F32);
-}
-
-std::unique_ptr<Mixer> load(const ModelConfig& cfg, const Factory& make, const std::string& dir, const TpShard& tp) {
-  auto ck = Checkpoint::open(dir);
-  auto m = make(cfg, 0, *ck, kPrefix, tp);
-  ck->check_all_used();
-  return m;
-}
-
+// Documents of 2..130 rows: topk 4 is well below their lengths, so the selection really is sparse;
+// YaRN over 64 original positions.
 ModelConfig mla_cfg(Family f, int64_t q_lora, bool gate, bool indexer, bool yarn) {
-  ModelConfig c;
-  c.family = f;
-  c.hidden_size = 19;
-  c.num_layers = 1;
-  c.num_heads = 4;
-  c.q_lora_rank = q_lora;
-  c.kv_lora_rank = 9;
-  c.qk_nope_head_dim = 5;
-  c.qk_rope_head_dim = 4;
-  c.v_head_dim = 7;
-  c.mla_output_gate = gate;
-  c.rope.theta = 50.f;
-  c.index_n_heads = 3;
-  c.index_head_dim = 8;
-  c.index_topk = 4;  // well below the document lengths: the selection really is sparse
-  if (yarn) {
-    c.rope.yarn = true;
-    c.rope.yarn_factor = 4.f;
-    c.rope.yarn_original_max_pos = 64;
-    c.rope.yarn_beta_fast = 32.f;
-    c.rope.yarn_beta_slow = 1.f;
-    c.rope.yarn_mscale = 1.f;
-    c.rope.yarn_mscale_all_dim = 0.5f;
-  }
-  LayerSpec ls;
-  ls.mixer = MixerKind::MLA;
-  ls.has_indexer = indexer;
-  c.layers = {ls};
-  return c;
-}
-
-ModelConfig gqa_cfg() {
-  ModelConfig c;
-  c.family = Family::Qwen3Next;
-  c.hidden_size = 19;
-  c.num_layers = 1;
-  c.num_heads = 6;
-  c.num_kv_heads = 2;  // groups of 3
-  c.head_dim = 8;
-  c.attn_output_gate = true;
-  c.norm_zero_centered = true;
-  c.rms_norm_eps = 1e-6f;
-  c.rope.theta = 50.f;
-  c.rope.partial_rotary_factor = 0.5f;
-  LayerSpec ls;
-  ls.mixer = MixerKind::GQA;
-  c.layers = {ls};
-  return c;
+  return dzt::mla_cfg(f, q_lora, gate, indexer, yarn, 4, 64);
 }
 
 struct Case {
@@ -140,13 +65,6 @@ std::vector<Case> cases() {
   };
 }
 
-std::vector<float> rand_x(int64_t T, int64_t D, uint32_t seed) {
-  std::mt19937 g(seed);
-  std::normal_distribution<float> nd(0.f, 1.f);
-  std::vector<float> x(size_t(T * D));
-  for (auto& v : x) v = nd(g);
-  return x;
-}
 
 AttnCache& cache(MixerState& s) {
   auto* c = dynamic_cast<AttnCache*>(&s);
