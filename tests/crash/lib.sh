@@ -3,6 +3,7 @@ set -euo pipefail
 DZ=$(readlink -f "$1")
 SRC=$(readlink -f "$2")
 source "$SRC/scripts/env.sh"
+source "$SRC/tests/h5_checks.sh"  # same, ndone, supports_stop
 W=$(mktemp -d /tmp/dz_crash_XXXXXX)
 JOB=""  # pid of a background mpirun (its own process group), killed on exit if still there
 cleanup() {
@@ -15,7 +16,6 @@ trap cleanup EXIT
 T0=$(date +%s)
 say() { echo "[$(basename "$0" .sh) +$(($(date +%s) - T0))s] $*"; }
 fail() { echo "FAIL: $*"; exit 1; }
-ndone() { { h5dump -d /done -y -w 0 "$1" 2>/dev/null || true; } | grep -o '\b1\b' | wc -l; }
 wait_done() {  # wait_done FILE N SECONDS
   local f=$1 n=$2 limit=$3 s=$SECONDS
   while [ "$(ndone "$f")" -lt "$n" ]; do
@@ -24,13 +24,6 @@ wait_done() {  # wait_done FILE N SECONDS
     sleep 0.2
   done
 }
-same() {  # same A.h5 B.h5 dataset...: bitwise equal datasets
-  local a=$1 b=$2; shift 2
-  for d in "$@"; do
-    h5diff -q "$a" "$b" "$d" "$d" || { h5diff -r "$a" "$b" "$d" "$d" | head -20; fail "$d differs between $a and $b"; }
-  done
-}
-supports_stop() { "$DZ" run --help 2>&1 | grep -q -- --stop-grace; }
 # start_job NP ARGS...: mpirun in the background, in its own process group; sets JOB
 start_job() {
   local np=$1; shift

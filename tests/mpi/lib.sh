@@ -3,6 +3,7 @@ set -euo pipefail
 DZ=$1
 SRC=$2
 source "$SRC/scripts/env.sh"
+source "$SRC/tests/h5_checks.sh"  # same
 W=$(mktemp -d /tmp/dz_mpi_XXXXXX)
 trap 'rm -rf "$W"' EXIT
 say() { echo "[$(basename "$0" .sh)] $*"; }
@@ -18,13 +19,4 @@ with open(path, "w") as f:
     for L in lens:
         f.write(" ".join(str(rng.randrange(V)) for _ in range(L)) + "\n")
 PY
-}
-same() {  # same A.h5 B.h5 dataset...: bitwise equal datasets
-  local a=$1 b=$2 d; shift 2
-  for d in "$@"; do
-    if ! h5diff -q "$a" "$b" "$d" "$d"; then
-      h5diff -r "$a" "$b" "$d" "$d" | head -20
-      echo "FAIL: $d differs between $a and $b"; exit 1
-    fi
-  done
 }

@@ -5,6 +5,7 @@ set -euo pipefail
 DZ=$(readlink -f "$1")
 SRC=$(readlink -f "$2")
 source "$SRC/scripts/env.sh"
+source "$SRC/tests/h5_checks.sh"  # same, ndone, supports_stop
 W=$(mktemp -d /tmp/dz_slurm_XXXXXX)
 CL=$W/cluster
 T0=$(date +%s)
@@ -50,8 +51,6 @@ wait_gone() {
     sleep 0.5
   done
 }
-# ndone FILE: documents whose /done flag is set (0 when the file is not readable yet)
-ndone() { { h5dump -d /done -y -w 0 "$1" 2>/dev/null || true; } | grep -o '\b1\b' | wc -l; }
 # wait_done FILE N SECONDS: until FILE has >= N durable documents
 wait_done() {
   local f=$1 n=$2 limit=$3 s=$SECONDS
@@ -60,10 +59,3 @@ wait_done() {
     sleep 0.3
   done
 }
-same() {  # same A.h5 B.h5 dataset...: bitwise equal datasets
-  local a=$1 b=$2; shift 2
-  for d in "$@"; do
-    h5diff -q "$a" "$b" "$d" "$d" || { h5diff -r "$a" "$b" "$d" "$d" | head -20; fail "$d differs between $a and $b"; }
-  done
-}
-supports_stop() { "$DZ" run --help 2>&1 | grep -q -- --stop-grace; }
