@@ -98,3 +98,15 @@ void la_decode(const LaDecode& p, cudaStream_t stream);
 void la_set_decode_block(int bv);
 
 }  // namespace dz::cuda
+
+namespace dz::cuda {
+
+// ---- Token-by-token recurrent scan of one sequence, any small head dims ----
+// For head dims the chunked and decode kernels do not cover (K or V not 64 / 128; K <= 64,
+// V <= 256, as in the tiny golden and demo models): one CTA per value head, one thread per state
+// column, sequential over the T tokens. Same inputs and math as la_chunk_prefill with N = 1
+// (raw q/k L2-normalised in the kernel, sigmoid beta, the gate); state [HV, K, V] fp32 in place.
+bool la_chunked_supports(int K, int V);
+void la_recurrent(const LaPrefill& p, int64_t T, float* state, cudaStream_t stream);
+
+}  // namespace dz::cuda

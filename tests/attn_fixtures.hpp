@@ -16,7 +16,7 @@
 namespace dzt {
 
 using Factory = std::function<std::unique_ptr<dz::Mixer>(const dz::ModelConfig&, int, dz::Checkpoint&,
-                                                         const std::string&, const dz::TpShard&)>;
+                                                         const std::string&, const dz::TpShard&, dz::Backend&)>;
 inline const std::string kPrefix = "model.layers.0.";
 
 // Optional biases, absent from make-model's minimal layout.
@@ -35,7 +35,7 @@ inline std::map<std::string, dz::Shape> biases(const dz::ModelConfig& c) {
 // safetensors. Deterministic in seed, so every MPI rank writes the same values.
 inline void write_weights(const dz::ModelConfig& cfg, const Factory& make, uint32_t seed, const std::string& dir) {
   auto gen = dz::Checkpoint::random(seed);
-  make(cfg, 0, *gen, kPrefix, dz::TpShard{});
+  make(cfg, 0, *gen, kPrefix, dz::TpShard{}, dz::cpu_backend());
   std::mt19937 g(seed);
   std::normal_distribution<float> nd(0.f, 1.f);
   std::map<std::string, dz::Tensor> w;
@@ -61,7 +61,7 @@ inline void write_weights(const dz::ModelConfig& cfg, const Factory& make, uint3
 inline std::unique_ptr<dz::Mixer> load(const dz::ModelConfig& cfg, const Factory& make, const std::string& dir,
                                        const dz::TpShard& tp) {
   auto ck = dz::Checkpoint::open(dir);
-  auto m = make(cfg, 0, *ck, kPrefix, tp);
+  auto m = make(cfg, 0, *ck, kPrefix, tp, dz::cpu_backend());
   ck->check_all_used();
   return m;
 }

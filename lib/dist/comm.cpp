@@ -48,6 +48,16 @@ Comm Comm::split(int color, int key) const {
   return c;
 }
 
+Comm Comm::split_shared() const {
+  if (comm_ == MPI_COMM_NULL) return Comm();
+  Comm c;
+  MPI_CHECK(MPI_Comm_split_type(comm_, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &c.comm_));
+  c.owned_ = true;
+  MPI_CHECK(MPI_Comm_rank(c.comm_, &c.rank_));
+  MPI_CHECK(MPI_Comm_size(c.comm_, &c.size_));
+  return c;
+}
+
 void Comm::barrier() const {
   if (comm_ != MPI_COMM_NULL) MPI_CHECK(MPI_Barrier(comm_));
 }

@@ -41,6 +41,9 @@ class Comm : public Collectives {
   int size() const override { return size_; }
 
   Comm split(int color, int key) const;
+  // The ranks of this communicator on the same node (MPI_Comm_split_type SHARED): its rank is
+  // the local rank, which picks the local GPU.
+  Comm split_shared() const;
   void barrier() const override;
   void bcast_bytes(void* data, size_t n, int root) const override;
   // Logical OR of a flag over the communicator.

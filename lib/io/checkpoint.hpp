@@ -14,13 +14,11 @@
 #include <string>
 #include <vector>
 
+#include "core/dtype.hpp"
 #include "core/tensor.hpp"
 
 namespace dz {
 
-enum class DType { F32, BF16, F16, F8_E4M3, I32, I64, U8 };
-const char* to_string(DType d);
-size_t dtype_size(DType d);
 
 // How a generated (make-model) tensor is initialised. Ignored when reading a real checkpoint.
 struct Init {

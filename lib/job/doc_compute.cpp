@@ -79,7 +79,8 @@ DocResult compute_document(const Model& model, int64_t doc, const std::vector<in
   const bool parallel = cp.size() > 1 || par.segments > 1;
   SeqLayout lay = SeqLayout::zigzag(L, cp.size(), cp.rank(), par.segments);
   std::vector<int64_t> pos = lay.local_positions();  // global position of each local row
-  Tensor hidden;                                      // [R, D]
+  DTensor hidden;                                     // [R, D] on the model's backend
+  Backend& be = model.backend();
   if (parallel) {
     std::vector<int32_t> local(pos.size());
     for (size_t i = 0; i < pos.size(); ++i) local[i] = tokens[size_t(pos[i])];
@@ -98,7 +99,7 @@ DocResult compute_document(const Model& model, int64_t doc, const std::vector<in
         owner = lay.owner[size_t(j)];
         break;
       }
-    if (cp.rank() == owner) std::copy(hidden.row(R - 1), hidden.row(R - 1) + D, h.begin());
+    if (cp.rank() == owner) be.download(hidden.slab(R - 1, R), h.data());
     cp.bcast_vec(h, owner);
     return h;
   };
@@ -114,11 +115,16 @@ DocResult compute_document(const Model& model, int64_t doc, const std::vector<in
           tgt.push_back(tokens[size_t(pos[size_t(i)] + 1)]);
           rows.push_back(i);
         }
-      // Local rows are contiguous per segment; compute per maximal run of usable rows.
+      // Local rows are contiguous per segment: copy per maximal run of usable rows.
       std::vector<float> lp(qpos.size());
-      Tensor h2({int64_t(rows.size()), D});
-      for (size_t k = 0; k < rows.size(); ++k) std::copy(hidden.row(rows[k]), hidden.row(rows[k]) + D, h2.row(int64_t(k)));
-      head.logprobs(h2.ptr(), int64_t(rows.size()), tgt.data(), lp.data());
+      DTensor h2 = be.act({int64_t(rows.size()), D});
+      for (size_t k = 0; k < rows.size();) {
+        size_t e = k + 1;
+        while (e < rows.size() && rows[e] == rows[e - 1] + 1) ++e;
+        be.copy_rows(hidden, rows[k], h2, int64_t(k), int64_t(e - k));
+        k = e;
+      }
+      head.logprobs(h2, tgt.data(), lp.data());
       r.values = parallel ? gather_rows(cp, qpos, lp, 1, L - 1) : lp;
       break;
     }
@@ -127,29 +133,29 @@ DocResult compute_document(const Model& model, int64_t doc, const std::vector<in
       DZ_CHECK(K >= 1 && K <= V, "--topk ", K, " must be in [1, vocab size ", V, "]");
       std::vector<int32_t> ids(static_cast<size_t>(R * K));
       std::vector<float> lps(static_cast<size_t>(R * K));
-      head.topk(hidden.ptr(), R, K, ids.data(), lps.data());
+      head.topk(hidden, K, ids.data(), lps.data());
       r.ids = parallel ? gather_rows(cp, pos, ids, K, L) : ids;
       r.values = parallel ? gather_rows(cp, pos, lps, K, L) : lps;
       break;
     }
     case OutputMode::LastLogits: {
-      std::vector<float> h = parallel ? last_hidden() : std::vector<float>(hidden.row(L - 1), hidden.row(L - 1) + D);
       r.values.resize(static_cast<size_t>(V));
-      model.logits(h.data(), 1, r.values.data());
+      model.logits(parallel ? be.upload(last_hidden().data(), {1, D}, be.act_dtype()) : hidden.slab(L - 1, L),
+                   r.values.data());
       break;
     }
     case OutputMode::Generate: {
-      std::vector<float> h = parallel ? last_hidden() : std::vector<float>(hidden.row(L - 1), hidden.row(L - 1) + D);
       std::vector<float> last(static_cast<size_t>(V));
-      model.logits(h.data(), 1, last.data());
+      model.logits(parallel ? be.upload(last_hidden().data(), {1, D}, be.act_dtype()) : hidden.slab(L - 1, L),
+                   last.data());
       // Every CP rank holds the whole document's state after the prefill, so all of them decode
       // the same tokens (TP collectives run inside each CP rank's TP group).
       for (int64_t s = 0; s < p.max_new_tokens; ++s) {
         int32_t tok = choose_token(last.data(), V, p.temperature, p.seed, doc, s);
         r.ids.push_back(tok);
         if (tok == cfg.eos_token_id || s + 1 == p.max_new_tokens) break;
-        Tensor hn = model.forward(&tok, 1, st, tick);
-        model.logits(hn.ptr(), 1, last.data());
+        DTensor hn = model.forward(&tok, 1, st, tick);
+        model.logits(hn, last.data());
       }
       break;
     }

@@ -196,8 +196,7 @@ int run_job(const RunOptions& opt) {
   agree(world, [&] {
     grid = RankGrid::make(world.size(), world.rank(), opt.cp, opt.tp);
     DZ_CHECK(opt.segments >= 1, "--segments must be >= 1 (got ", opt.segments, ")");
-    DZ_CHECK(opt.backend == "cpu", "--backend ", opt.backend,
-             ": only the cpu backend runs models in this version (the CUDA kernels are not wired into the job yet)");
+    DZ_CHECK(opt.backend == "cpu" || opt.backend == "cuda", "--backend must be cpu or cuda (got ", opt.backend, ")");
     DZ_CHECK(opt.kv_cache == "bf16" || opt.kv_cache == "fp8", "--kv-cache must be bf16 or fp8 (got ", opt.kv_cache,
              ")");
     DZ_CHECK(opt.index_quant == "none" || opt.index_quant == "mxfp8", "--index-quant must be none or mxfp8 (got ",
@@ -222,9 +221,23 @@ int run_job(const RunOptions& opt) {
   const bool group_root = grid.cp_rank() == 0 && grid.tp_rank() == 0;
   TpShard tp{grid.tp_rank(), T, T > 1 ? &tp_comm : nullptr};
 
+  // The backend: the CPU reference (fp32; the FP8 KV cache and MXFP8 indexer options emulated
+  // bit-exactly) or one GPU per rank, the local rank's (ranks beyond the node's GPU count share
+  // them round-robin, which is how CP x TP is tested on one GPU).
+  std::unique_ptr<Backend> own_backend;
+  Backend* be = &cpu_backend();
+  const Comm node = world.split_shared();
+  agree(world, [&] {
+    if (opt.backend != "cuda") return;
+    const int n_gpu = cuda_device_count();
+    DZ_CHECK(n_gpu > 0, "--backend cuda: no usable GPU on this node (rank ", world.rank(), ")");
+    own_backend = make_cuda_backend(node.rank() % n_gpu);
+    be = own_backend.get();
+  });
+  if (opt.backend == "cuda" && node.size() > cuda_device_count() && world.rank() == 0)
+    log_root(str("note: ", node.size(), " ranks share ", cuda_device_count(), " GPU(s) on a node"));
   std::unique_ptr<Model> model;
-  // The CPU backend is fp32; the FP8 KV cache and MXFP8 indexer options are emulated bit-exactly.
-  agree(world, [&] { model = Model::load(opt.model, tp, opt.kv_cache == "fp8", opt.index_quant == "mxfp8"); });
+  agree(world, [&] { model = Model::load(opt.model, tp, opt.kv_cache == "fp8", opt.index_quant == "mxfp8", *be); });
   const ModelConfig& cfg = model->config();
 
   std::unique_ptr<InputFile> input;
@@ -256,8 +269,11 @@ int run_job(const RunOptions& opt) {
     spec.info["dayzero_version"] = DAYZERO_VERSION;
     spec.info["model"] = opt.model;
     spec.info["input"] = opt.input;
-    spec.info["precision"] = str("fp32 (cpu reference)", opt.kv_cache == "fp8" ? ", KV cache FP8 E4M3 per 128-tile (emulated)" : "",
-                                 opt.index_quant == "mxfp8" ? ", indexer q/k MXFP8 (emulated)" : "");
+    spec.info["precision"] =
+        opt.backend == "cuda"
+            ? std::string("bf16 weights and activations, fp32 accumulation, residual stream, states and logits (cuda)")
+            : str("fp32 (cpu reference)", opt.kv_cache == "fp8" ? ", KV cache FP8 E4M3 per 128-tile (emulated)" : "",
+                  opt.index_quant == "mxfp8" ? ", indexer q/k MXFP8 (emulated)" : "");
     spec.info["world_size"] = std::to_string(world.size());
     spec.info["parallel"] = str("dp ", grid.dp, " x cp ", C, " x tp ", T, ", segments ", opt.segments);
     output = opt.resume ? OutputFile::resume(opt.output, spec) : OutputFile::create(opt.output, spec, opt.overwrite);
@@ -400,6 +416,8 @@ int run_job(const RunOptions& opt) {
     j["documents"] = my_docs.size();
     j["flops"] = stats.flops;
     j["seconds"] = stats.seconds;
+    j["device"] = be->describe();
+    j["peak_device_memory_bytes"] = be->peak_memory_bytes();
     std::string s = j.dump();
     mine.assign(s.begin(), s.end());
     mine.push_back('\n');

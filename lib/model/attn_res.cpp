@@ -7,6 +7,7 @@
 
 #include "core/error.hpp"
 #include "core/linalg.hpp"
+#include "ops/norm.hpp"
 
 namespace dz {
 
@@ -62,54 +63,26 @@ AttnRes::Stream AttnRes::begin(const float* embed, int64_t T) const {
   return s;
 }
 
-void AttnRes::check_site(const Stream& s, int layer, int which, const char* what) const {
+void AttnRes::check_site(int next_site, int layer, int which, const char* what) const {
   DZ_CHECK(layer >= 0 && layer < L_ && (which == 0 || which == 1), "AttnRes::", what, ": bad site (layer ", layer,
            ", which ", which, ") for ", L_, " layers");
-  DZ_CHECK(2 * layer + which == s.next_site, "AttnRes::", what, ": sub-layer (layer ", layer, ", which ", which,
-           ") called out of order; expected (layer ", s.next_site / 2, ", which ", s.next_site % 2, ")");
+  DZ_CHECK(2 * layer + which == next_site, "AttnRes::", what, ": sub-layer (layer ", layer, ", which ", which,
+           ") called out of order; expected (layer ", next_site / 2, ", which ", next_site % 2, ")");
 }
 
 // out[t] = sum_i softmax_i(score_i) v_i over V = [blocks..., partial], per token t.
 void AttnRes::mix(const Stream& s, int site, float* out) const {
-  const int64_t D = D_, T = s.T, n = s.n_blocks + 1;
-  const float* q = query_.data() + size_t(site) * size_t(D);  // [D] pseudo-query
-  std::vector<const float*> v(static_cast<size_t>(n));
-  std::vector<float> w(static_cast<size_t>(n));
-  for (int64_t t = 0; t < T; ++t) {
-    for (int64_t i = 0; i < s.n_blocks; ++i) v[size_t(i)] = s.blocks.data() + (i * T + t) * D;
-    v[size_t(n - 1)] = s.partial.data() + t * D;
-    // score_i = q · (v_i / rms(v_i)); the RMS factor is folded in after the reduction
-    float m = -INFINITY;
-    for (int64_t i = 0; i < n; ++i) {
-      const float ms = dot(v[size_t(i)], v[size_t(i)], D) / float(D);
-      const float r = 1.f / std::sqrt(ms + eps_);
-      w[size_t(i)] = r * dot(v[size_t(i)], q, D);
-      m = std::max(m, w[size_t(i)]);
-    }
-    float z = 0.f;
-    for (int64_t i = 0; i < n; ++i) {
-      w[size_t(i)] = std::exp(w[size_t(i)] - m);
-      z += w[size_t(i)];
-    }
-    float* o = out + t * D;
-    // first term assigned, not added to 0, so a single value passes through bit for bit (-0 included)
-    const float a0 = w[0] / z;
-    for (int64_t d = 0; d < D; ++d) o[d] = a0 * v[0][d];
-    for (int64_t i = 1; i < n; ++i) {
-      const float a = w[size_t(i)] / z;
-      const float* vi = v[size_t(i)];
-      for (int64_t d = 0; d < D; ++d) o[d] += a * vi[d];
-    }
-  }
+  attn_res_mix(s.blocks.data(), s.n_blocks, s.partial.data(), query_.data() + size_t(site) * size_t(D_), s.T, D_, eps_,
+               out);
 }
 
 void AttnRes::sublayer_input(const Stream& s, int layer, int which, float* out) const {
-  check_site(s, layer, which, "sublayer_input");
+  check_site(s.next_site, layer, which, "sublayer_input");
   mix(s, 2 * layer + which, out);
 }
 
 void AttnRes::add_output(Stream& s, int layer, int which, const float* f) const {
-  check_site(s, layer, which, "add_output");
+  check_site(s.next_site, layer, which, "add_output");
   const size_t TD = size_t(s.T * D_);
   if (which == 0 && layer % bs_ == 0) {
     // first layer of a block: the running sum becomes a closed block and f starts the next one
@@ -126,6 +99,51 @@ void AttnRes::final_output(const Stream& s, float* out) const {
   DZ_CHECK(s.next_site == 2 * L_, "AttnRes::final_output: called after ", s.next_site, " of ", 2 * L_,
            " sub-layers");
   mix(s, 2 * L_, out);
+}
+
+// ---- on a backend ----
+
+void AttnRes::upload(Backend& be) { dquery_ = be.upload(query_.data(), {2 * int64_t(L_) + 1, D_}, DType::F32); }
+
+AttnRes::DevStream AttnRes::begin(Backend& be, const DTensor& embed) const {
+  DZ_CHECK(dquery_.defined(), "AttnRes: pseudo-queries not uploaded to the backend");
+  DevStream s;
+  s.T = embed.rows();
+  const int64_t n_max = (L_ + bs_ - 1) / bs_;  // layers l with l % bs == 0 close a block
+  s.blocks = be.alloc({n_max, s.T, D_}, DType::F32);
+  s.partial = be.alloc({s.T, D_}, DType::F32);
+  be.copy_rows(embed, 0, s.partial, 0, s.T);  // b_0 stays "partial" until layer 0's mixer closes it
+  return s;
+}
+
+void AttnRes::mix(Backend& be, const DevStream& s, int site, DTensor& out) const {
+  be.attn_res_mix(s.blocks.slab(0, s.n_blocks), s.n_blocks, s.partial, dquery_.slab(site, site + 1).reshaped({D_}),
+                  eps_, out);
+}
+
+void AttnRes::sublayer_input(Backend& be, const DevStream& s, int layer, int which, DTensor& out) const {
+  check_site(s.next_site, layer, which, "sublayer_input");
+  mix(be, s, 2 * layer + which, out);
+}
+
+void AttnRes::add_output(Backend& be, DevStream& s, int layer, int which, const DTensor& f) const {
+  check_site(s.next_site, layer, which, "add_output");
+  if (which == 0 && layer % bs_ == 0) {
+    // first layer of a block: the running sum becomes a closed block and f starts the next one
+    DTensor b = s.blocks.slab(s.n_blocks, s.n_blocks + 1).reshaped({s.T, D_});
+    be.copy_rows(s.partial, 0, b, 0, s.T);
+    ++s.n_blocks;
+    be.convert(f, s.partial);
+  } else {
+    be.add(s.partial, f);
+  }
+  ++s.next_site;
+}
+
+void AttnRes::final_output(Backend& be, const DevStream& s, DTensor& out) const {
+  DZ_CHECK(s.next_site == 2 * L_, "AttnRes::final_output: called after ", s.next_site, " of ", 2 * L_,
+           " sub-layers");
+  mix(be, s, 2 * L_, out);
 }
 
 }  // namespace dz

@@ -32,6 +32,7 @@
 #include <string>
 #include <vector>
 
+#include "backend/backend.hpp"
 #include "config/model_config.hpp"
 #include "core/tensor.hpp"
 #include "io/checkpoint.hpp"
@@ -65,13 +66,29 @@ class AttnRes {
   // out [T, D]: the output-site mixture after the last layer (the final norm is the caller's).
   void final_output(const Stream& s, float* out) const;
 
+  // The same depth state on a backend, for the model's layer stack: blocks [n_max, T, D] F32 (all
+  // the blocks a forward closes), partial [T, D] F32. The ops' CPU implementation is the
+  // attn_res_mix above, so both streams give identical results on the CPU backend.
+  struct DevStream {
+    int64_t T = 0, n_blocks = 0;
+    DTensor blocks, partial;
+    int next_site = 0;
+  };
+  // Uploads the pseudo-queries to `be` (once, before the first begin on it).
+  void upload(Backend& be);
+  DevStream begin(Backend& be, const DTensor& embed /*[T, D] F32*/) const;
+  void sublayer_input(Backend& be, const DevStream& s, int layer, int which, DTensor& out) const;
+  void add_output(Backend& be, DevStream& s, int layer, int which, const DTensor& f) const;
+  void final_output(Backend& be, const DevStream& s, DTensor& out) const;
+
   int64_t hidden() const { return D_; }
   int num_layers() const { return L_; }
   int64_t block_size() const { return bs_; }
 
  private:
   void mix(const Stream& s, int site, float* out) const;
-  void check_site(const Stream& s, int layer, int which, const char* what) const;
+  void check_site(int next_site, int layer, int which, const char* what) const;
+  void mix(Backend& be, const DevStream& s, int site, DTensor& out) const;
 
   int64_t D_ = 0;
   int L_ = 0;
@@ -79,6 +96,7 @@ class AttnRes {
   float eps_ = 1e-6f;
   std::vector<Tensor> norm_w_, proj_w_;  // per site [D] (kept to report / re-save)
   std::vector<float> query_;             // [2L + 1, D] w_norm ⊙ w_proj per site
+  DTensor dquery_;                       // the same on the backend (upload)
 };
 
 }  // namespace dz

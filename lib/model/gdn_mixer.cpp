@@ -34,7 +34,8 @@ Tensor get_conv(Checkpoint& ck, const std::string& name, int64_t C, int64_t W, I
 
 class GdnMixer : public LinearAttnMixer {
  public:
-  GdnMixer(const ModelConfig& cfg, Checkpoint& ck, const std::string& prefix, const TpShard& tp) {
+  GdnMixer(const ModelConfig& cfg, Checkpoint& ck, const std::string& prefix, const TpShard& tp, Backend& be) {
+    be_ = &be;
     const int64_t HKf = cfg.la_num_k_heads, HVf = cfg.la_num_v_heads;  // heads of the whole layer
     K_ = cfg.la_head_k_dim;
     V_ = cfg.la_head_v_dim;
@@ -63,77 +64,86 @@ class GdnMixer : public LinearAttnMixer {
     const std::string p = prefix + "linear_attn.";
     const Init proj = Init::normal(0.02f);
     const float cb = 1.f / std::sqrt(float(W_));
-    w_qkvz_ = rows(ck.get(p + "in_proj_qkvz.weight", {2 * HKf * K_ + 2 * HVf * V_, D_}, proj), 2 * K_ + 2 * r_ * V_);
-    w_ba_ = rows(ck.get(p + "in_proj_ba.weight", {2 * HVf, D_}, proj), 2 * r_);
-    conv_ = get_conv(ck, p + "conv1d.weight", 2 * HKf * K_ + HVf * V_, W_, Init::uniform(-cb, cb));
-    if (shard) {  // [q | k | v] channel groups, each cut to this rank's heads
+    const Tensor w_qkvz = rows(ck.get(p + "in_proj_qkvz.weight", {2 * HKf * K_ + 2 * HVf * V_, D_}, proj),
+                               2 * K_ + 2 * r_ * V_);
+    const Tensor w_ba = rows(ck.get(p + "in_proj_ba.weight", {2 * HVf, D_}, proj), 2 * r_);
+    Tensor conv = get_conv(ck, p + "conv1d.weight", 2 * HKf * K_ + HVf * V_, W_, Init::uniform(-cb, cb));
+    if (shard && !conv.empty()) {  // [q | k | v] channel groups, each cut to this rank's heads
       const int64_t KDf = HKf * K_;
       Tensor c({conv_dim(), W_});
       const std::pair<int64_t, int64_t> parts[3] = {{h0 * K_, h1 * K_},
                                                      {KDf + h0 * K_, KDf + h1 * K_},
                                                      {2 * KDf + h0 * r_ * V_, 2 * KDf + h1 * r_ * V_}};
       auto dst = c.data.begin();
-      for (const auto& pr : parts) dst = std::copy(conv_.data.begin() + pr.first * W_, conv_.data.begin() + pr.second * W_, dst);
-      conv_ = std::move(c);
+      for (const auto& pr : parts) dst = std::copy(conv.data.begin() + pr.first * W_, conv.data.begin() + pr.second * W_, dst);
+      conv = std::move(c);
     }
-    dt_bias_ = rows(ck.get(p + "dt_bias", {HVf}, Init::uniform(-4.f, -1.f)), r_);
-    A_log_ = rows(ck.get(p + "A_log", {HVf}, Init::uniform(0.f, std::log(16.f))), r_);
+    const Tensor dt_bias = rows(ck.get(p + "dt_bias", {HVf}, Init::uniform(-4.f, -1.f)), r_);
+    const Tensor A_log = rows(ck.get(p + "A_log", {HVf}, Init::uniform(0.f, std::log(16.f))), r_);
     // qwen3_next's gated norm is weight * x (ones init), not zero-centred like its other RMSNorms.
-    out_norm_ = ck.get(p + "norm.weight", {V_}, Init::ones());
-    wo_ = ck.get(p + "out_proj.weight", {D_, HVf * V_}, proj);
-    if (shard) wo_ = slice_cols(wo_, h0 * r_ * V_, h1 * r_ * V_);
+    const Tensor norm = ck.get(p + "norm.weight", {V_}, Init::ones());
+    Tensor wo = ck.get(p + "out_proj.weight", {D_, HVf * V_}, proj);
+    if (shard) wo = slice_cols(wo, h0 * r_ * V_, h1 * r_ * V_);
+    if (w_qkvz.empty()) return;  // dry run (inspect): names and shapes only
+
+    // Un-interleave the fused projections once, here, as fix_query_key_value_ordering splits their
+    // outputs: per key head h in_proj_qkvz holds [q (K) | k (K) | v (r*V) | z (r*V)] and in_proj_ba
+    // [b (r) | a (r)]; value head h*r+i is the i-th of its group. Permuting weight rows leaves every
+    // output value unchanged and gives contiguous [q all | k all | v all] (what the conv reads), z,
+    // b and a.
+    const int64_t KD = HK_ * K_, VD = HV_ * V_, G = 2 * K_ + 2 * r_ * V_;
+    Tensor pre({conv_dim(), D_}), z({VD, D_}), bw({HV_, D_}), aw({HV_, D_});
+    auto put = [&](Tensor& dst, int64_t drow, const Tensor& src, int64_t srow, int64_t n) {
+      std::copy(src.data.begin() + srow * D_, src.data.begin() + (srow + n) * D_, dst.data.begin() + drow * D_);
+    };
+    for (int64_t h = 0; h < HK_; ++h) {
+      put(pre, h * K_, w_qkvz, h * G, K_);
+      put(pre, KD + h * K_, w_qkvz, h * G + K_, K_);
+      put(pre, 2 * KD + h * r_ * V_, w_qkvz, h * G + 2 * K_, r_ * V_);
+      put(z, h * r_ * V_, w_qkvz, h * G + 2 * K_ + r_ * V_, r_ * V_);
+      put(bw, h * r_, w_ba, h * 2 * r_, r_);
+      put(aw, h * r_, w_ba, h * 2 * r_ + r_, r_);
+    }
+    (void)VD;
+    w_pre_ = be.weight(pre);
+    w_z_ = be.weight(z);
+    w_b_ = be.weight(bw);
+    w_a_ = be.weight(aw);
+    conv_ = be.weight(conv);
+    dt_bias_ = be.param(dt_bias);
+    A_log_ = be.param(A_log);
+    out_norm_ = be.param(norm);
+    wo_ = be.weight(wo);
   }
 
  private:
-  Tok project(const float* x, int64_t T) const override {
-    const int64_t r = r_, KD = HK_ * K_, VD = HV_ * V_, QKVZ = 2 * KD + 2 * VD, CD = conv_dim();
-    std::vector<float> qkvz(size_t(T * QKVZ)), ba(size_t(T * 2 * HV_));
-    linear(x, w_qkvz_.ptr(), nullptr, qkvz.data(), T, D_, QKVZ);
-    linear(x, w_ba_.ptr(), nullptr, ba.data(), T, D_, 2 * HV_);
-    // Un-interleave as fix_query_key_value_ordering: per key head h the projection holds
-    // [q (K) | k (K) | v (r*V) | z (r*V)], and in_proj_ba holds [b (r) | a (r)]; value head h*r+i
-    // is the i-th of its group. pre = [q all heads | k all heads | v all heads] for the conv.
+  Tok project(const DTensor& x) const override {
+    const int64_t T = x.rows();
+    Backend& be = *be_;
     Tok tk;
-    tk.pre.resize(size_t(T * CD));
-    tk.gate.resize(size_t(T * VD));
-    tk.beta.resize(size_t(T * HV_));
-    std::vector<float> a(size_t(T * HV_));
-    for (int64_t t = 0; t < T; ++t)
-      for (int64_t h = 0; h < HK_; ++h) {
-        const float* grp = qkvz.data() + t * QKVZ + h * (2 * K_ + 2 * r * V_);
-        float* m = tk.pre.data() + t * CD;
-        for (int64_t i = 0; i < K_; ++i) {
-          m[h * K_ + i] = grp[i];
-          m[KD + h * K_ + i] = grp[K_ + i];
-        }
-        for (int64_t i = 0; i < r * V_; ++i) {
-          m[2 * KD + h * r * V_ + i] = grp[2 * K_ + i];
-          tk.gate[size_t(t * VD + h * r * V_ + i)] = grp[2 * K_ + r * V_ + i];
-        }
-        const float* bag = ba.data() + t * 2 * HV_ + h * 2 * r;
-        for (int64_t i = 0; i < r; ++i) {
-          tk.beta[size_t(t * HV_ + h * r + i)] = sigmoid(bag[i]);
-          a[size_t(t * HV_ + h * r + i)] = bag[r + i];
-        }
-      }
-    tk.g.resize(size_t(T * HV_));
-    kda_gate_softplus(a.data(), A_log_.ptr(), dt_bias_.ptr(), T, HV_, 1, tk.g.data());  // -exp(A_log) softplus(a + dt_bias)
+    tk.pre = be.act({T, conv_dim()});
+    be.linear(x, w_pre_, DTensor{}, tk.pre);
+    tk.gate = be.act({T, HV_ * V_});
+    be.linear(x, w_z_, DTensor{}, tk.gate);
+    tk.beta = be.act({T, HV_});
+    be.linear(x, w_b_, DTensor{}, tk.beta);
+    tk.f = be.act({T, HV_});  // the gate: -exp(A_log) softplus(a + dt_bias)
+    be.linear(x, w_a_, DTensor{}, tk.f);
     return tk;
   }
 
-  int64_t r_ = 1;             // value heads per key head
-  Tensor w_qkvz_, w_ba_;      // [2*HK*K + 2*HV*V, D], [2*HV, D]: this rank's key-head groups
-  Tensor dt_bias_, A_log_;    // [HV], [HV]; out_norm_ (norm) [V] replicated
+  int64_t r_ = 1;                   // value heads per key head
+  DTensor w_pre_, w_z_, w_b_, w_a_;  // [2*HK*K + HV*V, D], [HV*V, D], [HV, D], [HV, D]: this rank's heads, de-interleaved
 };
 
 }  // namespace
 
 std::unique_ptr<Mixer> make_gdn_mixer(const ModelConfig& cfg, int layer, Checkpoint& ck, const std::string& prefix,
-                                      const TpShard& tp) {
+                                      const TpShard& tp, Backend& be) {
   (void)layer;
   DZ_CHECK(cfg.family == Family::Qwen3Next, "GDN layer ", prefix, ": no Gated DeltaNet tensor names for model_type '",
            cfg.model_type, "'");
-  return std::make_unique<GdnMixer>(cfg, ck, prefix, tp);
+  return std::make_unique<GdnMixer>(cfg, ck, prefix, tp, be);
 }
 
 }  // namespace dz

@@ -32,11 +32,10 @@ namespace dz {
 
 namespace {
 
-const float* opt(const Tensor& t) { return t.empty() ? nullptr : t.ptr(); }
-
 class GqaMixer : public Mixer {
  public:
-  GqaMixer(const ModelConfig& cfg, Checkpoint& ck, const std::string& prefix, const TpShard& tp) {
+  GqaMixer(const ModelConfig& cfg, Checkpoint& ck, const std::string& prefix, const TpShard& tp, Backend& be)
+      : be_(&be) {
     D_ = cfg.hidden_size;
     H_ = cfg.num_heads;
     Hkv_ = cfg.num_kv_heads;
@@ -62,17 +61,17 @@ class GqaMixer : public Mixer {
     Hkvl_ = g1 - g0;
     const int64_t qpw = Dh_ * (gated_ ? 2 : 1);  // q_proj rows per head (query, then gate)
     const Init norm_init = zero_centered_ ? Init::zeros() : Init::ones();
-    q_ = slice_rows(ck.get(p + "q_proj.weight", {H_ * qpw, D_}, Init::normal(0.02f)), h0 * qpw, h1 * qpw);
-    q_bias_ = slice_rows(ck.get_optional(p + "q_proj.bias", {H_ * qpw}, Init::zeros()), h0 * qpw, h1 * qpw);
-    k_ = slice_rows(ck.get(p + "k_proj.weight", {Hkv_ * Dh_, D_}, Init::normal(0.02f)), g0 * Dh_, g1 * Dh_);
-    k_bias_ = slice_rows(ck.get_optional(p + "k_proj.bias", {Hkv_ * Dh_}, Init::zeros()), g0 * Dh_, g1 * Dh_);
-    v_ = slice_rows(ck.get(p + "v_proj.weight", {Hkv_ * Dh_, D_}, Init::normal(0.02f)), g0 * Dh_, g1 * Dh_);
-    v_bias_ = slice_rows(ck.get_optional(p + "v_proj.bias", {Hkv_ * Dh_}, Init::zeros()), g0 * Dh_, g1 * Dh_);
-    o_ = slice_cols(ck.get(p + "o_proj.weight", {D_, H_ * Dh_}, Init::normal(0.02f)), h0 * Dh_, h1 * Dh_);
-    o_bias_ = ck.get_optional(p + "o_proj.bias", {D_}, Init::zeros());
-    if (shard && tp.rank != 0) o_bias_ = Tensor();  // added once, before the all-reduce sums the ranks
-    q_norm_ = ck.get(p + "q_norm.weight", {Dh_}, norm_init);
-    k_norm_ = ck.get(p + "k_norm.weight", {Dh_}, norm_init);
+    const Tensor q = slice_rows(ck.get(p + "q_proj.weight", {H_ * qpw, D_}, Init::normal(0.02f)), h0 * qpw, h1 * qpw);
+    const Tensor q_bias = slice_rows(ck.get_optional(p + "q_proj.bias", {H_ * qpw}, Init::zeros()), h0 * qpw, h1 * qpw);
+    const Tensor k = slice_rows(ck.get(p + "k_proj.weight", {Hkv_ * Dh_, D_}, Init::normal(0.02f)), g0 * Dh_, g1 * Dh_);
+    const Tensor k_bias = slice_rows(ck.get_optional(p + "k_proj.bias", {Hkv_ * Dh_}, Init::zeros()), g0 * Dh_, g1 * Dh_);
+    const Tensor v = slice_rows(ck.get(p + "v_proj.weight", {Hkv_ * Dh_, D_}, Init::normal(0.02f)), g0 * Dh_, g1 * Dh_);
+    const Tensor v_bias = slice_rows(ck.get_optional(p + "v_proj.bias", {Hkv_ * Dh_}, Init::zeros()), g0 * Dh_, g1 * Dh_);
+    const Tensor o = slice_cols(ck.get(p + "o_proj.weight", {D_, H_ * Dh_}, Init::normal(0.02f)), h0 * Dh_, h1 * Dh_);
+    Tensor o_bias = ck.get_optional(p + "o_proj.bias", {D_}, Init::zeros());
+    if (shard && tp.rank != 0) o_bias = Tensor();  // added once, before the all-reduce sums the ranks
+    const Tensor q_norm = ck.get(p + "q_norm.weight", {Dh_}, norm_init);
+    const Tensor k_norm = ck.get(p + "k_norm.weight", {Dh_}, norm_init);
     // transformers: dim = int(head_dim * partial_rotary_factor)
     const int64_t rot = int64_t(double(Dh_) * double(cfg.rope.partial_rotary_factor));
     DZ_CHECK(rot >= 0 && rot <= Dh_ && rot % 2 == 0, p, ": rotary dim ", rot, " must be even and <= head_dim");
@@ -82,32 +81,72 @@ class GqaMixer : public Mixer {
       rope_ = std::make_unique<Rope>(rc, rot);
     }
     scale_ = float(1.0 / std::sqrt(double(Dh_)));
+    if (q.empty()) return;  // dry run (inspect): names and shapes only
+    auto par = [&](const Tensor& t) { return t.empty() ? DTensor{} : be.param(t); };
+    if (gated_) {
+      // q_proj rows per head are [query (Dh) | gate (Dh)]: split them once here into a query and a
+      // gate projection (row permutation: every output value is unchanged).
+      const int64_t QD = Hl_ * Dh_;
+      Tensor wq({QD, D_}), wg({QD, D_}), bq, bg;
+      if (!q_bias.empty()) bq = Tensor({QD}), bg = Tensor({QD});
+      for (int64_t h = 0; h < Hl_; ++h) {
+        std::copy(q.data.begin() + (2 * h) * Dh_ * D_, q.data.begin() + (2 * h + 1) * Dh_ * D_, wq.data.begin() + h * Dh_ * D_);
+        std::copy(q.data.begin() + (2 * h + 1) * Dh_ * D_, q.data.begin() + (2 * h + 2) * Dh_ * D_, wg.data.begin() + h * Dh_ * D_);
+        if (!q_bias.empty()) {
+          std::copy(q_bias.data.begin() + 2 * h * Dh_, q_bias.data.begin() + (2 * h + 1) * Dh_, bq.data.begin() + h * Dh_);
+          std::copy(q_bias.data.begin() + (2 * h + 1) * Dh_, q_bias.data.begin() + (2 * h + 2) * Dh_, bg.data.begin() + h * Dh_);
+        }
+      }
+      q_ = be.weight(wq);
+      gate_ = be.weight(wg);
+      q_bias_ = par(bq);
+      gate_bias_ = par(bg);
+    } else {
+      q_ = be.weight(q);
+      q_bias_ = par(q_bias);
+    }
+    k_ = be.weight(k);
+    k_bias_ = par(k_bias);
+    v_ = be.weight(v);
+    v_bias_ = par(v_bias);
+    o_ = be.weight(o);
+    o_bias_ = par(o_bias);
+    q_norm_ = be.param(q_norm);
+    k_norm_ = be.param(k_norm);
   }
 
-  std::unique_ptr<MixerState> make_state() const override { return std::make_unique<AttnCache>(); }
+  int64_t hidden() const override { return D_; }
+  using Mixer::forward;
+  using Mixer::forward_cp;
 
-  void forward(const float* x, int64_t T, MixerState& st_base, float* out) const override {
+  std::unique_ptr<MixerState> make_state() const override {
+    auto st = std::make_unique<AttnCache>();
+    st->k.init(*be_, Hkvl_ * Dh_, be_->act_dtype());
+    st->v.init(*be_, Hkvl_ * Dh_, be_->act_dtype());
+    return st;
+  }
+
+  void forward(const DTensor& x, MixerState& st_base, DTensor& out) const override {
     auto* st = dynamic_cast<AttnCache*>(&st_base);
     DZ_CHECK(st, "GQA mixer: state is not an attention cache");
-    const int64_t pos0 = st->pos, S = pos0 + T, kvw = Hkvl_ * Dh_;
-    DZ_CHECK(int64_t(st->k.size()) == pos0 * kvw && int64_t(st->v.size()) == pos0 * kvw,
-             "GQA mixer: cache size does not match position ", pos0);
-    std::vector<float> q(size_t(T * Hl_ * Dh_)), gate(gated_ ? q.size() : 0);  // [T, Hl, Dh]
-    st->k.resize(size_t(S * kvw));
-    st->v.resize(size_t(S * kvw));
-    project(x, T, pos0, q.data(), gate.data(), st->k.data() + pos0 * kvw, st->v.data() + pos0 * kvw);
-    std::vector<float> o(size_t(T * Hl_ * Dh_));  // [T, Hl, Dh]
-    if (T > 0)
-      causal_attention(q.data(), st->k.data(), st->v.data(), o.data(), T, pos0, S, Hl_, Hkvl_, Dh_, Dh_, scale_);
-    finish(T, o.data(), gate.data(), out);
+    const int64_t T = x.rows(), pos0 = st->pos, S = pos0 + T;
+    DZ_CHECK(st->k.rows() == pos0 && st->v.rows() == pos0, "GQA mixer: cache size does not match position ", pos0);
+    DTensor q = be_->act({T, Hl_ * Dh_}), gate = gated_ ? be_->act({T, Hl_ * Dh_}) : DTensor{};
+    DTensor k = st->k.append(T), v = st->v.append(T);
+    project(x, pos0, q, gate, k, v);
+    DTensor o = be_->act({T, Hl_ * Dh_});  // [T, Hl, Dh]
+    if (T > 0) attend(q, st->k.view(0, S), st->v.view(0, S), pos0, o);
+    finish(o, gate, out);
     st->pos = S;
   }
 
-  void forward_cp(const float* x, const CpCtx& ctx, MixerState& st_base, float* out) const override {
+  void forward_cp(const DTensor& x, const CpCtx& ctx, MixerState& st_base, DTensor& out) const override {
     auto* st = dynamic_cast<AttnCache*>(&st_base);
     DZ_CHECK(st, "GQA mixer: state is not an attention cache");
-    DZ_CHECK(st->pos == 0 && st->k.empty(), "GQA forward_cp: the state must be fresh (pos ", st->pos, ")");
+    DZ_CHECK(st->pos == 0 && st->k.rows() == 0, "GQA forward_cp: the state must be fresh (pos ", st->pos, ")");
     DZ_CHECK(ctx.cp && ctx.lay, "GQA forward_cp: missing CP group or layout");
+    DZ_CHECK(be_->device() == Device::Host, "GQA forward_cp: context parallelism runs on the cpu backend only in this ",
+             "version; use --cp 1 with --backend ", be_->name());
     const SeqLayout& lay = *ctx.lay;
     DZ_CHECK(lay.cp_size == ctx.cp->size() && lay.cp_rank == ctx.cp->rank(), "GQA forward_cp: layout for rank ",
              lay.cp_rank, " of ", lay.cp_size, " used on rank ", ctx.cp->rank(), " of ", ctx.cp->size());
@@ -115,19 +154,18 @@ class GqaMixer : public Mixer {
     const std::vector<int> segs = lay.local_segments();
 
     // 1. Local rows, each segment at its global positions; entries [Rl, k | v].
-    std::vector<float> q(size_t(Rl * Hl_ * Dh_)), gate(gated_ ? q.size() : 0), mine(size_t(Rl * 2 * kvw));
+    DTensor q = be_->act({Rl, Hl_ * Dh_}), gate = gated_ ? be_->act({Rl, Hl_ * Dh_}) : DTensor{};
+    std::vector<float> mine(size_t(Rl * 2 * kvw));
     {
-      std::vector<float> k, v;
       int64_t r = 0;
       for (int j : segs) {
         const int64_t T = lay.seg_len(j), pos0 = lay.seg_begin(j);
-        k.resize(size_t(T * kvw));
-        v.resize(size_t(T * kvw));
-        project(x + r * D_, T, pos0, q.data() + r * Hl_ * Dh_, gated_ ? gate.data() + r * Hl_ * Dh_ : nullptr,
-                k.data(), v.data());
+        DTensor k = be_->act({T, kvw}), v = be_->act({T, kvw});
+        DTensor qs = q.slab(r, r + T), gs = gated_ ? gate.slab(r, r + T) : DTensor{};
+        project(x.slab(r, r + T), pos0, qs, gs, k, v);
         for (int64_t t = 0; t < T; ++t) {
-          std::copy(k.begin() + t * kvw, k.begin() + (t + 1) * kvw, mine.begin() + (r + t) * 2 * kvw);
-          std::copy(v.begin() + t * kvw, v.begin() + (t + 1) * kvw, mine.begin() + (r + t) * 2 * kvw + kvw);
+          std::copy(k.f32() + t * kvw, k.f32() + (t + 1) * kvw, mine.begin() + (r + t) * 2 * kvw);
+          std::copy(v.f32() + t * kvw, v.f32() + (t + 1) * kvw, mine.begin() + (r + t) * 2 * kvw + kvw);
         }
         r += T;
       }
@@ -139,91 +177,99 @@ class GqaMixer : public Mixer {
       const std::vector<float> all = ctx.cp->allgatherv(mine);
       DZ_CHECK(int64_t(all.size()) == L * 2 * kvw, "GQA forward_cp: gathered ", all.size() / size_t(2 * kvw),
                " cache rows for a document of ", L);
-      st->k.resize(size_t(L * kvw));
-      st->v.resize(size_t(L * kvw));
+      float* kc = st->k.append(L).f32();
+      float* vc = st->v.append(L).f32();
       const float* e = all.data();
       for (int rank = 0; rank < lay.cp_size; ++rank)
         for (int j : lay.segments_of(rank))
           for (int64_t s = lay.seg_begin(j); s < lay.seg_begin(j) + lay.seg_len(j); ++s, e += 2 * kvw) {
-            std::copy(e, e + kvw, st->k.data() + s * kvw);
-            std::copy(e + kvw, e + 2 * kvw, st->v.data() + s * kvw);
+            std::copy(e, e + kvw, kc + s * kvw);
+            std::copy(e + kvw, e + 2 * kvw, vc + s * kvw);
           }
       st->pos = L;
     }
 
     // 3. Attention for the local queries, segment by segment.
-    std::vector<float> o(size_t(Rl * Hl_ * Dh_));  // [Rl, Hl, Dh]
+    DTensor o = be_->act({Rl, Hl_ * Dh_});  // [Rl, Hl, Dh]
     int64_t r = 0;
     for (int j : segs) {
       const int64_t T = lay.seg_len(j), pos0 = lay.seg_begin(j);
       if (T == 0) continue;
       auto tm = ctx.time("attention");
-      causal_attention(q.data() + r * Hl_ * Dh_, st->k.data(), st->v.data(), o.data() + r * Hl_ * Dh_, T, pos0,
-                       pos0 + T, Hl_, Hkvl_, Dh_, Dh_, scale_);
+      DTensor os = o.slab(r, r + T);
+      attend(q.slab(r, r + T), st->k.view(0, pos0 + T), st->v.view(0, pos0 + T), pos0, os);
       // visible keys × local query heads × (Dh for q·k + Dh for p·v) × 2
       const double keys = double(T) * double(pos0) + double(T) * double(T + 1) / 2;
       ctx.flops("attention", keys * double(Hl_) * double(2 * Dh_) * 2);
       r += T;
     }
-    finish(Rl, o.data(), gate.data(), out);
+    finish(o, gate, out);
   }
 
  private:
-  // x [T, D] at positions pos0 .. -> q [T, Hl, Dh] (normed, rotated), gate [T, Hl, Dh] (when
-  // gated), k [T, Hkvl, Dh] (normed, rotated), v [T, Hkvl, Dh].
-  void project(const float* x, int64_t T, int64_t pos0, float* q, float* gate, float* k, float* v) const {
+  // x [T, D] at positions pos0 .. -> q [T, Hl*Dh] (normed, rotated), gate [T, Hl*Dh] (when
+  // gated), k [T, Hkvl*Dh] (normed, rotated), v [T, Hkvl*Dh].
+  void project(const DTensor& x, int64_t pos0, DTensor& q, DTensor& gate, DTensor& k, DTensor& v) const {
+    const int64_t T = x.rows();
     if (T == 0) return;
-    const int64_t qw = Hl_ * Dh_ * (gated_ ? 2 : 1), kvw = Hkvl_ * Dh_;
-    std::vector<float> qg(size_t(T * qw));  // [T, Hl, (2)Dh]
-    linear(x, q_.ptr(), opt(q_bias_), qg.data(), T, D_, qw);
-    if (gated_) {
-      for (int64_t t = 0; t < T; ++t)
-        for (int64_t h = 0; h < Hl_; ++h) {
-          const float* src = qg.data() + (t * Hl_ + h) * 2 * Dh_;
-          std::copy(src, src + Dh_, q + (t * Hl_ + h) * Dh_);
-          std::copy(src + Dh_, src + 2 * Dh_, gate + (t * Hl_ + h) * Dh_);
-        }
-    } else {
-      std::copy(qg.begin(), qg.end(), q);
-    }
-    rmsnorm(q, q_norm_.ptr(), q, T * Hl_, Dh_, eps_, zero_centered_);
-    linear(x, k_.ptr(), opt(k_bias_), k, T, D_, kvw);
-    linear(x, v_.ptr(), opt(v_bias_), v, T, D_, kvw);
-    rmsnorm(k, k_norm_.ptr(), k, T * Hkvl_, Dh_, eps_, zero_centered_);
+    Backend& be = *be_;
+    be.linear(x, q_, q_bias_, q);
+    if (gated_) be.linear(x, gate_, gate_bias_, gate);
+    DTensor qh = q.reshaped({T * Hl_, Dh_}), kh = k.reshaped({T * Hkvl_, Dh_});
+    be.rmsnorm(qh, q_norm_, qh, eps_, zero_centered_);
+    be.linear(x, k_, k_bias_, k);
+    be.linear(x, v_, v_bias_, v);
+    be.rmsnorm(kh, k_norm_, kh, eps_, zero_centered_);
     if (rope_) {
-      rope_->apply(q, T, Hl_, Dh_, 0, pos0);
-      rope_->apply(k, T, Hkvl_, Dh_, 0, pos0);
+      be.rope(*rope_, q, Hl_, Dh_, 0, pos0);
+      be.rope(*rope_, k, Hkvl_, Dh_, 0, pos0);
     }
+  }
+
+  void attend(const DTensor& q, const DTensor& k, const DTensor& v, int64_t pos0, DTensor& o) const {
+    AttnArgs a;
+    a.q = q;
+    a.k = k;
+    a.v = v;
+    a.out = o;
+    a.pos0 = pos0;
+    a.Hq = Hl_;
+    a.Hkv = Hkvl_;
+    a.Dk = Dh_;
+    a.Dv = Dh_;
+    a.scale = scale_;
+    be_->attention(a);
   }
 
   // o [T, Hl*Dh] -> out [T, D]: output gate, o_proj over this rank's heads, TP all-reduce.
-  void finish(int64_t T, float* o, const float* gate, float* out) const {
-    if (T > 0) {
-      if (gated_)
-        for (int64_t i = 0; i < T * Hl_ * Dh_; ++i) o[i] *= sigmoid(gate[i]);
-      linear(o, o_.ptr(), opt(o_bias_), out, T, Hl_ * Dh_, D_);
+  void finish(DTensor& o, const DTensor& gate, DTensor& out) const {
+    if (o.rows() > 0) {
+      if (gated_) be_->mul_sigmoid(o, gate);
+      be_->linear(o, o_, o_bias_, out);
     }
-    tp_.allreduce_sum(out, T * D_);
+    be_->allreduce_sum(tp_.size > 1 ? tp_.comm : nullptr, out);
   }
 
+  Backend* be_;
   int64_t D_ = 0, H_ = 0, Hkv_ = 0, Hl_ = 0, Hkvl_ = 0, Dh_ = 0;
   float eps_ = 1e-6f, scale_ = 1.f;
   bool gated_ = true, zero_centered_ = true;
-  TpShard tp_;             // size 1 unless loaded sharded
-  Tensor q_, q_bias_;      // [Hl*Dh*(2 if gated), D]
-  Tensor k_, k_bias_;      // [Hkvl*Dh, D]
-  Tensor v_, v_bias_;      // [Hkvl*Dh, D]
-  Tensor o_, o_bias_;      // [D, Hl*Dh], [D] (bias on TP rank 0 only)
-  Tensor q_norm_, k_norm_; // [Dh]
+  TpShard tp_;              // size 1 unless loaded sharded
+  DTensor q_, q_bias_;      // [Hl*Dh, D]: the query rows of q_proj
+  DTensor gate_, gate_bias_;// [Hl*Dh, D]: the gate rows of q_proj (when gated)
+  DTensor k_, k_bias_;      // [Hkvl*Dh, D]
+  DTensor v_, v_bias_;      // [Hkvl*Dh, D]
+  DTensor o_, o_bias_;      // [D, Hl*Dh], [D] (bias on TP rank 0 only)
+  DTensor q_norm_, k_norm_; // [Dh]
   std::unique_ptr<Rope> rope_;
 };
 
 }  // namespace
 
 std::unique_ptr<Mixer> make_gqa_mixer(const ModelConfig& cfg, int layer, Checkpoint& ck, const std::string& prefix,
-                                      const TpShard& tp) {
+                                      const TpShard& tp, Backend& be) {
   (void)layer;  // every qwen3_next full-attention layer has the same structure
-  return std::make_unique<GqaMixer>(cfg, ck, prefix, tp);
+  return std::make_unique<GqaMixer>(cfg, ck, prefix, tp, be);
 }
 
 }  // namespace dz

@@ -38,9 +38,23 @@ Tensor get_alt(Checkpoint& ck, const std::string& name, const std::vector<Shape>
   return t;
 }
 
+// Rows of several [n_i, D] host tensors stacked into one [sum n_i, D]: one GEMM instead of several
+// (each output row is the same dot product, so results are unchanged).
+Tensor stack_rows(const std::vector<const Tensor*>& parts) {
+  int64_t n = 0;
+  for (const Tensor* t : parts) n += t->shape[0];
+  Shape s = parts[0]->shape;
+  s[0] = n;
+  Tensor o(s);
+  auto dst = o.data.begin();
+  for (const Tensor* t : parts) dst = std::copy(t->data.begin(), t->data.end(), dst);
+  return o;
+}
+
 class KdaMixer : public LinearAttnMixer {
  public:
-  KdaMixer(const ModelConfig& cfg, Checkpoint& ck, const std::string& prefix, const TpShard& tp) {
+  KdaMixer(const ModelConfig& cfg, Checkpoint& ck, const std::string& prefix, const TpShard& tp, Backend& be) {
+    be_ = &be;
     const int64_t Hf = cfg.la_num_k_heads;  // heads of the whole layer
     K_ = cfg.la_head_k_dim;
     V_ = cfg.la_head_v_dim;
@@ -50,8 +64,9 @@ class KdaMixer : public LinearAttnMixer {
     name_ = "KDA";
     per_channel_ = true;
     act_ = GateAct::Sigmoid;
-    gate_ = cfg.kda_gate;
-    lower_bound_ = cfg.kda_gate_lower_bound;
+    lower_bound_ = cfg.kda_gate == KdaGate::Softplus ? 0.f : cfg.kda_gate_lower_bound;
+    DZ_CHECK(cfg.kda_gate == KdaGate::Softplus || lower_bound_ < 0.f, "KDA layer ", prefix,
+             ": the lower-bound gate needs lower_bound < 0, got ", lower_bound_);
     DZ_CHECK(Hf > 0 && K_ > 0 && V_ > 0 && D_ > 0 && W_ > 0, "KDA layer ", prefix, ": bad linear-attention sizes");
     DZ_CHECK(cfg.la_num_v_heads == Hf, "KDA layer ", prefix, ": value heads ", cfg.la_num_v_heads,
              " != key heads ", Hf, " (kimi_linear has one head count)");
@@ -68,79 +83,72 @@ class KdaMixer : public LinearAttnMixer {
     const int64_t HKf = Hf * K_, HVf = Hf * V_;
     const Init proj = Init::normal(0.02f);
     const float cb = 1.f / std::sqrt(float(W_));  // torch Conv1d default init bound
-    wq_ = rows(ck.get(p + "q_proj.weight", {HKf, D_}, proj), K_);
-    wk_ = rows(ck.get(p + "k_proj.weight", {HKf, D_}, proj), K_);
-    wv_ = rows(ck.get(p + "v_proj.weight", {HVf, D_}, proj), V_);
+    const Tensor wq = rows(ck.get(p + "q_proj.weight", {HKf, D_}, proj), K_);
+    const Tensor wk = rows(ck.get(p + "k_proj.weight", {HKf, D_}, proj), K_);
+    const Tensor wv = rows(ck.get(p + "v_proj.weight", {HVf, D_}, proj), V_);
     const Tensor cq = rows(get_alt(ck, p + "q_conv1d.weight", {{HKf, 1, W_}, {HKf, W_}}, Init::uniform(-cb, cb)), K_);
     const Tensor ckw = rows(get_alt(ck, p + "k_conv1d.weight", {{HKf, 1, W_}, {HKf, W_}}, Init::uniform(-cb, cb)), K_);
     const Tensor cv = rows(get_alt(ck, p + "v_conv1d.weight", {{HVf, 1, W_}, {HVf, W_}}, Init::uniform(-cb, cb)), V_);
-    conv_ = Tensor({conv_dim(), W_});  // [q | k | v] channels, one depthwise conv
-    std::copy(cq.data.begin(), cq.data.end(), conv_.data.begin());
-    std::copy(ckw.data.begin(), ckw.data.end(), conv_.data.begin() + cq.size());
-    std::copy(cv.data.begin(), cv.data.end(), conv_.data.begin() + cq.size() + ckw.size());
     // A_log: exp(A_log) in [1, 16] as Kimi's init; dt_bias around inverse-softplus of small dt.
-    A_log_ = rows(get_alt(ck, p + "A_log", {{1, 1, Hf, 1}, {Hf, 1}, {Hf}}, Init::uniform(0.f, std::log(16.f))), 1);
-    dt_bias_ = rows(get_alt(ck, p + "dt_bias", {{HKf}, {Hf, K_}, {HKf}}, Init::uniform(-4.f, -1.f)), K_);
-    f_a_ = ck.get(p + "f_a_proj.weight", {K_, D_}, proj);
-    f_b_ = rows(ck.get(p + "f_b_proj.weight", {HKf, K_}, proj), K_);
-    b_ = rows(ck.get(p + "b_proj.weight", {Hf, D_}, proj), 1);
-    g_a_ = ck.get(p + "g_a_proj.weight", {V_, D_}, proj);
-    g_b_ = rows(ck.get(p + "g_b_proj.weight", {HVf, V_}, proj), V_);
-    out_norm_ = ck.get(p + "o_norm.weight", {V_}, Init::ones());
-    wo_ = ck.get(p + "o_proj.weight", {D_, HVf}, proj);
-    if (shard) wo_ = slice_cols(wo_, h0 * V_, h1 * V_);
+    const Tensor A_log = rows(get_alt(ck, p + "A_log", {{1, 1, Hf, 1}, {Hf, 1}, {Hf}}, Init::uniform(0.f, std::log(16.f))), 1);
+    const Tensor dt_bias = rows(get_alt(ck, p + "dt_bias", {{HKf}, {Hf, K_}, {HKf}}, Init::uniform(-4.f, -1.f)), K_);
+    const Tensor f_a = ck.get(p + "f_a_proj.weight", {K_, D_}, proj);
+    const Tensor f_b = rows(ck.get(p + "f_b_proj.weight", {HKf, K_}, proj), K_);
+    const Tensor b = rows(ck.get(p + "b_proj.weight", {Hf, D_}, proj), 1);
+    const Tensor g_a = ck.get(p + "g_a_proj.weight", {V_, D_}, proj);
+    const Tensor g_b = rows(ck.get(p + "g_b_proj.weight", {HVf, V_}, proj), V_);
+    const Tensor o_norm = ck.get(p + "o_norm.weight", {V_}, Init::ones());
+    Tensor wo = ck.get(p + "o_proj.weight", {D_, HVf}, proj);
+    if (shard) wo = slice_cols(wo, h0 * V_, h1 * V_);
+    if (wq.empty()) return;  // dry run (inspect): names and shapes only, nothing to upload
+
+    wqkv_ = be.weight(stack_rows({&wq, &wk, &wv}));   // [q | k | v] channels, as the conv sees them
+    conv_ = be.weight(stack_rows({&cq, &ckw, &cv}));  // one depthwise conv over [q | k | v]
+    A_log_ = be.param(A_log);
+    dt_bias_ = be.param(dt_bias);
+    f_a_ = be.weight(f_a);
+    f_b_ = be.weight(f_b);
+    b_ = be.weight(b);
+    g_a_ = be.weight(g_a);
+    g_b_ = be.weight(g_b);
+    out_norm_ = be.param(o_norm);
+    wo_ = be.weight(wo);
   }
 
  private:
-  Tok project(const float* x, int64_t T) const override {
-    const int64_t HK = H_ * K_, HV = H_ * V_, CD = conv_dim();
+  Tok project(const DTensor& x) const override {
+    const int64_t T = x.rows();
+    Backend& be = *be_;
     Tok tk;
-    tk.pre.resize(size_t(T * CD));
-    std::vector<float> tmp(size_t(T * std::max(HK, HV)));
-    const Tensor* w[3] = {&wq_, &wk_, &wv_};
-    const int64_t width[3] = {HK, HK, HV}, col0[3] = {0, HK, 2 * HK};
-    for (int part = 0; part < 3; ++part) {
-      linear(x, w[part]->ptr(), nullptr, tmp.data(), T, D_, width[part]);
-      for (int64_t t = 0; t < T; ++t)
-        std::copy(tmp.begin() + t * width[part], tmp.begin() + (t + 1) * width[part],
-                  tk.pre.begin() + t * CD + col0[part]);
-    }
-    // per-channel log-decay from the low-rank gate projection
-    std::vector<float> low(size_t(T * std::max(K_, V_))), f(size_t(T * HK));
-    tk.g.resize(size_t(T * HK));
-    linear(x, f_a_.ptr(), nullptr, low.data(), T, D_, K_);
-    linear(low.data(), f_b_.ptr(), nullptr, f.data(), T, K_, HK);
-    if (gate_ == KdaGate::Softplus)
-      kda_gate_softplus(f.data(), A_log_.ptr(), dt_bias_.ptr(), T, H_, K_, tk.g.data());
-    else
-      kda_gate_lower_bound(f.data(), A_log_.ptr(), dt_bias_.ptr(), lower_bound_, T, H_, K_, tk.g.data());
-    tk.beta.resize(size_t(T * H_));
-    linear(x, b_.ptr(), nullptr, tk.beta.data(), T, D_, H_);
-    for (auto& b : tk.beta) b = sigmoid(b);
-    // output gate (low rank)
-    tk.gate.resize(size_t(T * HV));
-    linear(x, g_a_.ptr(), nullptr, low.data(), T, D_, V_);
-    linear(low.data(), g_b_.ptr(), nullptr, tk.gate.data(), T, V_, HV);
+    tk.pre = be.act({T, conv_dim()});
+    be.linear(x, wqkv_, DTensor{}, tk.pre);
+    DTensor low = be.act({T, K_});  // per-channel log-decay input from the low-rank gate projection
+    be.linear(x, f_a_, DTensor{}, low);
+    tk.f = be.act({T, H_ * K_});
+    be.linear(low, f_b_, DTensor{}, tk.f);
+    tk.beta = be.act({T, H_});
+    be.linear(x, b_, DTensor{}, tk.beta);
+    DTensor lowg = be.act({T, V_});  // output gate (low rank)
+    be.linear(x, g_a_, DTensor{}, lowg);
+    tk.gate = be.act({T, H_ * V_});
+    be.linear(lowg, g_b_, DTensor{}, tk.gate);
     return tk;
   }
 
   int64_t H_ = 0;             // heads on this TP rank (KDA has one head count: HK_ = HV_ = H_)
-  float lower_bound_;
-  KdaGate gate_;
-  Tensor wq_, wk_, wv_;       // [H*K, D], [H*K, D], [H*V, D]; conv_ stacks the q, k, v convs
-  Tensor A_log_, dt_bias_;    // [H], [H*K]
-  Tensor f_a_, f_b_, b_;      // [K, D] (replicated), [H*K, K], [H, D]
-  Tensor g_a_, g_b_;          // [V, D] (replicated), [H*V, V]; out_norm_ o_norm [V]
+  DTensor wqkv_;              // [H*K + H*K + H*V, D]: q_proj, k_proj, v_proj stacked
+  DTensor f_a_, f_b_, b_;     // [K, D] (replicated), [H*K, K], [H, D]
+  DTensor g_a_, g_b_;         // [V, D] (replicated), [H*V, V]; out_norm_ o_norm [V]
 };
 
 }  // namespace
 
 std::unique_ptr<Mixer> make_kda_mixer(const ModelConfig& cfg, int layer, Checkpoint& ck, const std::string& prefix,
-                                      const TpShard& tp) {
+                                      const TpShard& tp, Backend& be) {
   (void)layer;
   DZ_CHECK(cfg.family == Family::KimiLinear || cfg.family == Family::Dayzero, "KDA layer ", prefix,
            ": no KDA tensor names for model_type '", cfg.model_type, "'");
-  return std::make_unique<KdaMixer>(cfg, ck, prefix, tp);
+  return std::make_unique<KdaMixer>(cfg, ck, prefix, tp, be);
 }
 
 }  // namespace dz

@@ -4,26 +4,33 @@
 #include <cmath>
 #include <numeric>
 
-#include "core/linalg.hpp"
+#include "core/error.hpp"
 
 namespace dz {
 
-LmHead::LmHead(const Tensor& W, int64_t V, int64_t D, const TpShard& tp) : V_(V), D_(D), tp_(tp) {
+LmHead::LmHead(const Tensor& W, int64_t V, int64_t D, const TpShard& tp, Backend& be)
+    : be_(&be), V_(V), D_(D), tp_(tp) {
   auto [a, b] = tp.range_uneven(V);
   v0_ = a;
   v1_ = b;
-  W_ = tp.size > 1 ? slice_rows(W, a, b) : W;
+  const Tensor mine = tp.size > 1 ? slice_rows(W, a, b) : W;
+  if (!mine.empty()) W_ = be.weight(mine);  // dry run (inspect): shapes only
 }
 
-void LmHead::logits_shard(const float* hidden, int64_t rows, float* out) const {
-  linear(hidden, W_.ptr(), nullptr, out, rows, D_, v1_ - v0_);
+DTensor LmHead::shard_logits(const DTensor& hidden, int64_t r0, int64_t m) const {
+  DTensor lg = be_->alloc({m, v1_ - v0_}, DType::F32);
+  be_->linear(hidden.reshaped({hidden.numel() / D_, D_}).slab(r0, r0 + m), W_, DTensor{}, lg);
+  return lg;
 }
 
-void LmHead::logits_full(const float* hidden, int64_t rows, float* out) const {
-  const int64_t n = v1_ - v0_;
-  if (tp_.size == 1) return logits_shard(hidden, rows, out);
+void LmHead::logits_full(const DTensor& hidden, float* out) const {
+  const int64_t rows = hidden.numel() / D_, n = v1_ - v0_;
   std::vector<float> mine(static_cast<size_t>(rows * n));
-  logits_shard(hidden, rows, mine.data());
+  if (rows) be_->download(shard_logits(hidden, 0, rows), mine.data());
+  if (tp_.size == 1) {
+    std::copy(mine.begin(), mine.end(), out);
+    return;
+  }
   // Shards arrive in TP-rank order = vocabulary order; re-interleave per row.
   std::vector<float> all = tp_.comm->allgatherv(mine);
   int64_t off = 0;
@@ -37,78 +44,78 @@ void LmHead::logits_full(const float* hidden, int64_t rows, float* out) const {
   }
 }
 
-void LmHead::logprobs(const float* hidden, int64_t rows, const int32_t* target, float* lp) const {
-  const int64_t n = v1_ - v0_;
-  const int64_t B = 32;  // logits rows at a time: [B, n]
-  std::vector<float> lg(static_cast<size_t>(B * n));
+void LmHead::logprobs(const DTensor& hidden, const int32_t* target, float* lp) const {
+  const int64_t rows = hidden.numel() / D_;
+  const int64_t B = be_->lm_rows_per_chunk(v1_ - v0_);  // logits rows at a time: [B, n]
   for (int64_t r0 = 0; r0 < rows; r0 += B) {
     const int64_t m = std::min(B, rows - r0);
-    logits_shard(hidden + r0 * D_, m, lg.data());
+    DTensor lg = shard_logits(hidden, r0, m);
     // per row: global max, sum of exp(x - max) in fp64, the target's logit (from its owner)
-    std::vector<float> mx(static_cast<size_t>(m));
-    for (int64_t i = 0; i < m; ++i) {
-      const float* x = &lg[size_t(i * n)];
-      float v = -INFINITY;
-      for (int64_t j = 0; j < n; ++j) v = x[j] > v ? x[j] : v;
-      mx[size_t(i)] = v;
-    }
-    tp_.comm ? tp_.comm->allreduce_max(mx.data(), m) : void();
-    std::vector<double> acc(static_cast<size_t>(2 * m), 0.0);  // [sum exp, target logit]
-    for (int64_t i = 0; i < m; ++i) {
-      const float* x = &lg[size_t(i * n)];
-      double s = 0;
-      for (int64_t j = 0; j < n; ++j) s += std::exp(double(x[j]) - mx[size_t(i)]);
-      acc[size_t(2 * i)] = s;
-      const int64_t t = target[r0 + i];
-      if (t >= v0_ && t < v1_) acc[size_t(2 * i + 1)] = double(x[t - v0_]);
-    }
+    DTensor mxd = be_->alloc({m}, DType::F32);
+    be_->row_max(lg, mxd);
+    std::vector<float> mx = be_->to_host(mxd);
+    if (tp_.size > 1) tp_.comm->allreduce_max(mx.data(), m);
+    std::vector<double> acc;  // [m, 2]: sum exp, target logit
+    be_->softmax_parts(lg, mx, std::vector<int32_t>(target + r0, target + r0 + m), v0_, acc);
     if (tp_.size > 1) tp_.comm->allreduce_sum(acc.data(), 2 * m);
     for (int64_t i = 0; i < m; ++i)
       lp[r0 + i] = float(acc[size_t(2 * i + 1)] - (double(mx[size_t(i)]) + std::log(acc[size_t(2 * i)])));
   }
 }
 
-void LmHead::topk(const float* hidden, int64_t rows, int64_t K, int32_t* ids, float* lps) const {
-  const int64_t n = v1_ - v0_;
-  std::vector<float> lg(static_cast<size_t>(n));
-  std::vector<int32_t> idx(static_cast<size_t>(n));
+void LmHead::topk(const DTensor& hidden, int64_t K, int32_t* ids, float* lps) const {
+  const int64_t rows = hidden.numel() / D_, n = v1_ - v0_;
   auto better = [](float va, int32_t ia, float vb, int32_t ib) { return va > vb || (va == vb && ia < ib); };
-  for (int64_t r = 0; r < rows; ++r) {
-    logits_shard(hidden + r * D_, 1, lg.data());
+  const int64_t B = be_->lm_rows_per_chunk(n);
+  for (int64_t r0 = 0; r0 < rows; r0 += B) {
+    const int64_t m = std::min(B, rows - r0);
+    DTensor lg = shard_logits(hidden, r0, m);
     // local log-sum-exp pieces and local top-K candidates (by logit: the order of log-probs)
-    float mx = -INFINITY;
-    for (float v : lg) mx = v > mx ? v : mx;
-    float gmx = mx;
-    if (tp_.size > 1) tp_.comm->allreduce_max(&gmx, 1);
-    double s = 0;
-    for (float v : lg) s += std::exp(double(v) - gmx);
-    if (tp_.size > 1) tp_.comm->allreduce_sum(&s, 1);
-    const double lse = double(gmx) + std::log(s);
+    DTensor mxd = be_->alloc({m}, DType::F32);
+    be_->row_max(lg, mxd);
+    std::vector<float> gmx = be_->to_host(mxd);
+    if (tp_.size > 1) tp_.comm->allreduce_max(gmx.data(), m);
+    std::vector<double> acc;
+    be_->softmax_parts(lg, gmx, std::vector<int32_t>(size_t(m), -1), v0_, acc);
+    std::vector<int32_t> lid;
+    std::vector<float> lval;
     const int64_t k = std::min<int64_t>(K, n);
-    std::iota(idx.begin(), idx.end(), 0);
-    std::partial_sort(idx.begin(), idx.begin() + k, idx.end(), [&](int32_t a, int32_t b) {
-      return better(lg[size_t(a)], a, lg[size_t(b)], b);
-    });
-    std::vector<float> cv(static_cast<size_t>(k));
-    std::vector<int32_t> ci(static_cast<size_t>(k));
-    for (int64_t j = 0; j < k; ++j) {
-      cv[size_t(j)] = lg[size_t(idx[size_t(j)])];
-      ci[size_t(j)] = int32_t(v0_ + idx[size_t(j)]);
-    }
-    if (tp_.size > 1) {
-      cv = tp_.comm->allgatherv(cv);
-      ci = tp_.comm->allgatherv(ci);
-    }
-    std::vector<int64_t> order(cv.size());
-    std::iota(order.begin(), order.end(), 0);
-    std::partial_sort(order.begin(), order.begin() + K, order.end(), [&](int64_t a, int64_t b) {
-      return better(cv[size_t(a)], ci[size_t(a)], cv[size_t(b)], ci[size_t(b)]);
-    });
-    for (int64_t j = 0; j < K; ++j) {
-      ids[r * K + j] = ci[size_t(order[size_t(j)])];
-      lps[r * K + j] = float(double(cv[size_t(order[size_t(j)])]) - lse);
+    be_->row_topk(lg, k, lid, lval);
+    for (int64_t i = 0; i < m; ++i) {
+      double s = acc[size_t(2 * i)];
+      if (tp_.size > 1) tp_.comm->allreduce_sum(&s, 1);
+      const double lse = double(gmx[size_t(i)]) + std::log(s);
+      std::vector<float> cv(lval.begin() + i * k, lval.begin() + (i + 1) * k);
+      std::vector<int32_t> ci(lid.begin() + i * k, lid.begin() + (i + 1) * k);
+      for (auto& c : ci) c = int32_t(v0_ + c);
+      if (tp_.size > 1) {
+        cv = tp_.comm->allgatherv(cv);
+        ci = tp_.comm->allgatherv(ci);
+      }
+      std::vector<int64_t> order(cv.size());
+      std::iota(order.begin(), order.end(), 0);
+      std::partial_sort(order.begin(), order.begin() + K, order.end(), [&](int64_t a, int64_t b) {
+        return better(cv[size_t(a)], ci[size_t(a)], cv[size_t(b)], ci[size_t(b)]);
+      });
+      const int64_t r = r0 + i;
+      for (int64_t j = 0; j < K; ++j) {
+        ids[r * K + j] = ci[size_t(order[size_t(j)])];
+        lps[r * K + j] = float(double(cv[size_t(order[size_t(j)])]) - lse);
+      }
     }
   }
+}
+
+DTensor LmHead::host_in(const float* hidden, int64_t rows) const {
+  DZ_CHECK(be_->device() == Device::Host, "LmHead: host input on the ", be_->name(), " backend");
+  return host_view(const_cast<float*>(hidden), {rows, D_});
+}
+void LmHead::logits_full(const float* hidden, int64_t rows, float* out) const { logits_full(host_in(hidden, rows), out); }
+void LmHead::logprobs(const float* hidden, int64_t rows, const int32_t* target, float* lp) const {
+  logprobs(host_in(hidden, rows), target, lp);
+}
+void LmHead::topk(const float* hidden, int64_t rows, int64_t K, int32_t* ids, float* lps) const {
+  topk(host_in(hidden, rows), K, ids, lps);
 }
 
 }  // namespace dz

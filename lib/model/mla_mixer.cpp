@@ -51,11 +51,10 @@ namespace {
 
 constexpr float kLatentNormEps = 1e-6f;
 
-const float* opt(const Tensor& t) { return t.empty() ? nullptr : t.ptr(); }
-
 class MlaMixer : public Mixer {
  public:
-  MlaMixer(const ModelConfig& cfg, int layer, Checkpoint& ck, const std::string& prefix, const TpShard& tp) {
+  MlaMixer(const ModelConfig& cfg, int layer, Checkpoint& ck, const std::string& prefix, const TpShard& tp, Backend& be)
+      : be_(&be) {
     D_ = cfg.hidden_size;
     H_ = cfg.num_heads;
     kv_fp8_ = cfg.kv_cache_fp8;
@@ -77,23 +76,23 @@ class MlaMixer : public Mixer {
     Hl_ = h1 - h0;
     const int64_t Dq = nope_ + rope_dim_;
     if (q_lora_ > 0) {
-      q_a_ = ck.get(p + "q_a_proj.weight", {q_lora_, D_}, Init::normal(0.02f));
-      q_a_bias_ = ck.get_optional(p + "q_a_proj.bias", {q_lora_}, Init::zeros());
-      q_a_norm_ = ck.get(p + "q_a_layernorm.weight", {q_lora_}, Init::ones());
-      q_b_ = slice_rows(ck.get(p + "q_b_proj.weight", {H_ * Dq, q_lora_}, Init::normal(0.02f)), h0 * Dq, h1 * Dq);
+      hq_a_ = ck.get(p + "q_a_proj.weight", {q_lora_, D_}, Init::normal(0.02f));
+      hq_a_bias_ = ck.get_optional(p + "q_a_proj.bias", {q_lora_}, Init::zeros());
+      hq_a_norm_ = ck.get(p + "q_a_layernorm.weight", {q_lora_}, Init::ones());
+      hq_b_ = slice_rows(ck.get(p + "q_b_proj.weight", {H_ * Dq, q_lora_}, Init::normal(0.02f)), h0 * Dq, h1 * Dq);
     } else {
-      q_ = slice_rows(ck.get(p + "q_proj.weight", {H_ * Dq, D_}, Init::normal(0.02f)), h0 * Dq, h1 * Dq);
+      hq_ = slice_rows(ck.get(p + "q_proj.weight", {H_ * Dq, D_}, Init::normal(0.02f)), h0 * Dq, h1 * Dq);
     }
-    kv_a_ = ck.get(p + "kv_a_proj_with_mqa.weight", {R_ + rope_dim_, D_}, Init::normal(0.02f));
-    kv_a_bias_ = ck.get_optional(p + "kv_a_proj_with_mqa.bias", {R_ + rope_dim_}, Init::zeros());
-    kv_a_norm_ = ck.get(p + "kv_a_layernorm.weight", {R_}, Init::ones());
-    kv_b_ = slice_rows(ck.get(p + "kv_b_proj.weight", {H_ * (nope_ + vd_), R_}, Init::normal(0.02f)),
+    hkv_a_ = ck.get(p + "kv_a_proj_with_mqa.weight", {R_ + rope_dim_, D_}, Init::normal(0.02f));
+    hkv_a_bias_ = ck.get_optional(p + "kv_a_proj_with_mqa.bias", {R_ + rope_dim_}, Init::zeros());
+    hkv_a_norm_ = ck.get(p + "kv_a_layernorm.weight", {R_}, Init::ones());
+    hkv_b_ = slice_rows(ck.get(p + "kv_b_proj.weight", {H_ * (nope_ + vd_), R_}, Init::normal(0.02f)),
                     h0 * (nope_ + vd_), h1 * (nope_ + vd_));
-    o_ = slice_cols(ck.get(p + "o_proj.weight", {D_, H_ * vd_}, Init::normal(0.02f)), h0 * vd_, h1 * vd_);
-    o_bias_ = ck.get_optional(p + "o_proj.bias", {D_}, Init::zeros());
-    if (shard && tp.rank != 0) o_bias_ = Tensor();  // added once, before the all-reduce sums the ranks
+    ho_ = slice_cols(ck.get(p + "o_proj.weight", {D_, H_ * vd_}, Init::normal(0.02f)), h0 * vd_, h1 * vd_);
+    ho_bias_ = ck.get_optional(p + "o_proj.bias", {D_}, Init::zeros());
+    if (shard && tp.rank != 0) ho_bias_ = Tensor();  // added once, before the all-reduce sums the ranks
     if (cfg.mla_output_gate)
-      g_ = slice_rows(ck.get(p + "g_proj.weight", {H_ * vd_, D_}, Init::normal(0.02f)), h0 * vd_, h1 * vd_);
+      hg_ = slice_rows(ck.get(p + "g_proj.weight", {H_ * vd_, D_}, Init::normal(0.02f)), h0 * vd_, h1 * vd_);
 
     bool nope_family = cfg.family == Family::KimiLinear;
     if (cfg.family == Family::Dayzero) nope_family = cfg.raw.is_object() ? cfg.raw.value("mla_use_nope", true) : true;
@@ -110,47 +109,72 @@ class MlaMixer : public Mixer {
     // The indexer's weights are replicated on every TP rank (docs/parallel_attention.md: sharding
     // its heads would all-reduce a [T, S] fp32 score matrix per layer); see select_topk.
     if (cfg.layers[size_t(layer)].has_indexer) indexer_ = std::make_unique<DsaIndexer>(cfg, ck, p + "indexer.");
+    DZ_CHECK(be.device() == Device::Host || !indexer_, p, ": the DSA indexer runs on the cpu backend only in this ",
+             "version (the CUDA indexer and sparse MLA kernels are not wired into the model yet)");
+    DZ_CHECK(be.device() == Device::Host || !kv_fp8_, p, ": --kv-cache fp8 runs on the cpu backend only in this version");
+    if (hkv_a_.empty()) return;  // dry run (inspect): names and shapes only
+    auto up = [&](const Tensor& t) { return t.empty() ? DTensor{} : be.weight(t); };
+    auto par = [&](const Tensor& t) { return t.empty() ? DTensor{} : be.param(t); };
+    q_ = up(hq_);
+    q_a_ = up(hq_a_);
+    q_a_bias_ = par(hq_a_bias_);
+    q_a_norm_ = par(hq_a_norm_);
+    q_b_ = up(hq_b_);
+    kv_a_ = up(hkv_a_);
+    kv_a_bias_ = par(hkv_a_bias_);
+    kv_a_norm_ = par(hkv_a_norm_);
+    kv_b_ = up(hkv_b_);
+    o_ = up(ho_);
+    o_bias_ = par(ho_bias_);
+    g_ = up(hg_);
+    hq_ = hq_a_ = hq_a_bias_ = hq_a_norm_ = hq_b_ = hkv_a_ = hkv_a_bias_ = hkv_a_norm_ = hkv_b_ = ho_ = ho_bias_ = hg_ =
+        Tensor();  // uploaded: the host copies go
   }
 
-  std::unique_ptr<MixerState> make_state() const override { return std::make_unique<AttnCache>(); }
+  int64_t hidden() const override { return D_; }
+  using Mixer::forward;
+  using Mixer::forward_cp;
 
-  void forward(const float* x, int64_t T, MixerState& st_base, float* out) const override {
+  std::unique_ptr<MixerState> make_state() const override {
+    auto st = std::make_unique<AttnCache>();
+    st->latent.init(*be_, R_, be_->act_dtype());
+    st->k_pe.init(*be_, rope_dim_, be_->act_dtype());
+    st->index_k.init(cpu_backend(), idx_dim(), DType::F32);  // the indexer runs on the host (CPU backend only)
+    return st;
+  }
+
+  void forward(const DTensor& x, MixerState& st_base, DTensor& out) const override {
     auto* st = dynamic_cast<AttnCache*>(&st_base);
     DZ_CHECK(st, "MLA mixer: state is not an attention cache");
-    const int64_t pos0 = st->pos, S = pos0 + T, Dq = nope_ + rope_dim_, Di = idx_dim();
-    DZ_CHECK(int64_t(st->latent.size()) == pos0 * R_ && int64_t(st->k_pe.size()) == pos0 * rope_dim_ &&
-                 int64_t(st->index_k.size()) == pos0 * Di,
+    const int64_t T = x.rows(), pos0 = st->pos, S = pos0 + T, Dq = nope_ + rope_dim_;
+    DZ_CHECK(st->latent.rows() == pos0 && st->k_pe.rows() == pos0 && st->index_k.rows() == (indexer_ ? pos0 : 0),
              "MLA mixer: cache size does not match position ", pos0);
+    DTensor q = be_->act({T, Hl_ * Dq}), q_resid = be_->act({T, q_lora_});
+    DTensor c = st->latent.append(T), kr = st->k_pe.append(T);
+    float* ki = indexer_ ? st->index_k.append(T).f32() : nullptr;
+    project(x, pos0, q, q_resid, c, kr, ki);
 
-    std::vector<float> q(size_t(T * Hl_ * Dq)), q_resid(size_t(T * q_lora_));
-    st->latent.resize(size_t(S * R_));
-    st->k_pe.resize(size_t(S * rope_dim_));
-    st->index_k.resize(size_t(S * Di));
-    project(x, T, pos0, q.data(), q_resid.data(), st->latent.data() + pos0 * R_, st->k_pe.data() + pos0 * rope_dim_,
-            st->index_k.data() + pos0 * Di);
-
-    const int32_t* sel = nullptr;
-    int64_t n_sel = 0;
+    DTensor sel;
     if (indexer_) {
-      n_sel = indexer_->topk();
+      const int64_t n_sel = indexer_->topk();
       st->last_topk.assign(size_t(T * n_sel), -1);
       st->topk_width = n_sel;
-      select_topk(x, q_resid.data(), T, pos0, st->index_k.data(), st->last_topk.data());
-      sel = st->last_topk.data();
+      select_topk(x.f32(), q_resid.f32(), T, pos0, st->index_k.all().f32(), st->last_topk.data());
+      sel = be_->upload_i32(st->last_topk.data(), {T, n_sel});
     }
-    std::vector<float> k, v, o(size_t(T * Hl_ * vd_));  // o [T, Hl, vd]
-    expand_kv(*st, S, k, v);
-    if (T > 0)
-      causal_attention(q.data(), k.data(), v.data(), o.data(), T, pos0, S, Hl_, Hl_, Dq, vd_, scale_, sel, n_sel);
-    finish(x, T, o.data(), out);
+    DTensor o = be_->act({T, Hl_ * vd_});
+    if (T > 0) attend(*st, S, q, pos0, sel, o);
+    finish(x, o, out);
     st->pos = S;
   }
 
-  void forward_cp(const float* x, const CpCtx& ctx, MixerState& st_base, float* out) const override {
+  void forward_cp(const DTensor& x, const CpCtx& ctx, MixerState& st_base, DTensor& out) const override {
     auto* st = dynamic_cast<AttnCache*>(&st_base);
     DZ_CHECK(st, "MLA mixer: state is not an attention cache");
-    DZ_CHECK(st->pos == 0 && st->latent.empty(), "MLA forward_cp: the state must be fresh (pos ", st->pos, ")");
+    DZ_CHECK(st->pos == 0 && st->latent.rows() == 0, "MLA forward_cp: the state must be fresh (pos ", st->pos, ")");
     DZ_CHECK(ctx.cp && ctx.lay, "MLA forward_cp: missing CP group or layout");
+    DZ_CHECK(be_->device() == Device::Host, "MLA forward_cp: context parallelism runs on the cpu backend only in this ",
+             "version; use --cp 1 with --backend ", be_->name());
     const SeqLayout& lay = *ctx.lay;
     DZ_CHECK(lay.cp_size == ctx.cp->size() && lay.cp_rank == ctx.cp->rank(), "MLA forward_cp: layout for rank ",
              lay.cp_rank, " of ", lay.cp_size, " used on rank ", ctx.cp->rank(), " of ", ctx.cp->size());
@@ -159,21 +183,20 @@ class MlaMixer : public Mixer {
     const std::vector<int> segs = lay.local_segments();
 
     // 1. Local rows: queries and cache entries, each segment at its global positions.
-    std::vector<float> q(size_t(Rl * Hl_ * Dq)), q_resid(size_t(Rl * q_lora_)), mine(size_t(Rl * W));
+    DTensor q = be_->act({Rl, Hl_ * Dq}), q_resid = be_->act({Rl, q_lora_});
+    std::vector<float> mine(size_t(Rl * W));
     {
-      std::vector<float> c, kr, ki;
       int64_t r = 0;
       for (int j : segs) {
         const int64_t T = lay.seg_len(j), pos0 = lay.seg_begin(j);
-        c.resize(size_t(T * R_));
-        kr.resize(size_t(T * rope_dim_));
-        ki.resize(size_t(T * Di));
-        project(x + r * D_, T, pos0, q.data() + r * Hl_ * Dq, q_resid.data() + r * q_lora_, c.data(), kr.data(),
-                ki.data());
+        DTensor c = be_->act({T, R_}), kr = be_->act({T, rope_dim_});
+        std::vector<float> ki(size_t(T * Di));
+        DTensor qs = q.slab(r, r + T), qr = q_resid.slab(r, r + T);
+        project(x.slab(r, r + T), pos0, qs, qr, c, kr, ki.data());
         for (int64_t t = 0; t < T; ++t) {
           float* e = mine.data() + (r + t) * W;
-          std::copy(c.begin() + t * R_, c.begin() + (t + 1) * R_, e);
-          std::copy(kr.begin() + t * rope_dim_, kr.begin() + (t + 1) * rope_dim_, e + R_);
+          std::copy(c.f32() + t * R_, c.f32() + (t + 1) * R_, e);
+          std::copy(kr.f32() + t * rope_dim_, kr.f32() + (t + 1) * rope_dim_, e + R_);
           std::copy(ki.begin() + t * Di, ki.begin() + (t + 1) * Di, e + R_ + rope_dim_);
         }
         r += T;
@@ -187,16 +210,16 @@ class MlaMixer : public Mixer {
       const std::vector<float> all = ctx.cp->allgatherv(mine);
       DZ_CHECK(int64_t(all.size()) == L * W, "MLA forward_cp: gathered ", all.size() / size_t(W ? W : 1),
                " cache rows for a document of ", L);
-      st->latent.resize(size_t(L * R_));
-      st->k_pe.resize(size_t(L * rope_dim_));
-      st->index_k.resize(size_t(L * Di));
+      float* lat = st->latent.append(L).f32();
+      float* kpe = st->k_pe.append(L).f32();
+      float* ik = indexer_ ? st->index_k.append(L).f32() : nullptr;
       const float* e = all.data();
       for (int rank = 0; rank < lay.cp_size; ++rank)
         for (int j : lay.segments_of(rank))
           for (int64_t s = lay.seg_begin(j); s < lay.seg_begin(j) + lay.seg_len(j); ++s, e += W) {
-            std::copy(e, e + R_, st->latent.data() + s * R_);
-            std::copy(e + R_, e + R_ + rope_dim_, st->k_pe.data() + s * rope_dim_);
-            std::copy(e + R_ + rope_dim_, e + W, st->index_k.data() + s * Di);
+            std::copy(e, e + R_, lat + s * R_);
+            std::copy(e + R_, e + R_ + rope_dim_, kpe + s * rope_dim_);
+            if (ik) std::copy(e + R_ + rope_dim_, e + W, ik + s * Di);
           }
       st->pos = L;
     }
@@ -205,68 +228,97 @@ class MlaMixer : public Mixer {
     const int64_t K = indexer_ ? indexer_->topk() : 0;
     st->topk_width = K;
     st->last_topk.assign(size_t(Rl * K), -1);  // local rows, in layout order
-    int64_t Smax = 0;
-    for (int j : segs) Smax = std::max(Smax, lay.seg_begin(j) + lay.seg_len(j));
-    std::vector<float> k, v, o(size_t(Rl * Hl_ * vd_));  // o [Rl, Hl, vd]
-    {
-      auto tm = ctx.time("attention");
-      expand_kv(*st, Smax, k, v);
-    }
+    DTensor o = be_->act({Rl, Hl_ * vd_});
     int64_t r = 0;
     for (int j : segs) {
       const int64_t T = lay.seg_len(j), pos0 = lay.seg_begin(j);
       if (T == 0) continue;
-      int32_t* sel = nullptr;
+      DTensor sel;
       if (indexer_) {
         auto tm = ctx.time("indexer");
-        sel = st->last_topk.data() + r * K;
-        ctx.flops("indexer", select_topk(x + r * D_, q_resid.data() + r * q_lora_, T, pos0, st->index_k.data(), sel));
+        int32_t* sl = st->last_topk.data() + r * K;
+        ctx.flops("indexer", select_topk(x.f32() + r * D_, q_resid.f32() + r * q_lora_, T, pos0,
+                                         st->index_k.all().f32(), sl));
+        sel = host_view_i32(sl, {T, K});
       }
       {
         auto tm = ctx.time("attention");
-        causal_attention(q.data() + r * Hl_ * Dq, k.data(), v.data(), o.data() + r * Hl_ * vd_, T, pos0, pos0 + T,
-                         Hl_, Hl_, Dq, vd_, scale_, sel, K);
+        DTensor os = o.slab(r, r + T);
+        attend(*st, pos0 + T, q.slab(r, r + T), pos0, sel, os);
         ctx.flops("attention", attention_flops(pos0, T, K));
       }
       r += T;
     }
-    finish(x, Rl, o.data(), out);
+    finish(x, o, out);
   }
 
  private:
   int64_t idx_dim() const { return indexer_ ? indexer_->head_dim() : 0; }
+  static DTensor host_view_i32(int32_t* p, Shape s) {
+    DTensor v = host_view(reinterpret_cast<float*>(p), std::move(s));
+    v.dtype = DType::I32;
+    return v;
+  }
 
-  // Rows x [T, D] at positions pos0 .. pos0+T-1 -> q [T, Hl, Dq] (rope part rotated), q_resid
+  // Rows x [T, D] at positions pos0 .. pos0+T-1 -> q [T, Hl*Dq] (rope part rotated), q_resid
   // [T, q_lora] (the indexer's input; untouched without q_lora), the cache entries c [T, R]
-  // (after kv_a_layernorm), kr [T, rope] (rotated) and the indexer keys ki [T, Di].
-  void project(const float* x, int64_t T, int64_t pos0, float* q, float* q_resid, float* c, float* kr,
+  // (after kv_a_layernorm), kr [T, rope] (rotated) and the indexer keys ki [T, Di] (host).
+  void project(const DTensor& x, int64_t pos0, DTensor& q, DTensor& q_resid, DTensor& c, DTensor& kr,
                float* ki) const {
+    const int64_t T = x.rows();
     if (T == 0) return;
+    Backend& be = *be_;
     const int64_t Dq = nope_ + rope_dim_;
     if (q_lora_ > 0) {
-      linear(x, q_a_.ptr(), opt(q_a_bias_), q_resid, T, D_, q_lora_);
-      rmsnorm(q_resid, q_a_norm_.ptr(), q_resid, T, q_lora_, kLatentNormEps);
-      linear(q_resid, q_b_.ptr(), nullptr, q, T, q_lora_, Hl_ * Dq);
+      be.linear(x, q_a_, q_a_bias_, q_resid);
+      be.rmsnorm(q_resid, q_a_norm_, q_resid, kLatentNormEps, false);
+      be.linear(q_resid, q_b_, DTensor{}, q);
     } else {
-      linear(x, q_.ptr(), nullptr, q, T, D_, Hl_ * Dq);
+      be.linear(x, q_, DTensor{}, q);
     }
-    std::vector<float> kv(size_t(T * (R_ + rope_dim_)));  // [T, R + rope]
-    linear(x, kv_a_.ptr(), opt(kv_a_bias_), kv.data(), T, D_, R_ + rope_dim_);
-    for (int64_t t = 0; t < T; ++t) {
-      const float* row = kv.data() + t * (R_ + rope_dim_);
-      std::copy(row, row + R_, c + t * R_);
-      std::copy(row + R_, row + R_ + rope_dim_, kr + t * rope_dim_);
-    }
-    rmsnorm(c, kv_a_norm_.ptr(), c, T, R_, kLatentNormEps);
+    DTensor kv = be.act({T, R_ + rope_dim_});  // [T, R + rope]
+    be.linear(x, kv_a_, kv_a_bias_, kv);
+    be.copy_cols(kv, 0, c, 0, R_);
+    be.copy_cols(kv, R_, kr, 0, rope_dim_);
+    be.rmsnorm(c, kv_a_norm_, c, kLatentNormEps, false);
     if (rope_) {
-      rope_->apply(q, T, Hl_, Dq, nope_, pos0);
-      rope_->apply(kr, T, 1, rope_dim_, 0, pos0);
+      be.rope(*rope_, q, Hl_, Dq, nope_, pos0);
+      be.rope(*rope_, kr, 1, rope_dim_, 0, pos0);
     }
     if (kv_fp8_) {  // --kv-cache fp8: what the cache would hold (latent per 128-tile FP8, RoPE part BF16)
-      kv_fp8_round(c, T, R_, c);
-      bf16_round(kr, T * rope_dim_, kr);
+      kv_fp8_round(c.f32(), T, R_, c.f32());
+      bf16_round(kr.f32(), T * rope_dim_, kr.f32());
     }
-    if (indexer_) indexer_->keys(x, T, pos0, ki);
+    if (indexer_) indexer_->keys(x.f32(), T, pos0, ki);
+  }
+
+  // Attention of q [T, Hl*Dq] at pos0 .. over the first S cache rows: keys k [S, Hl, Dq] and values
+  // v [S, Hl, vd] of this rank's heads expanded from the latent (explicit form).
+  void attend(const AttnCache& st, int64_t S, const DTensor& q, int64_t pos0, const DTensor& sel, DTensor& o) const {
+    Backend& be = *be_;
+    const int64_t Dq = nope_ + rope_dim_, w = nope_ + vd_;
+    DTensor kvb = be.act({S, Hl_ * w});  // [S, Hl, nope + vd]
+    be.linear(st.latent.view(0, S), kv_b_, DTensor{}, kvb);
+    DTensor k = be.act({S, Hl_ * Dq}), v = be.act({S, Hl_ * vd_});
+    const DTensor kpe = st.k_pe.view(0, S);
+    for (int64_t h = 0; h < Hl_; ++h) {
+      be.copy_cols(kvb, h * w, k, h * Dq, nope_);
+      if (rope_dim_) be.copy_cols(kpe, 0, k, h * Dq + nope_, rope_dim_);
+      be.copy_cols(kvb, h * w + nope_, v, h * vd_, vd_);
+    }
+    AttnArgs a;
+    a.q = q;
+    a.k = k;
+    a.v = v;
+    a.out = o;
+    a.sel = sel;
+    a.pos0 = pos0;
+    a.Hq = Hl_;
+    a.Hkv = Hl_;
+    a.Dk = Dq;
+    a.Dv = vd_;
+    a.scale = scale_;
+    be.attention(a);
   }
 
   // DSA Top-K sel [T, topk] for queries x / q_resid [T, ..] at pos0 .. pos0+T-1 over index_k. The
@@ -293,34 +345,18 @@ class MlaMixer : public Mixer {
     return indexer_flops(pos0 + a, b - a);
   }
 
-  // Keys k [S, Hl, Dq] and values v [S, Hl, vd] of this rank's heads from the first S cache rows.
-  void expand_kv(const AttnCache& st, int64_t S, std::vector<float>& k, std::vector<float>& v) const {
-    const int64_t Dq = nope_ + rope_dim_;
-    std::vector<float> kvb(size_t(S * Hl_ * (nope_ + vd_)));  // [S, Hl, nope + vd]
-    if (S > 0) linear(st.latent.data(), kv_b_.ptr(), nullptr, kvb.data(), S, R_, Hl_ * (nope_ + vd_));
-    k.assign(size_t(S * Hl_ * Dq), 0.f);
-    v.assign(size_t(S * Hl_ * vd_), 0.f);
-    for (int64_t s = 0; s < S; ++s)
-      for (int64_t h = 0; h < Hl_; ++h) {
-        const float* src = kvb.data() + (s * Hl_ + h) * (nope_ + vd_);
-        float* kd = k.data() + (s * Hl_ + h) * Dq;
-        std::copy(src, src + nope_, kd);
-        std::copy(st.k_pe.data() + s * rope_dim_, st.k_pe.data() + (s + 1) * rope_dim_, kd + nope_);
-        std::copy(src + nope_, src + nope_ + vd_, v.data() + (s * Hl_ + h) * vd_);
-      }
-  }
-
   // o [T, Hl*vd] -> out [T, D]: output gate, o_proj over this rank's heads, TP all-reduce.
-  void finish(const float* x, int64_t T, float* o, float* out) const {
+  void finish(const DTensor& x, DTensor& o, DTensor& out) const {
+    const int64_t T = x.rows();
     if (T > 0) {
-      if (!g_.empty()) {
-        std::vector<float> g(size_t(T * Hl_ * vd_));  // [T, Hl*vd]
-        linear(x, g_.ptr(), nullptr, g.data(), T, D_, Hl_ * vd_);
-        for (size_t i = 0; i < g.size(); ++i) o[i] *= sigmoid(g[i]);
+      if (g_.defined()) {
+        DTensor g = be_->act({T, Hl_ * vd_});  // [T, Hl*vd]
+        be_->linear(x, g_, DTensor{}, g);
+        be_->mul_sigmoid(o, g);
       }
-      linear(o, o_.ptr(), opt(o_bias_), out, T, Hl_ * vd_, D_);
+      be_->linear(o, o_, o_bias_, out);
     }
-    tp_.allreduce_sum(out, T * D_);
+    be_->allreduce_sum(tp_.size > 1 ? tp_.comm : nullptr, out);
   }
 
   // Work of T queries at pos0 .. pos0+T-1 (query at p sees p + 1 keys):
@@ -340,13 +376,15 @@ class MlaMixer : public Mixer {
   float scale_ = 1.f;
   bool kv_fp8_ = false;  // --kv-cache fp8
   TpShard tp_;                          // size 1 unless loaded sharded
-  Tensor q_;                            // [Hl*Dq, D]        (q_lora_rank == 0)
-  Tensor q_a_, q_a_bias_, q_a_norm_;    // [q_lora, D], [q_lora], [q_lora]
-  Tensor q_b_;                          // [Hl*Dq, q_lora]
-  Tensor kv_a_, kv_a_bias_, kv_a_norm_; // [R + rope, D], [R + rope], [R]
-  Tensor kv_b_;                         // [Hl*(nope + vd), R]
-  Tensor o_, o_bias_;                   // [D, Hl*vd], [D] (bias on TP rank 0 only)
-  Tensor g_;                            // [Hl*vd, D]        (output gate)
+  Backend* be_;
+  DTensor q_;                            // [Hl*Dq, D]        (q_lora_rank == 0)
+  DTensor q_a_, q_a_bias_, q_a_norm_;    // [q_lora, D], [q_lora], [q_lora]
+  DTensor q_b_;                          // [Hl*Dq, q_lora]
+  DTensor kv_a_, kv_a_bias_, kv_a_norm_; // [R + rope, D], [R + rope], [R]
+  DTensor kv_b_;                         // [Hl*(nope + vd), R]
+  DTensor o_, o_bias_;                   // [D, Hl*vd], [D] (bias on TP rank 0 only)
+  DTensor g_;                            // [Hl*vd, D]        (output gate)
+  Tensor hq_, hq_a_, hq_a_bias_, hq_a_norm_, hq_b_, hkv_a_, hkv_a_bias_, hkv_a_norm_, hkv_b_, ho_, ho_bias_, hg_;  // as loaded
   std::unique_ptr<Rope> rope_;          // null: NoPE
   std::unique_ptr<DsaIndexer> indexer_; // null: dense
 };
@@ -354,8 +392,8 @@ class MlaMixer : public Mixer {
 }  // namespace
 
 std::unique_ptr<Mixer> make_mla_mixer(const ModelConfig& cfg, int layer, Checkpoint& ck, const std::string& prefix,
-                                      const TpShard& tp) {
-  return std::make_unique<MlaMixer>(cfg, layer, ck, prefix, tp);
+                                      const TpShard& tp, Backend& be) {
+  return std::make_unique<MlaMixer>(cfg, layer, ck, prefix, tp, be);
 }
 
 }  // namespace dz

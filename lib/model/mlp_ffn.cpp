@@ -9,30 +9,30 @@ namespace dz {
 namespace {
 class MlpFfn : public Ffn {
  public:
-  MlpFfn(Tensor gate, Tensor up, Tensor down, int64_t D, const TpShard& tp)
-      : gate_(std::move(gate)), up_(std::move(up)), down_(std::move(down)), D_(D), tp_(tp) {
-    view_.gate = gate_.ptr();
-    view_.up = up_.ptr();
-    view_.down = down_.ptr();
-    view_.inter = gate_.dim(0);
-    view_.down_ld = view_.inter;
+  MlpFfn(const Tensor& gate, const Tensor& up, const Tensor& down, int64_t D, const TpShard& tp, Backend& be)
+      : be_(&be), D_(D), tp_(tp) {
+    if (gate.empty()) return;  // dry run (inspect)
+    w_.gate = be.weight(gate);
+    w_.up = be.weight(up);
+    w_.down = be.weight(down);
   }
   // Under TP each rank holds a width slice: its partial output is all-reduced.
-  void forward(const float* x, int64_t T, float* out) const override {
-    swiglu_mlp(view_, x, out, T, D_);
-    tp_.allreduce_sum(out, T * D_);
+  void forward(const DTensor& x, DTensor& out) const override {
+    be_->swiglu_mlp(x, w_, out);
+    be_->allreduce_sum(tp_.size > 1 ? tp_.comm : nullptr, out);
   }
+  int64_t hidden() const override { return D_; }
 
  private:
-  Tensor gate_, up_, down_;  // [I, D], [I, D], [D, I]
+  Backend* be_;
+  SwigluWeights w_;  // [I, D], [I, D], [D, I]
   int64_t D_;
   TpShard tp_;
-  SwigluView view_;
 };
 }  // namespace
 
 std::unique_ptr<Ffn> make_mlp_ffn(const ModelConfig& cfg, int layer, Checkpoint& ck, const std::string& prefix,
-                                  const TpShard& tp) {
+                                  const TpShard& tp, Backend& be) {
   DZ_CHECK(cfg.hidden_act == "silu" || cfg.hidden_act == "swish", "layer ", layer, ": hidden_act '", cfg.hidden_act,
            "' is not supported (only silu / SwiGLU)");
   const int64_t D = cfg.hidden_size, I = cfg.intermediate_size;
@@ -48,7 +48,7 @@ std::unique_ptr<Ffn> make_mlp_ffn(const ModelConfig& cfg, int layer, Checkpoint&
     d = slice_cols(d, i0, i1);
   }
   // generating mode keeps the full width: no shard, no all-reduce
-  return std::make_unique<MlpFfn>(std::move(g), std::move(u), std::move(d), D, ck.generating() ? TpShard{} : tp);
+  return std::make_unique<MlpFfn>(g, u, d, D, ck.generating() ? TpShard{} : tp, be);
 }
 
 }  // namespace dz

@@ -23,46 +23,54 @@ void skip_mtp_layers(const ModelConfig& cfg, Checkpoint& ck) {
   ck.set_dry_run(false);
 }
 
-std::unique_ptr<Model> Model::load(const std::string& dir, const TpShard& tp, bool kv_cache_fp8, bool index_mxfp8) {
+std::unique_ptr<Model> Model::load(const std::string& dir, const TpShard& tp, bool kv_cache_fp8, bool index_mxfp8,
+                                   Backend& be) {
   ModelConfig cfg = ModelConfig::from_file(dir + "/config.json");
   cfg.kv_cache_fp8 = kv_cache_fp8;
   cfg.index_mxfp8 = index_mxfp8;
   auto ck = Checkpoint::open(dir);
-  auto m = build(cfg, *ck, tp);
+  auto m = build(cfg, *ck, tp, be);
   skip_mtp_layers(cfg, *ck);
   ck->check_all_used();
   return m;
 }
 
-std::unique_ptr<Model> Model::build(const ModelConfig& cfg, Checkpoint& ck, const TpShard& tp) {
+std::unique_ptr<Model> Model::build(const ModelConfig& cfg, Checkpoint& ck, const TpShard& tp, Backend& be) {
   cfg.validate();
   std::unique_ptr<Model> m(new Model());
   m->cfg_ = cfg;
+  m->be_ = &be;
+  // Host tensors of a dry run (inspect) have shapes and no data: nothing to upload.
+  auto param = [&](const Tensor& t) { return t.empty() ? DTensor{} : be.param(t); };
   const int64_t V = cfg.vocab_size, D = cfg.hidden_size;
   // Zero-centred norms store w with the output scaled by (1 + w): generated weights start at 0.
   const Init norm_init = cfg.norm_zero_centered ? Init::zeros() : Init::ones();
-  m->embed_ = ck.get("model.embed_tokens.weight", {V, D}, Init::normal(1.0f));
+  const Tensor embed = ck.get("model.embed_tokens.weight", {V, D}, Init::normal(1.0f));
+  if (!embed.empty()) m->embed_ = be.weight(embed);
   for (int64_t i = 0; i < cfg.num_layers; ++i) {
     const std::string p = str("model.layers.", i, ".");
     const LayerSpec& ls = cfg.layers[size_t(i)];
     Layer L;
-    L.attn_norm = ck.get(p + "input_layernorm.weight", {D}, norm_init);
+    L.attn_norm = param(ck.get(p + "input_layernorm.weight", {D}, norm_init));
     switch (ls.mixer) {
-      case MixerKind::KDA: L.mixer = make_kda_mixer(cfg, int(i), ck, p, tp); break;
-      case MixerKind::GDN: L.mixer = make_gdn_mixer(cfg, int(i), ck, p, tp); break;
-      case MixerKind::MLA: L.mixer = make_mla_mixer(cfg, int(i), ck, p, tp); break;
-      case MixerKind::GQA: L.mixer = make_gqa_mixer(cfg, int(i), ck, p, tp); break;
+      case MixerKind::KDA: L.mixer = make_kda_mixer(cfg, int(i), ck, p, tp, be); break;
+      case MixerKind::GDN: L.mixer = make_gdn_mixer(cfg, int(i), ck, p, tp, be); break;
+      case MixerKind::MLA: L.mixer = make_mla_mixer(cfg, int(i), ck, p, tp, be); break;
+      case MixerKind::GQA: L.mixer = make_gqa_mixer(cfg, int(i), ck, p, tp, be); break;
     }
-    L.ffn_norm = ck.get(p + "post_attention_layernorm.weight", {D}, norm_init);
-    L.ffn = ls.ffn == FfnKind::MoE ? make_moe_ffn(cfg, int(i), ck, p, tp) : make_mlp_ffn(cfg, int(i), ck, p, tp);
+    L.ffn_norm = param(ck.get(p + "post_attention_layernorm.weight", {D}, norm_init));
+    L.ffn = ls.ffn == FfnKind::MoE ? make_moe_ffn(cfg, int(i), ck, p, tp, be) : make_mlp_ffn(cfg, int(i), ck, p, tp, be);
     m->layers_.push_back(std::move(L));
   }
-  if (cfg.attn_res_block_size > 0) m->attn_res_ = std::make_unique<AttnRes>(cfg, ck);
-  m->final_norm_ = ck.get("model.norm.weight", {D}, norm_init);
+  if (cfg.attn_res_block_size > 0) {
+    m->attn_res_ = std::make_unique<AttnRes>(cfg, ck);
+    m->attn_res_->upload(be);
+  }
+  m->final_norm_ = param(ck.get("model.norm.weight", {D}, norm_init));
   if (cfg.tie_word_embeddings)
-    m->head_ = LmHead(m->embed_, V, D, tp);
+    m->head_ = LmHead(embed, V, D, tp, be);
   else
-    m->head_ = LmHead(ck.get("lm_head.weight", {V, D}, Init::normal(0.02f)), V, D, tp);
+    m->head_ = LmHead(ck.get("lm_head.weight", {V, D}, Init::normal(0.02f)), V, D, tp, be);
   return m;
 }
 
@@ -79,71 +87,71 @@ Model::State Model::State::clone() const {
   return s;
 }
 
-Tensor Model::forward(const int32_t* tokens, int64_t T, State& st, const std::function<void()>& tick,
-                      std::vector<Tensor>* layer_hidden) const {
-  Tensor y = run(tokens, T, st,
-                 [T](const Mixer& m, MixerState& ms, const float* x, float* out) { m.forward(x, T, ms, out); }, tick,
-                 layer_hidden);
+DTensor Model::forward(const int32_t* tokens, int64_t T, State& st, const std::function<void()>& tick,
+                       std::vector<Tensor>* layer_hidden) const {
+  DTensor y = run(tokens, T, st,
+                  [](const Mixer& m, MixerState& ms, const DTensor& x, DTensor& out) { m.forward(x, ms, out); }, tick,
+                  layer_hidden);
   st.pos += T;
   return y;
 }
 
-Tensor Model::forward_cp(const int32_t* tokens, const CpCtx& ctx, State& st, const std::function<void()>& tick) const {
+DTensor Model::forward_cp(const int32_t* tokens, const CpCtx& ctx, State& st, const std::function<void()>& tick) const {
   DZ_CHECK(st.pos == 0, "forward_cp needs a fresh state (prefill of a whole document)");
   const int64_t R = ctx.lay->local_rows();
-  Tensor y = run(tokens, R, st,
-                 [&ctx](const Mixer& m, MixerState& ms, const float* x, float* out) { m.forward_cp(x, ctx, ms, out); },
-                 tick, nullptr);
+  DTensor y = run(tokens, R, st,
+                  [&ctx](const Mixer& m, MixerState& ms, const DTensor& x, DTensor& out) { m.forward_cp(x, ctx, ms, out); },
+                  tick, nullptr);
   st.pos = ctx.lay->length;
   return y;
 }
 
-Tensor Model::run(const int32_t* tokens, int64_t T, State& st, const MixFn& mix, const std::function<void()>& tick,
-                  std::vector<Tensor>* layer_hidden) const {
+// The layer stack, once for every backend: residual stream h [T, D] F32; sub-layer inputs and
+// outputs in the backend's activation dtype.
+DTensor Model::run(const int32_t* tokens, int64_t T, State& st, const MixFn& mix, const std::function<void()>& tick,
+                   std::vector<Tensor>* layer_hidden) const {
+  Backend& be = *be_;
   const int64_t D = cfg_.hidden_size, V = cfg_.vocab_size;
   const float eps = cfg_.rms_norm_eps;
   const bool zc = cfg_.norm_zero_centered;
-  Tensor h({T, D});  // residual stream [T, D]
-  for (int64_t t = 0; t < T; ++t) {
+  for (int64_t t = 0; t < T; ++t)
     DZ_CHECK(tokens[t] >= 0 && tokens[t] < V, "token id ", tokens[t], " outside the vocabulary of ", V);
-    std::memcpy(h.row(t), embed_.row(tokens[t]), size_t(D) * sizeof(float));
-  }
+  const DTensor ids = be.upload_i32(tokens, {T});
+  DTensor h = be.alloc({T, D}, DType::F32);  // residual stream
+  be.embed(embed_, ids, h);
+  auto snapshot = [&](const DTensor& t) {
+    Tensor c({T, D});
+    if (T) be.download(t, c.ptr());
+    layer_hidden->push_back(std::move(c));
+  };
   if (layer_hidden) {
     layer_hidden->clear();
-    layer_hidden->push_back(h);
+    snapshot(h);
   }
-  Tensor normed({T, D}), out({T, D});
-  std::unique_ptr<AttnRes::Stream> ar;
-  if (attn_res_) ar = std::make_unique<AttnRes::Stream>(attn_res_->begin(h.ptr(), T));
-  Tensor input({T, D});
+  DTensor normed = be.act({T, D}), out = be.act({T, D});
+  std::unique_ptr<AttnRes::DevStream> ar;
+  if (attn_res_) ar = std::make_unique<AttnRes::DevStream>(attn_res_->begin(be, h));
+  DTensor input = ar ? be.alloc({T, D}, DType::F32) : DTensor{};
   for (size_t i = 0; i < layers_.size(); ++i) {
     const Layer& L = layers_[i];
     // token mixer
-    const float* x = h.ptr();
-    if (ar) {
-      attn_res_->sublayer_input(*ar, int(i), 0, input.ptr());
-      x = input.ptr();
-    }
-    rmsnorm(x, L.attn_norm.ptr(), normed.ptr(), T, D, eps, zc);
-    mix(*L.mixer, *st.mixers[i], normed.ptr(), out.ptr());
-    if (ar) attn_res_->add_output(*ar, int(i), 0, out.ptr());
-    for (int64_t j = 0; j < T * D; ++j) h[j] += out[j];
+    if (ar) attn_res_->sublayer_input(be, *ar, int(i), 0, input);
+    be.rmsnorm(ar ? input : h, L.attn_norm, normed, eps, zc);
+    mix(*L.mixer, *st.mixers[i], normed, out);
+    if (ar) attn_res_->add_output(be, *ar, int(i), 0, out);
+    be.add(h, out);
     // FFN
-    x = h.ptr();
-    if (ar) {
-      attn_res_->sublayer_input(*ar, int(i), 1, input.ptr());
-      x = input.ptr();
-    }
-    rmsnorm(x, L.ffn_norm.ptr(), normed.ptr(), T, D, eps, zc);
-    L.ffn->forward(normed.ptr(), T, out.ptr());
-    if (ar) attn_res_->add_output(*ar, int(i), 1, out.ptr());
-    for (int64_t j = 0; j < T * D; ++j) h[j] += out[j];
-    if (layer_hidden) layer_hidden->push_back(h);
+    if (ar) attn_res_->sublayer_input(be, *ar, int(i), 1, input);
+    be.rmsnorm(ar ? input : h, L.ffn_norm, normed, eps, zc);
+    L.ffn->forward(normed, out);
+    if (ar) attn_res_->add_output(be, *ar, int(i), 1, out);
+    be.add(h, out);
+    if (layer_hidden) snapshot(h);
     if (tick) tick();
   }
-  if (ar) attn_res_->final_output(*ar, h.ptr());
-  Tensor y({T, D});
-  rmsnorm(h.ptr(), final_norm_.ptr(), y.ptr(), T, D, eps, zc);
+  if (ar) attn_res_->final_output(be, *ar, h);
+  DTensor y = be.act({T, D});
+  be.rmsnorm(h, final_norm_, y, eps, zc);
   return y;
 }
 

@@ -12,6 +12,7 @@
 #include "model/lm_head.hpp"
 #include "model/module.hpp"
 #include "model/parallel.hpp"
+#include "backend/backend.hpp"
 
 namespace dz {
 
@@ -23,13 +24,16 @@ class Model {
   // mis-shaped tensor is an error naming it.
   // With tp.size > 1 each rank keeps only its tensor-parallel shard (heads, FFN width, vocabulary).
   // kv_cache_fp8 / index_mxfp8 select the emulated low-precision caches (ModelConfig, DESIGN §5).
+  // Weights are uploaded once to `be` (its weight dtype) from the same TP slice on every backend.
   static std::unique_ptr<Model> load(const std::string& dir, const TpShard& tp = TpShard{}, bool kv_cache_fp8 = false,
-                                     bool index_mxfp8 = false);
+                                     bool index_mxfp8 = false, Backend& be = cpu_backend());
   // Builds from any Checkpoint (a real one, or Checkpoint::random for make-model).
-  static std::unique_ptr<Model> build(const ModelConfig& cfg, Checkpoint& ck, const TpShard& tp = TpShard{});
+  static std::unique_ptr<Model> build(const ModelConfig& cfg, Checkpoint& ck, const TpShard& tp = TpShard{},
+                                      Backend& be = cpu_backend());
   ~Model();
 
   const ModelConfig& config() const { return cfg_; }
+  Backend& backend() const { return *be_; }
 
   struct State {
     std::vector<std::unique_ptr<MixerState>> mixers;  // per layer
@@ -38,34 +42,36 @@ class Model {
   };
   State make_state() const;
 
-  // tokens [T] at absolute positions st.pos .. st.pos+T-1 -> final hidden states after the final
-  // norm [T, D]. `tick` is called between layers (the job uses it to keep MPI progressing).
-  // layer_hidden, when given, receives the residual stream after the embedding and after each
-  // layer (num_layers + 1 tensors [T, D], as transformers' output_hidden_states before the final
-  // norm).
-  Tensor forward(const int32_t* tokens, int64_t T, State& st, const std::function<void()>& tick = {},
-                 std::vector<Tensor>* layer_hidden = nullptr) const;
+  // tokens [T] (host) at absolute positions st.pos .. st.pos+T-1 -> final hidden states after
+  // the final norm [T, D] (act dtype, on the backend). `tick` is called between layers (the job
+  // uses it to keep MPI progressing). layer_hidden, when given, receives the residual stream after
+  // the embedding and after each layer (num_layers + 1 host tensors [T, D], as transformers'
+  // output_hidden_states before the final norm).
+  DTensor forward(const int32_t* tokens, int64_t T, State& st, const std::function<void()>& tick = {},
+                  std::vector<Tensor>* layer_hidden = nullptr) const;
   // Context-parallel prefill of a whole document (st fresh): tokens [R] are this rank's rows in
   // ctx.lay order; returns their final hidden states [R, D]. Every CP rank ends with the state
   // of the whole document (decode continues with forward()).
-  Tensor forward_cp(const int32_t* tokens, const CpCtx& ctx, State& st, const std::function<void()>& tick = {}) const;
-  // logits[rows, V] = hidden[rows, D] · lm_head^T (the full rows, on every TP rank)
+  DTensor forward_cp(const int32_t* tokens, const CpCtx& ctx, State& st, const std::function<void()>& tick = {}) const;
+  // logits[rows, V] (host) = hidden[rows, D] · lm_head^T (the full rows, on every TP rank)
+  void logits(const DTensor& hidden, float* out) const { head_.logits_full(hidden, out); }
   void logits(const float* hidden, int64_t rows, float* out) const;
   const LmHead& head() const { return head_; }
 
  private:
   Model() = default;
   // The layer stack shared by forward and forward_cp; `mix` runs one layer's token mixer.
-  using MixFn = std::function<void(const Mixer&, MixerState&, const float* x, float* out)>;
-  Tensor run(const int32_t* tokens, int64_t T, State& st, const MixFn& mix, const std::function<void()>& tick,
-             std::vector<Tensor>* layer_hidden) const;
+  using MixFn = std::function<void(const Mixer&, MixerState&, const DTensor& x, DTensor& out)>;
+  DTensor run(const int32_t* tokens, int64_t T, State& st, const MixFn& mix, const std::function<void()>& tick,
+              std::vector<Tensor>* layer_hidden) const;
 
   ModelConfig cfg_;
-  Tensor embed_;  // [V, D]
-  LmHead head_;   // vocabulary-parallel under TP
-  Tensor final_norm_;
+  Backend* be_ = nullptr;
+  DTensor embed_;  // [V, D] weight dtype (checkpoints store it in BF16: exact on both backends)
+  LmHead head_;    // vocabulary-parallel under TP
+  DTensor final_norm_;
   struct Layer {
-    Tensor attn_norm, ffn_norm;  // [D]
+    DTensor attn_norm, ffn_norm;  // [D] F32
     std::unique_ptr<Mixer> mixer;
     std::unique_ptr<Ffn> ffn;
   };

@@ -7,7 +7,9 @@
 #include <memory>
 #include <string>
 
+#include "backend/backend.hpp"
 #include "config/model_config.hpp"
+#include "core/dtensor.hpp"
 #include "core/tensor.hpp"
 #include "io/checkpoint.hpp"
 #include "model/parallel.hpp"
@@ -24,37 +26,55 @@ class Mixer {
  public:
   virtual ~Mixer() = default;
   virtual std::unique_ptr<MixerState> make_state() const = 0;
-  // x [T, D]: normed input for absolute positions st.pos .. st.pos+T-1.
-  // out [T, D]: the mixer's output (after its output projection). Advances st by T.
-  virtual void forward(const float* x, int64_t T, MixerState& st, float* out) const = 0;
+  // x [T, D] (act dtype, on the mixer's backend): normed input for absolute positions
+  // st.pos .. st.pos+T-1. out [T, D]: the mixer's output (after its output projection). Advances st by T.
+  virtual void forward(const DTensor& x, MixerState& st, DTensor& out) const = 0;
   // Context-parallel prefill of a whole document from position 0 (st must be fresh): x [R, D]
   // holds this rank's rows in ctx.lay order (local_positions()), out [R, D] the same rows. Equal
   // to forward() over the whole document within fp32 reassociation. On return st holds the state
   // after the whole document on every CP rank, so decode continues with forward().
-  virtual void forward_cp(const float* x, const CpCtx& ctx, MixerState& st, float* out) const = 0;
+  virtual void forward_cp(const DTensor& x, const CpCtx& ctx, MixerState& st, DTensor& out) const = 0;
+  virtual int64_t hidden() const = 0;
+
+  // Host fp32 conveniences for mixers on the CPU backend (tools, tests).
+  void forward(const float* x, int64_t T, MixerState& st, float* out) const {
+    DTensor o = host_view(out, {T, hidden()});
+    forward(host_view(const_cast<float*>(x), {T, hidden()}), st, o);
+  }
+  void forward_cp(const float* x, const CpCtx& ctx, MixerState& st, float* out) const {
+    const int64_t R = ctx.lay ? ctx.lay->local_rows() : 0;
+    DTensor o = host_view(out, {R, hidden()});
+    forward_cp(host_view(const_cast<float*>(x), {R, hidden()}), ctx, st, o);
+  }
 };
 
 class Ffn {
  public:
   virtual ~Ffn() = default;
-  // x [T, D] -> out [T, D]
-  virtual void forward(const float* x, int64_t T, float* out) const = 0;
+  // x [T, D] -> out [T, D] (act dtype)
+  virtual void forward(const DTensor& x, DTensor& out) const = 0;
+  virtual int64_t hidden() const = 0;
+  void forward(const float* x, int64_t T, float* out) const {
+    DTensor o = host_view(out, {T, hidden()});
+    forward(host_view(const_cast<float*>(x), {T, hidden()}), o);
+  }
 };
 
 // Factories (one per module family, each in its own file). `prefix` is the layer's prefix, e.g.
 // "model.layers.3.", and the factory picks the family's published tensor names from cfg.family.
-// `tp` selects the tensor-parallel shard to load (default: everything, no communication).
+// `tp` selects the tensor-parallel shard to load (default: everything, no communication); `be`
+// is the backend the weights are uploaded to and the forward runs on.
 std::unique_ptr<Mixer> make_kda_mixer(const ModelConfig& cfg, int layer, Checkpoint& ck, const std::string& prefix,
-                                      const TpShard& tp = TpShard{});
+                                      const TpShard& tp = TpShard{}, Backend& be = cpu_backend());
 std::unique_ptr<Mixer> make_gdn_mixer(const ModelConfig& cfg, int layer, Checkpoint& ck, const std::string& prefix,
-                                      const TpShard& tp = TpShard{});
+                                      const TpShard& tp = TpShard{}, Backend& be = cpu_backend());
 std::unique_ptr<Mixer> make_mla_mixer(const ModelConfig& cfg, int layer, Checkpoint& ck, const std::string& prefix,
-                                      const TpShard& tp = TpShard{});
+                                      const TpShard& tp = TpShard{}, Backend& be = cpu_backend());
 std::unique_ptr<Mixer> make_gqa_mixer(const ModelConfig& cfg, int layer, Checkpoint& ck, const std::string& prefix,
-                                      const TpShard& tp = TpShard{});
+                                      const TpShard& tp = TpShard{}, Backend& be = cpu_backend());
 std::unique_ptr<Ffn> make_mlp_ffn(const ModelConfig& cfg, int layer, Checkpoint& ck, const std::string& prefix,
-                                  const TpShard& tp = TpShard{});
+                                  const TpShard& tp = TpShard{}, Backend& be = cpu_backend());
 std::unique_ptr<Ffn> make_moe_ffn(const ModelConfig& cfg, int layer, Checkpoint& ck, const std::string& prefix,
-                                  const TpShard& tp = TpShard{});
+                                  const TpShard& tp = TpShard{}, Backend& be = cpu_backend());
 
 }  // namespace dz

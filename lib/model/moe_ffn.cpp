@@ -85,36 +85,44 @@ MoeNames find_names(const ModelConfig& cfg, int layer, const Checkpoint& ck, con
 
 class MoeFfn : public Ffn {
  public:
-  void forward(const float* x, int64_t T, float* out) const override {
-    const int64_t k = rc_.top_k;
-    std::vector<int32_t> idx(static_cast<size_t>(T * k));
-    std::vector<float> w(static_cast<size_t>(T * k));
-    moe_route(rc_, x, router_.ptr(), bias_.empty() ? nullptr : bias_.ptr(), T, D_, idx.data(), w.data());
-    std::fill(out, out + T * D_, 0.f);
-    moe_experts_acc(experts_, x, T, D_, idx.data(), w.data(), k, 0, int64_t(experts_.size()), out);
-    if (has_shared_) add_shared(x, T, out);
-    tp_.allreduce_sum(out, T * D_);  // width shards: partial sums of every expert
+  void forward(const DTensor& x, DTensor& out) const override {
+    be_->moe(rc_, w_, x, out);
+    be_->allreduce_sum(tp_.size > 1 ? tp_.comm : nullptr, out);  // width shards: partial sums of every expert
   }
+  int64_t hidden() const override { return D_; }
 
-  void add_shared(const float* x, int64_t T, float* out) const {
-    std::vector<float> sh(static_cast<size_t>(T * D_));  // [T, D]
-    swiglu_mlp(shared_, x, sh.data(), T, D_);
-    for (int64_t t = 0; t < T; ++t) {
-      const float g = shared_gate_.empty() ? 1.f : sigmoid(dot(x + t * D_, shared_gate_.ptr(), D_));
-      for (int64_t d = 0; d < D_; ++d) out[t * D_ + d] += shared_gate_.empty() ? sh[size_t(t * D_ + d)]
-                                                                                : g * sh[size_t(t * D_ + d)];
+  // Uploads the (sharded) host views: experts stacked [E, I, D] / [E, D, I].
+  void upload(const std::vector<SwigluView>& ex, const SwigluView* shared, const Tensor& router, const Tensor& bias,
+              const Tensor& shared_gate) {
+    const int64_t E = int64_t(ex.size()), I = ex[0].inter, D = D_;
+    Tensor g({E, I, D}), u({E, I, D}), d({E, D, I});
+    for (int64_t e = 0; e < E; ++e) {
+      const SwigluView& v = ex[size_t(e)];
+      std::copy(v.gate, v.gate + I * D, g.ptr() + e * I * D);
+      std::copy(v.up, v.up + I * D, u.ptr() + e * I * D);
+      for (int64_t r = 0; r < D; ++r) std::copy(v.down + r * v.down_ld, v.down + r * v.down_ld + I, d.ptr() + (e * D + r) * I);
+    }
+    w_.router = be_->param(router);
+    if (!bias.empty()) w_.bias = be_->param(bias);
+    w_.experts = {be_->weight(g), be_->weight(u), be_->weight(d)};
+    if (shared) {
+      const int64_t S = shared->inter;
+      Tensor sg({S, D}), su({S, D}), sd({D, S});
+      std::copy(shared->gate, shared->gate + S * D, sg.ptr());
+      std::copy(shared->up, shared->up + S * D, su.ptr());
+      for (int64_t r = 0; r < D; ++r)
+        std::copy(shared->down + r * shared->down_ld, shared->down + r * shared->down_ld + S, sd.ptr() + r * S);
+      w_.has_shared = true;
+      w_.shared = {be_->weight(sg), be_->weight(su), be_->weight(sd)};
+      if (!shared_gate.empty()) w_.shared_gate = be_->param(shared_gate);
     }
   }
 
+  Backend* be_ = nullptr;
   RouterConfig rc_;
   int64_t D_ = 0;
   TpShard tp_;
-  Tensor router_, bias_;         // [E, D], [E] or empty
-  std::vector<Tensor> owned_;    // expert weights (per-expert or fused)
-  std::vector<SwigluView> experts_;
-  bool has_shared_ = false;
-  SwigluView shared_;
-  Tensor shared_gate_;           // [1, D] or empty
+  MoeWeights w_;
 };
 
 SwigluView view_of(const Tensor& g, const Tensor& u, const Tensor& d) {
@@ -149,13 +157,14 @@ static void shard_width(std::vector<SwigluView>& views, std::vector<Tensor>& sto
 }
 
 std::unique_ptr<Ffn> make_moe_ffn(const ModelConfig& cfg, int layer, Checkpoint& ck, const std::string& prefix,
-                                  const TpShard& tp) {
+                                  const TpShard& tp, Backend& be) {
   DZ_CHECK(cfg.hidden_act == "silu" || cfg.hidden_act == "swish", "layer ", layer, ": hidden_act '", cfg.hidden_act,
            "' is not supported (only silu / SwiGLU experts)");
   const int64_t D = cfg.hidden_size, E = cfg.n_routed_experts, I = cfg.moe_intermediate_size;
   DZ_CHECK(D > 0 && E > 0 && I > 0, "layer ", layer, ": MoE needs hidden_size, n_routed_experts and ",
            "moe_intermediate_size > 0");
   auto m = std::make_unique<MoeFfn>();
+  m->be_ = &be;
   m->D_ = D;
   RouterConfig& rc = m->rc_;
   rc.n_experts = E;
@@ -176,18 +185,22 @@ std::unique_ptr<Ffn> make_moe_ffn(const ModelConfig& cfg, int layer, Checkpoint&
 
   const MoeNames n = find_names(cfg, layer, ck, prefix);
   const std::string P = prefix + n.base;
-  m->router_ = ck.get(P + "gate.weight", {E, D});
-  if (cfg.router_correction_bias) m->bias_ = ck.get(n.bias, {E}, Init::uniform(-0.05f, 0.05f));
+  const Tensor router = ck.get(P + "gate.weight", {E, D});
+  Tensor bias, shared_gate;
+  if (cfg.router_correction_bias) bias = ck.get(n.bias, {E}, Init::uniform(-0.05f, 0.05f));
 
-  m->experts_.resize(size_t(E));
-  m->owned_.reserve(size_t(3 * E + 3));  // views point into these tensors: no reallocation
+  std::vector<SwigluView> experts(static_cast<size_t>(E));
+  std::vector<Tensor> owned;
+  owned.reserve(size_t(3 * E + 3));  // views point into these tensors: no reallocation
+  SwigluView shared;
+  bool has_shared = false;
   if (n.layout == ExpertLayout::Fused) {
-    m->owned_.push_back(ck.get(P + "experts.gate_up_proj", {E, 2 * I, D}));
-    m->owned_.push_back(ck.get(P + "experts.down_proj", {E, D, I}));
-    const float* gu = m->owned_[0].ptr();
-    const float* dn = m->owned_[1].ptr();
+    owned.push_back(ck.get(P + "experts.gate_up_proj", {E, 2 * I, D}));
+    owned.push_back(ck.get(P + "experts.down_proj", {E, D, I}));
+    const float* gu = owned[0].ptr();
+    const float* dn = owned[1].ptr();
     for (int64_t e = 0; e < E; ++e) {
-      SwigluView& v = m->experts_[size_t(e)];
+      SwigluView& v = experts[size_t(e)];
       v.gate = gu + e * 2 * I * D;  // rows [0, I) of expert e: gate
       v.up = v.gate + I * D;        // rows [I, 2I): up
       v.down = dn + e * D * I;
@@ -198,11 +211,11 @@ std::unique_ptr<Ffn> make_moe_ffn(const ModelConfig& cfg, int layer, Checkpoint&
     const bool w = n.layout == ExpertLayout::PerExpertW;
     for (int64_t e = 0; e < E; ++e) {
       const std::string q = P + "experts." + std::to_string(e) + ".";
-      m->owned_.push_back(ck.get(q + (w ? "w1.weight" : "gate_proj.weight"), {I, D}));
-      m->owned_.push_back(ck.get(q + (w ? "w3.weight" : "up_proj.weight"), {I, D}));
-      m->owned_.push_back(ck.get(q + (w ? "w2.weight" : "down_proj.weight"), {D, I}));
-      const size_t o = m->owned_.size() - 3;
-      m->experts_[size_t(e)] = view_of(m->owned_[o], m->owned_[o + 1], m->owned_[o + 2]);
+      owned.push_back(ck.get(q + (w ? "w1.weight" : "gate_proj.weight"), {I, D}));
+      owned.push_back(ck.get(q + (w ? "w3.weight" : "up_proj.weight"), {I, D}));
+      owned.push_back(ck.get(q + (w ? "w2.weight" : "down_proj.weight"), {D, I}));
+      const size_t o = owned.size() - 3;
+      experts[size_t(e)] = view_of(owned[o], owned[o + 1], owned[o + 2]);
     }
   }
 
@@ -210,13 +223,13 @@ std::unique_ptr<Ffn> make_moe_ffn(const ModelConfig& cfg, int layer, Checkpoint&
                                                       : cfg.n_shared_experts * cfg.moe_intermediate_size;
   if (S > 0) {
     const std::string q = P + n.shared;
-    m->owned_.push_back(ck.get(q + "gate_proj.weight", {S, D}));
-    m->owned_.push_back(ck.get(q + "up_proj.weight", {S, D}));
-    m->owned_.push_back(ck.get(q + "down_proj.weight", {D, S}));
-    const size_t o = m->owned_.size() - 3;
-    m->shared_ = view_of(m->owned_[o], m->owned_[o + 1], m->owned_[o + 2]);
-    m->has_shared_ = true;
-    if (cfg.shared_expert_gate) m->shared_gate_ = ck.get(P + "shared_expert_gate.weight", {1, D});
+    owned.push_back(ck.get(q + "gate_proj.weight", {S, D}));
+    owned.push_back(ck.get(q + "up_proj.weight", {S, D}));
+    owned.push_back(ck.get(q + "down_proj.weight", {D, S}));
+    const size_t o = owned.size() - 3;
+    shared = view_of(owned[o], owned[o + 1], owned[o + 2]);
+    has_shared = true;
+    if (cfg.shared_expert_gate) shared_gate = ck.get(P + "shared_expert_gate.weight", {1, D});
   } else {
     DZ_CHECK(!cfg.shared_expert_gate, "layer ", layer, ": shared_expert_gate set without a shared expert");
   }
@@ -224,14 +237,16 @@ std::unique_ptr<Ffn> make_moe_ffn(const ModelConfig& cfg, int layer, Checkpoint&
   if (tp.size > 1 && !ck.generating()) {
     std::vector<Tensor> sharded;
     sharded.reserve(size_t(3 * E + 3));
-    shard_width(m->experts_, sharded, D, tp);
-    if (m->has_shared_) {
-      std::vector<SwigluView> one{m->shared_};
+    shard_width(experts, sharded, D, tp);
+    if (has_shared) {
+      std::vector<SwigluView> one{shared};
       shard_width(one, sharded, D, tp);
-      m->shared_ = one[0];
+      shared = one[0];
     }
-    m->owned_ = std::move(sharded);  // the full weights are released; views point into the shards
+    owned = std::move(sharded);  // the full weights are released; views point into the shards
   }
+  if (router.empty()) return m;  // dry run (inspect): names and shapes only
+  m->upload(experts, has_shared ? &shared : nullptr, router, bias, shared_gate);
   return m;
 }
 

@@ -129,4 +129,59 @@ void mla_attention_absorbed(const float* q, const float* latent, const float* k_
   }
 }
 
+DTensor RowStore::view(int64_t r0, int64_t r1) const {
+  DZ_CHECK(r0 >= 0 && r0 <= r1 && r1 <= n, "RowStore: rows [", r0, ", ", r1, ") of ", n);
+  if (!buf.defined()) {
+    DTensor e;
+    e.dtype = dtype;
+    e.device = be ? be->device() : Device::Host;
+    e.shape = {r1 - r0, width};
+    return e;
+  }
+  return buf.slab(r0, r1);
+}
+
+DTensor RowStore::append(int64_t k) {
+  DZ_CHECK(be, "RowStore used before init");
+  const int64_t cap = buf.defined() ? buf.dim(0) : 0;
+  if (n + k > cap) {
+    const int64_t nc = std::max<int64_t>({n + k, 2 * cap, 16});
+    DTensor nb = be->alloc({nc, width}, dtype);
+    if (n > 0) be->copy_rows(buf, 0, nb, 0, n);
+    buf = nb;
+  }
+  n += k;
+  return buf.slab(n - k, n);
+}
+
+std::vector<float> RowStore::host() const {
+  if (n == 0) return {};
+  return be->to_host(all());
+}
+
+RowStore RowStore::deep_copy() const {
+  RowStore c;
+  c.be = be;
+  c.width = width;
+  c.dtype = dtype;
+  if (be && n > 0) {
+    DTensor dst = c.append(n);
+    be->copy_rows(all(), 0, dst, 0, n);
+  }
+  return c;
+}
+
+std::unique_ptr<MixerState> AttnCache::clone() const {
+  auto c = std::make_unique<AttnCache>();
+  c->pos = pos;
+  c->latent = latent.deep_copy();
+  c->k_pe = k_pe.deep_copy();
+  c->index_k = index_k.deep_copy();
+  c->k = k.deep_copy();
+  c->v = v.deep_copy();
+  c->last_topk = last_topk;
+  c->topk_width = topk_width;
+  return c;
+}
+
 }  // namespace dz

@@ -5,6 +5,7 @@
 #include <memory>
 #include <vector>
 
+#include "backend/backend.hpp"
 #include "model/module.hpp"
 
 namespace dz {
@@ -34,22 +35,49 @@ void mla_attention_absorbed(const float* q, const float* latent, const float* k_
                             float* out, int64_t T, int64_t pos0, int64_t S, int64_t H, int64_t nope, int64_t rope,
                             int64_t R, int64_t vd, float scale, const int32_t* sel = nullptr, int64_t n_sel = 0);
 
+// Rows [n, width] appended on a backend (capacity doubling, so decode appends are amortised O(1)).
+struct RowStore {
+  Backend* be = nullptr;
+  DTensor buf;  // [capacity, width]
+  int64_t n = 0, width = 0;
+  DType dtype = DType::F32;
+
+  void init(Backend& b, int64_t w, DType dt) {
+    be = &b;
+    width = w;
+    dtype = dt;
+    n = 0;
+    buf = DTensor{};
+  }
+  int64_t rows() const { return n; }
+  // A view of rows [r0, r1).
+  DTensor view(int64_t r0, int64_t r1) const;
+  DTensor all() const { return view(0, n); }
+  // Grows by k rows and returns the view to write them into.
+  DTensor append(int64_t k);
+  std::vector<float> host() const;
+  RowStore deep_copy() const;
+  bool operator==(const RowStore& o) const { return host() == o.host(); }
+  bool operator==(const std::vector<float>& o) const { return host() == o; }
+};
+
 // Per-sequence cache of a softmax-attention mixer. Grows by T rows per forward call; rows are
-// token positions 0 .. pos-1. Public so that the CP runtime can gather latent KV / indexer keys.
+// token positions 0 .. pos-1, on the mixer's backend. Public so that the CP runtime can gather
+// latent KV / indexer keys.
 struct AttnCache : MixerState {
   // MLA
-  std::vector<float> latent;   // [pos, kv_lora_rank] after kv_a_layernorm
-  std::vector<float> k_pe;     // [pos, qk_rope_head_dim] after RoPE (raw when the family is NoPE)
-  std::vector<float> index_k;  // [pos, index_head_dim] DSA indexer keys after LayerNorm + RoPE
+  RowStore latent;   // [pos, kv_lora_rank] after kv_a_layernorm
+  RowStore k_pe;     // [pos, qk_rope_head_dim] after RoPE (raw when the family is NoPE)
+  RowStore index_k;  // [pos, index_head_dim] DSA indexer keys after LayerNorm + RoPE (host F32)
   // GQA
-  std::vector<float> k;  // [pos, Hkv, D] after k_norm + RoPE
-  std::vector<float> v;  // [pos, Hkv, D]
+  RowStore k;  // [pos, Hkv * D] after k_norm + RoPE
+  RowStore v;  // [pos, Hkv * D]
   // DSA: Top-K positions chosen in the last forward call, [T_last, topk_width], ascending, -1
   // padded (diagnostics and tests; not needed for the next call).
   std::vector<int32_t> last_topk;
   int64_t topk_width = 0;
 
-  std::unique_ptr<MixerState> clone() const override { return std::make_unique<AttnCache>(*this); }
+  std::unique_ptr<MixerState> clone() const override;
 };
 
 }  // namespace dz

@@ -25,6 +25,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "backend/backend.hpp"
 #include "core/tensor.hpp"
 #include "model/module.hpp"
 
@@ -109,13 +110,15 @@ inline double la_segment_flops(int64_t n, int64_t H, int64_t K, int64_t V) {
 }
 
 // ---- Per-sequence state of a KDA / GDN mixer ----
-// S [HV, K, V] as above; conv[0] [W-1, C] the short-convolution tail (see short_conv.hpp) over the
-// channels [q | k | v] concatenated (KDA: C = H*K + H*K + H*V, GDN: 2*HK*K + HV*V), for the heads
-// of this TP rank. Public so that the context-parallel prefill can set the state after a document.
+// S [HV, K, V] F32 as above; conv [W-1, C] (act dtype) the short-convolution tail (see
+// short_conv.hpp) over the channels [q | k | v] concatenated (KDA: C = H*K + H*K + H*V, GDN:
+// 2*HK*K + HV*V), for the heads of this TP rank, on the mixer's backend. Public so that the
+// context-parallel prefill can set the state after a document.
 struct LaState : MixerState {
-  Tensor S;
-  std::vector<Tensor> conv;
-  std::unique_ptr<MixerState> clone() const override { return std::make_unique<LaState>(*this); }
+  DTensor S;
+  DTensor conv;
+  Backend* be = nullptr;  // where S and conv live (clone copies through it)
+  std::unique_ptr<MixerState> clone() const override;
 };
 
 }  // namespace dz

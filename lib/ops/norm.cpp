@@ -2,7 +2,9 @@
 // order is fixed and matches every other reduction in the backend.
 #include "ops/norm.hpp"
 
+#include <algorithm>
 #include <cmath>
+#include <vector>
 
 #include "core/error.hpp"
 #include "core/linalg.hpp"
@@ -57,6 +59,39 @@ void l2norm(const float* x, float* y, int64_t rows, int64_t D, float eps) {
     float* yr = y + r * D;
     float inv = 1.f / std::sqrt(dot(xr, xr, D) + eps);
     for (int64_t i = 0; i < D; ++i) yr[i] = xr[i] * inv;
+  }
+}
+
+void attn_res_mix(const float* blocks, int64_t n_blocks, const float* partial, const float* q, int64_t T, int64_t D,
+                  float eps, float* out) {
+  const int64_t n = n_blocks + 1;
+  std::vector<const float*> v(static_cast<size_t>(n));
+  std::vector<float> w(static_cast<size_t>(n));
+  for (int64_t t = 0; t < T; ++t) {
+    for (int64_t i = 0; i < n_blocks; ++i) v[size_t(i)] = blocks + (i * T + t) * D;
+    v[size_t(n - 1)] = partial + t * D;
+    // score_i = q · (v_i / rms(v_i)); the RMS factor is folded in after the reduction
+    float m = -INFINITY;
+    for (int64_t i = 0; i < n; ++i) {
+      const float ms = dot(v[size_t(i)], v[size_t(i)], D) / float(D);
+      const float r = 1.f / std::sqrt(ms + eps);
+      w[size_t(i)] = r * dot(v[size_t(i)], q, D);
+      m = std::max(m, w[size_t(i)]);
+    }
+    float z = 0.f;
+    for (int64_t i = 0; i < n; ++i) {
+      w[size_t(i)] = std::exp(w[size_t(i)] - m);
+      z += w[size_t(i)];
+    }
+    float* o = out + t * D;
+    // first term assigned, not added to 0, so a single value passes through bit for bit (-0 included)
+    const float a0 = w[0] / z;
+    for (int64_t d = 0; d < D; ++d) o[d] = a0 * v[0][d];
+    for (int64_t i = 1; i < n; ++i) {
+      const float a = w[size_t(i)] / z;
+      const float* vi = v[size_t(i)];
+      for (int64_t d = 0; d < D; ++d) o[d] += a * vi[d];
+    }
   }
 }
 

@@ -18,6 +18,10 @@ class Rope {
   // Multiplier on the softmax scale (YaRN mscale^2 when mscale_all_dim is set; else 1).
   float softmax_scale_mult() const { return softmax_mult_; }
   int64_t rot_dim() const { return rot_dim_; }
+  // What a device implementation needs: the frequencies, the cos/sin multiplier, the pairing.
+  const std::vector<float>& inv_freq() const { return inv_freq_; }
+  float cos_sin_mult() const { return cos_sin_mult_; }
+  bool interleaved() const { return cfg_.style == RopeStyle::Interleaved; }
 
  private:
   RopeConfig cfg_;

@@ -166,8 +166,8 @@ TEST_CASE("attn_cp_tp: forward_cp of TP-sharded MLA / GQA equals the serial mixe
               const int64_t kvw = c.cfg.num_kv_heads * c.cfg.head_dim, w0 = g.tp_rank() * kvw / T, wl = kvw / T;
               std::vector<float> k_ref, v_ref;
               for (int64_t s = 0; s < L; ++s) {
-                const auto& rk = cache(*ref.st).k;
-                const auto& rv = cache(*ref.st).v;
+                const auto rk = cache(*ref.st).k.host();
+                const auto rv = cache(*ref.st).v.host();
                 k_ref.insert(k_ref.end(), rk.begin() + s * kvw + w0, rk.begin() + s * kvw + w0 + wl);
                 v_ref.insert(v_ref.end(), rv.begin() + s * kvw + w0, rv.begin() + s * kvw + w0 + wl);
               }

@@ -50,7 +50,7 @@ struct Scratch {
 std::unique_ptr<Mixer> build(const ModelConfig& cfg, const Factory& make, uint32_t seed, Weights& w,
                              const std::string& tag, bool zero_centered_norms = false) {
   auto gen = Checkpoint::random(seed);
-  make(cfg, 0, *gen, kPrefix, TpShard{});
+  make(cfg, 0, *gen, kPrefix, TpShard{}, dz::cpu_backend());
   std::mt19937 g(seed);
   std::normal_distribution<float> nd(0.f, 1.f);
   w.clear();
@@ -67,7 +67,7 @@ std::unique_ptr<Mixer> build(const ModelConfig& cfg, const Factory& make, uint32
   Scratch dir(tag);
   write_safetensors(dir.path, w, DType::F32);
   auto ck = Checkpoint::open(dir.path);
-  auto m = make(cfg, 0, *ck, kPrefix, TpShard{});
+  auto m = make(cfg, 0, *ck, kPrefix, TpShard{}, dz::cpu_backend());
   ck->check_all_used();
   return m;
 }

@@ -1,0 +1,660 @@
+// The CUDA backend's own ops (see backend_ops.cuh). Correct first, in plain SIMT: elementwise ops
+// are memory-bound anyway; attention and the grouped expert GEMM are the places issue 12's
+// tensor-core versions replace.
+#include <cfloat>
+#include <cmath>
+
+#include "backend_ops.cuh"
+#include "common.cuh"
+
+namespace dz::cuda {
+
+namespace {
+
+using bf16 = __nv_bfloat16;
+
+__device__ __forceinline__ float ldv(const void* p, Dt dt, int64_t i) {
+  return dt == Dt::F32 ? static_cast<const float*>(p)[i] : __bfloat162float(static_cast<const bf16*>(p)[i]);
+}
+__device__ __forceinline__ void stv(void* p, Dt dt, int64_t i, float v) {
+  if (dt == Dt::F32)
+    static_cast<float*>(p)[i] = v;
+  else
+    static_cast<bf16*>(p)[i] = __float2bfloat16_rn(v);
+}
+__device__ __forceinline__ float sigm(float x) { return 1.f / (1.f + expf(-x)); }
+
+__device__ __forceinline__ float warp_sum(float v) {
+  for (int o = 16; o; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+__device__ __forceinline__ double warp_sum_d(double v) {
+  for (int o = 16; o; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+__device__ __forceinline__ float warp_max(float v) {
+  for (int o = 16; o; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+// Sum over the block (blockDim.x a multiple of 32, <= 1024); every thread gets the result.
+__device__ float block_sum(float v) {
+  __shared__ float part[32];
+  __shared__ float total;
+  const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+  v = warp_sum(v);
+  __syncthreads();  // part/total may still be read by a previous call
+  if (lane == 0) part[w] = v;
+  __syncthreads();
+  if (w == 0) {
+    float t = lane < nw ? part[lane] : 0.f;
+    t = warp_sum(t);
+    if (lane == 0) total = t;
+  }
+  __syncthreads();
+  return total;
+}
+__device__ double block_sum_d(double v) {
+  __shared__ double part[32];
+  __shared__ double total;
+  const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+  v = warp_sum_d(v);
+  __syncthreads();
+  if (lane == 0) part[w] = v;
+  __syncthreads();
+  if (w == 0) {
+    double t = lane < nw ? part[lane] : 0.0;
+    t = warp_sum_d(t);
+    if (lane == 0) total = t;
+  }
+  __syncthreads();
+  return total;
+}
+__device__ float block_max(float v) {
+  __shared__ float part[32];
+  __shared__ float total;
+  const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+  v = warp_max(v);
+  __syncthreads();
+  if (lane == 0) part[w] = v;
+  __syncthreads();
+  if (w == 0) {
+    float t = lane < nw ? part[lane] : -INFINITY;
+    t = warp_max(t);
+    if (lane == 0) total = t;
+  }
+  __syncthreads();
+  return total;
+}
+
+unsigned grid_for(int64_t n, int threads) {
+  const int64_t b = (n + threads - 1) / threads;
+  return unsigned(b < 65535 * 16 ? (b < 1 ? 1 : b) : 65535 * 16);
+}
+
+// ---- elementwise ----
+__global__ void k_convert(const void* src, Dt sdt, void* dst, Dt ddt, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    stv(dst, ddt, i, ldv(src, sdt, i));
+}
+__global__ void k_embed(const void* table, Dt tdt, const int32_t* ids, int64_t T, int64_t D, float* out) {
+  const int64_t n = T * D;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t t = i / D, d = i % D;
+    out[i] = ldv(table, tdt, int64_t(ids[t]) * D + d);
+  }
+}
+__global__ void k_add(void* h, Dt hdt, const void* y, Dt ydt, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    stv(h, hdt, i, ldv(h, hdt, i) + ldv(y, ydt, i));
+}
+__global__ void k_mul_sigmoid(void* x, Dt xdt, const void* g, Dt gdt, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    stv(x, xdt, i, ldv(x, xdt, i) * sigm(ldv(g, gdt, i)));
+}
+__global__ void k_add_bias(void* y, Dt ydt, const float* bias, int64_t rows, int64_t cols) {
+  const int64_t n = rows * cols;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    stv(y, ydt, i, ldv(y, ydt, i) + bias[i % cols]);
+}
+__global__ void k_silu_mul(const bf16* g, const bf16* u, bf16* h, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    const float a = __bfloat162float(g[i]);
+    h[i] = __float2bfloat16_rn(a / (1.f + expf(-a)) * __bfloat162float(u[i]));
+  }
+}
+
+// ---- norms: one block per row ----
+__global__ void k_rmsnorm(const void* x, Dt xdt, const float* w, void* y, Dt ydt, int64_t D, float eps, bool zc) {
+  const int64_t r = blockIdx.x;
+  float ss = 0.f;
+  for (int64_t d = threadIdx.x; d < D; d += blockDim.x) {
+    const float v = ldv(x, xdt, r * D + d);
+    ss += v * v;
+  }
+  ss = block_sum(ss);
+  const float inv = 1.f / sqrtf(ss / float(D) + eps);
+  for (int64_t d = threadIdx.x; d < D; d += blockDim.x) {
+    const float wv = w ? (zc ? 1.f + w[d] : w[d]) : 1.f;
+    stv(y, ydt, r * D + d, ldv(x, xdt, r * D + d) * inv * wv);
+  }
+}
+__global__ void k_gated_rmsnorm(const void* x, Dt xdt, const void* gate, Dt gdt, const float* w, void* y, Dt ydt,
+                                int64_t D, float eps, int act) {
+  const int64_t r = blockIdx.x;
+  float ss = 0.f;
+  for (int64_t d = threadIdx.x; d < D; d += blockDim.x) {
+    const float v = ldv(x, xdt, r * D + d);
+    ss += v * v;
+  }
+  ss = block_sum(ss);
+  const float inv = 1.f / sqrtf(ss / float(D) + eps);
+  for (int64_t d = threadIdx.x; d < D; d += blockDim.x) {
+    const float g = ldv(gate, gdt, r * D + d);
+    const float a = act == 0 ? g / (1.f + expf(-g)) : sigm(g);
+    stv(y, ydt, r * D + d, ldv(x, xdt, r * D + d) * inv * w[d] * a);
+  }
+}
+
+// ---- RoPE: one thread per (t, h, pair) ----
+__global__ void k_rope(void* x, Dt dt, int64_t T, int64_t H, int64_t hs, int64_t offset, int64_t pos0, RopeParams p) {
+  const int64_t n = T * H * p.half;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t j = i % p.half, th = i / p.half, t = th / H;
+    const float ang = float(pos0 + t) * p.inv_freq[j];
+    const float c = float(cos(double(ang))) * p.cos_sin_mult, s = float(sin(double(ang))) * p.cos_sin_mult;
+    const int64_t base = th * hs + offset;
+    const int64_t a = base + (p.interleaved ? 2 * j : j), b = base + (p.interleaved ? 2 * j + 1 : j + p.half);
+    const float x1 = ldv(x, dt, a), x2 = ldv(x, dt, b);
+    stv(x, dt, a, x1 * c - x2 * s);
+    stv(x, dt, b, x2 * c + x1 * s);
+  }
+}
+
+// ---- attention: one warp per (query, head), online softmax over its keys ----
+constexpr int kMaxDPerLane = 16;  // Dk, Dv <= 512
+__global__ void k_attention(const bf16* q, const bf16* k, const bf16* v, bf16* out, int64_t T, int64_t pos0, int Hq,
+                            int Hkv, int Dk, int Dv, float scale, const int32_t* sel, int64_t n_sel) {
+  const int64_t wid = blockIdx.x * int64_t(blockDim.x >> 5) + (threadIdx.x >> 5);
+  const int lane = threadIdx.x & 31;
+  if (wid >= T * Hq) return;
+  const int64_t t = wid / Hq;
+  const int h = int(wid % Hq), g = h / (Hq / Hkv);
+  const int64_t p = pos0 + t;  // the query's position: keys 0 .. p are visible
+  float qr[kMaxDPerLane], acc[kMaxDPerLane];
+#pragma unroll
+  for (int i = 0; i < kMaxDPerLane; ++i) {
+    const int d = lane + 32 * i;
+    qr[i] = d < Dk ? __bfloat162float(q[(t * Hq + h) * Dk + d]) : 0.f;
+    acc[i] = 0.f;
+  }
+  float m = -INFINITY, l = 0.f;
+  const int64_t nk = sel ? n_sel : p + 1;
+  for (int64_t j = 0; j < nk; ++j) {
+    int64_t s = j;
+    if (sel) {
+      s = sel[t * n_sel + j];
+      if (s < 0 || s > p) continue;  // masked entry (the indexer never repeats a position)
+    }
+    const bf16* kr = k + (s * Hkv + g) * Dk;
+    float dot = 0.f;
+#pragma unroll
+    for (int i = 0; i < kMaxDPerLane; ++i) {
+      const int d = lane + 32 * i;
+      if (d < Dk) dot += qr[i] * __bfloat162float(kr[d]);
+    }
+    dot = warp_sum(dot) * scale;
+    const float mn = fmaxf(m, dot), c = expf(m - mn), e = expf(dot - mn);
+    l = l * c + e;
+    const bf16* vr = v + (s * Hkv + g) * Dv;
+#pragma unroll
+    for (int i = 0; i < kMaxDPerLane; ++i) {
+      const int d = lane + 32 * i;
+      if (d < Dv) acc[i] = acc[i] * c + e * __bfloat162float(vr[d]);
+    }
+    m = mn;
+  }
+  const float inv = l > 0.f ? 1.f / l : 0.f;
+#pragma unroll
+  for (int i = 0; i < kMaxDPerLane; ++i) {
+    const int d = lane + 32 * i;
+    if (d < Dv) out[(t * Hq + h) * Dv + d] = __float2bfloat16_rn(acc[i] * inv);
+  }
+}
+
+// ---- Block AttnRes: one block per token ----
+constexpr int kMaxDepth = 128;
+__global__ void k_attn_res_mix(const float* blocks, int64_t n, const float* partial, const float* q, int64_t T,
+                               int64_t D, float eps, float* out) {
+  __shared__ float w[kMaxDepth];
+  const int64_t t = blockIdx.x;
+  auto val = [&](int64_t i) { return i < n ? blocks + (i * T + t) * D : partial + t * D; };
+  for (int64_t i = 0; i <= n; ++i) {
+    const float* vi = val(i);
+    float ss = 0.f, dq = 0.f;
+    for (int64_t d = threadIdx.x; d < D; d += blockDim.x) {
+      ss += vi[d] * vi[d];
+      dq += vi[d] * q[d];
+    }
+    ss = block_sum(ss);
+    dq = block_sum(dq);
+    if (threadIdx.x == 0) w[i] = dq / sqrtf(ss / float(D) + eps);
+  }
+  __syncthreads();
+  float m = -INFINITY;
+  for (int64_t i = 0; i <= n; ++i) m = fmaxf(m, w[i]);
+  float z = 0.f;
+  for (int64_t i = 0; i <= n; ++i) z += expf(w[i] - m);
+  for (int64_t d = threadIdx.x; d < D; d += blockDim.x) {
+    float o = 0.f;
+    for (int64_t i = 0; i <= n; ++i) o += expf(w[i] - m) / z * val(i)[d];
+    out[t * D + d] = o;
+  }
+}
+
+// ---- MoE ----
+// One warp per token; s, c [E] and the group marks in shared memory.
+__device__ bool better(float va, int ia, float vb, int ib) { return va > vb || (va == vb && ia < ib); }
+
+__global__ void k_moe_select(const float* logits, const float* bias, int64_t T, RouteParams p, int32_t* idx, float* w,
+                             int32_t* bad) {
+  extern __shared__ float sm[];
+  float* s = sm;              // [E] scores
+  float* c = sm + p.E;        // [E] selection scores; taken experts set to -inf
+  float* gs = sm + 2 * p.E;   // [G] group scores
+  const int64_t t = blockIdx.x;
+  const int lane = threadIdx.x, E = p.E, G = p.n_group, gsz = E / G;
+  const float* lg = logits + t * E;
+  if (p.softmax) {
+    float mx = -INFINITY;
+    for (int e = lane; e < E; e += 32) mx = fmaxf(mx, lg[e]);
+    mx = warp_max(mx);
+    float sum = 0.f;
+    for (int e = lane; e < E; e += 32) sum += (s[e] = expf(lg[e] - mx));
+    sum = warp_sum(sum);
+    for (int e = lane; e < E; e += 32) s[e] /= sum;
+  } else {
+    for (int e = lane; e < E; e += 32) s[e] = sigm(lg[e]);
+  }
+  for (int e = lane; e < E; e += 32) {
+    c[e] = bias ? s[e] + bias[e] : s[e];
+    if (!isfinite(c[e])) atomicExch(bad, 1);
+  }
+  __syncwarp();
+  if (p.topk_group < G) {
+    for (int g = lane; g < G; g += 32) {
+      float best = -INFINITY, second = -INFINITY;
+      for (int i = 0; i < gsz; ++i) {
+        const float v = c[g * gsz + i];
+        if (v > best) {
+          second = best;
+          best = v;
+        } else if (v > second) {
+          second = v;
+        }
+      }
+      gs[g] = p.top2sum ? best + second : best;
+    }
+    __syncwarp();
+    // keep the topk_group best groups: mark the others' experts -inf
+    __shared__ int keep[64];
+    for (int g = lane; g < G; g += 32) keep[g] = 0;
+    __syncwarp();
+    for (int j = 0; j < p.topk_group; ++j) {
+      float bv = -INFINITY;
+      int bi = 1 << 30;
+      for (int g = lane; g < G; g += 32)
+        if (!keep[g] && better(gs[g], g, bv, bi)) bv = gs[g], bi = g;
+      for (int o = 16; o; o >>= 1) {
+        const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+        const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+        if (better(ov, oi, bv, bi)) bv = ov, bi = oi;
+      }
+      if (lane == 0 && bi < G) keep[bi] = 1;
+      __syncwarp();
+    }
+    for (int e = lane; e < E; e += 32)
+      if (!keep[e / gsz]) c[e] = -INFINITY;
+    __syncwarp();
+  }
+  __shared__ int picked[64];
+  for (int j = 0; j < p.top_k; ++j) {
+    float bv = -INFINITY;
+    int bi = 1 << 30;
+    for (int e = lane; e < E; e += 32)
+      if (c[e] != -INFINITY && better(c[e], e, bv, bi)) bv = c[e], bi = e;
+    for (int o = 16; o; o >>= 1) {
+      const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+      const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+      if (better(ov, oi, bv, bi)) bv = ov, bi = oi;
+    }
+    if (lane == 0) {
+      picked[j] = bi < E ? bi : 0;
+      if (bi < E) c[bi] = -INFINITY;
+    }
+    __syncwarp();
+  }
+  if (lane == 0) {
+    for (int a = 1; a < p.top_k; ++a)  // ascending expert index
+      for (int b = a; b > 0 && picked[b] < picked[b - 1]; --b) {
+        const int x = picked[b];
+        picked[b] = picked[b - 1];
+        picked[b - 1] = x;
+      }
+    float sum = 0.f;
+    for (int j = 0; j < p.top_k; ++j) sum += s[picked[j]];
+    for (int j = 0; j < p.top_k; ++j) {
+      float v = s[picked[j]];
+      if (p.norm_topk_prob) v /= (sum + 1e-20f);
+      idx[t * p.top_k + j] = picked[j];
+      w[t * p.top_k + j] = v * p.scaling;
+    }
+  }
+}
+
+__global__ void k_count(const int32_t* idx, int64_t n, int32_t* counts) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    atomicAdd(&counts[idx[i]], 1);
+}
+__global__ void k_scan(int32_t* counts, int E, int32_t* offsets, int32_t* tile_off) {
+  if (threadIdx.x != 0) return;
+  int32_t o = 0, to = 0;
+  for (int e = 0; e < E; ++e) {
+    offsets[e] = o;
+    tile_off[e] = to;
+    o += counts[e];
+    to += (counts[e] + 63) / 64;
+    counts[e] = 0;  // becomes the scatter cursor
+  }
+  offsets[E] = o;
+  tile_off[E] = to;
+}
+__global__ void k_scatter(const int32_t* idx, int64_t n, const int32_t* offsets, int32_t* cursor, int32_t* perm,
+                          int32_t* pos_of) {
+  for (int64_t a = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; a < n; a += int64_t(gridDim.x) * blockDim.x) {
+    const int e = idx[a];
+    const int32_t pos = offsets[e] + atomicAdd(&cursor[e], 1);
+    perm[pos] = int32_t(a);
+    pos_of[a] = pos;
+  }
+}
+__global__ void k_gather_rows(const bf16* x, const int32_t* perm, int64_t n, int top_k, int64_t D, bf16* xs) {
+  const int64_t total = n * D;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total; i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t r = i / D, d = i % D;
+    xs[i] = x[int64_t(perm[r] / top_k) * D + d];
+  }
+}
+
+// 64 × 64 output tile per block, 256 threads with 4 × 4 outputs each, K in steps of 32 through
+// shared memory (fp32). Every output row is one fixed-order dot product whatever tile it is in.
+constexpr int kTM = 64, kTN = 64, kTK = 32;
+__global__ void __launch_bounds__(256) k_grouped_gemm(const bf16* xs, const bf16* W, const int32_t* offsets,
+                                                      const int32_t* tile_off, int E, int64_t N, int64_t K, bf16* y) {
+  const int tile = blockIdx.x;
+  if (tile >= tile_off[E]) return;
+  int lo = 0, hi = E - 1;  // the expert e with tile_off[e] <= tile < tile_off[e + 1]
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if (tile_off[mid] <= tile)
+      lo = mid;
+    else
+      hi = mid - 1;
+  }
+  const int e = lo;
+  const int64_t r0 = offsets[e] + int64_t(tile - tile_off[e]) * kTM, r_end = offsets[e + 1];
+  const int64_t n0 = int64_t(blockIdx.y) * kTN;
+  const bf16* We = W + int64_t(e) * N * K;
+  __shared__ float As[kTK][kTM + 4], Bs[kTK][kTN + 4];
+  const int tid = threadIdx.x, tx = tid % 16, ty = tid / 16;
+  float acc[4][4] = {};
+  for (int64_t k0 = 0; k0 < K; k0 += kTK) {
+    for (int i = tid; i < kTM * kTK; i += 256) {
+      const int r = i / kTK, kk = i % kTK;
+      const int64_t gr = r0 + r, gk = k0 + kk;
+      As[kk][r] = (gr < r_end && gk < K) ? __bfloat162float(xs[gr * K + gk]) : 0.f;
+      const int64_t gn = n0 + r;
+      Bs[kk][r] = (gn < N && gk < K) ? __bfloat162float(We[gn * K + gk]) : 0.f;
+    }
+    __syncthreads();
+#pragma unroll 8
+    for (int kk = 0; kk < kTK; ++kk) {
+      float a[4], b[4];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) a[i] = As[kk][ty * 4 + i], b[i] = Bs[kk][tx * 4 + i];
+#pragma unroll
+      for (int i = 0; i < 4; ++i)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) acc[i][j] += a[i] * b[j];
+    }
+    __syncthreads();
+  }
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int64_t gr = r0 + ty * 4 + i;
+    if (gr >= r_end) continue;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int64_t gn = n0 + tx * 4 + j;
+      if (gn < N) y[gr * N + gn] = __float2bfloat16_rn(acc[i][j]);
+    }
+  }
+}
+
+__global__ void k_moe_combine(const bf16* ys, const int32_t* pos_of, const float* w, int64_t T, int top_k, int64_t D,
+                              bf16* y) {
+  const int64_t n = T * D;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t t = i / D, d = i % D;
+    float acc = 0.f;
+    for (int j = 0; j < top_k; ++j)
+      acc += w[t * top_k + j] * __bfloat162float(ys[int64_t(pos_of[t * top_k + j]) * D + d]);
+    y[i] = __float2bfloat16_rn(acc);
+  }
+}
+__global__ void k_shared_add(const bf16* x, const float* gate, const bf16* sh, int64_t D, bf16* y) {
+  const int64_t t = blockIdx.x;
+  float g = 1.f;
+  if (gate) {
+    float d = 0.f;
+    for (int64_t i = threadIdx.x; i < D; i += blockDim.x) d += __bfloat162float(x[t * D + i]) * gate[i];
+    g = sigm(block_sum(d));
+  }
+  for (int64_t i = threadIdx.x; i < D; i += blockDim.x)
+    y[t * D + i] = __float2bfloat16_rn(__bfloat162float(y[t * D + i]) + g * __bfloat162float(sh[t * D + i]));
+}
+
+// ---- LM head: one block per row ----
+__global__ void k_row_max(const float* lg, int64_t n, float* mx) {
+  const float* x = lg + blockIdx.x * n;
+  float m = -INFINITY;
+  for (int64_t j = threadIdx.x; j < n; j += blockDim.x) m = fmaxf(m, x[j]);
+  m = block_max(m);
+  if (threadIdx.x == 0) mx[blockIdx.x] = m;
+}
+__global__ void k_softmax_parts(const float* lg, int64_t n, const float* mx, const int32_t* target, int64_t v0,
+                                double* acc) {
+  const int64_t r = blockIdx.x;
+  const float* x = lg + r * n;
+  const double m = double(mx[r]);
+  double s = 0.0;
+  for (int64_t j = threadIdx.x; j < n; j += blockDim.x) s += exp(double(x[j]) - m);
+  s = block_sum_d(s);
+  if (threadIdx.x == 0) {
+    acc[2 * r] = s;
+    const int64_t t = target ? int64_t(target[r]) - v0 : -1;
+    acc[2 * r + 1] = (t >= 0 && t < n) ? double(x[t]) : 0.0;
+  }
+}
+__global__ void k_row_topk(const float* lg, int64_t n, int k, int32_t* ids, float* vals) {
+  const int64_t r = blockIdx.x;
+  const float* x = lg + r * n;
+  __shared__ float sv[32];
+  __shared__ int si[32];
+  float lv = INFINITY;  // the last chosen (value, column): the next is the best strictly worse one
+  int li = -1;
+  for (int j = 0; j < k; ++j) {
+    float bv = -INFINITY;
+    int bi = 1 << 30;
+    for (int64_t c = threadIdx.x; c < n; c += blockDim.x) {
+      const float v = x[c];
+      const bool worse = v < lv || (v == lv && int(c) > li);
+      if (worse && better(v, int(c), bv, bi)) bv = v, bi = int(c);
+    }
+    for (int o = 16; o; o >>= 1) {
+      const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+      const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+      if (better(ov, oi, bv, bi)) bv = ov, bi = oi;
+    }
+    const int lane = threadIdx.x & 31, wv = threadIdx.x >> 5;
+    __syncthreads();
+    if (lane == 0) sv[wv] = bv, si[wv] = bi;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      for (int q = 1; q < int(blockDim.x >> 5); ++q)
+        if (better(sv[q], si[q], sv[0], si[0])) sv[0] = sv[q], si[0] = si[q];
+      ids[r * k + j] = si[0];
+      vals[r * k + j] = sv[0];
+    }
+    __syncthreads();
+    lv = sv[0];
+    li = si[0];
+  }
+}
+
+}  // namespace
+
+void convert(const void* src, Dt sdt, void* dst, Dt ddt, int64_t n, cudaStream_t s) {
+  if (n <= 0) return;
+  k_convert<<<grid_for(n, 256), 256, 0, s>>>(src, sdt, dst, ddt, n);
+  CUDA_CHECK_LAUNCH();
+}
+void embed(const void* table, Dt tdt, const int32_t* ids, int64_t T, int64_t D, float* out, cudaStream_t s) {
+  if (T * D <= 0) return;
+  k_embed<<<grid_for(T * D, 256), 256, 0, s>>>(table, tdt, ids, T, D, out);
+  CUDA_CHECK_LAUNCH();
+}
+void rmsnorm(const void* x, Dt xdt, const float* w, void* y, Dt ydt, int64_t rows, int64_t D, float eps, bool zc,
+             cudaStream_t s) {
+  if (rows <= 0) return;
+  DZ_CHECK(rows < (int64_t(1) << 31), "rmsnorm: ", rows, " rows");
+  k_rmsnorm<<<unsigned(rows), D >= 256 ? 256 : 64, 0, s>>>(x, xdt, w, y, ydt, D, eps, zc);
+  CUDA_CHECK_LAUNCH();
+}
+void gated_rmsnorm(const void* x, Dt xdt, const void* gate, Dt gdt, const float* w, void* y, Dt ydt, int64_t rows,
+                   int64_t D, float eps, int act, cudaStream_t s) {
+  if (rows <= 0) return;
+  k_gated_rmsnorm<<<unsigned(rows), D >= 256 ? 256 : 64, 0, s>>>(x, xdt, gate, gdt, w, y, ydt, D, eps, act);
+  CUDA_CHECK_LAUNCH();
+}
+void add(void* h, Dt hdt, const void* y, Dt ydt, int64_t n, cudaStream_t s) {
+  if (n <= 0) return;
+  k_add<<<grid_for(n, 256), 256, 0, s>>>(h, hdt, y, ydt, n);
+  CUDA_CHECK_LAUNCH();
+}
+void mul_sigmoid(void* x, Dt xdt, const void* g, Dt gdt, int64_t n, cudaStream_t s) {
+  if (n <= 0) return;
+  k_mul_sigmoid<<<grid_for(n, 256), 256, 0, s>>>(x, xdt, g, gdt, n);
+  CUDA_CHECK_LAUNCH();
+}
+void add_bias(void* y, Dt ydt, const float* bias, int64_t rows, int64_t cols, cudaStream_t s) {
+  if (rows * cols <= 0) return;
+  k_add_bias<<<grid_for(rows * cols, 256), 256, 0, s>>>(y, ydt, bias, rows, cols);
+  CUDA_CHECK_LAUNCH();
+}
+void silu_mul(const bf16* g, const bf16* u, bf16* h, int64_t n, cudaStream_t s) {
+  if (n <= 0) return;
+  k_silu_mul<<<grid_for(n, 256), 256, 0, s>>>(g, u, h, n);
+  CUDA_CHECK_LAUNCH();
+}
+void rope(void* x, Dt dt, int64_t T, int64_t H, int64_t hs, int64_t offset, int64_t pos0, const RopeParams& p,
+          cudaStream_t s) {
+  DZ_CHECK(p.half > 0 && p.half <= 256, "rope: ", p.half, " rotated pairs (at most 256)");
+  if (T * H <= 0) return;
+  k_rope<<<grid_for(T * H * p.half, 256), 256, 0, s>>>(x, dt, T, H, hs, offset, pos0, p);
+  CUDA_CHECK_LAUNCH();
+}
+void attention(const bf16* q, const bf16* k, const bf16* v, bf16* out, int64_t T, int64_t pos0, int64_t S, int Hq,
+               int Hkv, int Dk, int Dv, float scale, const int32_t* sel, int64_t n_sel, cudaStream_t s) {
+  DZ_CHECK(Dk <= 32 * kMaxDPerLane && Dv <= 32 * kMaxDPerLane, "attention: head dims ", Dk, "/", Dv, " (at most ",
+           32 * kMaxDPerLane, ")");
+  DZ_CHECK(Hq % Hkv == 0 && S >= pos0 + T, "attention: heads ", Hq, "/", Hkv, ", S ", S, " for pos0 ", pos0, " + ", T);
+  if (T <= 0) return;
+  const int64_t warps = T * Hq;
+  k_attention<<<unsigned((warps + 3) / 4), 128, 0, s>>>(q, k, v, out, T, pos0, Hq, Hkv, Dk, Dv, scale, sel, n_sel);
+  CUDA_CHECK_LAUNCH();
+}
+void attn_res_mix(const float* blocks, int64_t n, const float* partial, const float* q, int64_t T, int64_t D,
+                  float eps, float* out, cudaStream_t s) {
+  DZ_CHECK(n + 1 <= kMaxDepth, "attn_res_mix: ", n + 1, " values (at most ", kMaxDepth, ")");
+  if (T <= 0) return;
+  k_attn_res_mix<<<unsigned(T), 256, 0, s>>>(blocks, n, partial, q, T, D, eps, out);
+  CUDA_CHECK_LAUNCH();
+}
+void moe_select(const float* logits, const float* bias, int64_t T, const RouteParams& p, int32_t* idx, float* w,
+                int32_t* bad, cudaStream_t s) {
+  DZ_CHECK(p.top_k <= 64 && p.n_group <= 64 && p.E % p.n_group == 0, "moe_select: top_k ", p.top_k, ", groups ",
+           p.n_group, " of ", p.E, " experts");
+  if (T <= 0) return;
+  const size_t smem = size_t(2 * p.E + p.n_group) * sizeof(float);
+  k_moe_select<<<unsigned(T), 32, smem, s>>>(logits, bias, T, p, idx, w, bad);
+  CUDA_CHECK_LAUNCH();
+}
+void moe_dispatch(const int32_t* idx, int64_t T, int top_k, int E, int32_t* counts, int32_t* offsets,
+                  int32_t* tile_off, int32_t* perm, int32_t* pos_of, cudaStream_t s) {
+  const int64_t n = T * top_k;
+  CUDA_CHECK(cudaMemsetAsync(counts, 0, sizeof(int32_t) * size_t(E), s));
+  if (n > 0) {
+    k_count<<<grid_for(n, 256), 256, 0, s>>>(idx, n, counts);
+    CUDA_CHECK_LAUNCH();
+  }
+  k_scan<<<1, 32, 0, s>>>(counts, E, offsets, tile_off);
+  CUDA_CHECK_LAUNCH();
+  if (n > 0) {
+    k_scatter<<<grid_for(n, 256), 256, 0, s>>>(idx, n, offsets, counts, perm, pos_of);
+    CUDA_CHECK_LAUNCH();
+  }
+}
+void gather_rows(const bf16* x, const int32_t* perm, int64_t n, int top_k, int64_t D, bf16* xs, cudaStream_t s) {
+  if (n * D <= 0) return;
+  k_gather_rows<<<grid_for(n * D, 256), 256, 0, s>>>(x, perm, n, top_k, D, xs);
+  CUDA_CHECK_LAUNCH();
+}
+void grouped_gemm(const bf16* xs, const bf16* W, const int32_t* offsets, const int32_t* tile_off, int E,
+                  int64_t max_tiles, int64_t N, int64_t K, bf16* y, cudaStream_t s) {
+  if (max_tiles <= 0 || N <= 0) return;
+  DZ_CHECK(max_tiles < (int64_t(1) << 31) && (N + kTN - 1) / kTN <= 65535, "grouped_gemm: ", max_tiles,
+           " row tiles, N ", N);
+  dim3 grid(unsigned(max_tiles), unsigned((N + kTN - 1) / kTN));
+  k_grouped_gemm<<<grid, 256, 0, s>>>(xs, W, offsets, tile_off, E, N, K, y);
+  CUDA_CHECK_LAUNCH();
+}
+void moe_combine(const bf16* ys, const int32_t* pos_of, const float* w, int64_t T, int top_k, int64_t D, bf16* y,
+                 cudaStream_t s) {
+  if (T * D <= 0) return;
+  k_moe_combine<<<grid_for(T * D, 256), 256, 0, s>>>(ys, pos_of, w, T, top_k, D, y);
+  CUDA_CHECK_LAUNCH();
+}
+void shared_expert_add(const bf16* x, const float* gate, const bf16* sh, int64_t T, int64_t D, bf16* y,
+                       cudaStream_t s) {
+  if (T <= 0) return;
+  k_shared_add<<<unsigned(T), 256, 0, s>>>(x, gate, sh, D, y);
+  CUDA_CHECK_LAUNCH();
+}
+void row_max(const float* logits, int64_t m, int64_t n, float* mx, cudaStream_t s) {
+  if (m <= 0) return;
+  k_row_max<<<unsigned(m), 256, 0, s>>>(logits, n, mx);
+  CUDA_CHECK_LAUNCH();
+}
+void softmax_parts(const float* logits, int64_t m, int64_t n, const float* mx, const int32_t* target, int64_t v0,
+                   double* acc, cudaStream_t s) {
+  if (m <= 0) return;
+  k_softmax_parts<<<unsigned(m), 256, 0, s>>>(logits, n, mx, target, v0, acc);
+  CUDA_CHECK_LAUNCH();
+}
+void row_topk(const float* logits, int64_t m, int64_t n, int k, int32_t* ids, float* vals, cudaStream_t s) {
+  if (m <= 0 || k <= 0) return;
+  k_row_topk<<<unsigned(m), 256, 0, s>>>(logits, n, k, ids, vals);
+  CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace dz::cuda

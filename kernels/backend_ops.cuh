@@ -1,0 +1,96 @@
+// The CUDA backend's own ops (lib/backend/cuda/cuda_backend.cpp): elementwise, norms, RoPE, dense
+// attention, MoE routing + grouped expert GEMMs, Block AttnRes, LM-head reductions. Each has its CPU
+// reference in lib/ops (named per function); tests/gpu/test_backend_ops_gpu.cpp holds them to it.
+// Float tensors are fp32 or bf16 (Dt below); every reduction and every softmax is fp32 (fp64 for
+// the LM head's sum of exponentials, as the CPU reference).
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace dz::cuda {
+
+enum class Dt : int { F32 = 0, BF16 = 1 };
+
+// dst = src, converting (n elements).
+void convert(const void* src, Dt sdt, void* dst, Dt ddt, int64_t n, cudaStream_t s);
+// out [T, D] f32 = table[ids[t]] (table f32 or bf16). ops: Model::run's embedding.
+void embed(const void* table, Dt tdt, const int32_t* ids, int64_t T, int64_t D, float* out, cudaStream_t s);
+// y = x / sqrt(mean(x^2) + eps) * (w | 1 + w), rows × D (w f32 [D] or nullptr); y may be x. ops/norm rmsnorm.
+void rmsnorm(const void* x, Dt xdt, const float* w, void* y, Dt ydt, int64_t rows, int64_t D, float eps, bool zc,
+             cudaStream_t s);
+// y = rmsnorm(x) * w * act(gate), act 0 SiLU / 1 sigmoid. ops/norm gated_rmsnorm.
+void gated_rmsnorm(const void* x, Dt xdt, const void* gate, Dt gdt, const float* w, void* y, Dt ydt, int64_t rows,
+                   int64_t D, float eps, int act, cudaStream_t s);
+// h += y
+void add(void* h, Dt hdt, const void* y, Dt ydt, int64_t n, cudaStream_t s);
+// x *= sigmoid(g)
+void mul_sigmoid(void* x, Dt xdt, const void* g, Dt gdt, int64_t n, cudaStream_t s);
+// y[r, c] += bias[c] (rows × cols)
+void add_bias(void* y, Dt ydt, const float* bias, int64_t rows, int64_t cols, cudaStream_t s);
+// h[i] = silu(g[i]) * u[i] (bf16 in/out, fp32 math)
+void silu_mul(const __nv_bfloat16* g, const __nv_bfloat16* u, __nv_bfloat16* h, int64_t n, cudaStream_t s);
+
+// RoPE (ops/rope Rope::apply): dims [offset, offset + 2*half) of every head of x [T, H, hs], positions
+// pos0 + t; inv_freq [half] (host values, passed by value), interleaved pairs or NeoX halves.
+struct RopeParams {
+  int half = 0;
+  bool interleaved = false;
+  float cos_sin_mult = 1.f;
+  float inv_freq[256];
+};
+void rope(void* x, Dt dt, int64_t T, int64_t H, int64_t hs, int64_t offset, int64_t pos0, const RopeParams& p,
+          cudaStream_t s);
+
+// Softmax attention (ops/attention causal_attention): q [T, Hq, Dk], k [S, Hkv, Dk], v [S, Hkv, Dv],
+// out [T, Hq, Dv], all bf16; sel [T, n_sel] positions or nullptr (dense causal). Dk, Dv <= 512.
+void attention(const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v, __nv_bfloat16* out,
+               int64_t T, int64_t pos0, int64_t S, int Hq, int Hkv, int Dk, int Dv, float scale, const int32_t* sel,
+               int64_t n_sel, cudaStream_t s);
+
+// Block AttnRes depth mixture (ops/norm attn_res_mix): blocks [n, T, D], partial [T, D], q [D], out
+// [T, D], all f32.
+void attn_res_mix(const float* blocks, int64_t n, const float* partial, const float* q, int64_t T, int64_t D,
+                  float eps, float* out, cudaStream_t s);
+
+// ---- MoE ----
+struct RouteParams {
+  int E = 0, top_k = 0, n_group = 1, topk_group = 1;
+  bool softmax = true, norm_topk_prob = true, top2sum = true;
+  float scaling = 1.f;
+};
+// logits [T, E] f32, bias [E] or nullptr -> idx [T, top_k] ascending, w [T, top_k] (ops/moe moe_select).
+// Non-finite selection scores set *bad = 1 (the caller reports them).
+void moe_select(const float* logits, const float* bias, int64_t T, const RouteParams& p, int32_t* idx, float* w,
+                int32_t* bad, cudaStream_t s);
+// Dispatch by expert: counts [E], offsets [E + 1] (exclusive scan), perm [T*top_k] (assignment
+// a = t*top_k + j listed expert by expert, in ascending a), pos_of [T*top_k] (where assignment a
+// landed), tile_off [E + 1] (64-row tiles per expert, scanned). Workspace: counts/offsets/tile_off
+// zeroed by the call.
+void moe_dispatch(const int32_t* idx, int64_t T, int top_k, int E, int32_t* counts, int32_t* offsets,
+                  int32_t* tile_off, int32_t* perm, int32_t* pos_of, cudaStream_t s);
+// xs [T*top_k, D] = x[perm[i] / top_k]
+void gather_rows(const __nv_bfloat16* x, const int32_t* perm, int64_t n, int top_k, int64_t D, __nv_bfloat16* xs,
+                 cudaStream_t s);
+// Grouped GEMM over experts: for rows r of expert e (offsets[e] <= r < offsets[e+1]),
+//   y[r, :] = xs[r, :] · W[e]^T,  W [E, N, K] bf16, xs [*, K] bf16, y [*, N] bf16 (fp32 accumulate).
+// max_tiles: an upper bound of tile_off[E] (grid size; T*top_k/64 + E).
+void grouped_gemm(const __nv_bfloat16* xs, const __nv_bfloat16* W, const int32_t* offsets, const int32_t* tile_off,
+                  int E, int64_t max_tiles, int64_t N, int64_t K, __nv_bfloat16* y, cudaStream_t s);
+// y[t, :] = sum_j w[t, j] * ys[pos_of[t*top_k + j], :] (j ascending), f32 math, y bf16.
+void moe_combine(const __nv_bfloat16* ys, const int32_t* pos_of, const float* w, int64_t T, int top_k, int64_t D,
+                 __nv_bfloat16* y, cudaStream_t s);
+// y[t, :] += (gate ? sigmoid(x[t] · gate) : 1) * sh[t, :]   (x, sh, y bf16; gate f32 [D] or nullptr)
+void shared_expert_add(const __nv_bfloat16* x, const float* gate, const __nv_bfloat16* sh, int64_t T, int64_t D,
+                       __nv_bfloat16* y, cudaStream_t s);
+
+// ---- LM head (vocabulary shard of n columns; logits f32 [m, n]) ----
+void row_max(const float* logits, int64_t m, int64_t n, float* mx, cudaStream_t s);
+// acc [m, 2] f64: sum exp(x - mx[r]) and x[target[r] - v0] when in range (else 0)
+void softmax_parts(const float* logits, int64_t m, int64_t n, const float* mx, const int32_t* target, int64_t v0,
+                   double* acc, cudaStream_t s);
+// Per row the k largest (highest first, lower column on ties): ids, vals [m, k]. k <= 64.
+void row_topk(const float* logits, int64_t m, int64_t n, int k, int32_t* ids, float* vals, cudaStream_t s);
+
+}  // namespace dz::cuda

@@ -1,0 +1,183 @@
+// The backend seam (DESIGN §10): one model, one job, two backends. The layer stack (Model::run),
+// the modules and the job are written once against this interface; a backend owns its memory
+// (device, dtypes) and implements the ops at fused-kernel granularity. The CPU backend
+// (backend/cpu_backend.cpp) composes the fp32 reference ops of lib/ops and is the spec; the CUDA
+// backend (backend/cuda_backend.cpp) calls kernels/.
+//
+// Dtypes: the residual stream, recurrent states, logits and every reduction are fp32 on both
+// backends; activations between ops are act_dtype() (CPU F32, CUDA BF16); weights are uploaded
+// once in weight_dtype() (CPU F32, CUDA BF16), small per-channel parameters (norm weights, gate
+// constants, biases of the gates) stay F32 where an op says so.
+//
+// Every op takes and returns DTensors of this backend's device; shapes are checked. Ops never
+// communicate: collectives run between ops (allreduce_sum below, the modules' CP exchanges).
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/dtensor.hpp"
+#include "dist/collectives.hpp"
+#include "ops/norm.hpp"  // GateAct
+
+namespace dz {
+
+struct RouterConfig;
+class Rope;
+
+// Weights of a SwiGLU MLP (gate, up [I, D]; down [D, I]) or of E experts stacked ([E, I, D] and
+// [E, D, I]).
+struct SwigluWeights {
+  DTensor gate, up, down;
+};
+
+// The MoE block's weights: router [E, D] (F32: routing decisions are made in fp32 on both
+// backends), correction bias [E] or undefined, experts stacked, optional shared expert and its
+// sigmoid gate [1, D].
+struct MoeWeights {
+  DTensor router, bias;
+  SwigluWeights experts;
+  bool has_shared = false;
+  SwigluWeights shared;
+  DTensor shared_gate;
+};
+
+// Gate of the linear-attention scan, from the raw projections (the kernels' LaGate):
+//   KDA softplus  : g = -exp(A_log[h]) * softplus(f + dt_bias)          (lower_bound == 0)
+//   KDA lower bnd : g = lower_bound * sigmoid(exp(A_log[h]) * (f + dt_bias))
+//   GDN           : the softplus gate with one channel per head
+struct LaGateArgs {
+  DTensor f;        // KDA [T, HV*K]; GDN [T, HV]  (act dtype)
+  DTensor A_log;    // [HV] F32
+  DTensor dt_bias;  // KDA [HV*K]; GDN [HV] F32 (undefined: none)
+  float lower_bound = 0.f;
+};
+
+struct LaScanArgs {
+  bool kda = true;   // per-channel decay (KDA) or one scalar per value head (GDN)
+  int64_t HK = 0, HV = 0, K = 0, V = 0;
+  float scale = 1.f;
+  DTensor q, k;      // [T, HK, K] raw (the op L2-normalises them)
+  DTensor v;         // [T, HV, V]
+  DTensor beta;      // [T, HV] logits (the op applies the sigmoid)
+  LaGateArgs gate;
+  DTensor state;     // [HV, K, V] F32, in/out
+  DTensor o;         // [T, HV, V] out
+};
+
+// Softmax attention of T queries at positions pos0 .. pos0+T-1 over S >= pos0+T cached keys
+// (ops/attention.hpp causal_attention): q [T, Hq, Dk], k [S, Hkv, Dk], v [S, Hkv, Dv], out
+// [T, Hq, Dv]; sel [T, n_sel] I32 (undefined: dense causal).
+struct AttnArgs {
+  DTensor q, k, v, out, sel;
+  int64_t pos0 = 0, Hq = 0, Hkv = 0, Dk = 0, Dv = 0;
+  float scale = 1.f;
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual std::string name() const = 0;
+  virtual Device device() const = 0;
+  virtual DType act_dtype() const = 0;
+  virtual DType weight_dtype() const = 0;
+
+  // ---- memory ----
+  virtual DTensor alloc(const Shape& s, DType dt) = 0;      // uninitialised
+  DTensor zeros(const Shape& s, DType dt) {
+    DTensor t = alloc(s, dt);
+    fill_zero(t);
+    return t;
+  }
+  DTensor act(const Shape& s) { return alloc(s, act_dtype()); }
+  // Host fp32 -> a new tensor of dtype dt on this backend (rounded to nearest even for BF16).
+  virtual DTensor upload(const float* src, const Shape& s, DType dt) = 0;
+  DTensor upload(const Tensor& t, DType dt) { return upload(t.ptr(), t.shape, dt); }
+  DTensor weight(const Tensor& t) { return upload(t, weight_dtype()); }
+  DTensor param(const Tensor& t) { return upload(t, DType::F32); }  // small fp32 parameters
+  virtual DTensor upload_i32(const int32_t* src, const Shape& s) = 0;
+  // To host: any float dtype widened to fp32; I32 as is.
+  virtual void download(const DTensor& t, float* dst) = 0;
+  virtual void download_i32(const DTensor& t, int32_t* dst) = 0;
+  std::vector<float> to_host(const DTensor& t) {
+    std::vector<float> v(size_t(t.numel()));
+    if (!v.empty()) download(t, v.data());
+    return v;
+  }
+  virtual void fill_zero(const DTensor& t) = 0;
+  // dst[d0 + i, :] = src[s0 + i, :] for i < n (same dtype, same columns; matrices by rows()).
+  virtual void copy_rows(const DTensor& src, int64_t s0, const DTensor& dst, int64_t d0, int64_t n) = 0;
+  // dst[:, d0 + j] = src[:, s0 + j] for j < w (same dtype, same rows).
+  virtual void copy_cols(const DTensor& src, int64_t s0, const DTensor& dst, int64_t d0, int64_t w) = 0;
+  // Converting copy (any float dtypes, same numel).
+  virtual void convert(const DTensor& src, const DTensor& dst) = 0;
+  // Waits for every op issued so far (host timers, downloads the host reads).
+  virtual void sync() = 0;
+
+  // ---- collectives between ops: one place, so the transport is chosen here ----
+  // In-place sum over `comm` (nullptr or size 1: nothing). Device tensors go through the
+  // backend's transport (CPU: MPI on the buffer; CUDA: staged through pinned host memory).
+  virtual void allreduce_sum(const Collectives* comm, const DTensor& t) = 0;
+
+  // ---- ops ----
+  // out [T, D] F32 = table[ids[t], :]; ids [T] I32 on this device (validated by the caller).
+  virtual void embed(const DTensor& table, const DTensor& ids, const DTensor& out) = 0;
+  // y [rows, D] = x / sqrt(mean(x^2) + eps) * (w | 1 + w)   (w undefined: no weight). x F32 or
+  // act; y act or F32; y may be x.
+  virtual void rmsnorm(const DTensor& x, const DTensor& w, const DTensor& y, float eps, bool zero_centered) = 0;
+  // y = rmsnorm(x) * w * act(gate), rows of the last dim of w.
+  virtual void gated_rmsnorm(const DTensor& x, const DTensor& gate, const DTensor& w, const DTensor& y, float eps,
+                             GateAct act) = 0;
+  // h += y  (h F32 or act, y any float dtype; same numel)
+  virtual void add(const DTensor& h, const DTensor& y) = 0;
+  // x *= sigmoid(g)  (same shape)
+  virtual void mul_sigmoid(const DTensor& x, const DTensor& g) = 0;
+  // y [T, out] = x [T, in] · W [out, in]^T (+ bias [out] F32). y act or F32.
+  virtual void linear(const DTensor& x, const DTensor& W, const DTensor& bias, const DTensor& y) = 0;
+  // y [T, D] = down(silu(gate x) * up x)
+  virtual void swiglu_mlp(const DTensor& x, const SwigluWeights& w, const DTensor& y) = 0;
+  // Routed experts (+ shared expert) for T tokens: y [T, D] (overwritten).
+  virtual void moe(const RouterConfig& rc, const MoeWeights& w, const DTensor& x, const DTensor& y) = 0;
+  // Short causal depthwise conv + SiLU over one sequence: x, y [T, C]; w [C, W] act; state
+  // [W-1, C] act, in/out (the last W-1 inputs).
+  virtual void short_conv(const DTensor& x, const DTensor& w, const DTensor& state, const DTensor& y) = 0;
+  // Delta-rule scan of one sequence from a.state, advancing it (ops/linear_attn.hpp).
+  virtual void la_scan(const LaScanArgs& a) = 0;
+  // Rotate dims [offset, offset + rope.rot_dim()) of every head of x [T, H, head_stride] for
+  // positions pos0 .. pos0+T-1.
+  virtual void rope(const Rope& rope, const DTensor& x, int64_t H, int64_t head_stride, int64_t offset, int64_t pos0) = 0;
+  virtual void attention(const AttnArgs& a) = 0;
+  // Block AttnRes depth mixture (model/attn_res.hpp): values = blocks[0 .. n) then partial, each
+  // [T, D] F32; query [D] F32 (w_norm ⊙ w_proj); out [T, D] F32.
+  virtual void attn_res_mix(const DTensor& blocks, int64_t n, const DTensor& partial, const DTensor& query, float eps,
+                            const DTensor& out) = 0;
+
+  // ---- LM head pieces (vocabulary shard of n columns, reductions in fp32/fp64) ----
+  // mx [rows] F32 = max over the row of logits [rows, n] F32
+  virtual void row_max(const DTensor& logits, const DTensor& mx) = 0;
+  // acc [rows, 2] F64-in-host: sum exp(logit - mx) and the logit of target[r] - v0 when it lies in
+  // [0, n) (else 0); returned on the host.
+  virtual void softmax_parts(const DTensor& logits, const std::vector<float>& mx, const std::vector<int32_t>& target,
+                             int64_t v0, std::vector<double>& acc) = 0;
+  // Per row the k largest logits, highest first, lower column first on ties: ids (column) and
+  // values, returned on the host [rows, k].
+  virtual void row_topk(const DTensor& logits, int64_t k, std::vector<int32_t>& ids, std::vector<float>& vals) = 0;
+  // Rows of logits computed per LM-head chunk (memory of rows × n fp32 logits).
+  virtual int64_t lm_rows_per_chunk(int64_t n) const = 0;
+
+  // ---- reporting ----
+  virtual std::string describe() const = 0;   // "cpu" / "cuda:0 NVIDIA H200"
+  virtual int64_t peak_memory_bytes() const = 0;  // device memory high-water mark (0: host backend)
+};
+
+std::unique_ptr<Backend> make_cpu_backend();
+// A shared CPU backend (stateless: every call allocates its own memory), the default for modules
+// built without a backend (tools, tests).
+Backend& cpu_backend();
+// The CUDA backend on the local GPU `device` (throws when dayzero was built without CUDA or the
+// GPU cannot be used).
+std::unique_ptr<Backend> make_cuda_backend(int device);
+int cuda_device_count();  // 0 without CUDA or without a usable GPU
+
+}  // namespace dz

@@ -1,0 +1,277 @@
+// The CPU backend: host fp32 tensors, every op composed of the reference ops in lib/ops, in the
+// order the reference modules always used, so results are bit-identical to them (the goldens and
+// the parallel-equality tests hold this backend to that).
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <numeric>
+
+#include "backend/backend.hpp"
+#include "core/bf16.hpp"
+#include "core/linalg.hpp"
+#include "ops/attention.hpp"
+#include "ops/linear_attn.hpp"
+#include "ops/moe.hpp"
+#include "ops/norm.hpp"
+#include "ops/rope.hpp"
+#include "ops/short_conv.hpp"
+
+namespace dz {
+
+namespace {
+
+const float* opt(const DTensor& t) { return t.defined() && t.numel() ? t.f32() : nullptr; }
+
+void same_numel(const DTensor& a, const DTensor& b, const char* op) {
+  DZ_CHECK(a.numel() == b.numel(), op, ": ", shape_str(a.shape), " vs ", shape_str(b.shape));
+}
+
+SwigluView view(const SwigluWeights& w, int64_t e = -1) {
+  SwigluView v;
+  if (e < 0) {
+    v.inter = w.gate.dim(0);
+    v.gate = w.gate.f32();
+    v.up = w.up.f32();
+    v.down = w.down.f32();
+  } else {
+    v.inter = w.gate.dim(1);
+    const int64_t D = w.gate.dim(2);
+    v.gate = w.gate.f32() + e * v.inter * D;
+    v.up = w.up.f32() + e * v.inter * D;
+    v.down = w.down.f32() + e * D * v.inter;
+  }
+  v.down_ld = v.inter;
+  return v;
+}
+
+class CpuBackend final : public Backend {
+ public:
+  std::string name() const override { return "cpu"; }
+  Device device() const override { return Device::Host; }
+  DType act_dtype() const override { return DType::F32; }
+  DType weight_dtype() const override { return DType::F32; }
+
+  DTensor alloc(const Shape& s, DType dt) override {
+    DZ_CHECK(dt == DType::F32 || dt == DType::I32, "cpu backend: tensors are F32 or I32, not ", to_string(dt));
+    DTensor t;
+    t.dtype = dt;
+    t.shape = s;
+    const size_t n = std::max<size_t>(t.bytes(), 1);
+    t.mem = std::shared_ptr<void>(std::malloc(n), std::free);
+    DZ_CHECK(t.mem, "cpu backend: out of memory allocating ", n, " bytes");
+    t.data = t.mem.get();
+    return t;
+  }
+  DTensor upload(const float* src, const Shape& s, DType) override {
+    DTensor t = alloc(s, DType::F32);  // the reference keeps fp32 whatever is asked
+    if (t.numel()) std::memcpy(t.data, src, t.bytes());
+    return t;
+  }
+  DTensor upload_i32(const int32_t* src, const Shape& s) override {
+    DTensor t = alloc(s, DType::I32);
+    if (t.numel()) std::memcpy(t.data, src, t.bytes());
+    return t;
+  }
+  void download(const DTensor& t, float* dst) override {
+    if (t.numel()) std::memcpy(dst, t.f32(), t.bytes());
+  }
+  void download_i32(const DTensor& t, int32_t* dst) override {
+    if (t.numel()) std::memcpy(dst, t.i32(), t.bytes());
+  }
+  void fill_zero(const DTensor& t) override {
+    if (t.numel()) std::memset(t.data, 0, t.bytes());
+  }
+  void copy_rows(const DTensor& src, int64_t s0, const DTensor& dst, int64_t d0, int64_t n) override {
+    DZ_CHECK(src.dtype == dst.dtype && src.cols() == dst.cols() && s0 >= 0 && d0 >= 0 && s0 + n <= src.rows() &&
+                 d0 + n <= dst.rows(),
+             "copy_rows: ", n, " rows from ", s0, " of ", shape_str(src.shape), " to ", d0, " of ", shape_str(dst.shape));
+    const size_t w = size_t(src.cols()) * dtype_size(src.dtype);
+    if (n > 0)
+      std::memmove(static_cast<char*>(dst.data) + size_t(d0) * w, static_cast<const char*>(src.data) + size_t(s0) * w,
+                   size_t(n) * w);
+  }
+  void copy_cols(const DTensor& src, int64_t s0, const DTensor& dst, int64_t d0, int64_t w) override {
+    DZ_CHECK(src.dtype == dst.dtype && src.rows() == dst.rows() && s0 >= 0 && d0 >= 0 && s0 + w <= src.cols() &&
+                 d0 + w <= dst.cols(),
+             "copy_cols: ", w, " columns from ", s0, " of ", shape_str(src.shape), " to ", d0, " of ",
+             shape_str(dst.shape));
+    const size_t es = dtype_size(src.dtype);
+    for (int64_t r = 0; r < src.rows(); ++r)
+      std::memcpy(static_cast<char*>(dst.data) + size_t(r * dst.cols() + d0) * es,
+                  static_cast<const char*>(src.data) + size_t(r * src.cols() + s0) * es, size_t(w) * es);
+  }
+  void convert(const DTensor& src, const DTensor& dst) override {
+    same_numel(src, dst, "convert");
+    if (src.data != dst.data && src.numel()) std::memcpy(dst.f32(), src.f32(), src.bytes());
+  }
+  void sync() override {}
+
+  void allreduce_sum(const Collectives* comm, const DTensor& t) override {
+    if (comm && comm->size() > 1) comm->allreduce_sum(t.f32(), t.numel());
+  }
+
+  void embed(const DTensor& table, const DTensor& ids, const DTensor& out) override {
+    const int64_t D = table.cols(), T = ids.numel();
+    DZ_CHECK(out.rows() == T && out.cols() == D, "embed: out ", shape_str(out.shape), " for ", T, " ids of width ", D);
+    for (int64_t t = 0; t < T; ++t)
+      std::memcpy(out.f32() + t * D, table.f32() + int64_t(ids.i32()[t]) * D, size_t(D) * sizeof(float));
+  }
+  void rmsnorm(const DTensor& x, const DTensor& w, const DTensor& y, float eps, bool zc) override {
+    same_numel(x, y, "rmsnorm");
+    const int64_t D = w.defined() ? w.numel() : x.cols();
+    dz::rmsnorm(x.f32(), opt(w), y.f32(), x.numel() / D, D, eps, zc);
+  }
+  void gated_rmsnorm(const DTensor& x, const DTensor& gate, const DTensor& w, const DTensor& y, float eps,
+                     GateAct act) override {
+    same_numel(x, y, "gated_rmsnorm");
+    same_numel(x, gate, "gated_rmsnorm");
+    const int64_t D = w.numel();
+    dz::gated_rmsnorm(x.f32(), gate.f32(), w.f32(), y.f32(), x.numel() / D, D, eps, act);
+  }
+  void add(const DTensor& h, const DTensor& y) override {
+    same_numel(h, y, "add");
+    float* a = h.f32();
+    const float* b = y.f32();
+    for (int64_t j = 0; j < h.numel(); ++j) a[j] += b[j];
+  }
+  void mul_sigmoid(const DTensor& x, const DTensor& g) override {
+    same_numel(x, g, "mul_sigmoid");
+    float* a = x.f32();
+    const float* b = g.f32();
+    for (int64_t i = 0; i < x.numel(); ++i) a[i] *= sigmoid(b[i]);
+  }
+  void linear(const DTensor& x, const DTensor& W, const DTensor& bias, const DTensor& y) override {
+    const int64_t in = W.dim(1), out = W.dim(0), T = x.numel() / in;
+    DZ_CHECK(x.numel() == T * in && y.numel() == T * out, "linear: x ", shape_str(x.shape), " W ", shape_str(W.shape),
+             " y ", shape_str(y.shape));
+    if (T > 0) dz::linear(x.f32(), W.f32(), opt(bias), y.f32(), T, in, out);
+  }
+  void swiglu_mlp(const DTensor& x, const SwigluWeights& w, const DTensor& y) override {
+    const int64_t D = w.gate.dim(1), T = x.numel() / D;
+    dz::swiglu_mlp(view(w), x.f32(), y.f32(), T, D);
+  }
+  void moe(const RouterConfig& rc, const MoeWeights& w, const DTensor& x, const DTensor& y) override {
+    const int64_t D = w.router.dim(1), T = x.numel() / D, k = rc.top_k, E = w.experts.gate.dim(0);
+    std::vector<int32_t> idx(static_cast<size_t>(T * k));
+    std::vector<float> wt(static_cast<size_t>(T * k));
+    moe_route(rc, x.f32(), w.router.f32(), opt(w.bias), T, D, idx.data(), wt.data());
+    float* out = y.f32();
+    std::fill(out, out + T * D, 0.f);
+    std::vector<SwigluView> ex(static_cast<size_t>(E));
+    for (int64_t e = 0; e < E; ++e) ex[size_t(e)] = view(w.experts, e);
+    moe_experts_acc(ex, x.f32(), T, D, idx.data(), wt.data(), k, 0, E, out);
+    if (!w.has_shared) return;
+    std::vector<float> sh(static_cast<size_t>(T * D));  // [T, D]
+    dz::swiglu_mlp(view(w.shared), x.f32(), sh.data(), T, D);
+    const float* g = opt(w.shared_gate);
+    for (int64_t t = 0; t < T; ++t) {
+      const float gv = g ? sigmoid(dot(x.f32() + t * D, g, D)) : 1.f;
+      for (int64_t d = 0; d < D; ++d) out[t * D + d] += g ? gv * sh[size_t(t * D + d)] : sh[size_t(t * D + d)];
+    }
+  }
+  void short_conv(const DTensor& x, const DTensor& w, const DTensor& state, const DTensor& y) override {
+    const int64_t C = w.dim(0), W = w.dim(1), T = x.numel() / C;
+    short_conv_silu(x.f32(), w.f32(), nullptr, T, C, W, state.f32(), y.f32());
+  }
+  void la_scan(const LaScanArgs& a) override {
+    const int64_t T = a.v.numel() / (a.HV * a.V);
+    std::vector<float> q(a.q.f32(), a.q.f32() + T * a.HK * a.K), k(a.k.f32(), a.k.f32() + T * a.HK * a.K);
+    l2norm(q.data(), q.data(), T * a.HK, a.K, 1e-6f);
+    l2norm(k.data(), k.data(), T * a.HK, a.K, 1e-6f);
+    std::vector<float> beta(a.beta.f32(), a.beta.f32() + T * a.HV);
+    for (auto& b : beta) b = sigmoid(b);
+    const int64_t GK = a.kda ? a.K : 1;
+    std::vector<float> g(size_t(T * a.HV * GK));
+    if (a.gate.lower_bound == 0.f)
+      kda_gate_softplus(a.gate.f.f32(), a.gate.A_log.f32(), opt(a.gate.dt_bias), T, a.HV, GK, g.data());
+    else
+      kda_gate_lower_bound(a.gate.f.f32(), a.gate.A_log.f32(), opt(a.gate.dt_bias), a.gate.lower_bound, T, a.HV, GK,
+                           g.data());
+    auto* fn = T >= kLaChunk ? (a.kda ? kda_chunked : gdn_chunked) : nullptr;
+    if (fn)
+      fn(q.data(), k.data(), a.v.f32(), g.data(), beta.data(), T, a.HK, a.HV, a.K, a.V, a.scale, a.state.f32(),
+         a.o.f32(), kLaChunk);
+    else
+      (a.kda ? kda_recurrent : gdn_recurrent)(q.data(), k.data(), a.v.f32(), g.data(), beta.data(), T, a.HK, a.HV,
+                                              a.K, a.V, a.scale, a.state.f32(), a.o.f32());
+  }
+  void rope(const Rope& r, const DTensor& x, int64_t H, int64_t hs, int64_t offset, int64_t pos0) override {
+    const int64_t T = x.numel() / (H * hs);
+    r.apply(x.f32(), T, H, hs, offset, pos0);
+  }
+  void attention(const AttnArgs& a) override {
+    const int64_t T = a.q.numel() / (a.Hq * a.Dk), S = a.k.numel() / (a.Hkv * a.Dk);
+    if (T == 0) return;
+    const bool sparse = a.sel.defined() && a.sel.numel() > 0;
+    causal_attention(a.q.f32(), a.k.f32(), a.v.f32(), a.out.f32(), T, a.pos0, S, a.Hq, a.Hkv, a.Dk, a.Dv, a.scale,
+                     sparse ? a.sel.i32() : nullptr, sparse ? a.sel.cols() : 0);
+  }
+  void attn_res_mix(const DTensor& blocks, int64_t n, const DTensor& partial, const DTensor& query, float eps,
+                    const DTensor& out) override {
+    const int64_t D = partial.cols(), T = partial.rows();
+    dz::attn_res_mix(n ? blocks.f32() : nullptr, n, partial.f32(), query.f32(), T, D, eps, out.f32());
+  }
+
+  void row_max(const DTensor& lg, const DTensor& mx) override {
+    const int64_t m = lg.rows(), n = lg.cols();
+    for (int64_t i = 0; i < m; ++i) {
+      const float* x = lg.f32() + i * n;
+      float v = -INFINITY;
+      for (int64_t j = 0; j < n; ++j) v = x[j] > v ? x[j] : v;
+      mx.f32()[i] = v;
+    }
+  }
+  void softmax_parts(const DTensor& lg, const std::vector<float>& mx, const std::vector<int32_t>& target, int64_t v0,
+                     std::vector<double>& acc) override {
+    const int64_t m = lg.rows(), n = lg.cols();
+    acc.assign(size_t(2 * m), 0.0);
+    for (int64_t i = 0; i < m; ++i) {
+      const float* x = lg.f32() + i * n;
+      double s = 0;
+      for (int64_t j = 0; j < n; ++j) s += std::exp(double(x[j]) - mx[size_t(i)]);
+      acc[size_t(2 * i)] = s;
+      const int64_t t = int64_t(target[size_t(i)]) - v0;
+      if (t >= 0 && t < n) acc[size_t(2 * i + 1)] = double(x[t]);
+    }
+  }
+  void row_topk(const DTensor& lg, int64_t k, std::vector<int32_t>& ids, std::vector<float>& vals) override {
+    const int64_t m = lg.rows(), n = lg.cols();
+    k = std::min(k, n);
+    ids.resize(size_t(m * k));
+    vals.resize(size_t(m * k));
+    std::vector<int32_t> idx(static_cast<size_t>(n));
+    for (int64_t r = 0; r < m; ++r) {
+      const float* x = lg.f32() + r * n;
+      std::iota(idx.begin(), idx.end(), 0);
+      std::partial_sort(idx.begin(), idx.begin() + k, idx.end(), [&](int32_t a, int32_t b) {
+        return x[a] > x[b] || (x[a] == x[b] && a < b);
+      });
+      for (int64_t j = 0; j < k; ++j) {
+        ids[size_t(r * k + j)] = idx[size_t(j)];
+        vals[size_t(r * k + j)] = x[idx[size_t(j)]];
+      }
+    }
+  }
+  int64_t lm_rows_per_chunk(int64_t) const override { return 32; }
+  std::string describe() const override { return "cpu"; }
+  int64_t peak_memory_bytes() const override { return 0; }
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> make_cpu_backend() { return std::make_unique<CpuBackend>(); }
+
+Backend& cpu_backend() {
+  static CpuBackend be;  // stateless: every call allocates its own memory
+  return be;
+}
+
+#ifndef DAYZERO_HAVE_CUDA
+std::unique_ptr<Backend> make_cuda_backend(int) {
+  fail("--backend cuda: this dayzero was built without CUDA (configure with nvcc on the PATH, DAYZERO_CUDA=ON)");
+}
+int cuda_device_count() { return 0; }
+#endif
+
+}  // namespace dz

@@ -1,0 +1,458 @@
+// The CUDA backend: BF16 activations and weights on one GPU, fp32 residual stream, states, logits
+// and reductions (DESIGN §5). Every op is issued on the backend's stream; memory comes from the
+// stream-ordered pool (cudaMallocAsync), so per-forward temporaries cost no synchronisation. The
+// host is waited for only where it reads results (download, the staged collectives).
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "backend/backend.hpp"
+#include "backend_ops.cuh"
+#include "common.cuh"
+#include "core/bf16.hpp"
+#include "linear_attn.cuh"
+#include "ops/moe.hpp"
+#include "ops/rope.hpp"
+#include "short_conv.cuh"
+
+#define CUBLAS_CHECK(call)                                                                   \
+  do {                                                                                       \
+    cublasStatus_t _s = (call);                                                              \
+    if (_s != CUBLAS_STATUS_SUCCESS) ::dz::fail(::dz::str(#call, " failed: cuBLAS status ", int(_s))); \
+  } while (0)
+
+namespace dz {
+
+namespace {
+
+using cuda::Dt;
+using bf16 = __nv_bfloat16;
+
+Dt dt_of(const DTensor& t) {
+  DZ_CHECK(t.dtype == DType::F32 || t.dtype == DType::BF16, "cuda backend: float tensor expected, got ",
+           to_string(t.dtype));
+  return t.dtype == DType::F32 ? Dt::F32 : Dt::BF16;
+}
+const float* optf(const DTensor& t) {
+  if (!t.defined() || t.numel() == 0) return nullptr;
+  DZ_CHECK(t.dtype == DType::F32, "cuda backend: F32 parameter expected, got ", to_string(t.dtype));
+  return t.ptr<float>();
+}
+const bf16* b16(const DTensor& t) {
+  DZ_CHECK(t.dtype == DType::BF16, "cuda backend: BF16 tensor expected, got ", to_string(t.dtype), " ",
+           shape_str(t.shape));
+  return static_cast<const bf16*>(t.data);
+}
+bf16* b16w(const DTensor& t) { return const_cast<bf16*>(b16(t)); }
+
+// The stream outlives every allocation made on it: deleters hold it.
+struct StreamHolder {
+  cudaStream_t s = nullptr;
+  ~StreamHolder() {
+    if (s) cudaStreamDestroy(s);
+  }
+};
+
+class CudaBackend final : public Backend {
+ public:
+  explicit CudaBackend(int device) : device_(device) {
+    int n = 0;
+    CUDA_CHECK(cudaGetDeviceCount(&n));
+    DZ_CHECK(device >= 0 && device < n, "--backend cuda: GPU ", device, " requested, ", n, " visible");
+    CUDA_CHECK(cudaSetDevice(device));
+    stream_ = std::make_shared<StreamHolder>();
+    CUDA_CHECK(cudaStreamCreateWithFlags(&stream_->s, cudaStreamNonBlocking));
+    cudaMemPool_t pool;
+    CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, device));
+    uint64_t keep = UINT64_MAX;  // keep freed blocks for reuse instead of returning them at each sync
+    CUDA_CHECK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep));
+    CUBLAS_CHECK(cublasCreate(&blas_));
+    CUBLAS_CHECK(cublasSetStream(blas_, stream_->s));
+    CUDA_CHECK(cudaMalloc(&blas_ws_, kBlasWs));  // a fixed workspace: what graph capture needs
+    CUBLAS_CHECK(cublasSetWorkspace(blas_, blas_ws_, kBlasWs));
+    CUDA_CHECK(cudaDeviceGetAttribute(&sms_, cudaDevAttrMultiProcessorCount, device));
+  }
+  ~CudaBackend() override {
+    cudaStreamSynchronize(stream_->s);
+    if (pinned_) cudaFreeHost(pinned_);
+    if (blas_) cublasDestroy(blas_);
+    if (blas_ws_) cudaFree(blas_ws_);
+  }
+
+  std::string name() const override { return "cuda"; }
+  Device device() const override { return Device::Cuda; }
+  DType act_dtype() const override { return DType::BF16; }
+  DType weight_dtype() const override { return DType::BF16; }
+  cudaStream_t st() const { return stream_->s; }
+
+  DTensor alloc(const Shape& s, DType dt) override {
+    DTensor t;
+    t.dtype = dt;
+    t.device = Device::Cuda;
+    t.shape = s;
+    const size_t n = std::max<size_t>(t.bytes(), 16);
+    void* p = nullptr;
+    const cudaError_t e = cudaMallocAsync(&p, n, st());
+    DZ_CHECK(e == cudaSuccess, "cuda backend: cannot allocate ", n, " bytes on GPU ", device_, " (",
+             cudaGetErrorString(e), ")");
+    auto hold = stream_;
+    t.mem = std::shared_ptr<void>(p, [hold](void* q) { cudaFreeAsync(q, hold->s); });
+    t.data = p;
+    return t;
+  }
+  DTensor upload(const float* src, const Shape& s, DType dt) override {
+    DTensor t = alloc(s, dt);
+    const int64_t n = t.numel();
+    if (n == 0) return t;
+    if (dt == DType::F32) {
+      CUDA_CHECK(cudaMemcpyAsync(t.data, src, t.bytes(), cudaMemcpyHostToDevice, st()));
+    } else {
+      DZ_CHECK(dt == DType::BF16, "cuda backend: upload as ", to_string(dt));
+      std::vector<uint16_t> h(static_cast<size_t>(n));
+      for (int64_t i = 0; i < n; ++i) h[size_t(i)] = f32_to_bf16(src[i]);
+      CUDA_CHECK(cudaMemcpyAsync(t.data, h.data(), t.bytes(), cudaMemcpyHostToDevice, st()));
+      CUDA_CHECK(cudaStreamSynchronize(st()));  // h goes out of scope
+    }
+    return t;
+  }
+  DTensor upload_i32(const int32_t* src, const Shape& s) override {
+    DTensor t = alloc(s, DType::I32);
+    if (t.numel()) {
+      CUDA_CHECK(cudaMemcpyAsync(t.data, src, t.bytes(), cudaMemcpyHostToDevice, st()));
+      CUDA_CHECK(cudaStreamSynchronize(st()));  // the caller may free src
+    }
+    return t;
+  }
+  void download(const DTensor& t, float* dst) override {
+    const int64_t n = t.numel();
+    if (n == 0) return;
+    if (t.dtype == DType::F32) {
+      CUDA_CHECK(cudaMemcpyAsync(dst, t.data, t.bytes(), cudaMemcpyDeviceToHost, st()));
+    } else {
+      DTensor f = alloc(t.shape, DType::F32);
+      cuda::convert(t.data, dt_of(t), f.data, Dt::F32, n, st());
+      CUDA_CHECK(cudaMemcpyAsync(dst, f.data, f.bytes(), cudaMemcpyDeviceToHost, st()));
+    }
+    CUDA_CHECK(cudaStreamSynchronize(st()));
+  }
+  void download_i32(const DTensor& t, int32_t* dst) override {
+    DZ_CHECK(t.dtype == DType::I32, "download_i32 of a ", to_string(t.dtype), " tensor");
+    if (!t.numel()) return;
+    CUDA_CHECK(cudaMemcpyAsync(dst, t.data, t.bytes(), cudaMemcpyDeviceToHost, st()));
+    CUDA_CHECK(cudaStreamSynchronize(st()));
+  }
+  void fill_zero(const DTensor& t) override {
+    if (t.numel()) CUDA_CHECK(cudaMemsetAsync(t.data, 0, t.bytes(), st()));
+  }
+  void copy_rows(const DTensor& src, int64_t s0, const DTensor& dst, int64_t d0, int64_t n) override {
+    DZ_CHECK(src.dtype == dst.dtype && src.cols() == dst.cols() && s0 >= 0 && d0 >= 0 && s0 + n <= src.rows() &&
+                 d0 + n <= dst.rows(),
+             "copy_rows: ", n, " rows from ", s0, " of ", shape_str(src.shape), " to ", d0, " of ", shape_str(dst.shape));
+    const size_t w = size_t(src.cols()) * dtype_size(src.dtype);
+    if (n > 0 && w > 0)
+      CUDA_CHECK(cudaMemcpyAsync(static_cast<char*>(dst.data) + size_t(d0) * w,
+                                 static_cast<const char*>(src.data) + size_t(s0) * w, size_t(n) * w,
+                                 cudaMemcpyDeviceToDevice, st()));
+  }
+  void copy_cols(const DTensor& src, int64_t s0, const DTensor& dst, int64_t d0, int64_t w) override {
+    DZ_CHECK(src.dtype == dst.dtype && src.rows() == dst.rows() && s0 >= 0 && d0 >= 0 && s0 + w <= src.cols() &&
+                 d0 + w <= dst.cols(),
+             "copy_cols: ", w, " columns from ", s0, " of ", shape_str(src.shape), " to ", d0, " of ",
+             shape_str(dst.shape));
+    const size_t es = dtype_size(src.dtype);
+    if (w > 0 && src.rows() > 0)
+      CUDA_CHECK(cudaMemcpy2DAsync(static_cast<char*>(dst.data) + size_t(d0) * es, size_t(dst.cols()) * es,
+                                   static_cast<const char*>(src.data) + size_t(s0) * es, size_t(src.cols()) * es,
+                                   size_t(w) * es, size_t(src.rows()), cudaMemcpyDeviceToDevice, st()));
+  }
+  void convert(const DTensor& src, const DTensor& dst) override {
+    DZ_CHECK(src.numel() == dst.numel(), "convert: ", shape_str(src.shape), " to ", shape_str(dst.shape));
+    cuda::convert(src.data, dt_of(src), dst.data, dt_of(dst), src.numel(), st());
+  }
+  void sync() override { CUDA_CHECK(cudaStreamSynchronize(st())); }
+
+  // MpiComm staging (DESIGN §10): device buffer -> pinned host fp32 -> MPI -> back. NCCL comes with
+  // the multi-GPU issue; ranks sharing one GPU always take this path.
+  void allreduce_sum(const Collectives* comm, const DTensor& t) override {
+    if (!comm || comm->size() <= 1 || t.numel() == 0) return;
+    const int64_t n = t.numel();
+    float* h = pinned(size_t(n) * sizeof(float));
+    DTensor f = t.dtype == DType::F32 ? t : alloc(t.shape, DType::F32);
+    if (t.dtype != DType::F32) cuda::convert(t.data, dt_of(t), f.data, Dt::F32, n, st());
+    CUDA_CHECK(cudaMemcpyAsync(h, f.data, size_t(n) * 4, cudaMemcpyDeviceToHost, st()));
+    CUDA_CHECK(cudaStreamSynchronize(st()));
+    comm->allreduce_sum(h, n);
+    CUDA_CHECK(cudaMemcpyAsync(f.data, h, size_t(n) * 4, cudaMemcpyHostToDevice, st()));
+    if (t.dtype != DType::F32) cuda::convert(f.data, Dt::F32, t.data, dt_of(t), n, st());
+    CUDA_CHECK(cudaStreamSynchronize(st()));  // the pinned buffer is reused by the next call
+  }
+
+  void embed(const DTensor& table, const DTensor& ids, const DTensor& out) override {
+    DZ_CHECK(out.dtype == DType::F32 && ids.dtype == DType::I32, "embed: out F32, ids I32");
+    cuda::embed(table.data, dt_of(table), ids.ptr<int32_t>(), ids.numel(), table.cols(), out.ptr<float>(), st());
+  }
+  void rmsnorm(const DTensor& x, const DTensor& w, const DTensor& y, float eps, bool zc) override {
+    DZ_CHECK(x.numel() == y.numel(), "rmsnorm: ", shape_str(x.shape), " vs ", shape_str(y.shape));
+    const int64_t D = w.defined() ? w.numel() : x.cols();
+    cuda::rmsnorm(x.data, dt_of(x), optf(w), y.data, dt_of(y), x.numel() / D, D, eps, zc, st());
+  }
+  void gated_rmsnorm(const DTensor& x, const DTensor& gate, const DTensor& w, const DTensor& y, float eps,
+                     GateAct act) override {
+    const int64_t D = w.numel();
+    cuda::gated_rmsnorm(x.data, dt_of(x), gate.data, dt_of(gate), optf(w), y.data, dt_of(y), x.numel() / D, D, eps,
+                        act == GateAct::SiLU ? 0 : 1, st());
+  }
+  void add(const DTensor& h, const DTensor& y) override {
+    DZ_CHECK(h.numel() == y.numel(), "add: ", shape_str(h.shape), " vs ", shape_str(y.shape));
+    cuda::add(h.data, dt_of(h), y.data, dt_of(y), h.numel(), st());
+  }
+  void mul_sigmoid(const DTensor& x, const DTensor& g) override {
+    DZ_CHECK(x.numel() == g.numel(), "mul_sigmoid: ", shape_str(x.shape), " vs ", shape_str(g.shape));
+    cuda::mul_sigmoid(x.data, dt_of(x), g.data, dt_of(g), x.numel(), st());
+  }
+  // y [T, out] = x [T, in] · W [out, in]^T: in cuBLAS's column-major terms Y^T = W^T' · X^T.
+  void gemm(const void* x, const void* W, void* y, DType in_dt, DType out_dt, int64_t T, int64_t in, int64_t out) {
+    if (T == 0 || out == 0) return;
+    const float one = 1.f, zero = 0.f;
+    if (in == 0) {
+      CUDA_CHECK(cudaMemsetAsync(y, 0, size_t(T * out) * dtype_size(out_dt), st()));
+      return;
+    }
+    const cudaDataType ti = in_dt == DType::F32 ? CUDA_R_32F : CUDA_R_16BF;
+    const cudaDataType to = out_dt == DType::F32 ? CUDA_R_32F : CUDA_R_16BF;
+    CUBLAS_CHECK(cublasGemmEx(blas_, CUBLAS_OP_T, CUBLAS_OP_N, int(out), int(T), int(in), &one, W, ti, int(in), x, ti,
+                              int(in), &zero, y, to, int(out), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+  }
+  void linear(const DTensor& x, const DTensor& W, const DTensor& bias, const DTensor& y) override {
+    const int64_t in = W.dim(1), out = W.dim(0), T = x.numel() / std::max<int64_t>(in, 1);
+    DZ_CHECK(x.numel() == T * in && y.numel() == T * out && x.dtype == W.dtype, "linear: x ", shape_str(x.shape), " ",
+             to_string(x.dtype), " W ", shape_str(W.shape), " ", to_string(W.dtype), " y ", shape_str(y.shape));
+    gemm(x.data, W.data, y.data, x.dtype, y.dtype, T, in, out);
+    if (bias.defined() && bias.numel()) cuda::add_bias(y.data, dt_of(y), optf(bias), T, out, st());
+  }
+  void swiglu_mlp(const DTensor& x, const SwigluWeights& w, const DTensor& y) override {
+    const int64_t D = w.gate.dim(1), I = w.gate.dim(0), T = x.numel() / D;
+    DTensor g = alloc({T, I}, DType::BF16), u = alloc({T, I}, DType::BF16);
+    linear(x, w.gate, DTensor{}, g);
+    linear(x, w.up, DTensor{}, u);
+    cuda::silu_mul(b16(g), b16(u), b16w(g), T * I, st());
+    linear(g, w.down, DTensor{}, y);
+  }
+  void moe(const RouterConfig& rc, const MoeWeights& w, const DTensor& x, const DTensor& y) override {
+    const int64_t D = w.router.dim(1), T = x.numel() / D, k = rc.top_k, E = rc.n_experts;
+    const int64_t I = w.experts.gate.dim(1);
+    if (T == 0) return;
+    // Routing in fp32 (decisions must not depend on bf16 rounding of the logits).
+    DTensor xf = alloc({T, D}, DType::F32), logits = alloc({T, E}, DType::F32);
+    cuda::convert(x.data, dt_of(x), xf.data, Dt::F32, T * D, st());
+    gemm(xf.data, w.router.data, logits.data, DType::F32, DType::F32, T, D, E);
+    cuda::RouteParams rp;
+    rp.E = int(E);
+    rp.top_k = int(k);
+    rp.n_group = int(rc.n_group);
+    rp.topk_group = int(rc.topk_group);
+    rp.softmax = rc.score_func == ScoreFunc::Softmax;
+    rp.norm_topk_prob = rc.norm_topk_prob;
+    rp.top2sum = rc.group_score == GroupScore::Top2Sum;
+    rp.scaling = rc.routed_scaling_factor;
+    DTensor idx = alloc({T, k}, DType::I32), wt = alloc({T, k}, DType::F32), bad = zeros({1}, DType::I32);
+    cuda::moe_select(logits.ptr<float>(), optf(w.bias), T, rp, idx.ptr<int32_t>(), wt.ptr<float>(),
+                     bad.ptr<int32_t>(), st());
+    // Dispatch: assignments grouped by expert, 64-row tiles per expert for the grouped GEMMs.
+    const int64_t n = T * k, max_tiles = n / 64 + E + 1;
+    DTensor counts = alloc({E}, DType::I32), offsets = alloc({E + 1}, DType::I32),
+            tile_off = alloc({E + 1}, DType::I32), perm = alloc({n}, DType::I32), pos_of = alloc({n}, DType::I32);
+    cuda::moe_dispatch(idx.ptr<int32_t>(), T, int(k), int(E), counts.ptr<int32_t>(), offsets.ptr<int32_t>(),
+                       tile_off.ptr<int32_t>(), perm.ptr<int32_t>(), pos_of.ptr<int32_t>(), st());
+    DTensor xs = alloc({n, D}, DType::BF16), hg = alloc({n, I}, DType::BF16), hu = alloc({n, I}, DType::BF16),
+            ys = alloc({n, D}, DType::BF16);
+    cuda::gather_rows(b16(x), perm.ptr<int32_t>(), n, int(k), D, b16w(xs), st());
+    cuda::grouped_gemm(b16(xs), b16(w.experts.gate), offsets.ptr<int32_t>(), tile_off.ptr<int32_t>(), int(E),
+                       max_tiles, I, D, b16w(hg), st());
+    cuda::grouped_gemm(b16(xs), b16(w.experts.up), offsets.ptr<int32_t>(), tile_off.ptr<int32_t>(), int(E), max_tiles,
+                       I, D, b16w(hu), st());
+    cuda::silu_mul(b16(hg), b16(hu), b16w(hg), n * I, st());
+    cuda::grouped_gemm(b16(hg), b16(w.experts.down), offsets.ptr<int32_t>(), tile_off.ptr<int32_t>(), int(E),
+                       max_tiles, D, I, b16w(ys), st());
+    cuda::moe_combine(b16(ys), pos_of.ptr<int32_t>(), wt.ptr<float>(), T, int(k), D, b16w(y), st());
+    if (w.has_shared) {
+      DTensor sh = alloc({T, D}, DType::BF16);
+      swiglu_mlp(x, w.shared, sh);
+      cuda::shared_expert_add(b16(x), optf(w.shared_gate), b16(sh), T, D, b16w(y), st());
+    }
+    int32_t flag = 0;
+    download_i32(bad, &flag);  // waits for the stream: routing errors surface here, named
+    DZ_CHECK(flag == 0, "moe router: a selection score is not finite");
+  }
+  void short_conv(const DTensor& x, const DTensor& w, const DTensor& state, const DTensor& y) override {
+    const int64_t C = w.dim(0), W = w.dim(1), T = x.numel() / C;
+    const int32_t cu[2] = {0, int32_t(T)};
+    DTensor dcu = upload_i32(cu, {2});
+    cuda::short_conv_prefill(b16(x), b16(w), nullptr, dcu.ptr<int32_t>(), 1, T, int(C), int(W), b16w(state), b16w(y),
+                             st());
+  }
+  void la_scan(const LaScanArgs& a) override {
+    const int64_t T = a.v.numel() / (a.HV * a.V);
+    if (T == 0) return;
+    cuda::LaGate g;
+    g.f = b16(a.gate.f);
+    g.A_log = optf(a.gate.A_log);
+    g.dt_bias = optf(a.gate.dt_bias);
+    g.lower_bound = a.gate.lower_bound;
+    if (!cuda::la_chunked_supports(int(a.K), int(a.V))) {  // small heads: the token-by-token kernel
+      cuda::LaPrefill p;
+      p.kda = a.kda;
+      p.q = b16(a.q);
+      p.k = b16(a.k);
+      p.v = b16(a.v);
+      p.b = b16(a.beta);
+      p.gate = g;
+      p.HK = int(a.HK), p.HV = int(a.HV), p.K = int(a.K), p.V = int(a.V);
+      p.scale = a.scale;
+      p.o = b16w(a.o);
+      cuda::la_recurrent(p, T, a.state.ptr<float>(), st());
+      return;
+    }
+    if (T == 1) {  // one token: the recurrent decode kernel on the state in place
+      cuda::LaDecode d;
+      d.kda = a.kda;
+      d.q = b16(a.q);
+      d.k = b16(a.k);
+      d.v = b16(a.v);
+      d.b = b16(a.beta);
+      d.gate = g;
+      d.HK = int(a.HK), d.HV = int(a.HV), d.K = int(a.K), d.V = int(a.V);
+      d.scale = a.scale;
+      d.B = 1;
+      const int32_t slot0 = 0;
+      DTensor slot = upload_i32(&slot0, {1});
+      d.slot = slot.ptr<int32_t>();
+      d.states = a.state.ptr<float>();
+      d.o = b16w(a.o);
+      cuda::la_decode(d, st());
+      return;
+    }
+    cuda::LaPrefill p;
+    p.kda = a.kda;
+    p.q = b16(a.q);
+    p.k = b16(a.k);
+    p.v = b16(a.v);
+    p.b = b16(a.beta);
+    p.gate = g;
+    p.HK = int(a.HK), p.HV = int(a.HV), p.K = int(a.K), p.V = int(a.V);
+    p.scale = a.scale;
+    const int32_t cu[2] = {0, int32_t(T)};
+    DTensor dcu = upload_i32(cu, {2});
+    p.cu_seqlens = dcu.ptr<int32_t>();
+    p.N = 1;
+    DTensor ht = alloc(a.state.shape, DType::F32);
+    p.h0 = a.state.ptr<float>();
+    p.ht = ht.ptr<float>();
+    p.o = b16w(a.o);
+    p.T_total = T;
+    DTensor ws = alloc({int64_t(cuda::la_prefill_workspace_bytes(T, 1, int(a.HV), int(a.K), int(a.V)))}, DType::U8);
+    p.workspace = ws.data;
+    cuda::la_chunk_prefill(p, st());
+    copy_rows(ht.reshaped({1, ht.numel()}), 0, a.state.reshaped({1, ht.numel()}), 0, 1);
+  }
+  void rope(const Rope& r, const DTensor& x, int64_t H, int64_t hs, int64_t offset, int64_t pos0) override {
+    cuda::RopeParams p;
+    const auto& f = r.inv_freq();
+    DZ_CHECK(f.size() <= 256, "rope: ", f.size(), " frequencies (at most 256 on the GPU)");
+    p.half = int(f.size());
+    p.interleaved = r.interleaved();
+    p.cos_sin_mult = r.cos_sin_mult();
+    std::copy(f.begin(), f.end(), p.inv_freq);
+    cuda::rope(x.data, dt_of(x), x.numel() / (H * hs), H, hs, offset, pos0, p, st());
+  }
+  void attention(const AttnArgs& a) override {
+    const int64_t T = a.q.numel() / (a.Hq * a.Dk), S = a.k.numel() / (a.Hkv * a.Dk);
+    const bool sparse = a.sel.defined() && a.sel.numel() > 0;
+    DTensor sel = a.sel;
+    if (sparse && sel.device == Device::Host) sel = upload_i32(static_cast<const int32_t*>(a.sel.data), a.sel.shape);
+    cuda::attention(b16(a.q), b16(a.k), b16(a.v), b16w(a.out), T, a.pos0, S, int(a.Hq), int(a.Hkv), int(a.Dk),
+                    int(a.Dv), a.scale, sparse ? sel.ptr<int32_t>() : nullptr, sparse ? sel.cols() : 0, st());
+  }
+  void attn_res_mix(const DTensor& blocks, int64_t n, const DTensor& partial, const DTensor& query, float eps,
+                    const DTensor& out) override {
+    cuda::attn_res_mix(n ? blocks.ptr<float>() : nullptr, n, partial.ptr<float>(), query.ptr<float>(), partial.rows(),
+                       partial.cols(), eps, out.ptr<float>(), st());
+  }
+
+  void row_max(const DTensor& lg, const DTensor& mx) override {
+    cuda::row_max(lg.ptr<float>(), lg.rows(), lg.cols(), mx.ptr<float>(), st());
+  }
+  void softmax_parts(const DTensor& lg, const std::vector<float>& mx, const std::vector<int32_t>& target, int64_t v0,
+                     std::vector<double>& acc) override {
+    const int64_t m = lg.rows();
+    acc.assign(size_t(2 * m), 0.0);
+    if (m == 0) return;
+    DTensor dmx = upload(mx.data(), {m}, DType::F32), dt = upload_i32(target.data(), {m});
+    DTensor dacc = alloc({m, 2}, DType::I64);  // 8-byte elements: the fp64 pairs
+    cuda::softmax_parts(lg.ptr<float>(), m, lg.cols(), dmx.ptr<float>(), dt.ptr<int32_t>(), v0,
+                        static_cast<double*>(dacc.data), st());
+    CUDA_CHECK(cudaMemcpyAsync(acc.data(), dacc.data, size_t(2 * m) * sizeof(double), cudaMemcpyDeviceToHost, st()));
+    CUDA_CHECK(cudaStreamSynchronize(st()));
+  }
+  void row_topk(const DTensor& lg, int64_t k, std::vector<int32_t>& ids, std::vector<float>& vals) override {
+    const int64_t m = lg.rows();
+    k = std::min(k, lg.cols());
+    DZ_CHECK(k <= 64, "--topk ", k, ": at most 64 on the cuda backend");
+    DTensor di = alloc({m, k}, DType::I32), dv = alloc({m, k}, DType::F32);
+    cuda::row_topk(lg.ptr<float>(), m, lg.cols(), int(k), di.ptr<int32_t>(), dv.ptr<float>(), st());
+    ids.resize(size_t(m * k));
+    vals.resize(size_t(m * k));
+    download_i32(di, ids.data());
+    download(dv, vals.data());
+  }
+  std::string describe() const override {
+    cudaDeviceProp prop;
+    CUDA_CHECK(cudaGetDeviceProperties(&prop, device_));
+    return str("cuda:", device_, " ", prop.name);
+  }
+  int64_t peak_memory_bytes() const override {
+    cudaMemPool_t pool;
+    CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, device_));
+    uint64_t high = 0;
+    CUDA_CHECK(cudaMemPoolGetAttribute(pool, cudaMemPoolAttrUsedMemHigh, &high));
+    return int64_t(high) + int64_t(kBlasWs);
+  }
+  // ~1 GiB of fp32 logits per chunk (the T × V logits tensor is never materialised).
+  int64_t lm_rows_per_chunk(int64_t n) const override {
+    return std::max<int64_t>(1, std::min<int64_t>(8192, (int64_t(1) << 28) / std::max<int64_t>(n, 1)));
+  }
+
+ private:
+  float* pinned(size_t bytes) {
+    if (bytes > pinned_bytes_) {
+      if (pinned_) CUDA_CHECK(cudaFreeHost(pinned_));
+      pinned_bytes_ = std::max(bytes, 2 * pinned_bytes_);
+      CUDA_CHECK(cudaMallocHost(&pinned_, pinned_bytes_));
+    }
+    return static_cast<float*>(pinned_);
+  }
+
+  static constexpr size_t kBlasWs = size_t(32) << 20;
+  int device_ = 0;
+  int sms_ = 0;
+  std::shared_ptr<StreamHolder> stream_;
+  cublasHandle_t blas_ = nullptr;
+  void* blas_ws_ = nullptr;
+  void* pinned_ = nullptr;
+  size_t pinned_bytes_ = 0;
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> make_cuda_backend(int device) { return std::make_unique<CudaBackend>(device); }
+
+int cuda_device_count() {
+  int n = 0;
+  return cudaGetDeviceCount(&n) == cudaSuccess ? n : 0;
+}
+
+}  // namespace dz
