@@ -88,7 +88,7 @@ export PATH="$D/usr/bin:\$PATH"
 export LD_LIBRARY_PATH="$L:$L/openmpi/lib:$L/hdf5/serial\${LD_LIBRARY_PATH:+:\$LD_LIBRARY_PATH}"
 export LIBRARY_PATH="$L\${LIBRARY_PATH:+:\$LIBRARY_PATH}"
 export CPATH="$D/usr/include:$D/usr/include/hdf5/serial:$L/openmpi/include\${CPATH:+:\$CPATH}"
-export CMAKE_PREFIX_PATH="$D/usr\${CMAKE_PREFIX_PATH:+;\$CMAKE_PREFIX_PATH}"
+export CMAKE_PREFIX_PATH="$D/usr\${CMAKE_PREFIX_PATH:+:\$CMAKE_PREFIX_PATH}"
 export OPAL_PREFIX="$D/usr"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 export OMPI_MCA_btl_vader_single_copy_mechanism=none OMPI_MCA_rmaps_base_oversubscribe=1
@@ -111,11 +111,24 @@ cmd_build() {
   root=$(cd "$(dirname "$0")/.." && pwd)
   local gen=()
   command -v ninja >/dev/null && gen=(-G Ninja)
+  # Everything from the prefix, named explicitly: an image's own CMAKE_PREFIX_PATH, system HDF5 or
+  # MPI must not be picked up instead (seen: an image whose environment broke find_path for Catch2).
+  [[ -f $D/usr/include/catch2/catch.hpp ]] || die "$D has no usr/include/catch2/catch.hpp (run 'download' again)"
+  local pkg=() f
+  f=$(find "$D/usr" -name nlohmann_jsonConfig.cmake | head -1)
+  [[ -n $f ]] && pkg+=(-Dnlohmann_json_DIR="$(dirname "$f")")
+  f=$(find "$D/usr" -name CLI11Config.cmake | head -1)
+  [[ -n $f ]] && pkg+=(-DCLI11_DIR="$(dirname "$f")")
   cmake -S "$root" -B "$B" "${gen[@]}" -DCMAKE_BUILD_TYPE=Release \
+    -DCMAKE_PREFIX_PATH="$D/usr" -DCATCH2_INCLUDE="$D/usr/include" "${pkg[@]}" \
     -DMPI_CXX_COMPILER="$D/usr/bin/mpicxx.openmpi" -DMPI_C_COMPILER="$D/usr/bin/mpicc.openmpi" \
     -DMPIEXEC_EXECUTABLE="$D/usr/bin/mpirun.openmpi" -DMPI_CXX_SKIP_MPICXX=ON \
     -DHDF5_C_COMPILER_EXECUTABLE="$D/usr/bin/h5cc.dz" -DHDF5_NO_FIND_PACKAGE_CONFIG_FILE=ON \
     -DCMAKE_BUILD_RPATH="$D/usr/lib/x86_64-linux-gnu" "$@"
+  local cache=$B/CMakeCache.txt
+  echo "[offline-prefix] MPI: $(grep -m1 '^MPI_CXX_COMPILER:' "$cache" | cut -d= -f2) ($("$D/usr/bin/mpirun.openmpi" --version 2>/dev/null | head -1))"
+  echo "[offline-prefix] HDF5: $(grep -m1 '^HDF5_hdf5_LIBRARY_RELEASE:' "$cache" | cut -d= -f2)$(grep -m1 'define H5_VERS_INFO' "$D/usr/include/hdf5/serial/H5public.h" | cut -d'"' -f2 | sed 's/^/, /')"
+  echo "[offline-prefix] Catch2: $(grep -m1 '^CATCH2_INCLUDE:' "$cache" | cut -d= -f2); CUDA: $(grep -m1 '^DAYZERO_CUDA:' "$cache" | cut -d= -f2)"
   # DZ_TARGETS (space-separated) limits what is built, e.g. "dz_gpu_tests".
   cmake --build "$B" -j "$(nproc)" ${DZ_TARGETS:+--target $DZ_TARGETS}
   echo "[offline-prefix] built $B (source '$0 env $D' before running)"

@@ -144,6 +144,12 @@ class Backend {
   virtual void short_conv(const DTensor& x, const DTensor& w, const DTensor& state, const DTensor& y) = 0;
   // Delta-rule scan of one sequence from a.state, advancing it (ops/linear_attn.hpp).
   virtual void la_scan(const LaScanArgs& a) = 0;
+  // The segment's transition (ops/linear_attn.hpp LaTransition): S_end = A · S_begin + B, per value
+  // head A [HV, K, K], B [HV, K, V] F32, from a's k, v, beta and gate (a.q, a.state, a.o unused).
+  virtual void la_transition(const LaScanArgs& a, const DTensor& A, const DTensor& B) = 0;
+  // Ordered merge of n transitions A [n, HV, K, K], B [n, HV, K, V]: S_init[0] = 0,
+  // S_init[j+1] = A_j S_init[j] + B_j; S_final [HV, K, V] = the state after the last one.
+  virtual void la_merge(const DTensor& A, const DTensor& B, int64_t n, const DTensor& S_init, const DTensor& S_final) = 0;
   // Rotate dims [offset, offset + rope.rot_dim()) of every head of x [T, H, head_stride] for
   // positions pos0 .. pos0+T-1.
   virtual void rope(const Rope& rope, const DTensor& x, int64_t H, int64_t head_stride, int64_t offset, int64_t pos0) = 0;

@@ -196,6 +196,37 @@ class CpuBackend final : public Backend {
       (a.kda ? kda_recurrent : gdn_recurrent)(q.data(), k.data(), a.v.f32(), g.data(), beta.data(), T, a.HK, a.HV,
                                               a.K, a.V, a.scale, a.state.f32(), a.o.f32());
   }
+  void la_transition(const LaScanArgs& a, const DTensor& A, const DTensor& B) override {
+    const int64_t T = a.v.numel() / (a.HV * a.V);
+    std::vector<float> k(a.k.f32(), a.k.f32() + T * a.HK * a.K);
+    l2norm(k.data(), k.data(), T * a.HK, a.K, 1e-6f);
+    std::vector<float> beta(a.beta.f32(), a.beta.f32() + T * a.HV);
+    for (auto& b : beta) b = sigmoid(b);
+    const int64_t GK = a.kda ? a.K : 1;
+    std::vector<float> g(size_t(T * a.HV * GK));
+    if (a.gate.lower_bound == 0.f)
+      kda_gate_softplus(a.gate.f.f32(), a.gate.A_log.f32(), opt(a.gate.dt_bias), T, a.HV, GK, g.data());
+    else
+      kda_gate_lower_bound(a.gate.f.f32(), a.gate.A_log.f32(), opt(a.gate.dt_bias), a.gate.lower_bound, T, a.HV, GK,
+                           g.data());
+    const LaTransition tr = (a.kda ? kda_transition : gdn_transition)(k.data(), a.v.f32(), g.data(), beta.data(), T,
+                                                                      a.HK, a.HV, a.K, a.V);
+    std::copy(tr.A.begin(), tr.A.end(), A.f32());
+    std::copy(tr.B.begin(), tr.B.end(), B.f32());
+  }
+  void la_merge(const DTensor& A, const DTensor& B, int64_t n, const DTensor& S_init, const DTensor& S_final) override {
+    const int64_t HV = A.dim(1), K = A.dim(2), V = B.dim(3), nA = HV * K * K, nB = HV * K * V;
+    LaTransition tr;
+    tr.H = HV, tr.K = K, tr.V = V;
+    std::vector<float> S(size_t(nB), 0.f);
+    for (int64_t j = 0; j < n; ++j) {
+      std::copy(S.begin(), S.end(), S_init.f32() + j * nB);
+      tr.A.assign(A.f32() + j * nA, A.f32() + (j + 1) * nA);
+      tr.B.assign(B.f32() + j * nB, B.f32() + (j + 1) * nB);
+      la_transition_apply(tr, S_init.f32() + j * nB, S.data());
+    }
+    std::copy(S.begin(), S.end(), S_final.f32());
+  }
   void rope(const Rope& r, const DTensor& x, int64_t H, int64_t hs, int64_t offset, int64_t pos0) override {
     const int64_t T = x.numel() / (H * hs);
     r.apply(x.f32(), T, H, hs, offset, pos0);

@@ -145,8 +145,6 @@ class GqaMixer : public Mixer {
     DZ_CHECK(st, "GQA mixer: state is not an attention cache");
     DZ_CHECK(st->pos == 0 && st->k.rows() == 0, "GQA forward_cp: the state must be fresh (pos ", st->pos, ")");
     DZ_CHECK(ctx.cp && ctx.lay, "GQA forward_cp: missing CP group or layout");
-    DZ_CHECK(be_->device() == Device::Host, "GQA forward_cp: context parallelism runs on the cpu backend only in this ",
-             "version; use --cp 1 with --backend ", be_->name());
     const SeqLayout& lay = *ctx.lay;
     DZ_CHECK(lay.cp_size == ctx.cp->size() && lay.cp_rank == ctx.cp->rank(), "GQA forward_cp: layout for rank ",
              lay.cp_rank, " of ", lay.cp_size, " used on rank ", ctx.cp->rank(), " of ", ctx.cp->size());
@@ -155,21 +153,20 @@ class GqaMixer : public Mixer {
 
     // 1. Local rows, each segment at its global positions; entries [Rl, k | v].
     DTensor q = be_->act({Rl, Hl_ * Dh_}), gate = gated_ ? be_->act({Rl, Hl_ * Dh_}) : DTensor{};
-    std::vector<float> mine(size_t(Rl * 2 * kvw));
+    DTensor kv = be_->act({Rl, 2 * kvw});  // the entries to share: [k | v] per local row
     {
+      DTensor k = be_->act({Rl, kvw}), v = be_->act({Rl, kvw});
       int64_t r = 0;
       for (int j : segs) {
         const int64_t T = lay.seg_len(j), pos0 = lay.seg_begin(j);
-        DTensor k = be_->act({T, kvw}), v = be_->act({T, kvw});
         DTensor qs = q.slab(r, r + T), gs = gated_ ? gate.slab(r, r + T) : DTensor{};
-        project(x.slab(r, r + T), pos0, qs, gs, k, v);
-        for (int64_t t = 0; t < T; ++t) {
-          std::copy(k.f32() + t * kvw, k.f32() + (t + 1) * kvw, mine.begin() + (r + t) * 2 * kvw);
-          std::copy(v.f32() + t * kvw, v.f32() + (t + 1) * kvw, mine.begin() + (r + t) * 2 * kvw + kvw);
-        }
+        project(x.slab(r, r + T), pos0, qs, gs, k.slab(r, r + T), v.slab(r, r + T));
         r += T;
       }
+      be_->copy_cols(k, 0, kv, 0, kvw);
+      be_->copy_cols(v, 0, kv, kvw, kvw);
     }
+    const std::vector<float> mine = be_->to_host(kv);
 
     // 2. Gather (grouped by rank, each in its segment order) into the full cache in sequence order.
     {
@@ -177,15 +174,15 @@ class GqaMixer : public Mixer {
       const std::vector<float> all = ctx.cp->allgatherv(mine);
       DZ_CHECK(int64_t(all.size()) == L * 2 * kvw, "GQA forward_cp: gathered ", all.size() / size_t(2 * kvw),
                " cache rows for a document of ", L);
-      float* kc = st->k.append(L).f32();
-      float* vc = st->v.append(L).f32();
+      std::vector<float> seq(size_t(L * 2 * kvw));  // [L, k | v] in sequence order
       const float* e = all.data();
       for (int rank = 0; rank < lay.cp_size; ++rank)
         for (int j : lay.segments_of(rank))
-          for (int64_t s = lay.seg_begin(j); s < lay.seg_begin(j) + lay.seg_len(j); ++s, e += 2 * kvw) {
-            std::copy(e, e + kvw, kc + s * kvw);
-            std::copy(e + kvw, e + 2 * kvw, vc + s * kvw);
-          }
+          for (int64_t s = lay.seg_begin(j); s < lay.seg_begin(j) + lay.seg_len(j); ++s, e += 2 * kvw)
+            std::copy(e, e + 2 * kvw, seq.begin() + s * 2 * kvw);
+      const DTensor full = be_->upload(seq.data(), {L, 2 * kvw}, be_->act_dtype());  // act values: exact
+      be_->copy_cols(full, 0, st->k.append(L), 0, kvw);
+      be_->copy_cols(full, kvw, st->v.append(L), 0, kvw);
       st->pos = L;
     }
 
@@ -209,7 +206,7 @@ class GqaMixer : public Mixer {
  private:
   // x [T, D] at positions pos0 .. -> q [T, Hl*Dh] (normed, rotated), gate [T, Hl*Dh] (when
   // gated), k [T, Hkvl*Dh] (normed, rotated), v [T, Hkvl*Dh].
-  void project(const DTensor& x, int64_t pos0, DTensor& q, DTensor& gate, DTensor& k, DTensor& v) const {
+  void project(const DTensor& x, int64_t pos0, const DTensor& q, const DTensor& gate, const DTensor& k, const DTensor& v) const {
     const int64_t T = x.rows();
     if (T == 0) return;
     Backend& be = *be_;

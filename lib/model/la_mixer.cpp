@@ -69,45 +69,150 @@ void LinearAttnMixer::forward(const DTensor& x, MixerState& base, DTensor& out) 
   st.pos += T;
 }
 
+// The two-stage scan of DESIGN §4 on the backend (docs/parallel_linear_attention.md): the conv
+// halo and the transitions cross ranks through the host (Collectives), everything else is ops.
 void LinearAttnMixer::forward_cp(const DTensor& x, const CpCtx& ctx, MixerState& base, DTensor& out) const {
   LaState& st = state_of(base);
   DZ_CHECK(ctx.cp && ctx.lay, name_, " forward_cp: CpCtx needs a CP communicator and a layout");
   DZ_CHECK(st.pos == 0, name_, " forward_cp: the state has already consumed ", st.pos, " tokens (needs a fresh one)");
-  DZ_CHECK(be_->device() == Device::Host, name_, " forward_cp: context parallelism runs on the cpu backend only in ",
-           "this version (the CUDA two-stage scan is not wired yet); use --cp 1 with --backend ", be_->name());
-  const int64_t R = ctx.lay->local_rows(), KD = HK_ * K_, VD = HV_ * V_, CD = conv_dim();
+  const SeqLayout& lay = *ctx.lay;
+  const Collectives& comm = *ctx.cp;
+  DZ_CHECK(lay.cp_size == comm.size() && lay.cp_rank == comm.rank(), name_, " forward_cp: layout for rank ",
+           lay.cp_rank, " of ", lay.cp_size, " used on CP rank ", comm.rank(), " of ", comm.size());
+  Backend& be = *be_;
+  const int64_t R = lay.local_rows(), KD = HK_ * K_, VD = HV_ * V_, CD = conv_dim(), P = W_ - 1;
+  const int64_t nA = HV_ * K_ * K_, nB = HV_ * K_ * V_;
+  const std::vector<int> mine = lay.local_segments();
+  std::vector<int64_t> off(mine.size() + 1, 0);  // local row offset of each local segment
+  for (size_t i = 0; i < mine.size(); ++i) off[i + 1] = off[i] + lay.seg_len(mine[i]);
+  auto args = [&](const Tok& tk, const DTensor& q, const DTensor& k, const DTensor& v, size_t i) {
+    LaScanArgs a;
+    a.kda = per_channel_;
+    a.HK = HK_, a.HV = HV_, a.K = K_, a.V = V_;
+    a.scale = 1.f / std::sqrt(float(K_));
+    const int64_t r0 = off[i], r1 = off[i + 1];
+    a.q = q.slab(r0, r1), a.k = k.slab(r0, r1), a.v = v.slab(r0, r1), a.beta = tk.beta.slab(r0, r1);
+    a.gate = LaGateArgs{tk.f.slab(r0, r1), A_log_, dt_bias_, lower_bound_};
+    return a;
+  };
+
+  // Stage 1: projections, the conv with its halo, the local segments' transitions from S = 0.
   Tok tk;
-  std::vector<float> q(size_t(R * KD)), k(size_t(R * KD)), v(size_t(R * VD)), beta(size_t(R * HV_));
-  std::vector<float> g(size_t(R * HV_ * (per_channel_ ? K_ : 1)));
+  DTensor q = be.act({R, KD}), k = be.act({R, KD}), v = be.act({R, VD});
+  std::vector<float> send;
   {
-    auto timer = ctx.time("la_stage1");  // projections and the conv halo belong to stage 1
+    auto timer = ctx.time("la_stage1");
     tk = project(x);
-    std::vector<float> c(size_t(R * CD));
-    short_conv_silu_cp(tk.pre.f32(), conv_.f32(), nullptr, CD, W_, *ctx.lay, *ctx.cp, st.conv.f32(), c.data());
-    for (int64_t t = 0; t < R; ++t) {
-      const float* row = c.data() + t * CD;
-      std::copy(row, row + KD, q.begin() + t * KD);
-      std::copy(row + KD, row + 2 * KD, k.begin() + t * KD);
-      std::copy(row + 2 * KD, row + CD, v.begin() + t * VD);
+    // Conv halo: every rank shares the last min(W-1, n_j) pre-conv rows of each of its segments;
+    // a segment's conv state is the last W-1 rows of all earlier segments' tails (zeros before).
+    auto tail_rows = [&](int j) { return std::min(P, lay.seg_len(j)); };
+    std::vector<float> tails;
+    for (size_t i = 0; i < mine.size(); ++i) {
+      const int64_t m = tail_rows(mine[i]);
+      if (m == 0) continue;
+      const std::vector<float> t = be.to_host(tk.pre.slab(off[i + 1] - m, off[i + 1]));
+      tails.insert(tails.end(), t.begin(), t.end());
     }
-    l2norm(q.data(), q.data(), R * HK_, K_, 1e-6f);
-    l2norm(k.data(), k.data(), R * HK_, K_, 1e-6f);
-    for (int64_t i = 0; i < R * HV_; ++i) beta[size_t(i)] = sigmoid(tk.beta.f32()[i]);
-    const int64_t GK = per_channel_ ? K_ : 1;
-    const float* dtb = dt_bias_.defined() ? dt_bias_.f32() : nullptr;
-    if (lower_bound_ == 0.f)
-      kda_gate_softplus(tk.f.f32(), A_log_.f32(), dtb, R, HV_, GK, g.data());
-    else
-      kda_gate_lower_bound(tk.f.f32(), A_log_.f32(), dtb, lower_bound_, R, HV_, GK, g.data());
+    const std::vector<float> all = comm.allgatherv(tails);
+    std::vector<const float*> tail(size_t(lay.n_seg()), nullptr);
+    size_t pos = 0;
+    for (int r = 0; r < comm.size(); ++r)
+      for (int j : lay.segments_of(r)) {
+        tail[size_t(j)] = all.data() + pos;
+        pos += size_t(tail_rows(j) * CD);
+      }
+    DZ_CHECK(pos == all.size(), name_, " forward_cp: gathered ", all.size(), " floats of conv halo, expected ", pos);
+    auto halo_before = [&](int j) {
+      std::vector<float> h(size_t(P * CD), 0.f);
+      int64_t need = P;  // rows still to fill, from the bottom (row P-1) up
+      for (int s = j - 1; s >= 0 && need > 0; --s) {
+        const int64_t m = std::min(need, tail_rows(s));
+        const float* src = tail[size_t(s)] + (tail_rows(s) - m) * CD;
+        std::copy(src, src + m * CD, h.begin() + (need - m) * CD);
+        need -= m;
+      }
+      return be.upload(h.data(), {P, CD}, be.act_dtype());  // inputs are act values: exact
+    };
+    DTensor c = be.act({R, CD});
+    for (size_t i = 0; i < mine.size(); ++i) {
+      if (off[i + 1] == off[i]) continue;
+      DTensor hs = halo_before(mine[i]);
+      be.short_conv(tk.pre.slab(off[i], off[i + 1]), conv_, hs, c.slab(off[i], off[i + 1]));
+    }
+    const DTensor last = halo_before(lay.n_seg());  // the document's last W-1 inputs: decode's conv state
+    be.copy_rows(last, 0, st.conv, 0, P);
+    be.copy_cols(c, 0, q, 0, KD);
+    be.copy_cols(c, KD, k, 0, KD);
+    be.copy_cols(c, 2 * KD, v, 0, VD);
+    DTensor A = be.alloc({HV_, K_, K_}, DType::F32), B = be.alloc({HV_, K_, V_}, DType::F32);
+    for (size_t i = 0; i < mine.size(); ++i) {
+      const int64_t n = off[i + 1] - off[i];
+      if (n > 0) {
+        be.la_transition(args(tk, q, k, v, i), A, B);
+        const std::vector<float> a = be.to_host(A), b = be.to_host(B);
+        send.insert(send.end(), a.begin(), a.end());
+        send.insert(send.end(), b.begin(), b.end());
+      }
+      ctx.flops("linear_attention", la_chunked_flops(n, HV_, K_, V_, false));
+    }
   }
-  DTensor o = be_->act({R, VD});
-  (per_channel_ ? kda_segmented : gdn_segmented)(q.data(), k.data(), v.data(), g.data(), beta.data(), HK_, HV_, K_, V_,
-                                                  1.f / std::sqrt(float(K_)), ctx, o.f32(), st.S.f32());
+
+  // Merge: every rank gathers every non-empty segment's [A | B] and runs the ordered chain itself.
+  DTensor S_init;  // [number of non-empty segments, HV, K, V]
+  std::vector<int64_t> init_of(size_t(lay.n_seg()), -1);  // segment -> its row of S_init
+  {
+    auto timer = ctx.time("la_merge");
+    const std::vector<float> all = comm.allgatherv(send);
+    std::vector<int> order;  // non-empty segments in sequence order
+    std::vector<size_t> at(size_t(lay.n_seg()), 0);
+    size_t pos = 0;
+    for (int r = 0; r < comm.size(); ++r)
+      for (int j : lay.segments_of(r))
+        if (lay.seg_len(j) > 0) {
+          at[size_t(j)] = pos;
+          pos += size_t(nA + nB);
+        }
+    DZ_CHECK(pos == all.size(), name_, " forward_cp: gathered ", all.size(), " floats of transitions, expected ", pos);
+    for (int j = 0; j < lay.n_seg(); ++j)
+      if (lay.seg_len(j) > 0) {
+        init_of[size_t(j)] = int64_t(order.size());
+        order.push_back(j);
+      }
+    const int64_t n = int64_t(order.size());
+    std::vector<float> hA(size_t(n * nA)), hB(size_t(n * nB));
+    for (int64_t i = 0; i < n; ++i) {
+      const float* e = all.data() + at[size_t(order[size_t(i)])];
+      std::copy(e, e + nA, hA.begin() + i * nA);
+      std::copy(e + nA, e + nA + nB, hB.begin() + i * nB);
+      ctx.flops("linear_attention", double(2 * HV_ * K_ * K_ * V_));
+    }
+    S_init = be.alloc({std::max<int64_t>(n, 1), HV_, K_, V_}, DType::F32);
+    if (n > 0)
+      be.la_merge(be.upload(hA.data(), {n, HV_, K_, K_}, DType::F32), be.upload(hB.data(), {n, HV_, K_, V_}, DType::F32),
+                  n, S_init, st.S);
+    else
+      be.fill_zero(st.S);
+  }
+
+  // Stage 2: each local segment's outputs from its initial state.
   {
     auto timer = ctx.time("la_stage2");
+    DTensor o = be.act({R, VD});
+    for (size_t i = 0; i < mine.size(); ++i) {
+      const int64_t n = off[i + 1] - off[i];
+      if (n > 0) {
+        LaScanArgs a = args(tk, q, k, v, i);
+        a.state = be.alloc({HV_, K_, V_}, DType::F32);
+        const int64_t row = init_of[size_t(mine[i])];
+        be.copy_rows(S_init.reshaped({S_init.dim(0), nB}), row, a.state.reshaped({1, nB}), 0, 1);
+        a.o = o.slab(off[i], off[i + 1]);
+        be.la_scan(a);
+      }
+      ctx.flops("linear_attention", la_chunked_flops(n, HV_, K_, V_, true));
+    }
     finish(o, tk.gate, out);
   }
-  st.pos = ctx.lay->length;
+  st.pos = lay.length;
 }
 
 }  // namespace dz

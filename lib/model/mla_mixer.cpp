@@ -173,8 +173,6 @@ class MlaMixer : public Mixer {
     DZ_CHECK(st, "MLA mixer: state is not an attention cache");
     DZ_CHECK(st->pos == 0 && st->latent.rows() == 0, "MLA forward_cp: the state must be fresh (pos ", st->pos, ")");
     DZ_CHECK(ctx.cp && ctx.lay, "MLA forward_cp: missing CP group or layout");
-    DZ_CHECK(be_->device() == Device::Host, "MLA forward_cp: context parallelism runs on the cpu backend only in this ",
-             "version; use --cp 1 with --backend ", be_->name());
     const SeqLayout& lay = *ctx.lay;
     DZ_CHECK(lay.cp_size == ctx.cp->size() && lay.cp_rank == ctx.cp->rank(), "MLA forward_cp: layout for rank ",
              lay.cp_rank, " of ", lay.cp_size, " used on rank ", ctx.cp->rank(), " of ", ctx.cp->size());
@@ -186,20 +184,21 @@ class MlaMixer : public Mixer {
     DTensor q = be_->act({Rl, Hl_ * Dq}), q_resid = be_->act({Rl, q_lora_});
     std::vector<float> mine(size_t(Rl * W));
     {
+      DTensor c = be_->act({Rl, R_}), kr = be_->act({Rl, rope_dim_});
+      std::vector<float> ki(size_t(Rl * Di));  // indexer keys: host (the indexer runs on the CPU backend)
       int64_t r = 0;
       for (int j : segs) {
         const int64_t T = lay.seg_len(j), pos0 = lay.seg_begin(j);
-        DTensor c = be_->act({T, R_}), kr = be_->act({T, rope_dim_});
-        std::vector<float> ki(size_t(T * Di));
         DTensor qs = q.slab(r, r + T), qr = q_resid.slab(r, r + T);
-        project(x.slab(r, r + T), pos0, qs, qr, c, kr, ki.data());
-        for (int64_t t = 0; t < T; ++t) {
-          float* e = mine.data() + (r + t) * W;
-          std::copy(c.f32() + t * R_, c.f32() + (t + 1) * R_, e);
-          std::copy(kr.f32() + t * rope_dim_, kr.f32() + (t + 1) * rope_dim_, e + R_);
-          std::copy(ki.begin() + t * Di, ki.begin() + (t + 1) * Di, e + R_ + rope_dim_);
-        }
+        project(x.slab(r, r + T), pos0, qs, qr, c.slab(r, r + T), kr.slab(r, r + T), ki.data() + r * Di);
         r += T;
+      }
+      const std::vector<float> hc = be_->to_host(c), hk = be_->to_host(kr);
+      for (int64_t t = 0; t < Rl; ++t) {
+        float* e = mine.data() + t * W;
+        std::copy(hc.begin() + t * R_, hc.begin() + (t + 1) * R_, e);
+        std::copy(hk.begin() + t * rope_dim_, hk.begin() + (t + 1) * rope_dim_, e + R_);
+        std::copy(ki.begin() + t * Di, ki.begin() + (t + 1) * Di, e + R_ + rope_dim_);
       }
     }
 
@@ -210,17 +209,19 @@ class MlaMixer : public Mixer {
       const std::vector<float> all = ctx.cp->allgatherv(mine);
       DZ_CHECK(int64_t(all.size()) == L * W, "MLA forward_cp: gathered ", all.size() / size_t(W ? W : 1),
                " cache rows for a document of ", L);
-      float* lat = st->latent.append(L).f32();
-      float* kpe = st->k_pe.append(L).f32();
+      std::vector<float> lat(size_t(L * R_)), kpe(size_t(L * rope_dim_));
       float* ik = indexer_ ? st->index_k.append(L).f32() : nullptr;
       const float* e = all.data();
       for (int rank = 0; rank < lay.cp_size; ++rank)
         for (int j : lay.segments_of(rank))
           for (int64_t s = lay.seg_begin(j); s < lay.seg_begin(j) + lay.seg_len(j); ++s, e += W) {
-            std::copy(e, e + R_, lat + s * R_);
-            std::copy(e + R_, e + R_ + rope_dim_, kpe + s * rope_dim_);
+            std::copy(e, e + R_, lat.begin() + s * R_);
+            std::copy(e + R_, e + R_ + rope_dim_, kpe.begin() + s * rope_dim_);
             if (ik) std::copy(e + R_ + rope_dim_, e + W, ik + s * Di);
           }
+      // cache entries are act values: the round trip through the host is exact
+      be_->copy_rows(be_->upload(lat.data(), {L, R_}, be_->act_dtype()), 0, st->latent.append(L), 0, L);
+      be_->copy_rows(be_->upload(kpe.data(), {L, rope_dim_}, be_->act_dtype()), 0, st->k_pe.append(L), 0, L);
       st->pos = L;
     }
 
@@ -263,8 +264,8 @@ class MlaMixer : public Mixer {
   // Rows x [T, D] at positions pos0 .. pos0+T-1 -> q [T, Hl*Dq] (rope part rotated), q_resid
   // [T, q_lora] (the indexer's input; untouched without q_lora), the cache entries c [T, R]
   // (after kv_a_layernorm), kr [T, rope] (rotated) and the indexer keys ki [T, Di] (host).
-  void project(const DTensor& x, int64_t pos0, DTensor& q, DTensor& q_resid, DTensor& c, DTensor& kr,
-               float* ki) const {
+  void project(const DTensor& x, int64_t pos0, const DTensor& q, const DTensor& q_resid, const DTensor& c,
+               const DTensor& kr, float* ki) const {
     const int64_t T = x.rows();
     if (T == 0) return;
     Backend& be = *be_;

@@ -359,6 +359,44 @@ class CudaBackend final : public Backend {
     cuda::la_chunk_prefill(p, st());
     copy_rows(ht.reshaped({1, ht.numel()}), 0, a.state.reshaped({1, ht.numel()}), 0, 1);
   }
+  // Through the scan itself: B is the state after the segment from S = 0; A is the state after it
+  // from S = I with v = 0 (the update is linear in S, so that final state is A).
+  void la_transition(const LaScanArgs& a, const DTensor& A, const DTensor& B) override {
+    const int64_t T = a.v.numel() / (a.HV * a.V), HV = a.HV, K = a.K;
+    LaScanArgs s = a;
+    s.q = a.k;  // outputs are discarded: any valid query
+    fill_zero(B);
+    s.state = B;
+    s.o = alloc({T, HV * a.V}, DType::BF16);
+    la_scan(s);
+    std::vector<float> eye(size_t(HV * K * K), 0.f);
+    for (int64_t h = 0; h < HV; ++h)
+      for (int64_t i = 0; i < K; ++i) eye[size_t((h * K + i) * K + i)] = 1.f;
+    CUDA_CHECK(cudaMemcpyAsync(A.data, eye.data(), eye.size() * sizeof(float), cudaMemcpyHostToDevice, st()));
+    CUDA_CHECK(cudaStreamSynchronize(st()));
+    LaScanArgs t = s;
+    t.V = K;
+    t.v = zeros({T, HV * K}, DType::BF16);
+    t.state = A;
+    t.o = alloc({T, HV * K}, DType::BF16);
+    la_scan(t);
+  }
+  // S_{j+1} = A_j S_j + B_j, one batched fp32 GEMM over the heads per transition.
+  void la_merge(const DTensor& A, const DTensor& B, int64_t n, const DTensor& S_init, const DTensor& S_final) override {
+    const int64_t HV = A.dim(1), K = A.dim(2), V = B.dim(3), nA = HV * K * K, nB = HV * K * V;
+    DTensor S = zeros({HV, K, V}, DType::F32);
+    const float one = 1.f;
+    for (int64_t j = 0; j < n; ++j) {
+      float* init = S_init.ptr<float>() + j * nB;
+      CUDA_CHECK(cudaMemcpyAsync(init, S.data, size_t(nB) * 4, cudaMemcpyDeviceToDevice, st()));
+      CUDA_CHECK(cudaMemcpyAsync(S.data, B.ptr<float>() + j * nB, size_t(nB) * 4, cudaMemcpyDeviceToDevice, st()));
+      // row-major S_next [K, V] += A [K, K] · S_init [K, V]: column-major S_next^T += S_init^T · A^T
+      CUBLAS_CHECK(cublasSgemmStridedBatched(blas_, CUBLAS_OP_N, CUBLAS_OP_N, int(V), int(K), int(K), &one, init,
+                                             int(V), K * V, A.ptr<float>() + j * nA, int(K), K * K, &one,
+                                             S.ptr<float>(), int(V), K * V, int(HV)));
+    }
+    CUDA_CHECK(cudaMemcpyAsync(S_final.data, S.data, size_t(nB) * 4, cudaMemcpyDeviceToDevice, st()));
+  }
   void rope(const Rope& r, const DTensor& x, int64_t H, int64_t hs, int64_t offset, int64_t pos0) override {
     cuda::RopeParams p;
     const auto& f = r.inv_freq();

@@ -1,0 +1,338 @@
+// Every backend op on the CUDA backend against the CPU backend (the reference), in the style of
+// ggml's test-backend-ops: inputs rounded to bf16 first (both backends see the same values), a
+// shape grid with odd sizes (1, 3, 7, 19, 733 rows), NaN/Inf checked before anything else, then the
+// normalised MSE sum((gpu - cpu)^2) / sum(cpu^2) against a per-op tolerance:
+//   - one bf16 rounding of the output (elementwise, norms, RoPE): the rounding alone gives NMSE
+//     ~ 2^-18 / 3 ≈ 1.3e-6; allowed 1e-5;
+//   - GEMM chains and attention (bf16 intermediates, fp32 accumulation in another order): 1e-4;
+//   - the linear-attention scan (bf16 tensor-core operands inside the chunked kernel; states fp32):
+//     5e-4; its fp32 state compared too (1e-4: the state never passes through bf16 activations);
+//   - MoE: routing must pick the same experts (fp32 router on both; random inputs have no near
+//     ties at fp32 resolution), then 1e-3 on the mixed output (bf16 hidden of every expert);
+//   - LM-head reductions: exact ids for top-k, 1e-6 relative on max / sum of exponentials (fp32
+//     logits from one GEMM).
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <cstdio>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "backend/backend.hpp"
+#include "core/bf16.hpp"
+#include "ops/moe.hpp"
+#include "ops/rope.hpp"
+
+namespace {
+
+using dz::Backend;
+using dz::DTensor;
+using dz::DType;
+using dz::Shape;
+
+struct Both {
+  std::unique_ptr<Backend> cpu = dz::make_cpu_backend(), gpu = dz::make_cuda_backend(0);
+};
+Both& backends() {
+  static Both b;  // one GPU context for the whole test binary
+  return b;
+}
+
+std::vector<float> rnd(size_t n, uint32_t seed, float scale = 1.f) {
+  std::mt19937 g(seed);
+  std::normal_distribution<float> d(0.f, scale);
+  std::vector<float> v(n);
+  for (auto& x : v) x = dz::round_bf16(d(g));
+  return v;
+}
+
+double nmse(const std::vector<float>& got, const std::vector<float>& ref) {
+  REQUIRE(got.size() == ref.size());
+  double num = 0, den = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    REQUIRE(std::isfinite(got[i]));
+    const double d = double(got[i]) - double(ref[i]);
+    num += d * d;
+    den += double(ref[i]) * double(ref[i]);
+  }
+  return den > 0 ? num / den : num;
+}
+
+// Runs f on both backends and checks the NMSE of what it returns.
+template <class F>
+double check(const char* op, const std::string& shape, double tol, F&& f) {
+  Both& b = backends();
+  const std::vector<float> ref = f(*b.cpu), got = f(*b.gpu);
+  const double e = nmse(got, ref);
+  std::printf("  %-16s %-34s nmse %.2e (tol %.0e)\n", op, shape.c_str(), e, tol);
+  INFO(op << " " << shape << " nmse " << e);
+  CHECK(e <= tol);
+  return e;
+}
+
+const int64_t kRows[] = {1, 3, 7, 19, 733};
+
+}  // namespace
+
+TEST_CASE("backend ops: elementwise, norms, linear, SwiGLU on cuda equal the cpu backend", "[gpu]") {
+  std::printf("backend ops (cuda vs cpu), NMSE:\n");
+  for (int64_t T : kRows)
+    for (int64_t D : {16, 64, 200}) {
+      const std::string sh = "T=" + std::to_string(T) + " D=" + std::to_string(D);
+      const auto x = rnd(size_t(T * D), 1), y = rnd(size_t(T * D), 2), w = rnd(size_t(D), 3, 0.5f);
+      check("add", sh, 1e-5, [&](Backend& be) {
+        DTensor h = be.upload(x.data(), {T, D}, DType::F32), a = be.upload(y.data(), {T, D}, be.act_dtype());
+        be.add(h, a);
+        return be.to_host(h);
+      });
+      check("mul_sigmoid", sh, 1e-5, [&](Backend& be) {
+        DTensor a = be.upload(x.data(), {T, D}, be.act_dtype()), g = be.upload(y.data(), {T, D}, be.act_dtype());
+        be.mul_sigmoid(a, g);
+        return be.to_host(a);
+      });
+      for (bool zc : {false, true})
+        check(zc ? "rmsnorm (1+w)" : "rmsnorm", sh, 1e-5, [&](Backend& be) {
+          DTensor h = be.upload(x.data(), {T, D}, DType::F32), o = be.act({T, D});
+          be.rmsnorm(h, be.param(dz::Tensor({D})), o, 1e-5f, zc);  // zeros: (1 + 0) or 0 weight
+          DTensor wt = be.upload(w.data(), {D}, DType::F32);
+          be.rmsnorm(h, wt, o, 1e-5f, zc);
+          return be.to_host(o);
+        });
+      for (auto act : {dz::GateAct::SiLU, dz::GateAct::Sigmoid})
+        check(act == dz::GateAct::SiLU ? "gated_rmsnorm silu" : "gated_rmsnorm sigm", sh, 1e-5, [&](Backend& be) {
+          DTensor a = be.upload(x.data(), {T, D}, be.act_dtype()), g = be.upload(y.data(), {T, D}, be.act_dtype());
+          DTensor wt = be.upload(w.data(), {D}, DType::F32), o = be.act({T, D});
+          be.gated_rmsnorm(a, g, wt, o, 1e-6f, act);
+          return be.to_host(o);
+        });
+      for (int64_t N : {1, 37, 256}) {
+        const auto W = rnd(size_t(N * D), 4, 0.1f), bias = rnd(size_t(N), 5);
+        check("linear + bias", sh + " N=" + std::to_string(N), 1e-4, [&](Backend& be) {
+          DTensor a = be.upload(x.data(), {T, D}, be.act_dtype()), Wt = be.upload(W.data(), {N, D}, be.weight_dtype());
+          DTensor o = be.alloc({T, N}, DType::F32);
+          be.linear(a, Wt, be.upload(bias.data(), {N}, DType::F32), o);
+          return be.to_host(o);
+        });
+      }
+      const int64_t I = 48;
+      const auto g = rnd(size_t(I * D), 6, 0.2f), u = rnd(size_t(I * D), 7, 0.2f), dn = rnd(size_t(D * I), 8, 0.2f);
+      check("swiglu_mlp", sh, 1e-4, [&](Backend& be) {
+        dz::SwigluWeights sw{be.upload(g.data(), {I, D}, be.weight_dtype()), be.upload(u.data(), {I, D}, be.weight_dtype()),
+                             be.upload(dn.data(), {D, I}, be.weight_dtype())};
+        DTensor a = be.upload(x.data(), {T, D}, be.act_dtype()), o = be.act({T, D});
+        be.swiglu_mlp(a, sw, o);
+        return be.to_host(o);
+      });
+      // embedding rows
+      const int64_t V = 50;
+      const auto table = rnd(size_t(V * D), 9);
+      std::vector<int32_t> ids(static_cast<size_t>(T));
+      for (int64_t t = 0; t < T; ++t) ids[size_t(t)] = int32_t((t * 17 + 3) % V);
+      check("embed", sh, 0.0, [&](Backend& be) {
+        DTensor tb = be.upload(table.data(), {V, D}, be.weight_dtype()), o = be.alloc({T, D}, DType::F32);
+        be.embed(tb, be.upload_i32(ids.data(), {T}), o);
+        return be.to_host(o);
+      });
+    }
+}
+
+TEST_CASE("backend ops: copies, RoPE, attention and AttnRes on cuda equal the cpu backend", "[gpu]") {
+  for (int64_t T : kRows) {
+    const std::string sh = "T=" + std::to_string(T);
+    const int64_t C = 40;
+    const auto x = rnd(size_t(T * C), 11);
+    check("copy_cols/rows", sh, 0.0, [&](Backend& be) {
+      DTensor a = be.upload(x.data(), {T, C}, be.act_dtype()), o = be.zeros({T, 2 * C}, be.act_dtype());
+      be.copy_cols(a, 3, o, 7, 29);
+      be.copy_rows(a.reshaped({T, C}), 0, o.reshaped({2 * T, C}), T, T);
+      return be.to_host(o);
+    });
+    // RoPE: NeoX partial (offset) and interleaved with YaRN, at a late position
+    for (bool inter : {false, true}) {
+      dz::RopeConfig rc;
+      rc.theta = 10000.f;
+      rc.style = inter ? dz::RopeStyle::Interleaved : dz::RopeStyle::NeoX;
+      if (inter) {
+        rc.yarn = true;
+        rc.yarn_factor = 40.f;
+        rc.yarn_original_max_pos = 64;
+        rc.yarn_mscale = 1.f;
+        rc.yarn_mscale_all_dim = 1.f;
+      }
+      const int64_t H = 3, hs = 24, rot = 16, off = inter ? 8 : 0;
+      const dz::Rope rope(rc, rot);
+      const auto q = rnd(size_t(T * H * hs), 12);
+      check(inter ? "rope interl. yarn" : "rope neox partial", sh, 1e-5, [&](Backend& be) {
+        DTensor a = be.upload(q.data(), {T, H * hs}, be.act_dtype());
+        be.rope(rope, a, H, hs, off, 1000);
+        return be.to_host(a);
+      });
+    }
+    // attention: GQA dense at pos0 > 0, MLA-like one KV head with a sparse selection
+    for (int variant = 0; variant < 2; ++variant) {
+      const int64_t pos0 = variant ? 5 : 11, S = pos0 + T, Hq = 4, Hkv = variant ? 4 : 2, Dk = variant ? 40 : 64,
+                    Dv = variant ? 24 : 64;
+      const auto q = rnd(size_t(T * Hq * Dk), 13), k = rnd(size_t(S * Hkv * Dk), 14), v = rnd(size_t(S * Hkv * Dv), 15);
+      std::vector<int32_t> sel;
+      const int64_t n_sel = 6;
+      if (variant)
+        for (int64_t t = 0; t < T; ++t)
+          for (int64_t j = 0; j < n_sel; ++j) sel.push_back(j == 5 ? -1 : int32_t((t * 7 + j * 3) % (pos0 + t + 1)));
+      // distinct positions per row (the indexer never repeats one)
+      if (variant)
+        for (int64_t t = 0; t < T; ++t)
+          for (int64_t j = 0; j < n_sel; ++j)
+            for (int64_t i = 0; i < j; ++i)
+              if (sel[size_t(t * n_sel + j)] == sel[size_t(t * n_sel + i)]) sel[size_t(t * n_sel + j)] = -1;
+      check(variant ? "attention sparse" : "attention gqa", sh, 1e-4, [&](Backend& be) {
+        dz::AttnArgs a;
+        a.q = be.upload(q.data(), {T, Hq * Dk}, be.act_dtype());
+        a.k = be.upload(k.data(), {S, Hkv * Dk}, be.act_dtype());
+        a.v = be.upload(v.data(), {S, Hkv * Dv}, be.act_dtype());
+        a.out = be.act({T, Hq * Dv});
+        if (variant) a.sel = be.upload_i32(sel.data(), {T, n_sel});
+        a.pos0 = pos0, a.Hq = Hq, a.Hkv = Hkv, a.Dk = Dk, a.Dv = Dv, a.scale = 0.125f;
+        be.attention(a);
+        return be.to_host(a.out);
+      });
+    }
+    // AttnRes: 0, 1 and 4 closed blocks
+    for (int64_t n : {0, 1, 4}) {
+      const int64_t D = 72;
+      const auto blocks = rnd(size_t((n + 1) * T * D), 16), part = rnd(size_t(T * D), 17), qv = rnd(size_t(D), 18, 0.3f);
+      check("attn_res_mix", sh + " n=" + std::to_string(n), 1e-5, [&](Backend& be) {
+        DTensor bl = be.upload(blocks.data(), {n + 1, T, D}, DType::F32), p = be.upload(part.data(), {T, D}, DType::F32);
+        DTensor o = be.alloc({T, D}, DType::F32);
+        be.attn_res_mix(bl.slab(0, n), n, p, be.upload(qv.data(), {D}, DType::F32), 1e-6f, o);
+        return be.to_host(o);
+      });
+    }
+  }
+}
+
+TEST_CASE("backend ops: short conv and the linear-attention scan on cuda equal the cpu backend", "[gpu]") {
+  struct Case {
+    bool kda;
+    int64_t HK, HV, K, V;
+    float lb;
+  };
+  // K = V = 16 / 32: the token-by-token kernel; 64 / 128: the chunked (and, at T = 1, decode) kernels.
+  const Case cases[] = {{true, 2, 2, 16, 16, 0.f}, {true, 2, 2, 32, 32, -5.f}, {false, 1, 2, 16, 16, 0.f},
+                        {true, 2, 2, 64, 64, 0.f},  {true, 1, 1, 128, 128, -5.f}, {false, 2, 4, 128, 128, 0.f}};
+  for (const Case& c : cases)
+    for (int64_t T : {int64_t(1), int64_t(3), int64_t(19), int64_t(64), int64_t(200), int64_t(733)}) {
+      const std::string sh = std::string(c.kda ? "KDA" : "GDN") + " K=" + std::to_string(c.K) + " HV=" +
+                             std::to_string(c.HV) + " T=" + std::to_string(T) + (c.lb < 0 ? " lb" : "");
+      const int64_t KD = c.HK * c.K, VD = c.HV * c.V, GK = c.kda ? c.HV * c.K : c.HV;
+      const auto q = rnd(size_t(T * KD), 21), k = rnd(size_t(T * KD), 22), v = rnd(size_t(T * VD), 23),
+                 b = rnd(size_t(T * c.HV), 24), f = rnd(size_t(T * GK), 25), h0 = rnd(size_t(c.HV * c.K * c.V), 26, 0.1f);
+      std::vector<float> A_log(static_cast<size_t>(c.HV)), dtb(static_cast<size_t>(GK));
+      for (int64_t h = 0; h < c.HV; ++h) A_log[size_t(h)] = 0.3f * float(h + 1);
+      for (int64_t i = 0; i < GK; ++i) dtb[size_t(i)] = -2.f + 0.01f * float(i % 50);
+      std::vector<float> state_ref;
+      auto run = [&](Backend& be, bool want_state) {
+        dz::LaScanArgs a;
+        a.kda = c.kda;
+        a.HK = c.HK, a.HV = c.HV, a.K = c.K, a.V = c.V;
+        a.scale = 1.f / std::sqrt(float(c.K));
+        a.q = be.upload(q.data(), {T, KD}, be.act_dtype());
+        a.k = be.upload(k.data(), {T, KD}, be.act_dtype());
+        a.v = be.upload(v.data(), {T, VD}, be.act_dtype());
+        a.beta = be.upload(b.data(), {T, c.HV}, be.act_dtype());
+        a.gate = dz::LaGateArgs{be.upload(f.data(), {T, GK}, be.act_dtype()), be.upload(A_log.data(), {c.HV}, DType::F32),
+                                be.upload(dtb.data(), {GK}, DType::F32), c.lb};
+        a.state = be.upload(h0.data(), {c.HV, c.K, c.V}, DType::F32);
+        a.o = be.act({T, VD});
+        be.la_scan(a);
+        return be.to_host(want_state ? a.state : a.o);
+      };
+      check("la_scan output", sh, 5e-4, [&](Backend& be) { return run(be, false); });
+      check("la_scan state", sh, 1e-4, [&](Backend& be) { return run(be, true); });
+    }
+  for (int64_t T : {1, 3, 19, 733}) {
+    const int64_t C = 96, W = 4;
+    const auto x = rnd(size_t(T * C), 31), w = rnd(size_t(C * W), 32, 0.5f), s0 = rnd(size_t((W - 1) * C), 33);
+    for (int part = 0; part < 2; ++part)
+      check(part ? "short_conv state" : "short_conv", "T=" + std::to_string(T), 1e-5, [&](Backend& be) {
+        DTensor xt = be.upload(x.data(), {T, C}, be.act_dtype()), y = be.act({T, C});
+        DTensor st = be.upload(s0.data(), {W - 1, C}, be.act_dtype());
+        be.short_conv(xt, be.upload(w.data(), {C, W}, be.weight_dtype()), st, y);
+        return be.to_host(part ? st : y);
+      });
+  }
+}
+
+TEST_CASE("backend ops: MoE routing and grouped experts on cuda equal the cpu backend", "[gpu]") {
+  struct Case {
+    const char* name;
+    int64_t E, k, groups, topk_group;
+    dz::ScoreFunc f;
+    bool bias, shared, shared_gate, renorm;
+  };
+  const Case cases[] = {{"softmax top-2", 8, 2, 1, 1, dz::ScoreFunc::Softmax, false, false, false, false},
+                        {"sigmoid+bias groups", 16, 4, 4, 2, dz::ScoreFunc::Sigmoid, true, true, false, true},
+                        {"qwen gated shared", 32, 8, 1, 1, dz::ScoreFunc::Softmax, false, true, true, true}};
+  for (const Case& c : cases)
+    for (int64_t T : kRows) {
+      const int64_t D = 64, I = 40;
+      dz::RouterConfig rc;
+      rc.n_experts = c.E;
+      rc.top_k = c.k;
+      rc.score_func = c.f;
+      rc.norm_topk_prob = c.renorm;
+      rc.routed_scaling_factor = 2.5f;
+      rc.n_group = c.groups;
+      rc.topk_group = c.topk_group;
+      const auto x = rnd(size_t(T * D), 41), router = rnd(size_t(c.E * D), 42, 0.5f), bias = rnd(size_t(c.E), 43, 0.1f);
+      const auto g = rnd(size_t(c.E * I * D), 44, 0.15f), u = rnd(size_t(c.E * I * D), 45, 0.15f),
+                 dn = rnd(size_t(c.E * D * I), 46, 0.15f);
+      const auto sg = rnd(size_t(I * D), 47, 0.15f), su = rnd(size_t(I * D), 48, 0.15f), sd = rnd(size_t(D * I), 49, 0.15f),
+                 sgate = rnd(size_t(D), 50, 0.2f);
+      check("moe", std::string(c.name) + " T=" + std::to_string(T), 1e-3, [&](Backend& be) {
+        dz::MoeWeights w;
+        w.router = be.upload(router.data(), {c.E, D}, DType::F32);
+        if (c.bias) w.bias = be.upload(bias.data(), {c.E}, DType::F32);
+        w.experts = {be.upload(g.data(), {c.E, I, D}, be.weight_dtype()), be.upload(u.data(), {c.E, I, D}, be.weight_dtype()),
+                     be.upload(dn.data(), {c.E, D, I}, be.weight_dtype())};
+        if (c.shared) {
+          w.has_shared = true;
+          w.shared = {be.upload(sg.data(), {I, D}, be.weight_dtype()), be.upload(su.data(), {I, D}, be.weight_dtype()),
+                      be.upload(sd.data(), {D, I}, be.weight_dtype())};
+          if (c.shared_gate) w.shared_gate = be.upload(sgate.data(), {1, D}, DType::F32);
+        }
+        DTensor a = be.upload(x.data(), {T, D}, be.act_dtype()), o = be.act({T, D});
+        be.moe(rc, w, a, o);
+        return be.to_host(o);
+      });
+    }
+}
+
+TEST_CASE("backend ops: LM-head reductions on cuda equal the cpu backend", "[gpu]") {
+  Both& b = backends();
+  for (int64_t m : {1, 3, 19}) {
+    const int64_t n = 5003;
+    const auto lg = rnd(size_t(m * n), 61, 3.f);
+    std::vector<int32_t> tgt;
+    for (int64_t i = 0; i < m; ++i) tgt.push_back(int32_t((i * 977 + 100) % (n + 40)) - 20);  // some outside the shard
+    std::vector<float> mx[2];
+    std::vector<double> acc[2];
+    std::vector<int32_t> ids[2];
+    std::vector<float> vals[2];
+    Backend* bes[2] = {b.cpu.get(), b.gpu.get()};
+    for (int i = 0; i < 2; ++i) {
+      Backend& be = *bes[i];
+      DTensor l = be.upload(lg.data(), {m, n}, DType::F32), dm = be.alloc({m}, DType::F32);
+      be.row_max(l, dm);
+      mx[i] = be.to_host(dm);
+      be.softmax_parts(l, mx[0], tgt, 20, acc[i]);
+      be.row_topk(l, 10, ids[i], vals[i]);
+    }
+    CHECK(mx[1] == mx[0]);
+    for (size_t i = 0; i < acc[0].size(); ++i) CHECK(std::abs(acc[1][i] - acc[0][i]) <= 1e-9 * (1 + std::abs(acc[0][i])));
+    CHECK(ids[1] == ids[0]);
+    CHECK(vals[1] == vals[0]);
+    std::printf("  lm-head m=%lld n=%lld: max, sum-exp, target logit and top-10 equal\n", (long long)m, (long long)n);
+  }
+}
