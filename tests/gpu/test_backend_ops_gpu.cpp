@@ -250,6 +250,35 @@ TEST_CASE("backend ops: short conv and the linear-attention scan on cuda equal t
       };
       check("la_scan output", sh, 5e-4, [&](Backend& be) { return run(be, false); });
       check("la_scan state", sh, 1e-4, [&](Backend& be) { return run(be, true); });
+      // The segment's transition (A, B) and the merge of two copies of it (each backend merges its
+      // own transition): fp32 state math, held to the state's 1e-4.
+      if (T != 19) continue;
+      auto trans = [&](Backend& be, int part) {
+        dz::LaScanArgs a;
+        a.kda = c.kda;
+        a.HK = c.HK, a.HV = c.HV, a.K = c.K, a.V = c.V;
+        a.k = be.upload(k.data(), {T, KD}, be.act_dtype());
+        a.q = a.k;
+        a.v = be.upload(v.data(), {T, VD}, be.act_dtype());
+        a.beta = be.upload(b.data(), {T, c.HV}, be.act_dtype());
+        a.gate = dz::LaGateArgs{be.upload(f.data(), {T, GK}, be.act_dtype()), be.upload(A_log.data(), {c.HV}, DType::F32),
+                                be.upload(dtb.data(), {GK}, DType::F32), c.lb};
+        DTensor A = be.alloc({c.HV, c.K, c.K}, DType::F32), B = be.alloc({c.HV, c.K, c.V}, DType::F32);
+        be.la_transition(a, A, B);
+        if (part < 2) return be.to_host(part == 0 ? A : B);
+        // merge [A, B] twice: S_init[1] = B, S_final = A B + B
+        DTensor A2 = be.alloc({2, c.HV, c.K, c.K}, DType::F32), B2 = be.alloc({2, c.HV, c.K, c.V}, DType::F32);
+        for (int i = 0; i < 2; ++i) {
+          be.copy_rows(A.reshaped({1, A.numel()}), 0, A2.reshaped({2, A.numel()}), i, 1);
+          be.copy_rows(B.reshaped({1, B.numel()}), 0, B2.reshaped({2, B.numel()}), i, 1);
+        }
+        DTensor Si = be.alloc({2, c.HV, c.K, c.V}, DType::F32), Sf = be.alloc({c.HV, c.K, c.V}, DType::F32);
+        be.la_merge(A2, B2, 2, Si, Sf);
+        return be.to_host(Sf);
+      };
+      check("la_transition A", sh, 1e-4, [&](Backend& be) { return trans(be, 0); });
+      check("la_transition B", sh, 1e-4, [&](Backend& be) { return trans(be, 1); });
+      check("la_merge", sh, 1e-4, [&](Backend& be) { return trans(be, 2); });
     }
   for (int64_t T : {1, 3, 19, 733}) {
     const int64_t C = 96, W = 4;
