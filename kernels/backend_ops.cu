@@ -1,6 +1,8 @@
 // The CUDA backend's own ops (see backend_ops.cuh). Correct first, in plain SIMT: elementwise ops
 // are memory-bound anyway; attention and the grouped expert GEMM are the places issue 12's
 // tensor-core versions replace.
+#include <cuda_fp8.h>
+
 #include <cfloat>
 #include <cmath>
 
@@ -463,6 +465,62 @@ __global__ void k_shared_add(const bf16* x, const float* gate, const bf16* sh, i
     y[t * D + i] = __float2bfloat16_rn(__bfloat162float(y[t * D + i]) + g * __bfloat162float(sh[t * D + i]));
 }
 
+// ---- DSA indexer pieces ----
+__global__ void k_layer_norm(const void* x, Dt xdt, const float* w, const float* b, void* y, Dt ydt, int64_t D,
+                             float eps) {
+  const int64_t r = blockIdx.x;
+  float sum = 0.f;
+  for (int64_t d = threadIdx.x; d < D; d += blockDim.x) sum += ldv(x, xdt, r * D + d);
+  const float mean = block_sum(sum) / float(D);
+  float var = 0.f;
+  for (int64_t d = threadIdx.x; d < D; d += blockDim.x) {
+    const float c = ldv(x, xdt, r * D + d) - mean;
+    var += c * c;
+  }
+  const float inv = 1.f / sqrtf(block_sum(var) / float(D) + eps);
+  for (int64_t d = threadIdx.x; d < D; d += blockDim.x) {
+    float n = (ldv(x, xdt, r * D + d) - mean) * inv;
+    if (w) n *= w[d];
+    if (b) n += b[d];
+    stv(y, ydt, r * D + d, n);
+  }
+}
+__global__ void k_scale(float* x, float a, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    x[i] *= a;
+}
+// One block per (query, 128-key tile); the query's [H, D] row in shared memory, a thread per key.
+constexpr int kIdxTile = 128, kIdxMaxQ = 8192;
+__global__ void __launch_bounds__(kIdxTile) k_indexer_scores_any(const bf16* q, const float* w, const bf16* k,
+                                                                 int64_t pos0, int H, int D, float* scores,
+                                                                 int64_t ld) {
+  __shared__ float qs[kIdxMaxQ];
+  __shared__ float ws[64];
+  const int64_t t = blockIdx.y, s = int64_t(blockIdx.x) * kIdxTile + threadIdx.x, last = pos0 + t;
+  if (int64_t(blockIdx.x) * kIdxTile > last) return;
+  for (int i = threadIdx.x; i < H * D; i += blockDim.x) qs[i] = __bfloat162float(q[t * H * D + i]);
+  for (int i = threadIdx.x; i < H; i += blockDim.x) ws[i] = w[t * H + i];
+  __syncthreads();
+  if (s > last) return;
+  const bf16* kr = k + s * D;
+  float acc = 0.f;
+  for (int h = 0; h < H; ++h) {
+    float d = 0.f;
+    for (int i = 0; i < D; ++i) d += qs[h * D + i] * __bfloat162float(kr[i]);
+    if (d > 0.f) acc += ws[h] * d;
+  }
+  scores[t * ld + s] = acc;
+}
+
+__global__ void k_kv_fp8_dequant(const uint8_t* codes, const float* scales, int64_t rows, int64_t n, bf16* y) {
+  const int64_t tiles = (n + 127) / 128, total = rows * n;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total; i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t r = i / n, c = i % n;
+    const __half_raw h = __nv_cvt_fp8_to_halfraw(__nv_fp8_storage_t(codes[i]), __NV_E4M3);
+    y[i] = __float2bfloat16_rn(__half2float(__half(h)) * scales[r * tiles + c / 128]);
+  }
+}
+
 // ---- LM head: one block per row ----
 __global__ void k_row_max(const float* lg, int64_t n, float* mx) {
   const float* x = lg + blockIdx.x * n;
@@ -638,6 +696,33 @@ void shared_expert_add(const bf16* x, const float* gate, const bf16* sh, int64_t
                        cudaStream_t s) {
   if (T <= 0) return;
   k_shared_add<<<unsigned(T), 256, 0, s>>>(x, gate, sh, D, y);
+  CUDA_CHECK_LAUNCH();
+}
+void layer_norm(const void* x, Dt xdt, const float* w, const float* b, void* y, Dt ydt, int64_t rows, int64_t D,
+                float eps, cudaStream_t s) {
+  if (rows <= 0) return;
+  k_layer_norm<<<unsigned(rows), D >= 256 ? 256 : 64, 0, s>>>(x, xdt, w, b, y, ydt, D, eps);
+  CUDA_CHECK_LAUNCH();
+}
+void scale(float* x, float a, int64_t n, cudaStream_t s) {
+  if (n <= 0) return;
+  k_scale<<<grid_for(n, 256), 256, 0, s>>>(x, a, n);
+  CUDA_CHECK_LAUNCH();
+}
+void indexer_scores_any(const bf16* q, const float* w, const bf16* k, int64_t T, int64_t pos0, int H, int D,
+                        float* scores, int64_t ld, cudaStream_t s) {
+  DZ_CHECK(H * D <= kIdxMaxQ && H <= 64, "indexer_scores_any: ", H, " heads x ", D, " (H*D <= ", kIdxMaxQ,
+           ", H <= 64)");
+  if (T <= 0) return;
+  DZ_CHECK(T < 65536, "indexer_scores_any: ", T, " query rows per call (at most 65535)");
+  dim3 grid(unsigned((pos0 + T + kIdxTile - 1) / kIdxTile), unsigned(T));
+  k_indexer_scores_any<<<grid, kIdxTile, 0, s>>>(q, w, k, pos0, H, D, scores, ld);
+  CUDA_CHECK_LAUNCH();
+}
+void kv_fp8_dequantize_bf16(const uint8_t* codes, const float* scales, int64_t rows, int64_t n, bf16* y,
+                            cudaStream_t s) {
+  if (rows * n <= 0) return;
+  k_kv_fp8_dequant<<<grid_for(rows * n, 256), 256, 0, s>>>(codes, scales, rows, n, y);
   CUDA_CHECK_LAUNCH();
 }
 void row_max(const float* logits, int64_t m, int64_t n, float* mx, cudaStream_t s) {

@@ -85,6 +85,20 @@ void moe_combine(const __nv_bfloat16* ys, const int32_t* pos_of, const float* w,
 void shared_expert_add(const __nv_bfloat16* x, const float* gate, const __nv_bfloat16* sh, int64_t T, int64_t D,
                        __nv_bfloat16* y, cudaStream_t s);
 
+// ---- DSA indexer pieces ----
+// y = (x - mean) / sqrt(var + eps) * w + b per row (torch LayerNorm, biased variance). ops/indexer layer_norm.
+void layer_norm(const void* x, Dt xdt, const float* w, const float* b, void* y, Dt ydt, int64_t rows, int64_t D,
+                float eps, cudaStream_t s);
+// x *= a (f32)
+void scale(float* x, float a, int64_t n, cudaStream_t s);
+// scores [T, ld] f32 (row t valid for s <= pos0 + t, later columns untouched) of any head dims
+// (H * D <= 8192): score(t, s) = sum_h w[t, h] * relu(q[t, h] · k[s]). ops/indexer indexer_scores.
+void indexer_scores_any(const __nv_bfloat16* q, const float* w, const __nv_bfloat16* k, int64_t T, int64_t pos0,
+                        int H, int D, float* scores, int64_t ld, cudaStream_t s);
+// The KV cache's per-128-tile FP8 (quant.cuh kv_fp8_quantize) back to bf16: y = bf16(code * scale).
+void kv_fp8_dequantize_bf16(const uint8_t* codes, const float* scales, int64_t rows, int64_t n, __nv_bfloat16* y,
+                            cudaStream_t s);
+
 // ---- LM head (vocabulary shard of n columns; logits f32 [m, n]) ----
 void row_max(const float* logits, int64_t m, int64_t n, float* mx, cudaStream_t s);
 // acc [m, 2] f64: sum exp(x - mx[r]) and x[target[r] - v0] when in range (else 0)

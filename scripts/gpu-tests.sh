@@ -20,7 +20,7 @@ rc=${PIPESTATUS[0]}
 set -e
 EXE=$B/dayzero
 W=$(mktemp -d)
-for fam in kimi_linear qwen3_next; do
+for fam in kimi_linear qwen3_next deepseek_v32; do
   M=tests/golden/$fam
   cp "$M/golden.h5" "$W/$fam.in.h5"  # /tokens + /offsets: a dayzero input as it is
   "$EXE" run --model "$M" --input "$W/$fam.in.h5" --output "$W/$fam.cpu.h5" --backend cpu >/dev/null
@@ -34,6 +34,11 @@ for fam in kimi_linear qwen3_next; do
     mpirun -np $((${#name} > 3 ? 4 : 2)) "$EXE" run --model "$M" --input "$W/$fam.in.h5" --output "$W/$fam.np_$name.h5" \
       --backend cuda $lay >/dev/null
   done
+  if [[ $fam == deepseek_v32 ]]; then  # the quantised caches, on both backends
+    q=(--kv-cache fp8 --index-quant mxfp8)
+    "$EXE" run --model "$M" --input "$W/$fam.in.h5" --output "$W/$fam.q.cpu.h5" --backend cpu "${q[@]}" >/dev/null
+    "$EXE" run --model "$M" --input "$W/$fam.in.h5" --output "$W/$fam.q.cuda.h5" --backend cuda "${q[@]}" >/dev/null
+  fi
   python3 - "$W" "$fam" <<'PY' | tee -a "$L/cli.log" || rc=1
 import sys, glob, json, h5py, numpy as np
 w, fam = sys.argv[1:3]
@@ -55,6 +60,13 @@ for p in sorted(glob.glob(f"{w}/{fam}.np_*.h5")):
     ok = ok and good
     print(f"cli {fam} {p.split('.')[-2][3:]}: vs 1 rank (cuda) mean |dlp| {e.mean():.3g} max {e.max():.3g}; "
           f"vs cpu mean {f.mean():.3g} max {f.max():.3g} {'ok' if good else 'FAILED'}")
+import os
+if os.path.exists(f"{w}/{fam}.q.cpu.h5"):
+    e = np.abs(lp(f"{w}/{fam}.q.cuda.h5") - lp(f"{w}/{fam}.q.cpu.h5"))
+    good = e.mean() <= tm and e.max() <= tx
+    ok = ok and good
+    print(f"cli {fam} --kv-cache fp8 --index-quant mxfp8: cuda vs cpu mean |dlp| {e.mean():.3g} max {e.max():.3g} "
+          f"{'ok' if good else 'FAILED'}")
 sys.exit(0 if ok else 1)
 PY
   python3 -c "import json,sys; r=json.load(open('$W/$fam.report.json')); print('report:', {k: r[k] for k in ('tokens','seconds') if k in r}, [(x.get('device'), x.get('peak_device_memory_bytes')) for x in r.get('per_rank', [])])" | tee -a "$L/cli.log"

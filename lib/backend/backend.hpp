@@ -154,6 +154,17 @@ class Backend {
   // positions pos0 .. pos0+T-1.
   virtual void rope(const Rope& rope, const DTensor& x, int64_t H, int64_t head_stride, int64_t offset, int64_t pos0) = 0;
   virtual void attention(const AttnArgs& a) = 0;
+  // y = LayerNorm(x) * w + b per row of the last dim of w (torch LayerNorm, biased variance).
+  virtual void layer_norm(const DTensor& x, const DTensor& w, const DTensor& b, const DTensor& y, float eps) = 0;
+  // DSA lightning indexer Top-K (ops/indexer.hpp): q [T, H*D], w [T, H] F32 (weights_proj output,
+  // multiplied by wscale here), keys [S, D] with S >= pos0 + T -> sel [T, K] I32 on this device:
+  // per query the K best positions s <= pos0 + t, ascending, -1 padded; ties to the lower position.
+  virtual void indexer_topk(const DTensor& q, const DTensor& w, float wscale, const DTensor& keys, int64_t pos0,
+                            int64_t H, int64_t K, const DTensor& sel) = 0;
+  // In-place quantisation round trips of rows (last dim): what a cache in that format holds
+  // (core/fp8.hpp): MXFP8 (the indexer's q and k), per-128-tile FP8 (the latent KV cache), BF16.
+  enum class Round { Mxfp8, KvFp8, Bf16 };
+  virtual void quant_round(const DTensor& x, Round kind) = 0;
   // Block AttnRes depth mixture (model/attn_res.hpp): values = blocks[0 .. n) then partial, each
   // [T, D] F32; query [D] F32 (w_norm ⊙ w_proj); out [T, D] F32.
   virtual void attn_res_mix(const DTensor& blocks, int64_t n, const DTensor& partial, const DTensor& query, float eps,

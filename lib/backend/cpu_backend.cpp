@@ -10,7 +10,9 @@
 #include "backend/backend.hpp"
 #include "core/bf16.hpp"
 #include "core/linalg.hpp"
+#include "core/fp8.hpp"
 #include "ops/attention.hpp"
+#include "ops/indexer.hpp"
 #include "ops/linear_attn.hpp"
 #include "ops/moe.hpp"
 #include "ops/norm.hpp"
@@ -237,6 +239,32 @@ class CpuBackend final : public Backend {
     const bool sparse = a.sel.defined() && a.sel.numel() > 0;
     causal_attention(a.q.f32(), a.k.f32(), a.v.f32(), a.out.f32(), T, a.pos0, S, a.Hq, a.Hkv, a.Dk, a.Dv, a.scale,
                      sparse ? a.sel.i32() : nullptr, sparse ? a.sel.cols() : 0);
+  }
+  void layer_norm(const DTensor& x, const DTensor& w, const DTensor& b, const DTensor& y, float eps) override {
+    same_numel(x, y, "layer_norm");
+    const int64_t D = w.numel();
+    dz::layer_norm(x.f32(), opt(w), opt(b), y.f32(), x.numel() / D, D, eps);
+  }
+  void indexer_topk(const DTensor& q, const DTensor& w, float wscale, const DTensor& keys, int64_t pos0, int64_t H,
+                    int64_t K, const DTensor& sel) override {
+    const int64_t T = w.rows(), D = keys.cols(), S = keys.rows();
+    std::vector<float> ws(w.f32(), w.f32() + T * H);
+    for (float& v : ws) v *= wscale;
+    // Score in blocks of query rows so prefill memory stays at rows × S.
+    const int64_t block = 64;
+    std::vector<float> scores;
+    for (int64_t t0 = 0; t0 < T; t0 += block) {
+      const int64_t n = std::min(block, T - t0);
+      scores.resize(size_t(n * S));
+      indexer_scores(q.f32() + t0 * H * D, ws.data() + t0 * H, keys.f32(), scores.data(), n, pos0 + t0, S, H, D);
+      topk_positions(scores.data(), sel.i32() + t0 * K, n, pos0 + t0, S, K);
+    }
+  }
+  void quant_round(const DTensor& x, Round kind) override {
+    const int64_t n = x.cols(), rows = x.rows();
+    if (kind == Round::Mxfp8) mxfp8_round(x.f32(), rows, n, x.f32());
+    if (kind == Round::KvFp8) kv_fp8_round(x.f32(), rows, n, x.f32());
+    if (kind == Round::Bf16) bf16_round(x.f32(), rows * n, x.f32());
   }
   void attn_res_mix(const DTensor& blocks, int64_t n, const DTensor& partial, const DTensor& query, float eps,
                     const DTensor& out) override {

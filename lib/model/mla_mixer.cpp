@@ -108,10 +108,7 @@ class MlaMixer : public Mixer {
     DZ_CHECK(layer >= 0 && size_t(layer) < cfg.layers.size(), p, ": layer ", layer, " outside the layer list");
     // The indexer's weights are replicated on every TP rank (docs/parallel_attention.md: sharding
     // its heads would all-reduce a [T, S] fp32 score matrix per layer); see select_topk.
-    if (cfg.layers[size_t(layer)].has_indexer) indexer_ = std::make_unique<DsaIndexer>(cfg, ck, p + "indexer.");
-    DZ_CHECK(be.device() == Device::Host || !indexer_, p, ": the DSA indexer runs on the cpu backend only in this ",
-             "version (the CUDA indexer and sparse MLA kernels are not wired into the model yet)");
-    DZ_CHECK(be.device() == Device::Host || !kv_fp8_, p, ": --kv-cache fp8 runs on the cpu backend only in this version");
+    if (cfg.layers[size_t(layer)].has_indexer) indexer_ = std::make_unique<DsaIndexer>(cfg, ck, p + "indexer.", be);
     if (hkv_a_.empty()) return;  // dry run (inspect): names and shapes only
     auto up = [&](const Tensor& t) { return t.empty() ? DTensor{} : be.weight(t); };
     auto par = [&](const Tensor& t) { return t.empty() ? DTensor{} : be.param(t); };
@@ -139,7 +136,7 @@ class MlaMixer : public Mixer {
     auto st = std::make_unique<AttnCache>();
     st->latent.init(*be_, R_, be_->act_dtype());
     st->k_pe.init(*be_, rope_dim_, be_->act_dtype());
-    st->index_k.init(cpu_backend(), idx_dim(), DType::F32);  // the indexer runs on the host (CPU backend only)
+    st->index_k.init(*be_, idx_dim(), be_->act_dtype());
     return st;
   }
 
@@ -151,7 +148,7 @@ class MlaMixer : public Mixer {
              "MLA mixer: cache size does not match position ", pos0);
     DTensor q = be_->act({T, Hl_ * Dq}), q_resid = be_->act({T, q_lora_});
     DTensor c = st->latent.append(T), kr = st->k_pe.append(T);
-    float* ki = indexer_ ? st->index_k.append(T).f32() : nullptr;
+    DTensor ki = indexer_ ? st->index_k.append(T) : DTensor{};
     project(x, pos0, q, q_resid, c, kr, ki);
 
     DTensor sel;
@@ -159,8 +156,9 @@ class MlaMixer : public Mixer {
       const int64_t n_sel = indexer_->topk();
       st->last_topk.assign(size_t(T * n_sel), -1);
       st->topk_width = n_sel;
-      select_topk(x.f32(), q_resid.f32(), T, pos0, st->index_k.all().f32(), st->last_topk.data());
-      sel = be_->upload_i32(st->last_topk.data(), {T, n_sel});
+      sel = be_->alloc({T, n_sel}, DType::I32);
+      select_topk(x, q_resid, pos0, st->index_k.all(), sel);
+      if (T) be_->download_i32(sel, st->last_topk.data());
     }
     DTensor o = be_->act({T, Hl_ * vd_});
     if (T > 0) attend(*st, S, q, pos0, sel, o);
@@ -185,20 +183,21 @@ class MlaMixer : public Mixer {
     std::vector<float> mine(size_t(Rl * W));
     {
       DTensor c = be_->act({Rl, R_}), kr = be_->act({Rl, rope_dim_});
-      std::vector<float> ki(size_t(Rl * Di));  // indexer keys: host (the indexer runs on the CPU backend)
+      DTensor ki = be_->act({Rl, Di});
       int64_t r = 0;
       for (int j : segs) {
         const int64_t T = lay.seg_len(j), pos0 = lay.seg_begin(j);
         DTensor qs = q.slab(r, r + T), qr = q_resid.slab(r, r + T);
-        project(x.slab(r, r + T), pos0, qs, qr, c.slab(r, r + T), kr.slab(r, r + T), ki.data() + r * Di);
+        project(x.slab(r, r + T), pos0, qs, qr, c.slab(r, r + T), kr.slab(r, r + T),
+                indexer_ ? ki.slab(r, r + T) : DTensor{});
         r += T;
       }
-      const std::vector<float> hc = be_->to_host(c), hk = be_->to_host(kr);
+      const std::vector<float> hc = be_->to_host(c), hk = be_->to_host(kr), hi = be_->to_host(ki);
       for (int64_t t = 0; t < Rl; ++t) {
         float* e = mine.data() + t * W;
         std::copy(hc.begin() + t * R_, hc.begin() + (t + 1) * R_, e);
         std::copy(hk.begin() + t * rope_dim_, hk.begin() + (t + 1) * rope_dim_, e + R_);
-        std::copy(ki.begin() + t * Di, ki.begin() + (t + 1) * Di, e + R_ + rope_dim_);
+        std::copy(hi.begin() + t * Di, hi.begin() + (t + 1) * Di, e + R_ + rope_dim_);
       }
     }
 
@@ -209,19 +208,19 @@ class MlaMixer : public Mixer {
       const std::vector<float> all = ctx.cp->allgatherv(mine);
       DZ_CHECK(int64_t(all.size()) == L * W, "MLA forward_cp: gathered ", all.size() / size_t(W ? W : 1),
                " cache rows for a document of ", L);
-      std::vector<float> lat(size_t(L * R_)), kpe(size_t(L * rope_dim_));
-      float* ik = indexer_ ? st->index_k.append(L).f32() : nullptr;
+      std::vector<float> lat(size_t(L * R_)), kpe(size_t(L * rope_dim_)), ik(size_t(L * Di));
       const float* e = all.data();
       for (int rank = 0; rank < lay.cp_size; ++rank)
         for (int j : lay.segments_of(rank))
           for (int64_t s = lay.seg_begin(j); s < lay.seg_begin(j) + lay.seg_len(j); ++s, e += W) {
             std::copy(e, e + R_, lat.begin() + s * R_);
             std::copy(e + R_, e + R_ + rope_dim_, kpe.begin() + s * rope_dim_);
-            if (ik) std::copy(e + R_ + rope_dim_, e + W, ik + s * Di);
+            std::copy(e + R_ + rope_dim_, e + W, ik.begin() + s * Di);
           }
       // cache entries are act values: the round trip through the host is exact
       be_->copy_rows(be_->upload(lat.data(), {L, R_}, be_->act_dtype()), 0, st->latent.append(L), 0, L);
       be_->copy_rows(be_->upload(kpe.data(), {L, rope_dim_}, be_->act_dtype()), 0, st->k_pe.append(L), 0, L);
+      if (indexer_) be_->copy_rows(be_->upload(ik.data(), {L, Di}, be_->act_dtype()), 0, st->index_k.append(L), 0, L);
       st->pos = L;
     }
 
@@ -237,10 +236,9 @@ class MlaMixer : public Mixer {
       DTensor sel;
       if (indexer_) {
         auto tm = ctx.time("indexer");
-        int32_t* sl = st->last_topk.data() + r * K;
-        ctx.flops("indexer", select_topk(x.f32() + r * D_, q_resid.f32() + r * q_lora_, T, pos0,
-                                         st->index_k.all().f32(), sl));
-        sel = host_view_i32(sl, {T, K});
+        sel = be_->alloc({T, K}, DType::I32);
+        ctx.flops("indexer", select_topk(x.slab(r, r + T), q_resid.slab(r, r + T), pos0, st->index_k.all(), sel));
+        be_->download_i32(sel, st->last_topk.data() + r * K);
       }
       {
         auto tm = ctx.time("attention");
@@ -255,17 +253,12 @@ class MlaMixer : public Mixer {
 
  private:
   int64_t idx_dim() const { return indexer_ ? indexer_->head_dim() : 0; }
-  static DTensor host_view_i32(int32_t* p, Shape s) {
-    DTensor v = host_view(reinterpret_cast<float*>(p), std::move(s));
-    v.dtype = DType::I32;
-    return v;
-  }
 
   // Rows x [T, D] at positions pos0 .. pos0+T-1 -> q [T, Hl*Dq] (rope part rotated), q_resid
   // [T, q_lora] (the indexer's input; untouched without q_lora), the cache entries c [T, R]
-  // (after kv_a_layernorm), kr [T, rope] (rotated) and the indexer keys ki [T, Di] (host).
+  // (after kv_a_layernorm), kr [T, rope] (rotated) and the indexer keys ki [T, Di].
   void project(const DTensor& x, int64_t pos0, const DTensor& q, const DTensor& q_resid, const DTensor& c,
-               const DTensor& kr, float* ki) const {
+               const DTensor& kr, const DTensor& ki) const {
     const int64_t T = x.rows();
     if (T == 0) return;
     Backend& be = *be_;
@@ -287,10 +280,10 @@ class MlaMixer : public Mixer {
       be.rope(*rope_, kr, 1, rope_dim_, 0, pos0);
     }
     if (kv_fp8_) {  // --kv-cache fp8: what the cache would hold (latent per 128-tile FP8, RoPE part BF16)
-      kv_fp8_round(c.f32(), T, R_, c.f32());
-      bf16_round(kr.f32(), T * rope_dim_, kr.f32());
+      be.quant_round(c, Backend::Round::KvFp8);
+      be.quant_round(kr, Backend::Round::Bf16);
     }
-    if (indexer_) indexer_->keys(x.f32(), T, pos0, ki);
+    if (indexer_) indexer_->keys(x, pos0, ki);
   }
 
   // Attention of q [T, Hl*Dq] at pos0 .. over the first S cache rows: keys k [S, Hl, Dq] and values
@@ -329,20 +322,23 @@ class MlaMixer : public Mixer {
   // (docs/parallel_attention.md). Either way every rank ends with the same, serial-identical
   // sets. Returns the scoring FLOPs done by this rank.
   static constexpr int64_t kSplitRows = 8;
-  double select_topk(const float* x, const float* q_resid, int64_t T, int64_t pos0, const float* index_k,
-                     int32_t* sel) const {
-    const int64_t K = indexer_->topk();
+  double select_topk(const DTensor& x, const DTensor& q_resid, int64_t pos0, const DTensor& index_k,
+                     const DTensor& sel) const {
+    const int64_t K = indexer_->topk(), T = x.rows();
     const bool split = tp_.size > 1 && tp_.comm && tp_.comm->size() == tp_.size && T >= kSplitRows * tp_.size;
     if (!split) {
-      indexer_->select(x, q_resid, T, pos0, index_k, sel);
+      indexer_->select(x, q_resid, pos0, index_k, sel);
       return indexer_flops(pos0, T);
     }
     const auto [a, b] = tp_.range_uneven(T);  // this rank's query rows, blocks in TP-rank order
-    std::vector<int32_t> mine(size_t((b - a) * K));
-    indexer_->select(x + a * D_, q_resid + a * q_lora_, b - a, pos0 + a, index_k, mine.data());
-    const std::vector<int32_t> all = tp_.comm->allgatherv(mine);
+    DTensor mine = be_->alloc({b - a, K}, DType::I32);
+    indexer_->select(x.slab(a, b), q_resid.slab(a, b), pos0 + a, index_k, mine);
+    std::vector<int32_t> h(size_t((b - a) * K));
+    if (b > a) be_->download_i32(mine, h.data());
+    const std::vector<int32_t> all = tp_.comm->allgatherv(h);
     DZ_CHECK(int64_t(all.size()) == T * K, "MLA indexer: gathered ", all.size(), " Top-K entries, expected ", T * K);
-    std::copy(all.begin(), all.end(), sel);
+    const DTensor up = be_->upload_i32(all.data(), {T, K});
+    be_->copy_rows(up, 0, sel, 0, T);
     return indexer_flops(pos0 + a, b - a);
   }
 

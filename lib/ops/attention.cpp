@@ -145,7 +145,9 @@ DTensor RowStore::append(int64_t k) {
   DZ_CHECK(be, "RowStore used before init");
   const int64_t cap = buf.defined() ? buf.dim(0) : 0;
   if (n + k > cap) {
-    const int64_t nc = std::max<int64_t>({n + k, 2 * cap, 16});
+    // capacities in whole pages of 64 rows: a RowStore doubles as a paged cache with an identity
+    // block table (the CUDA indexer reads its key rows that way)
+    const int64_t nc = (std::max<int64_t>({n + k, 2 * cap, 64}) + 63) / 64 * 64;
     DTensor nb = be->alloc({nc, width}, dtype);
     if (n > 0) be->copy_rows(buf, 0, nb, 0, n);
     buf = nb;

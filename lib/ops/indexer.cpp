@@ -84,8 +84,9 @@ void topk_positions(const float* scores, int32_t* sel, int64_t T, int64_t pos0, 
   }
 }
 
-DsaIndexer::DsaIndexer(const ModelConfig& cfg, Checkpoint& ck, const std::string& prefix)
-    : hidden_(cfg.hidden_size),
+DsaIndexer::DsaIndexer(const ModelConfig& cfg, Checkpoint& ck, const std::string& prefix, Backend& be)
+    : be_(&be),
+      hidden_(cfg.hidden_size),
       q_lora_(cfg.q_lora_rank),
       H_(cfg.index_n_heads),
       D_(cfg.index_head_dim),
@@ -96,56 +97,45 @@ DsaIndexer::DsaIndexer(const ModelConfig& cfg, Checkpoint& ck, const std::string
   DZ_CHECK(H_ > 0 && D_ > 0 && topk_ > 0, prefix, ": index_n_heads, index_head_dim and index_topk must be > 0");
   DZ_CHECK(rope_dim_ >= 0 && rope_dim_ <= D_ && rope_dim_ % 2 == 0, prefix, ": qk_rope_head_dim ", rope_dim_,
            " must be even and fit index_head_dim ", D_);
-  wq_b_ = ck.get(prefix + "wq_b.weight", {H_ * D_, q_lora_}, Init::normal(0.02f));
-  wk_ = ck.get(prefix + "wk.weight", {D_, hidden_}, Init::normal(0.02f));
-  k_norm_w_ = ck.get(prefix + "k_norm.weight", {D_}, Init::ones());
-  k_norm_b_ = ck.get(prefix + "k_norm.bias", {D_}, Init::zeros());
-  weights_proj_ = ck.get(prefix + "weights_proj.weight", {H_, hidden_}, Init::normal(0.02f));
+  const Tensor wq_b = ck.get(prefix + "wq_b.weight", {H_ * D_, q_lora_}, Init::normal(0.02f));
+  const Tensor wk = ck.get(prefix + "wk.weight", {D_, hidden_}, Init::normal(0.02f));
+  const Tensor nw = ck.get(prefix + "k_norm.weight", {D_}, Init::ones());
+  const Tensor nb = ck.get(prefix + "k_norm.bias", {D_}, Init::zeros());
+  const Tensor wp = ck.get(prefix + "weights_proj.weight", {H_, hidden_}, Init::normal(0.02f));
   if (rope_dim_ > 0) {
     RopeConfig rc = cfg.rope;
     rc.style = RopeStyle::NeoX;  // the indexer's rope is never interleaved
     rope_ = std::make_unique<Rope>(rc, rope_dim_);
   }
+  if (wk.empty()) return;  // dry run (inspect): names and shapes only
+  wq_b_ = be.weight(wq_b);
+  wk_ = be.weight(wk);
+  k_norm_w_ = be.param(nw);
+  k_norm_b_ = be.param(nb);
+  weights_proj_ = be.weight(wp);
 }
 
-void DsaIndexer::forward(const float* x, const float* q_resid, int64_t T, int64_t pos0, std::vector<float>& index_k,
-                         int32_t* sel) const {
-  DZ_CHECK(int64_t(index_k.size()) == pos0 * D_, "indexer: key cache holds ", index_k.size() / size_t(D_),
-           " rows, expected ", pos0);
-  index_k.resize(size_t((pos0 + T) * D_));
-  keys(x, T, pos0, index_k.data() + pos0 * D_);
-  select(x, q_resid, T, pos0, index_k.data(), sel);
-}
-
-void DsaIndexer::keys(const float* x, int64_t T, int64_t pos0, float* k) const {
+void DsaIndexer::keys(const DTensor& x, int64_t pos0, const DTensor& k) const {
+  const int64_t T = x.rows();
   if (T == 0) return;
-  linear(x, wk_.ptr(), nullptr, k, T, hidden_, D_);
-  layer_norm(k, k_norm_w_.ptr(), k_norm_b_.ptr(), k, T, D_, 1e-6f);
-  if (rope_) rope_->apply(k, T, 1, D_, 0, pos0);
-  if (mxfp8_) mxfp8_round(k, T, D_, k);  // each key: D/32 groups with one E8M0 scale each
+  be_->linear(x, wk_, DTensor{}, k);
+  be_->layer_norm(k, k_norm_w_, k_norm_b_, k, 1e-6f);
+  if (rope_) be_->rope(*rope_, k, 1, D_, 0, pos0);
+  if (mxfp8_) be_->quant_round(k, Backend::Round::Mxfp8);  // each key: D/32 groups with one E8M0 scale each
 }
 
-void DsaIndexer::select(const float* x, const float* q_resid, int64_t T, int64_t pos0, const float* index_k,
-                        int32_t* sel) const {
+void DsaIndexer::select(const DTensor& x, const DTensor& q_resid, int64_t pos0, const DTensor& index_k,
+                        const DTensor& sel) const {
+  const int64_t T = x.rows();
   if (T == 0) return;
-  const int64_t S = pos0 + T;
-  std::vector<float> q(size_t(T * H_ * D_));  // [T, H, D]
-  linear(q_resid, wq_b_.ptr(), nullptr, q.data(), T, q_lora_, H_ * D_);
-  if (rope_) rope_->apply(q.data(), T, H_, D_, 0, pos0);
-  if (mxfp8_) mxfp8_round(q.data(), T * H_, D_, q.data());  // per token and head
-  std::vector<float> w(size_t(T * H_));  // [T, H]
-  linear(x, weights_proj_.ptr(), nullptr, w.data(), T, hidden_, H_);
+  DTensor q = be_->act({T, H_ * D_});  // [T, H, D]
+  be_->linear(q_resid, wq_b_, DTensor{}, q);
+  if (rope_) be_->rope(*rope_, q, H_, D_, 0, pos0);
+  if (mxfp8_) be_->quant_round(q.reshaped({T * H_, D_}), Backend::Round::Mxfp8);  // per token and head
+  DTensor w = be_->alloc({T, H_}, DType::F32);  // [T, H]
+  be_->linear(x, weights_proj_, DTensor{}, w);
   const float wscale = float(1.0 / std::sqrt(double(H_)) / std::sqrt(double(D_)));
-  for (float& v : w) v *= wscale;
-  // Score in blocks of query rows so prefill memory stays at rows × S.
-  const int64_t block = 64;
-  std::vector<float> scores;
-  for (int64_t t0 = 0; t0 < T; t0 += block) {
-    const int64_t n = std::min(block, T - t0);
-    scores.resize(size_t(n * S));
-    indexer_scores(q.data() + t0 * H_ * D_, w.data() + t0 * H_, index_k, scores.data(), n, pos0 + t0, S, H_, D_);
-    topk_positions(scores.data(), sel + t0 * topk_, n, pos0 + t0, S, topk_);
-  }
+  be_->indexer_topk(q, w, wscale, index_k.slab(0, pos0 + T), pos0, H_, topk_, sel);
 }
 
 }  // namespace dz

@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "backend/backend.hpp"
 #include "config/model_config.hpp"
 #include "core/tensor.hpp"
 #include "io/checkpoint.hpp"
@@ -40,31 +41,29 @@ void indexer_scores(const float* q, const float* w, const float* k, float* score
 // ReLU sums). NaN scores rank lowest.
 void topk_positions(const float* scores, int32_t* sel, int64_t T, int64_t pos0, int64_t S, int64_t K);
 
-// The indexer module of one layer: weights under `prefix` ("model.layers.N.self_attn.indexer.").
+// The indexer module of one layer: weights under `prefix` ("model.layers.N.self_attn.indexer."),
+// uploaded to `be`, run with its ops (the same code on both backends).
 class DsaIndexer {
  public:
-  DsaIndexer(const ModelConfig& cfg, Checkpoint& ck, const std::string& prefix);
+  DsaIndexer(const ModelConfig& cfg, Checkpoint& ck, const std::string& prefix, Backend& be);
   int64_t topk() const { return topk_; }
   int64_t head_dim() const { return D_; }
   int64_t n_heads() const { return H_; }
-  // x [T, hidden], q_resid [T, q_lora_rank] for positions pos0 .. pos0+T-1. Appends T keys to
-  // index_k (which must hold pos0 rows: [pos0, Di] -> [pos0 + T, Di]) and writes sel [T, topk()].
-  void forward(const float* x, const float* q_resid, int64_t T, int64_t pos0, std::vector<float>& index_k,
-               int32_t* sel) const;
-  // The two halves of forward, for context parallelism (keys of local rows are gathered first):
-  // keys: k [T, Di] for x [T, hidden] at positions pos0 .. pos0+T-1 (LayerNorm + RoPE).
-  void keys(const float* x, int64_t T, int64_t pos0, float* k) const;
-  // select: Top-K sel [T, topk()] for queries at pos0 .. pos0+T-1 over index_k [>= pos0+T, Di].
-  void select(const float* x, const float* q_resid, int64_t T, int64_t pos0, const float* index_k,
-              int32_t* sel) const;
+  // keys: k [T, Di] (act dtype) for x [T, hidden] at positions pos0 .. pos0+T-1 (LayerNorm + RoPE,
+  // MXFP8-rounded under --index-quant mxfp8).
+  void keys(const DTensor& x, int64_t pos0, const DTensor& k) const;
+  // select: Top-K sel [T, topk()] I32 (on the backend) for queries x / q_resid [T, ..] at
+  // pos0 .. pos0+T-1 over index_k [>= pos0+T, Di].
+  void select(const DTensor& x, const DTensor& q_resid, int64_t pos0, const DTensor& index_k, const DTensor& sel) const;
 
  private:
+  Backend* be_;
   int64_t hidden_, q_lora_, H_, D_, rope_dim_, topk_;
-  Tensor wq_b_;          // [H*D, q_lora]
-  Tensor wk_;            // [D, hidden]
-  Tensor k_norm_w_;      // [D]
-  Tensor k_norm_b_;      // [D]
-  Tensor weights_proj_;  // [H, hidden]
+  DTensor wq_b_;          // [H*D, q_lora]
+  DTensor wk_;            // [D, hidden]
+  DTensor k_norm_w_;      // [D] F32
+  DTensor k_norm_b_;      // [D] F32
+  DTensor weights_proj_;  // [H, hidden]
   std::unique_ptr<Rope> rope_;  // NeoX over rope_dim (null when rope_dim == 0)
   bool mxfp8_ = false;          // --index-quant mxfp8: queries and keys rounded to MXFP8
 };

@@ -13,6 +13,7 @@
 //     logits from one GEMM).
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <memory>
@@ -22,6 +23,7 @@
 
 #include "backend/backend.hpp"
 #include "core/bf16.hpp"
+#include "ops/attention.hpp"
 #include "ops/moe.hpp"
 #include "ops/rope.hpp"
 
@@ -209,6 +211,80 @@ TEST_CASE("backend ops: copies, RoPE, attention and AttnRes on cuda equal the cp
         return be.to_host(o);
       });
     }
+  }
+}
+
+TEST_CASE("backend ops: DSA indexer pieces (LayerNorm, quantisation round trips, Top-K) on cuda equal the cpu backend",
+          "[gpu]") {
+  Both& b = backends();
+  for (int64_t T : kRows) {
+    const std::string sh = "T=" + std::to_string(T);
+    const int64_t D = 64;
+    const auto x = rnd(size_t(T * D), 71), w = rnd(size_t(D), 72), bias = rnd(size_t(D), 73);
+    check("layer_norm", sh, 1e-5, [&](Backend& be) {
+      DTensor a = be.upload(x.data(), {T, D}, be.act_dtype()), o = be.act({T, D});
+      be.layer_norm(a, be.upload(w.data(), {D}, DType::F32), be.upload(bias.data(), {D}, DType::F32), o, 1e-6f);
+      return be.to_host(o);
+    });
+    // MXFP8 values fit bf16: the round trip is bit-exact on both. Per-tile FP8 values (code x fp32
+    // scale) are rounded to bf16 once more on the GPU: one rounding, 1e-5.
+    check("quant mxfp8", sh + " n=160", 0.0, [&](Backend& be) {
+      const auto v = rnd(size_t(T * 160), 74, 3.f);
+      DTensor a = be.upload(v.data(), {T, 160}, be.act_dtype());
+      be.quant_round(a, Backend::Round::Mxfp8);
+      return be.to_host(a);
+    });
+    check("quant kv fp8", sh + " n=300", 1e-5, [&](Backend& be) {
+      const auto v = rnd(size_t(T * 300), 75, 3.f);
+      DTensor a = be.upload(v.data(), {T, 300}, be.act_dtype());
+      be.quant_round(a, Backend::Round::KvFp8);
+      return be.to_host(a);
+    });
+  }
+  // Top-K: the two backends score in a different order (fp32 sums), so a near-tie may swap one
+  // position; sets are compared as sets: at least 99% of the selected positions agree, and every
+  // row is a valid selection (ascending, -1 only as padding, inside the causal range).
+  struct Case {
+    int64_t H, D, K, pos0, T;
+  };
+  // D 64 / 128: the tensor-core indexer (fused at 1000+ queries, split below); the rest: the
+  // plain scorer.
+  const Case cases[] = {{16, 32, 8, 0, 300}, {2, 32, 16, 5, 733}, {4, 64, 256, 0, 1000}, {16, 64, 256, 0, 1000},
+                        {64, 128, 64, 100, 19},  {8, 128, 32, 0, 1},  {16, 128, 32, 0, 1}, {32, 128, 2048, 0, 3000}};
+  for (const Case& c : cases) {
+    const int64_t S = c.pos0 + c.T;
+    const auto q = rnd(size_t(c.T * c.H * c.D), 81), k = rnd(size_t(S * c.D), 82), w = rnd(size_t(c.T * c.H), 83);
+    std::vector<int32_t> sel[2];
+    Backend* bes[2] = {b.cpu.get(), b.gpu.get()};
+    for (int i = 0; i < 2; ++i) {
+      Backend& be = *bes[i];
+      dz::RowStore keys;  // the cache the model keeps (pages of 64 rows for the fused kernel)
+      keys.init(be, c.D, be.act_dtype());
+      be.copy_rows(be.upload(k.data(), {S, c.D}, be.act_dtype()), 0, keys.append(S), 0, S);
+      DTensor out = be.alloc({c.T, c.K}, DType::I32);
+      be.indexer_topk(be.upload(q.data(), {c.T, c.H * c.D}, be.act_dtype()), be.upload(w.data(), {c.T, c.H}, DType::F32),
+                      0.05f, keys.all(), c.pos0, c.H, c.K, out);
+      sel[i].resize(size_t(c.T * c.K));
+      be.download_i32(out, sel[i].data());
+    }
+    int64_t agree = 0, total = 0;
+    for (int64_t t = 0; t < c.T; ++t) {
+      const int32_t* g = sel[1].data() + t * c.K;
+      const int32_t* r = sel[0].data() + t * c.K;
+      const int64_t m = std::min<int64_t>(c.K, c.pos0 + t + 1);  // selected; -1 padding after them
+      for (int64_t j = 0; j < c.K; ++j) {
+        REQUIRE((j < m) == (g[j] >= 0));
+        if (j > 0 && j < m) REQUIRE(g[j] > g[j - 1]);
+        REQUIRE(g[j] <= c.pos0 + t);
+        if (r[j] < 0) continue;
+        ++total;
+        agree += std::binary_search(g, g + m, r[j]) ? 1 : 0;
+      }
+    }
+    const double frac = total ? double(agree) / double(total) : 1.0;
+    std::printf("  indexer_topk     H=%lld D=%lld K=%lld T=%lld pos0=%lld: %.4f of the cpu selection\n", (long long)c.H,
+                (long long)c.D, (long long)c.K, (long long)c.T, (long long)c.pos0, frac);
+    CHECK(frac >= 0.99);
   }
 }
 

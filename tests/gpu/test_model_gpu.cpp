@@ -1,9 +1,9 @@
 // End to end on the GPU: the same model on the CUDA backend (bf16) and on the CPU backend (fp32,
 // the reference), log-probs of every position compared, prefill and then token-by-token decode,
-// plus greedy generations where the top-2 margin is clear. Models: the committed goldens that
-// the CUDA path supports in this version (kimi_linear: KDA + NoPE MLA + MoE; qwen3_next: GDN +
-// gated GQA + MoE; deepseek_v32 needs the DSA indexer on the GPU, not wired yet) and the same two
-// families at head dims 64 / 128, where the chunked tensor-core linear-attention kernels run.
+// plus greedy generations where the top-2 margin is clear. Models: the committed goldens
+// (kimi_linear: KDA + NoPE MLA + MoE; qwen3_next: GDN + gated GQA + MoE; deepseek_v32: MLA + DSA
+// indexer + group-limited MoE), the dayzero presets (KDA + MLA/DSA + MoE + Block AttnRes) and
+// kimi_linear / qwen3_next at head dims 128 / 64, where the chunked tensor-core kernels run.
 //
 // Tolerance: bf16 weights and activations move log-probs by an amount set by the model, not by the
 // kernels; DESIGN §10 ties it to transformers' own bf16-vs-fp32 drift on the same golden model.
@@ -17,6 +17,7 @@
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <map>
 #include <memory>
 #include <random>
 #include <string>
@@ -26,6 +27,7 @@
 
 #include "backend/backend.hpp"
 #include "io/checkpoint.hpp"
+#include "job/tools.hpp"  // presets()
 #include "model/model.hpp"
 
 namespace {
@@ -156,11 +158,23 @@ void compare(const std::string& what, const dz::Model& cpu, const dz::Model& gpu
 
 TEST_CASE("e2e gpu: golden models on the cuda backend against the cpu backend", "[gpu]") {
   auto gpu = dz::make_cuda_backend(0);
-  for (const std::string fam : {"kimi_linear", "qwen3_next"}) {
+  for (const std::string fam : {"kimi_linear", "qwen3_next", "deepseek_v32"}) {
     const std::string dir = std::string(DZ_SOURCE_DIR) + "/tests/golden/" + fam;
     auto cpu_m = dz::Model::load(dir);
     auto gpu_m = dz::Model::load(dir, dz::TpShard{}, false, false, *gpu);
     compare("golden " + fam, *cpu_m, *gpu_m, drift_of(fam), dir);
+  }
+}
+
+TEST_CASE("e2e gpu: the dayzero presets (KDA + MLA/DSA + MoE + Block AttnRes) on the cuda backend", "[gpu]") {
+  auto gpu = dz::make_cuda_backend(0);
+  for (const std::string name : {"demo", "hybrid-small"}) {
+    const dz::ModelConfig cfg = dz::ModelConfig::from_json(nlohmann::json::parse(dz::presets().at(name)));
+    auto ck1 = dz::Checkpoint::random(1), ck2 = dz::Checkpoint::random(1);  // make-model's weights
+    auto cpu_m = dz::Model::build(cfg, *ck1);
+    auto gpu_m = dz::Model::build(cfg, *ck2, dz::TpShard{}, *gpu);
+    // make-model's std-0.02 weights: a fixed 0.02 mean / 0.2 max nats, as for the wide heads below.
+    compare("preset " + name, *cpu_m, *gpu_m, Drift{0.02 / 1.5, 0.2 / 1.5});
   }
 }
 

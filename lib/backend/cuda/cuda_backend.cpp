@@ -14,7 +14,10 @@
 #include "backend_ops.cuh"
 #include "common.cuh"
 #include "core/bf16.hpp"
+#include "indexer.cuh"
 #include "linear_attn.cuh"
+#include "paged_cache.cuh"
+#include "quant.cuh"
 #include "ops/moe.hpp"
 #include "ops/rope.hpp"
 #include "short_conv.cuh"
@@ -414,6 +417,82 @@ class CudaBackend final : public Backend {
     if (sparse && sel.device == Device::Host) sel = upload_i32(static_cast<const int32_t*>(a.sel.data), a.sel.shape);
     cuda::attention(b16(a.q), b16(a.k), b16(a.v), b16w(a.out), T, a.pos0, S, int(a.Hq), int(a.Hkv), int(a.Dk),
                     int(a.Dv), a.scale, sparse ? sel.ptr<int32_t>() : nullptr, sparse ? sel.cols() : 0, st());
+  }
+  void layer_norm(const DTensor& x, const DTensor& w, const DTensor& b, const DTensor& y, float eps) override {
+    const int64_t D = w.numel();
+    cuda::layer_norm(x.data, dt_of(x), optf(w), optf(b), y.data, dt_of(y), x.numel() / D, D, eps, st());
+  }
+  // D in {64, 128}, H <= 64: the fused indexer of kernels/indexer.cu on the key rows as a paged
+  // cache (pages of 64 consecutive rows, identity block table: RowStore capacities are multiples
+  // of 64); other head dims: indexer_scores_any + the same Top-K. Query rows go in blocks so the
+  // scratch score rows stay under ~1 GiB.
+  void indexer_topk(const DTensor& q, const DTensor& w, float wscale, const DTensor& keys, int64_t pos0, int64_t H,
+                    int64_t K, const DTensor& sel) override {
+    const int64_t T = w.rows(), D = keys.cols(), S = pos0 + T;
+    if (T == 0) return;
+    DTensor ws = alloc({T, H}, DType::F32);
+    CUDA_CHECK(cudaMemcpyAsync(ws.data, w.data, size_t(T * H) * 4, cudaMemcpyDeviceToDevice, st()));
+    cuda::scale(ws.ptr<float>(), wscale, T * H, st());
+    std::vector<int32_t> pos(static_cast<size_t>(T));
+    for (int64_t t = 0; t < T; ++t) pos[size_t(t)] = int32_t(pos0 + t);
+    const DTensor dpos = upload_i32(pos.data(), {T});
+    const int64_t block = std::max<int64_t>(1, std::min<int64_t>(T, (int64_t(1) << 28) / S));
+    DTensor scratch = alloc({block, S}, DType::F32);
+    const bool fused = (D == 64 || D == 128) && H <= 64;
+    constexpr int32_t kPage = 64;
+    DTensor table, seq;
+    cuda::BlockTable bt;
+    cuda::IndexKeyCache kc;
+    if (fused) {
+      const int64_t rows = keys.rows() + (keys.rows() % kPage ? kPage - keys.rows() % kPage : 0);
+      DZ_CHECK(keys.mem && int64_t(static_cast<char*>(keys.data) - static_cast<char*>(keys.mem.get())) == 0,
+               "indexer_topk: the key rows must start their allocation (a RowStore)");
+      std::vector<int32_t> tb(size_t(rows / kPage));
+      for (size_t i = 0; i < tb.size(); ++i) tb[i] = int32_t(i);
+      table = upload_i32(tb.data(), {int64_t(tb.size())});
+      const std::vector<int32_t> zeros(static_cast<size_t>(T), 0);
+      seq = upload_i32(zeros.data(), {T});
+      bt.table = table.ptr<int32_t>();
+      bt.max_pages = int32_t(tb.size());
+      bt.page_size = kPage;
+      kc.D = int32_t(D);
+      kc.bf16 = b16w(keys);
+    }
+    for (int64_t t0 = 0; t0 < T; t0 += block) {
+      const int64_t n = std::min(block, T - t0);
+      const bf16* qb = b16(q) + t0 * H * D;
+      int32_t* out = sel.ptr<int32_t>() + t0 * K;
+      if (fused) {
+        cuda::indexer_topk(qb, ws.ptr<float>() + t0 * H, seq.ptr<int32_t>(), dpos.ptr<int32_t>() + t0, n, int32_t(H),
+                           pos0 + t0 + n, bt, kc, int32_t(K), out, scratch.ptr<float>(), st());
+      } else {
+        cuda::indexer_scores_any(qb, ws.ptr<float>() + t0 * H, b16(keys), n, pos0 + t0, int(H), int(D),
+                                 scratch.ptr<float>(), S, st());
+        cuda::topk_from_scores(scratch.ptr<float>(), S, dpos.ptr<int32_t>() + t0, n, int32_t(K), out, st());
+      }
+    }
+  }
+  void quant_round(const DTensor& x, Round kind) override {
+    const int64_t n = x.cols(), rows = x.rows();
+    if (rows * n == 0 || kind == Round::Bf16) {
+      if (x.dtype == DType::F32 && kind == Round::Bf16) {
+        DTensor b = alloc(x.shape, DType::BF16);
+        convert(x, b);
+        convert(b, x);
+      }
+      return;
+    }
+    DZ_CHECK(x.dtype == DType::BF16, "quant_round: bf16 rows expected on the cuda backend");
+    DTensor codes = alloc({rows, n}, DType::U8);
+    if (kind == Round::Mxfp8) {
+      DTensor scales = alloc({rows, (n + 31) / 32}, DType::U8);
+      cuda::mxfp8_quantize(b16(x), rows, n, codes.ptr<uint8_t>(), scales.ptr<uint8_t>(), st());
+      cuda::mxfp8_dequantize_bf16(codes.ptr<uint8_t>(), scales.ptr<uint8_t>(), rows, n, b16w(x), st());
+    } else {
+      DTensor scales = alloc({rows, (n + 127) / 128}, DType::F32);
+      cuda::kv_fp8_quantize(b16(x), rows, n, codes.ptr<uint8_t>(), scales.ptr<float>(), st());
+      cuda::kv_fp8_dequantize_bf16(codes.ptr<uint8_t>(), scales.ptr<float>(), rows, n, b16w(x), st());
+    }
   }
   void attn_res_mix(const DTensor& blocks, int64_t n, const DTensor& partial, const DTensor& query, float eps,
                     const DTensor& out) override {
