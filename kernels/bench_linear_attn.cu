@@ -113,9 +113,9 @@ int bench_linear_attn(const std::string& json_out) {
         for (int bv : {128, 64, 32, 16})
           for (int fused : {1, 0}) {  // v4: outputs inside the recurrence / in a pass after it
           if ((bv == 128 && (variant == 3 || H > 8)) || (variant == 3 && (bv == 16 || !fused))) continue;
-          la_set_variant(variant);
-          la_set_value_block(bv);
-          la_set_fused_output(fused);
+          p.variant = variant;
+          p.value_block = bv;
+          p.fused_output = fused;
           p.workspace = pws;
           const double ms = median_ms([&] { la_chunk_prefill(p, nullptr); }, 3, 1);
           ms_s = std::min(ms_s, ms);
@@ -123,17 +123,17 @@ int bench_linear_attn(const std::string& json_out) {
                         variant == 4 ? (fused ? " fused" : " out-pass") : "", H * (V / bv), gb / (ms * 1e-3));
           add(kda ? "kda_chunk_serial" : "gdn_chunk_serial", buf, ms, buf + 128);
         }
-      la_set_value_block(0);
-      la_set_fused_output(-1);  // the default
+      p.value_block = 0;
+      p.fused_output = -1;  // the default
       p.workspace = nullptr;
       for (int variant : {3, 4}) {
-        la_set_variant(variant);
+        p.variant = variant;
         const double ms_p = median_ms([&] { la_parallel_prefill(p, T, segs, ws, nullptr); }, 5, 1);
         std::snprintf(buf + 128, 128, "v%d segments=%d, %.2fx best serial, %.0f GB/s", variant, segs, ms_s / ms_p,
                       gb / (ms_p * 1e-3));
         add(kda ? "kda_chunk_parallel_scan" : "gdn_chunk_parallel_scan", buf, ms_p, buf + 128);
       }
-      la_set_variant(4);  // the default
+      p.variant = 4;  // the default
     }
     for (void* ptr : {(void*)q, (void*)k, (void*)v, (void*)b, (void*)f, (void*)fg, (void*)o, (void*)A_log,
                       (void*)dtb, (void*)ht, (void*)cu, ws, pws})
@@ -160,15 +160,15 @@ int bench_linear_attn(const std::string& json_out) {
     if (B == 256) {
       p.states = st;
       for (int bv : {128, 64, 32}) {
-        la_set_decode_block(bv);
+        p.value_block = bv;
         const double ms = median_ms([&] { la_decode(p, nullptr); }, 20, 3);
         std::snprintf(buf + 128, 128, "BV=%d, %.0f GB/s on state bytes (read+write)", bv,
                       state_bytes / (ms * 1e-3) / 1e9);
         add("kda_decode", buf, ms, buf + 128);
       }
-      la_set_decode_block(0);
+      p.value_block = 0;
     } else for (int bv : {128, 32}) {
-      la_set_decode_block(bv);
+      p.value_block = bv;
       cudaStream_t s;
       CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
       cudaGraph_t g;
@@ -186,7 +186,7 @@ int bench_linear_attn(const std::string& json_out) {
       cudaGraphExecDestroy(ge);
       cudaGraphDestroy(g);
       cudaStreamDestroy(s);
-      la_set_decode_block(0);
+      p.value_block = 0;
     }
     for (void* ptr : {(void*)q, (void*)k, (void*)v, (void*)b, (void*)f, (void*)o, (void*)A_log, (void*)dtb, (void*)st,
                       (void*)slot})

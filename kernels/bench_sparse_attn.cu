@@ -96,10 +96,10 @@ std::string bench_indexer(bool mx) {
   // Both kernel variants explicitly (the default picks one per key format).
   double ms_var[2];
   for (int v = 0; v < 2; ++v) {
-    indexer_set_variant(v == 0 ? IndexerVariant::QInSmem : IndexerVariant::QInRegisters);
-    ms_var[v] = median_ms([&] { indexer_topk(q, w, seq, pos, T, H, T, lay.bt, cache, K, sel, nullptr, nullptr); }, 3);
+    const auto var = v == 0 ? IndexerVariant::QInSmem : IndexerVariant::QInRegisters;
+    ms_var[v] = median_ms(
+        [&] { indexer_topk(q, w, seq, pos, T, H, T, lay.bt, cache, K, sel, nullptr, nullptr, false, var); }, 3);
   }
-  indexer_set_variant(IndexerVariant::Auto);
   std::printf("  variants: Q in shared memory (16 warps) %.3f ms, Q in registers (8 warps) %.3f ms\n", ms_var[0],
               ms_var[1]);
   // Where the time goes: the split mode's two kernels timed apart (scores to memory, then Top-K).

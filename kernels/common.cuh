@@ -16,3 +16,14 @@
 
 // After a launch: configuration errors surface here, execution errors at the next sync.
 #define CUDA_CHECK_LAUNCH() CUDA_CHECK(cudaGetLastError())
+
+namespace dz::cuda {
+// Multiprocessors of the current device, asked each time (a cheap driver query; no cached
+// global, so a process that switches devices gets the right count).
+inline int sm_count() {
+  int dev = 0, n = 0;
+  CUDA_CHECK(cudaGetDevice(&dev));
+  CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev));
+  return n;
+}
+}  // namespace dz::cuda

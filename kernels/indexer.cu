@@ -17,7 +17,6 @@ namespace {
 constexpr int kThreads = 256;  // 8 warps (Q in registers)
 constexpr int kThreadsQS = 512;  // 16 warps (Q in shared memory)
 constexpr int kQRow = 128 * 2 + 16;  // bytes per Q row in shared memory (D <= 128, padded)
-IndexerVariant g_variant = IndexerVariant::Auto;
 
 __device__ __forceinline__ void ldsm_x4(uint32_t r[4], uint32_t addr) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
@@ -280,21 +279,13 @@ __global__ void __launch_bounds__(kThreads) topk_kernel(const float* __restrict_
   dev::block_topk<kThreads>(scratch + qi * ld, pos[qi] + 1, K, sel + qi * K);
 }
 
-int num_sms() {
-  static int n = [] {
-    int dev = 0, v = 0;
-    CUDA_CHECK(cudaGetDevice(&dev));
-    CUDA_CHECK(cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev));
-    return v;
-  }();
-  return n;
-}
+int num_sms() { return sm_count(); }
 
 // Measured on the H200 (T=32768, H=64): BF16 keys are faster with Q in registers (8 warps),
 // MXFP8 keys with Q in shared memory (16 warps hide the in-register dequantization).
-bool q_in_smem(bool mx) {
-  if (g_variant == IndexerVariant::Auto) return mx;
-  return g_variant == IndexerVariant::QInSmem;
+bool q_in_smem(bool mx, IndexerVariant v) {
+  if (v == IndexerVariant::Auto) return mx;
+  return v == IndexerVariant::QInSmem;
 }
 
 template <int D, int MT, bool MX, bool QS>
@@ -313,15 +304,15 @@ void launch_fused_qs(const __nv_bfloat16* q, const float* w, const int32_t* seq,
 template <int D, int MT, bool MX>
 void launch_fused(const __nv_bfloat16* q, const float* w, const int32_t* seq, const int32_t* pos, int64_t nq, int H,
                   int64_t max_keys, const BlockTable& bt, const IndexKeyCache& kc, int K, int32_t* sel,
-                  cudaStream_t stream) {
-  if (q_in_smem(MX)) launch_fused_qs<D, MT, MX, true>(q, w, seq, pos, nq, H, max_keys, bt, kc, K, sel, stream);
+                  cudaStream_t stream, IndexerVariant variant) {
+  if (q_in_smem(MX, variant)) launch_fused_qs<D, MT, MX, true>(q, w, seq, pos, nq, H, max_keys, bt, kc, K, sel, stream);
   else launch_fused_qs<D, MT, MX, false>(q, w, seq, pos, nq, H, max_keys, bt, kc, K, sel, stream);
 }
 
 template <int D, int MT, bool MX>
 void launch_split(const __nv_bfloat16* q, const float* w, const int32_t* seq, const int32_t* pos, int64_t nq, int H,
                   int64_t max_keys, const BlockTable& bt, const IndexKeyCache& kc, float* scratch,
-                  cudaStream_t stream) {
+                  cudaStream_t stream, IndexerVariant variant) {
   // Enough blocks to fill the GPU twice over, each covering a multiple of 256 keys.
   int64_t nsplit = std::max<int64_t>(1, (2 * num_sms() + nq - 1) / nq);
   nsplit = std::min<int64_t>(nsplit, (max_keys + 1023) / 1024);
@@ -331,7 +322,7 @@ void launch_split(const __nv_bfloat16* q, const float* w, const int32_t* seq, co
   nsplit = (max_keys + span - 1) / span;
   DZ_CHECK(nq < 65536, "indexer_scores: ", nq, " queries exceed one launch (65535)");
   const dim3 grid = dim3(static_cast<unsigned>(nsplit), static_cast<unsigned>(nq));
-  if (q_in_smem(MX)) {
+  if (q_in_smem(MX, variant)) {
     const int qtile = MT * 16 * kQRow;
     split_kernel<D, MT, MX, true><<<grid, kThreadsQS, qtile, stream>>>(q, w, seq, pos, H, bt, kc, int(span), scratch,
                                                                        max_keys);
@@ -368,13 +359,12 @@ void launch_split(const __nv_bfloat16* q, const float* w, const int32_t* seq, co
 
 int64_t indexer_fused_max_keys() { return kFusedMaxKeys; }
 
-void indexer_set_variant(IndexerVariant v) { g_variant = v; }
 
 void indexer_scores(const __nv_bfloat16* q, const float* w, const int32_t* seq, const int32_t* pos, int64_t nq,
                     int32_t H, int64_t max_keys, const BlockTable& bt, const IndexKeyCache& kc, float* scores,
-                    cudaStream_t stream) {
+                    cudaStream_t stream, IndexerVariant variant) {
   if (nq == 0) return;
-  DZ_IDX_DISPATCH(kc.D, H, kc.mxfp8, (launch_split<D, MT, MX>(q, w, seq, pos, nq, H, max_keys, bt, kc, scores, stream)));
+  DZ_IDX_DISPATCH(kc.D, H, kc.mxfp8, (launch_split<D, MT, MX>(q, w, seq, pos, nq, H, max_keys, bt, kc, scores, stream, variant)));
 }
 
 void topk_from_scores(const float* scores, int64_t ld, const int32_t* pos, int64_t nq, int32_t K, int32_t* sel,
@@ -386,7 +376,7 @@ void topk_from_scores(const float* scores, int64_t ld, const int32_t* pos, int64
 
 void indexer_topk(const __nv_bfloat16* q, const float* w, const int32_t* seq, const int32_t* pos, int64_t nq,
                   int32_t H, int64_t max_keys, const BlockTable& bt, const IndexKeyCache& kc, int32_t K, int32_t* sel,
-                  float* scratch, cudaStream_t stream, bool force_split) {
+                  float* scratch, cudaStream_t stream, bool force_split, IndexerVariant variant) {
   DZ_CHECK(K >= 1 && max_keys >= 1 && max_keys < (int64_t(1) << 31), "indexer_topk: bad K ", K, " or max_keys ",
            max_keys);
   if (nq == 0) return;
@@ -395,11 +385,11 @@ void indexer_topk(const __nv_bfloat16* q, const float* w, const int32_t* seq, co
   DZ_CHECK(!split || scratch != nullptr, "indexer_topk: ", max_keys,
            " keys need the split mode, which needs scratch [nq, max_keys]");
   if (split) {
-    indexer_scores(q, w, seq, pos, nq, H, max_keys, bt, kc, scratch, stream);
+    indexer_scores(q, w, seq, pos, nq, H, max_keys, bt, kc, scratch, stream, variant);
     topk_from_scores(scratch, max_keys, pos, nq, K, sel, stream);
     return;
   }
-  DZ_IDX_DISPATCH(kc.D, H, kc.mxfp8, (launch_fused<D, MT, MX>(q, w, seq, pos, nq, H, max_keys, bt, kc, K, sel, stream)));
+  DZ_IDX_DISPATCH(kc.D, H, kc.mxfp8, (launch_fused<D, MT, MX>(q, w, seq, pos, nq, H, max_keys, bt, kc, K, sel, stream, variant)));
 }
 
 }  // namespace dz::cuda

@@ -29,22 +29,22 @@ namespace dz::cuda {
 
 int64_t indexer_fused_max_keys();
 
-// Kernel variant: query in shared memory with 16 warps per block, or in registers with 8 warps;
-// Auto (default) picks per key format what measured faster. For benchmarks and tests.
+// Kernel variant, per call: query in shared memory with 16 warps per block, or in registers with
+// 8 warps; Auto (default) picks per key format what measured faster. Other values: tests, bench.
 enum class IndexerVariant { Auto, QInSmem, QInRegisters };
-void indexer_set_variant(IndexerVariant v);
 
 // max_keys: an upper bound of pos[i] + 1 over the queries. scratch: [nq, max_keys] fp32 or
 // nullptr (then the fused mode must apply). force_split is for tests and benchmarks.
 void indexer_topk(const __nv_bfloat16* q, const float* w, const int32_t* seq, const int32_t* pos, int64_t nq,
                   int32_t H, int64_t max_keys, const BlockTable& bt, const IndexKeyCache& kc, int32_t K, int32_t* sel,
-                  float* scratch, cudaStream_t stream, bool force_split = false);
+                  float* scratch, cudaStream_t stream, bool force_split = false,
+                  IndexerVariant variant = IndexerVariant::Auto);
 
 // The two halves of the split mode, also usable on their own (e.g. to keep the scores):
 // scores [nq, max_keys] fp32 (row i valid up to pos[i]) and Top-K selection from such rows.
 void indexer_scores(const __nv_bfloat16* q, const float* w, const int32_t* seq, const int32_t* pos, int64_t nq,
                     int32_t H, int64_t max_keys, const BlockTable& bt, const IndexKeyCache& kc, float* scores,
-                    cudaStream_t stream);
+                    cudaStream_t stream, IndexerVariant variant = IndexerVariant::Auto);
 void topk_from_scores(const float* scores, int64_t ld, const int32_t* pos, int64_t nq, int32_t K, int32_t* sel,
                       cudaStream_t stream);
 

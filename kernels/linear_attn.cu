@@ -23,12 +23,9 @@ constexpr size_t chunk_smem_floats() {
   return size_t(K) * BV + 3 * BT * (K + 1) + BT * K + BT * BV + 2 * BT * BT + BT;
 }
 
-int g_value_block = 0;  // 0: heuristic (see pick_bv)
-// 1: SIMT products with broadcast operands; 2: register-tiled products; 3: key side precomputed
-// in parallel; 4: tensor cores, chunk 64 (3 and 4 are used by la_chunk_prefill only when
-// p.workspace is given, else 2; the parallel scan and transitions use 3 for 4). Measured on the
-// H200 at T=65536 H=32 K=V=128 (docs/perf): v1 108 ms, v2 60 ms, v3 24 ms (KDA, best column block).
-int g_variant = 4;
+// Versions (LaPrefill::variant): 1 SIMT products with broadcast operands; 2 register-tiled
+// products; 3 key side precomputed in parallel; 4 tensor cores, chunk 64. Measured on the H200 at
+// T=65536 H=32 K=V=128 (docs/perf): v1 108 ms, v2 60 ms, v3 24 ms, v4 6.3 ms (KDA).
 
 // One CTA per (value head, block of BV state columns, sequence): the columns of S evolve
 // independently given the key-side quantities (W, Kd, Qg, L, Aqk), which every column block of a
@@ -233,14 +230,9 @@ void launch_chunk(const ChunkArgs& a, cudaStream_t stream) {
 
 // Column block: enough CTAs to fill the GPU (about two per SM), else whole rows of S (no
 // recomputation of the key side).
-int pick_bv(int ctas, int V, bool v4 = false) {
-  if (g_value_block) return std::min(g_value_block, V);
-  static int sms = 0;
-  if (!sms) {
-    int dev = 0;
-    CUDA_CHECK(cudaGetDevice(&dev));
-    CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-  }
+int pick_bv(const LaPrefill& p, int ctas, int V, bool v4 = false) {
+  if (p.value_block) return std::min(p.value_block, V);
+  const int sms = sm_count();
   if (v4) {  // v4 recurrence (H200, T=64K): half the SMs busy is enough; down to 16 columns
     int bv = V;           // at H=4/8 (2.08 / 2.61 ms vs 2.46 / 2.91 at 32), 32 at H=32 (6.34 vs 7.49 at 16)
     while (bv > 16 && ctas * (V / bv) < sms / 2) bv /= 2;
@@ -254,8 +246,8 @@ int pick_bv(int ctas, int V, bool v4 = false) {
 template <bool KDA>
 void dispatch_kv(const ChunkArgs& a, int K, int V, cudaStream_t stream) {
   DZ_CHECK(K == V && (K == 64 || K == 128), "linear attention CUDA: K=", K, " V=", V, " not supported (K = V = 64 or 128)");
-  const int bv = pick_bv(a.p.HV * a.p.N, V);
-  if (g_variant >= 2) return launch_chunk_tiled(a, bv, stream);  // v3 without a workspace: v2
+  const int bv = pick_bv(a.p, a.p.HV * a.p.N, V);
+  if (a.p.variant == 2) return launch_chunk_tiled(a, bv, stream);
   if (K == 64) {
     if (bv == 32) return launch_chunk<64, 64, 32, KDA>(a, stream);
     return launch_chunk<64, 64, 64, KDA>(a, stream);
@@ -274,14 +266,17 @@ size_t records_bytes(int64_t T, int N, int HV, int K, int V) {
 void run_chunk(const ChunkArgs& a, int V, cudaStream_t stream) {
   DZ_CHECK(a.p.HK > 0 && a.p.HV % a.p.HK == 0, "linear attention CUDA: HV=", a.p.HV, " not a multiple of HK=", a.p.HK);
   if (a.p.N == 0 || a.p.HV == 0) return;
-  if (g_variant == 4 && a.p.workspace) return mma_prefill(a, pick_bv(a.p.HV * a.p.N, V, true), kAllStages, stream);
-  if (g_variant >= 3 && a.p.workspace) {
+  DZ_CHECK(a.p.variant >= 1 && a.p.variant <= 4, "linear attention CUDA: no kernel version ", a.p.variant);
+  DZ_CHECK(a.p.variant < 3 || a.p.workspace, "linear attention CUDA: version ", a.p.variant,
+           " needs a workspace (la_prefill_workspace_bytes)");
+  if (a.p.variant == 4) return mma_prefill(a, pick_bv(a.p, a.p.HV * a.p.N, V, true), kAllStages, stream);
+  if (a.p.variant == 3) {
     DZ_CHECK(a.p.K == V && (V == 64 || V == 128), "linear attention CUDA: K=", a.p.K, " V=", V,
              " not supported (K = V = 64 or 128)");
     auto* base = static_cast<int32_t*>(a.p.workspace);
     auto* records = reinterpret_cast<float*>(static_cast<char*>(a.p.workspace) + align256(size_t(a.p.N + 1) * 4));
     split_prepare(a.p, a.p.T_total, base, records, stream);
-    split_recur(a, pick_bv(a.p.HV * a.p.N, V), base, records, stream);
+    split_recur(a, pick_bv(a.p, a.p.HV * a.p.N, V), base, records, stream);
     return;
   }
   if (a.p.kda)
@@ -340,9 +335,6 @@ __global__ void segment_bounds_kernel(const int32_t* cu, int S, int L, int T, in
 
 }  // namespace
 
-void la_set_value_block(int bv) { g_value_block = bv; }
-void la_set_variant(int v) { g_variant = v; }
-void la_set_fused_output(int mode) { set_fused_output(mode); }
 
 void la_chunk_prefill(const LaPrefill& p, cudaStream_t stream) { run_chunk(ChunkArgs{p, p.o != nullptr, false}, p.V, stream); }
 
@@ -353,7 +345,8 @@ size_t la_prefill_workspace_bytes(int64_t T_total, int N, int HV, int K, int V) 
 
 void la_transitions(const LaPrefill& p, const int32_t* seg_cu, int S, float* A, float* B, cudaStream_t stream) {
   LaPrefill q = p;
-  q.workspace = nullptr;  // sized for p's sequences, not the segments
+  q.workspace = nullptr;  // p's workspace is sized for its sequences, not the segments:
+  q.variant = 2;          // the transitions run on the register-tiled fp32 kernel, by design
   q.cu_seqlens = seg_cu;
   q.N = S;
   q.h0 = nullptr;
@@ -389,7 +382,7 @@ size_t la_scan_workspace_bytes(int64_t T, int segments, int HV, int K, int V) {
 
 void la_parallel_prefill(const LaPrefill& p, int64_t T, int segments, void* workspace, cudaStream_t stream) {
   DZ_CHECK(p.N == 1, "la_parallel_prefill: one sequence expected, got N=", p.N);
-  const int CB = g_variant == 4 ? 64 : BT;  // segments of whole chunks of the kernel version
+  const int CB = p.variant == 4 ? 64 : BT;  // segments of whole chunks of the kernel version
   const int64_t chunks = (T + CB - 1) / CB;
   if (segments <= 1 || chunks <= 1) return la_chunk_prefill(p, stream);
   const int L = int((chunks + segments - 1) / segments) * CB;  // rows per segment
@@ -404,21 +397,21 @@ void la_parallel_prefill(const LaPrefill& p, int64_t T, int segments, void* work
   auto* S_init = reinterpret_cast<float*>(ws);
   segment_bounds_kernel<<<1, 1024, 0, stream>>>(p.cu_seqlens, S, L, int(T), seg_cu);
   CUDA_CHECK_LAUNCH();
-  if (g_variant == 4) {  // key side once (tensor cores); transitions, zero-state ends, merge, outputs
+  if (p.variant == 4) {  // key side once (tensor cores); transitions, zero-state ends, merge, outputs
     ws += align256(size_t(segments) * p.HV * p.K * p.V * 4);
     LaPrefill q = p;
     q.cu_seqlens = seg_cu, q.N = S, q.h0 = nullptr, q.o = nullptr, q.T_total = T, q.workspace = ws;
     mma_prefill(ChunkArgs{q, false, false}, 0, kPrep, stream);
     q.ht = A;
-    mma_prefill(ChunkArgs{q, false, true}, pick_bv(p.HV * S, p.K, true), kRecur, stream);
+    mma_prefill(ChunkArgs{q, false, true}, pick_bv(p, p.HV * S, p.K, true), kRecur, stream);
     q.ht = B;
-    mma_prefill(ChunkArgs{q, false, false}, pick_bv(p.HV * S, p.V, true), kRecur, stream);
+    mma_prefill(ChunkArgs{q, false, false}, pick_bv(p, p.HV * S, p.V, true), kRecur, stream);
     la_merge(A, B, p.h0, S, p.HV, p.K, p.V, S_init, p.ht, stream);
     q.h0 = S_init, q.ht = nullptr, q.o = p.o;
-    mma_prefill(ChunkArgs{q, true, false}, pick_bv(p.HV * S, p.V, true), kRecur | kOutput, stream);
+    mma_prefill(ChunkArgs{q, true, false}, pick_bv(p, p.HV * S, p.V, true), kRecur | kOutput, stream);
     return;
   }
-  if (g_variant == 3) {  // key side once for all chunks; the three passes only stream records
+  if (p.variant == 3) {  // key side once for all chunks; the three passes only stream records
     ws += align256(size_t(segments) * p.HV * p.K * p.V * 4);
     auto* base = reinterpret_cast<int32_t*>(ws);
     auto* records = reinterpret_cast<float*>(ws + align256(size_t(segments + 1) * 4));
@@ -426,12 +419,12 @@ void la_parallel_prefill(const LaPrefill& p, int64_t T, int segments, void* work
     q.cu_seqlens = seg_cu, q.N = S, q.h0 = nullptr, q.o = nullptr, q.workspace = nullptr;
     split_prepare(q, T, base, records, stream);
     q.ht = A;
-    split_recur(ChunkArgs{q, false, true}, pick_bv(p.HV * S, p.K), base, records, stream);
+    split_recur(ChunkArgs{q, false, true}, pick_bv(p, p.HV * S, p.K), base, records, stream);
     q.ht = B;
-    split_recur(ChunkArgs{q, false, false}, pick_bv(p.HV * S, p.V), base, records, stream);
+    split_recur(ChunkArgs{q, false, false}, pick_bv(p, p.HV * S, p.V), base, records, stream);
     la_merge(A, B, p.h0, S, p.HV, p.K, p.V, S_init, p.ht, stream);
     q.h0 = S_init, q.ht = nullptr, q.o = p.o;
-    split_recur(ChunkArgs{q, true, false}, pick_bv(p.HV * S, p.V), base, records, stream);
+    split_recur(ChunkArgs{q, true, false}, pick_bv(p, p.HV * S, p.V), base, records, stream);
     return;
   }
   la_transitions(p, seg_cu, S, A, B, stream);

@@ -41,32 +41,31 @@ struct LaPrefill {
   const float* h0 = nullptr;      // [N, HV, K, V] initial states, nullptr: zeros
   float* ht = nullptr;            // [N, HV, K, V] final states, nullptr: not written
   bf16* o = nullptr;              // [T, HV, V]
-  // Optional (versions 3 and 4, see la_set_variant): T_total = rows of all sequences, and a device
-  // workspace of la_prefill_workspace_bytes(T_total, N, HV, K, V) bytes; without them, version 2.
+  // Versions 3 and 4 (the default): T_total = rows of all sequences, and a device workspace of
+  // la_prefill_workspace_bytes(T_total, N, HV, K, V) bytes (required: no silent fallback).
   int64_t T_total = 0;
   void* workspace = nullptr;
+  // Kernel choice, per call (no global state). variant: 4 the production tensor-core kernel
+  // (chunk 64); 1-3 the earlier fp32 SIMT versions, kept as comparison versions for the tests and
+  // the bench (1: SIMT, 2: register-tiled, 3: key side precomputed, needs the workspace).
+  // value_block: state columns per CTA (32, 64 or V; 16 too for v4; 0: from the CTA count).
+  // fused_output (v4): outputs inside the recurrence (1) or in a pass after it (0); -1: inside
+  // when the recurrence has at least half as many CTAs as SMs.
+  int variant = 4;
+  int value_block = 0;
+  int fused_output = -1;
 };
 size_t la_prefill_workspace_bytes(int64_t T_total, int N, int HV, int K, int V);
 
 // Chunked (WY / UT) prefill, one CTA per (sequence, value head, block of state columns);
-// sequential over chunks. K = V = 64 or 128.
+// sequential over chunks. K = V = 64 or 128. The version and tuning come from p (see above).
 void la_chunk_prefill(const LaPrefill& p, cudaStream_t stream);
-// Column block of S per CTA (32, 64 or V, and 16 for version 4; 0: chosen from the CTA count).
-// For tests and the bench.
-void la_set_value_block(int bv);
-// Kernel version (1: SIMT v1; 2: register-tiled v2; 3: key side precomputed in parallel, fp32
-// SIMT; 4, the default: tensor cores, chunk 64, outputs after the recurrence). la_chunk_prefill
-// uses 3 and 4 only with p.workspace, else v2; the parallel scan uses v4 (or v3) throughout.
-// For tests and the bench.
-void la_set_variant(int v);
-// Version 4: outputs inside the recurrence (1) or in a parallel pass after it (0); -1, the
-// default: inside when the recurrence has at least half as many CTAs as SMs. For tests and the bench.
-void la_set_fused_output(int mode);
 
 // ---- Segment transitions and the ordered merge (DESIGN §4 stage 1 and 2) ----
 // For the segments of one sequence given by seg_cu [S + 1] (device, int32, absolute rows):
 // A [S, HV, K, K] and B [S, HV, K, V] with S_end = A · S_begin + B (see LaTransition).
-// Uses p's inputs and sizes; p.cu_seqlens / N / h0 / ht / o are ignored.
+// Uses p's inputs and sizes; p.cu_seqlens / N / h0 / ht / o / workspace / variant are ignored
+// (the register-tiled fp32 kernel, version 2, computes them).
 void la_transitions(const LaPrefill& p, const int32_t* seg_cu, int S, float* A, float* B, cudaStream_t stream);
 // Ordered merge: S_init[0] = h0 (nullptr: zeros), S_init[s+1] = A_s S_init[s] + B_s; the state
 // after the last segment goes to ht (nullptr: not written). S_init [S, HV, K, V].
@@ -92,10 +91,10 @@ struct LaDecode {
   const int32_t* slot = nullptr;  // [B], device
   float* states = nullptr;
   bf16* o = nullptr;
+  int value_block = 0;  // state columns per CTA (32, 64 or V; 0: chosen from the CTA count)
 };
 void la_decode(const LaDecode& p, cudaStream_t stream);
-// State columns per decode CTA (32, 64 or V; 0: chosen from the CTA count). For tests and the bench.
-void la_set_decode_block(int bv);
+
 
 }  // namespace dz::cuda
 

@@ -16,7 +16,6 @@ using namespace la;
 
 constexpr int NT = 256;
 
-int g_decode_block = 0;  // state columns per CTA; 0: heuristic
 
 // One CTA per (value head, block of BV state columns, sequence).
 template <int K, int V, int BV, bool KDA>
@@ -117,16 +116,8 @@ void launch_kv(const LaDecode& p, cudaStream_t stream) {
 // (3.83 TB/s vs 3.75 for whole rows, 2.74 for 32); with few (B=1) 32 columns (4.8 vs 5.2 us).
 template <bool KDA>
 void launch(const LaDecode& p, cudaStream_t stream) {
-  int bv = g_decode_block;
-  if (!bv) {
-    static int sms = 0;
-    if (!sms) {
-      int dev = 0;
-      CUDA_CHECK(cudaGetDevice(&dev));
-      CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-    }
-    bv = p.B * p.HV >= 2 * sms ? 64 : 32;
-  }
+  int bv = p.value_block;
+  if (!bv) bv = p.B * p.HV >= 2 * sm_count() ? 64 : 32;
   bv = std::min(bv, p.V);
   if (p.K == 64 && p.V == 64)
     bv == 32 ? launch_kv<64, 64, 32, KDA>(p, stream) : launch_kv<64, 64, 64, KDA>(p, stream);
@@ -143,7 +134,6 @@ void launch(const LaDecode& p, cudaStream_t stream) {
 
 }  // namespace
 
-void la_set_decode_block(int bv) { g_decode_block = bv; }
 
 void la_decode(const LaDecode& p, cudaStream_t stream) {
   DZ_CHECK(p.HK > 0 && p.HV % p.HK == 0, "la_decode: HV=", p.HV, " not a multiple of HK=", p.HK);

@@ -32,6 +32,5 @@ void split_recur(const ChunkArgs& a, int bv, const int32_t* chunk_base, const fl
 size_t mma_workspace_bytes(int64_t T_total, int N, int HV, int K, int V);
 constexpr unsigned kPrep = 1, kRecur = 2, kOutput = 4, kAllStages = 7;
 void mma_prefill(const ChunkArgs& a, int bv, unsigned stages, cudaStream_t stream);
-void set_fused_output(int mode);
 
 }  // namespace dz::cuda::la

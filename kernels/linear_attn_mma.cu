@@ -26,19 +26,12 @@ namespace dz::cuda::la {
 namespace {
 
 constexpr int BT = 64, NT = 256, AP = BT + 8;  // AP: padded bf16 row of 64 (conflict-free fragments)
-// Outputs inside the recurrence: -1 automatic, 0 off, 1 on (la_set_fused_output). H200, T=64K:
+// Outputs inside the recurrence: -1 automatic, 0 off, 1 on (LaPrefill::fused_output). H200, T=64K:
 // fused 6.28 vs 6.40 ms at H=32 (128 recurrence CTAs), but 2.67 vs 2.08 ms at H=4 (32 CTAs,
 // where the longer sequential step is the whole cost); the scan's last pass: 1.30 vs 1.37 ms.
-int g_fuse_out = -1;
-bool fuse_outputs(int ctas) {
-  if (g_fuse_out >= 0) return g_fuse_out == 1;
-  static int sms = 0;
-  if (!sms) {
-    int dev = 0;
-    CUDA_CHECK(cudaGetDevice(&dev));
-    CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-  }
-  return 2 * ctas >= sms;
+bool fuse_outputs(int mode, int ctas) {
+  if (mode >= 0) return mode == 1;
+  return 2 * ctas >= sm_count();
 }
 
 // Record of one (chunk, value head), bf16: W [BT][K] | Kd [BT][K] | U [BT][V] | Qg [BT][K] | Aqk [BT][BT]
@@ -813,7 +806,6 @@ void launch_out(const LaPrefill& p, size_t G, const Ws4& w, cudaStream_t stream)
 
 }  // namespace
 
-void set_fused_output(int mode) { g_fuse_out = mode; }
 
 size_t mma_workspace_bytes(int64_t T_total, int N, int HV, int K, int V) {
   return carve(nullptr, T_total, N, HV, K, V).bytes;
@@ -836,7 +828,7 @@ void mma_prefill(const ChunkArgs& a, int bv, unsigned stages, cudaStream_t strea
     }
   }
   const bool out = a.write_o && p.o && p.T_total > 0;
-  const bool fuse = fuse_outputs(p.HV * p.N * (p.K / std::max(bv, 16)));
+  const bool fuse = fuse_outputs(p.fused_output, p.HV * p.N * (p.K / std::max(bv, 16)));
   if (stages & kRecur) {
     if (p.K == 64) {
       if (bv == 16) launch_rec<64, 16>(p, w, a.trans_A, out, fuse, stream);

@@ -199,9 +199,9 @@ TEST_CASE("gpu linear attention chunked prefill and parallel scan equal the CPU 
     for (int fused : {1, 0}) {        // v4: outputs inside the recurrence or in a pass after it
       if (bv > c.V || (variant != 4 && (bv == 16 || !fused))) continue;
       p.workspace = variant >= 3 ? pws.p : nullptr;
-      dz::cuda::la_set_variant(variant);
-      dz::cuda::la_set_value_block(bv);
-      dz::cuda::la_set_fused_output(fused);
+      p.variant = variant;
+      p.value_block = bv;
+      p.fused_output = fused;
       CUDA_CHECK(cudaMemset(o.p, 0xff, o.n * 2));  // poison: NaN unless written
       CUDA_CHECK(cudaMemset(ht.p, 0xff, ht.n * 4));
       dz::cuda::la_chunk_prefill(p, nullptr);
@@ -217,12 +217,12 @@ TEST_CASE("gpu linear attention chunked prefill and parallel scan equal the CPU 
       CHECK(eo < (variant == 4 ? 2e-2 : 1e-2));
       CHECK(es < (variant == 4 ? 1e-2 : 2e-3));
     }
-    dz::cuda::la_set_value_block(0);
-    dz::cuda::la_set_fused_output(-1);  // the default
+    p.value_block = 0;
+    p.fused_output = -1;  // the default
     p.workspace = nullptr;
     if (c.segments > 1)
     for (int variant : {2, 3, 4}) {
-      dz::cuda::la_set_variant(variant);
+      p.variant = variant;
       Dev<char> ws(dz::cuda::la_scan_workspace_bytes(in.T, c.segments, c.HV, c.K, c.V));
       CUDA_CHECK(cudaMemset(o.p, 0xff, o.n * 2));
       CUDA_CHECK(cudaMemset(ht.p, 0xff, ht.n * 4));
@@ -233,7 +233,7 @@ TEST_CASE("gpu linear attention chunked prefill and parallel scan equal the CPU 
       CHECK(po < (variant == 4 ? 2e-2 : 1e-2));  // tolerances as for the chunked prefill above
       CHECK(ps < (variant == 4 ? 1e-2 : 2e-3));
     }
-    dz::cuda::la_set_variant(4);  // the default
+    p.variant = 4;  // the default
   }
 }
 
@@ -316,10 +316,10 @@ TEST_CASE("gpu linear attention decode against state slots equals the CPU recurr
     Dev<int32_t> sl(slot);
     for (int bv : {0, 32, 64, 128}) {  // state columns per CTA (0: automatic)
     if (bv > d.V) continue;
-    dz::cuda::la_set_decode_block(bv);
     CUDA_CHECK(cudaMemcpy(st.p, states.data(), states.size() * 4, cudaMemcpyHostToDevice));
     CUDA_CHECK(cudaMemset(o.p, 0xff, o.n * 2));
     dz::cuda::LaDecode p;
+    p.value_block = bv;
     p.kda = d.kda;
     p.q = q.p, p.k = k.p, p.v = v.p, p.b = b.p;
     p.gate = {f.p, A_log.p, dt_bias.p, d.lb};
@@ -333,7 +333,6 @@ TEST_CASE("gpu linear attention decode against state slots equals the CPU recurr
     CHECK(eo < 1e-2);
     CHECK(es < 2e-3);
     }
-    dz::cuda::la_set_decode_block(0);
   }
 }
 

@@ -215,7 +215,8 @@ struct IndexerCase {
 
 // Returns the fraction of rows whose Top-K set equals the reference's, after allowing swaps of
 // near-ties; sets `unexplained` to the number of differing entries that are not near-ties.
-void run_indexer_case(const IndexerCase& tc, std::mt19937& rng, double* overlap_unquant) {
+void run_indexer_case(const IndexerCase& tc, std::mt19937& rng, double* overlap_unquant,
+                      dz::cuda::IndexerVariant variant) {
   const int D = tc.D, H = tc.H, K = tc.K;
   const size_t nseq = tc.lens.size();
   Pages pg(tc.lens, tc.P, rng);
@@ -257,7 +258,7 @@ void run_indexer_case(const IndexerCase& tc, std::mt19937& rng, double* overlap_
   Dev<float> dw(w), scratch(size_t(nq * max_keys));
   Dev<int32_t> dqs(qseq), dqp(qpos), dsel(size_t(nq) * K);
   dz::cuda::indexer_topk(dq.p, dw.p, dqs.p, dqp.p, nq, H, max_keys, bt, cache, K, dsel.p,
-                         tc.split ? scratch.p : nullptr, nullptr, tc.split);
+                         tc.split ? scratch.p : nullptr, nullptr, tc.split, variant);
   CUDA_CHECK(cudaDeviceSynchronize());
   const auto sel = dsel.down();
   int64_t unexplained = 0, differing = 0, same_rows = 0;
@@ -348,15 +349,13 @@ TEST_CASE("gpu sparse-attn: fused indexer Top-K equals the CPU reference (ties a
   };
   // both kernel variants (query in shared memory / in registers)
   for (auto v : {dz::cuda::IndexerVariant::QInSmem, dz::cuda::IndexerVariant::QInRegisters}) {
-    dz::cuda::indexer_set_variant(v);
     std::printf("indexer variant: Q in %s\n", v == dz::cuda::IndexerVariant::QInSmem ? "shared memory" : "registers");
     for (const auto& tc : cases) {
       double ov = -1;
-      run_indexer_case(tc, rng, &ov);
+      run_indexer_case(tc, rng, &ov, v);
       if (ov >= 0) std::printf("  MXFP8 Top-K overlap with unquantized scores: %.4f\n", ov);
     }
   }
-  dz::cuda::indexer_set_variant(dz::cuda::IndexerVariant::Auto);
 }
 
 namespace {
