@@ -34,6 +34,12 @@ for fam in kimi_linear qwen3_next deepseek_v32; do
     mpirun -np $((${#name} > 3 ? 4 : 2)) "$EXE" run --model "$M" --input "$W/$fam.in.h5" --output "$W/$fam.np_$name.h5" \
       --backend cuda $lay >/dev/null
   done
+  for mode in topk last-logits generate; do  # the other output modes, on both backends
+    for bk in cpu cuda; do
+      "$EXE" run --model "$M" --input "$W/$fam.in.h5" --output "$W/$fam.$mode.$bk.h5" --backend "$bk" --mode "$mode" \
+        --topk 5 --max-new-tokens 8 >/dev/null
+    done
+  done
   if [[ $fam == deepseek_v32 ]]; then  # the quantised caches, on both backends
     q=(--kv-cache fp8 --index-quant mxfp8)
     "$EXE" run --model "$M" --input "$W/$fam.in.h5" --output "$W/$fam.q.cpu.h5" --backend cpu "${q[@]}" >/dev/null
@@ -61,6 +67,16 @@ for p in sorted(glob.glob(f"{w}/{fam}.np_*.h5")):
     print(f"cli {fam} {p.split('.')[-2][3:]}: vs 1 rank (cuda) mean |dlp| {e.mean():.3g} max {e.max():.3g}; "
           f"vs cpu mean {f.mean():.3g} max {f.max():.3g} {'ok' if good else 'FAILED'}")
 import os
+m = lambda mode, bk, ds: h5py.File(f"{w}/{fam}.{mode}.{bk}.h5", "r")[ds][:]
+done = all(bool(m(md, bk, "/done").all()) for md in ("topk", "last-logits", "generate") for bk in ("cpu", "cuda"))
+top1 = float((m("topk", "cpu", "/topk_ids")[:, 0] == m("topk", "cuda", "/topk_ids")[:, 0]).mean())
+elp = np.abs(m("topk", "cpu", "/topk_logprobs")[:, 0] - m("topk", "cuda", "/topk_logprobs")[:, 0]).max()
+ll = np.abs(m("last-logits", "cpu", "/last_logits") - m("last-logits", "cuda", "/last_logits")).max()
+ga, gb = m("generate", "cpu", "/generated"), m("generate", "cuda", "/generated")
+gsame = float((ga == gb).mean()) if ga.shape == gb.shape else 0.0
+print(f"cli {fam} modes on cuda vs cpu: topk top-1 ids equal {top1:.3f}, top-1 log-prob max diff {elp:.3g}; "
+      f"last-logits max diff {ll:.3g}; generate tokens equal {gsame:.3f} of {ga.size}; every /done set: {done}")
+ok = ok and done and elp <= tx
 if os.path.exists(f"{w}/{fam}.q.cpu.h5"):
     e = np.abs(lp(f"{w}/{fam}.q.cuda.h5") - lp(f"{w}/{fam}.q.cpu.h5"))
     good = e.mean() <= tm and e.max() <= tx

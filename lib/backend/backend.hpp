@@ -185,6 +185,8 @@ class Backend {
 
   // ---- reporting ----
   virtual std::string describe() const = 0;   // "cpu" / "cuda:0 NVIDIA H200"
+  virtual int device_index() const = 0;       // the GPU (-1: host)
+  virtual void* native_stream() const = 0;    // the stream every op is issued on (CUDA), or nullptr
   virtual int64_t peak_memory_bytes() const = 0;  // device memory high-water mark (0: host backend)
 };
 

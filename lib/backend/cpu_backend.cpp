@@ -314,6 +314,8 @@ class CpuBackend final : public Backend {
   }
   int64_t lm_rows_per_chunk(int64_t) const override { return 32; }
   std::string describe() const override { return "cpu"; }
+  int device_index() const override { return -1; }
+  void* native_stream() const override { return nullptr; }
   int64_t peak_memory_bytes() const override { return 0; }
 };
 

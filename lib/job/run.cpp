@@ -219,7 +219,6 @@ int run_job(const RunOptions& opt) {
   Comm cp_comm = world.split(grid.dp_rank() * T + grid.tp_rank(), grid.cp_rank());
   Comm dp_group = world.split(grid.dp_rank(), grid.cp_rank() * T + grid.tp_rank());
   const bool group_root = grid.cp_rank() == 0 && grid.tp_rank() == 0;
-  TpShard tp{grid.tp_rank(), T, T > 1 ? &tp_comm : nullptr};
 
   // The backend: the CPU reference (fp32; the FP8 KV cache and MXFP8 indexer options emulated
   // bit-exactly) or one GPU per rank, the local rank's (ranks beyond the node's GPU count share
@@ -236,6 +235,11 @@ int run_job(const RunOptions& opt) {
   });
   if (opt.backend == "cuda" && node.size() > cuda_device_count() && world.rank() == 0)
     log_root(str("note: ", node.size(), " ranks share ", cuda_device_count(), " GPU(s) on a node"));
+  // The TP group's collectives on the backend's buffers: NCCL when its ranks have distinct GPUs.
+  std::unique_ptr<DeviceComm> tp_dev;
+  if (T > 1) agree(world, [&] { tp_dev = make_device_comm(*be, tp_comm); });
+  if (T > 1) log_root(str("tensor parallelism over ", tp_dev->kind()));
+  TpShard tp{grid.tp_rank(), T, T > 1 ? &tp_comm : nullptr, T > 1 ? tp_dev.get() : nullptr};
   std::unique_ptr<Model> model;
   agree(world, [&] { model = Model::load(opt.model, tp, opt.kv_cache == "fp8", opt.index_quant == "mxfp8", *be); });
   const ModelConfig& cfg = model->config();

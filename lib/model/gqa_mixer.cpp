@@ -244,7 +244,7 @@ class GqaMixer : public Mixer {
       if (gated_) be_->mul_sigmoid(o, gate);
       be_->linear(o, o_, o_bias_, out);
     }
-    be_->allreduce_sum(tp_.size > 1 ? tp_.comm : nullptr, out);
+    tp_.allreduce(*be_, out);
   }
 
   Backend* be_;

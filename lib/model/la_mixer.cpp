@@ -41,7 +41,7 @@ void LinearAttnMixer::finish(DTensor& o, const DTensor& gate, DTensor& out) cons
   DTensor oh = o.reshaped({o.numel() / V_, V_});
   be_->gated_rmsnorm(oh, gate, out_norm_, oh, eps_, act_);
   be_->linear(o, wo_, DTensor{}, out);
-  be_->allreduce_sum(tp_.size > 1 ? tp_.comm : nullptr, out);
+  tp_.allreduce(*be_, out);
 }
 
 void LinearAttnMixer::forward(const DTensor& x, MixerState& base, DTensor& out) const {

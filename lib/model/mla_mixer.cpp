@@ -353,7 +353,7 @@ class MlaMixer : public Mixer {
       }
       be_->linear(o, o_, o_bias_, out);
     }
-    be_->allreduce_sum(tp_.size > 1 ? tp_.comm : nullptr, out);
+    tp_.allreduce(*be_, out);
   }
 
   // Work of T queries at pos0 .. pos0+T-1 (query at p sees p + 1 keys):

@@ -19,7 +19,7 @@ class MlpFfn : public Ffn {
   // Under TP each rank holds a width slice: its partial output is all-reduced.
   void forward(const DTensor& x, DTensor& out) const override {
     be_->swiglu_mlp(x, w_, out);
-    be_->allreduce_sum(tp_.size > 1 ? tp_.comm : nullptr, out);
+    tp_.allreduce(*be_, out);
   }
   int64_t hidden() const override { return D_; }
 

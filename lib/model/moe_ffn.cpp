@@ -87,7 +87,7 @@ class MoeFfn : public Ffn {
  public:
   void forward(const DTensor& x, DTensor& out) const override {
     be_->moe(rc_, w_, x, out);
-    be_->allreduce_sum(tp_.size > 1 ? tp_.comm : nullptr, out);  // width shards: partial sums of every expert
+    tp_.allreduce(*be_, out);  // width shards: partial sums of every expert
   }
   int64_t hidden() const override { return D_; }
 

@@ -13,6 +13,7 @@
 #include <string>
 #include <utility>
 
+#include "backend/device_comm.hpp"
 #include "core/error.hpp"
 #include "dist/comm.hpp"
 #include "dist/seq_layout.hpp"
@@ -22,6 +23,7 @@ namespace dz {
 struct TpShard {
   int rank = 0, size = 1;
   const Collectives* comm = nullptr;  // the TP group; nullptr when size == 1
+  const DeviceComm* dev = nullptr;    // the TP group on the backend's buffers (the job makes it)
 
   // [begin, end) of n items for this rank; n must divide by size (what = name for the error).
   std::pair<int64_t, int64_t> range(int64_t n, const char* what) const {
@@ -37,6 +39,15 @@ struct TpShard {
   }
   void allreduce_sum(float* x, int64_t n) const {
     if (size > 1) comm->allreduce_sum(x, n);
+  }
+  // Sum of a module's partial output over the TP group: through `dev` when the job made one
+  // (NCCL or staged MPI), else MPI on `comm` through the backend (modules built by tests and tools).
+  void allreduce(Backend& be, const DTensor& t) const {
+    if (size <= 1) return;
+    if (dev)
+      dev->allreduce_sum(t);
+    else
+      be.allreduce_sum(comm, t);
   }
 };
 

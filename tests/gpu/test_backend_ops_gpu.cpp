@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "backend/backend.hpp"
+#include "backend/device_comm.hpp"
 #include "core/bf16.hpp"
 #include "ops/attention.hpp"
 #include "ops/moe.hpp"
@@ -440,4 +441,21 @@ TEST_CASE("backend ops: LM-head reductions on cuda equal the cpu backend", "[gpu
     CHECK(vals[1] == vals[0]);
     std::printf("  lm-head m=%lld n=%lld: max, sum-exp, target logit and top-10 equal\n", (long long)m, (long long)n);
   }
+}
+
+TEST_CASE("backend comms: NCCL at world size 1 and the staged MPI path keep a tensor as it is", "[gpu]") {
+  Both& b = backends();
+  const dz::Comm self;  // a group of one (no MPI needed)
+  REQUIRE(dz::nccl_built());
+  auto picked = dz::make_device_comm(*b.gpu, self);  // one member on its own GPU: NCCL
+  CHECK(picked->kind() == "nccl");
+  for (DType dt : {DType::F32, DType::BF16}) {
+    const auto v = rnd(1000, 91);
+    DTensor t = b.gpu->upload(v.data(), {10, 100}, dt);
+    picked->allreduce_sum(t);
+    CHECK(b.gpu->to_host(t) == v);  // bf16-rounded inputs: exact in both dtypes
+    b.gpu->allreduce_sum(&self, t);  // the staged path on a group of one
+    CHECK(b.gpu->to_host(t) == v);
+  }
+  std::printf("  nccl (world size 1) and staged mpi all-reduce: identity, f32 and bf16\n");
 }

@@ -526,6 +526,8 @@ class CudaBackend final : public Backend {
     download_i32(di, ids.data());
     download(dv, vals.data());
   }
+  int device_index() const override { return device_; }
+  void* native_stream() const override { return stream_->s; }
   std::string describe() const override {
     cudaDeviceProp prop;
     CUDA_CHECK(cudaGetDeviceProperties(&prop, device_));
