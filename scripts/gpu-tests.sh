@@ -34,6 +34,8 @@ for fam in kimi_linear qwen3_next deepseek_v32; do
     mpirun -np $((${#name} > 3 ? 4 : 2)) "$EXE" run --model "$M" --input "$W/$fam.in.h5" --output "$W/$fam.np_$name.h5" \
       --backend cuda $lay >/dev/null
   done
+  "$EXE" run --model "$M" --input "$W/$fam.in.h5" --output "$W/$fam.chunk.h5" --backend cuda --max-batch-tokens 50 \
+    >/dev/null  # chunked prefill on the GPU
   for mode in topk last-logits generate; do  # the other output modes, on both backends
     for bk in cpu cuda; do
       "$EXE" run --model "$M" --input "$W/$fam.in.h5" --output "$W/$fam.$mode.$bk.h5" --backend "$bk" --mode "$mode" \
@@ -67,6 +69,11 @@ for p in sorted(glob.glob(f"{w}/{fam}.np_*.h5")):
     print(f"cli {fam} {p.split('.')[-2][3:]}: vs 1 rank (cuda) mean |dlp| {e.mean():.3g} max {e.max():.3g}; "
           f"vs cpu mean {f.mean():.3g} max {f.max():.3g} {'ok' if good else 'FAILED'}")
 import os
+e = np.abs(lp(f"{w}/{fam}.chunk.h5") - b)
+good = e.mean() <= tm and e.max() <= tx
+ok = ok and good
+print(f"cli {fam} --max-batch-tokens 50 (chunked prefill) vs whole documents (cuda): mean |dlp| {e.mean():.3g} "
+      f"max {e.max():.3g} {'ok' if good else 'FAILED'}")
 m = lambda mode, bk, ds: h5py.File(f"{w}/{fam}.{mode}.{bk}.h5", "r")[ds][:]
 done = all(bool(m(md, bk, "/done").all()) for md in ("topk", "last-logits", "generate") for bk in ("cpu", "cuda"))
 top1 = float((m("topk", "cpu", "/topk_ids")[:, 0] == m("topk", "cuda", "/topk_ids")[:, 0]).mean())

@@ -30,6 +30,10 @@ int main(int argc, char** argv) {
   run->add_option("--output", ro.output, "Output HDF5")->required();
   run->add_option("--cp", ro.cp, "Context-parallel ranks per document")->capture_default_str();
   run->add_option("--tp", ro.tp, "Tensor-parallel ranks")->capture_default_str();
+  run->add_option("--max-batch-tokens", ro.max_batch_tokens,
+                  "Tokens per forward: a longer document is prefilled in chunks of this size (0: whole "
+                  "documents; packing several short documents into one forward is not implemented yet)")
+      ->capture_default_str();
   run->add_option("--segments", ro.segments,
                   "Linear-attention segments per zigzag segment: the parallel-scan decomposition inside a rank")
       ->capture_default_str();

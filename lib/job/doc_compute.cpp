@@ -61,6 +61,67 @@ std::vector<T> gather_rows(const Collectives& cp, const std::vector<int64_t>& po
 
 }  // namespace
 
+namespace {
+
+// Greedy / sampled continuation from the state after the prompt and the logits of its last token.
+void generate(const Model& model, int64_t doc, const ModeParams& p, Model::State& st, std::vector<float>& last,
+              const std::function<void()>& tick, DocResult& r) {
+  const int64_t V = model.config().vocab_size;
+  // Every CP rank holds the whole document's state after the prefill, so all of them decode
+  // the same tokens (TP collectives run inside each CP rank's TP group).
+  for (int64_t s = 0; s < p.max_new_tokens; ++s) {
+    int32_t tok = choose_token(last.data(), V, p.temperature, p.seed, doc, s);
+    r.ids.push_back(tok);
+    if (tok == model.config().eos_token_id || s + 1 == p.max_new_tokens) break;
+    DTensor hn = model.forward(&tok, 1, st, tick);
+    model.logits(hn, last.data());
+  }
+}
+
+// The serial prefill in chunks of p.chunk_tokens: each chunk's rows go through the LM head as
+// soon as they exist (log-probs need the next token, which the document gives), so neither the
+// activations nor the logits ever cover more than one chunk.
+DocResult chunked_document(const Model& model, int64_t doc, const std::vector<int32_t>& tokens, const ModeParams& p,
+                           const std::function<void()>& tick, std::chrono::steady_clock::time_point t0) {
+  const LmHead& head = model.head();
+  const int64_t L = int64_t(tokens.size()), V = model.config().vocab_size, C = p.chunk_tokens;
+  DocResult r;
+  r.doc = doc;
+  r.stats.tokens = L;
+  Model::State st = model.make_state();
+  if (p.mode == OutputMode::Logprobs) r.values.resize(size_t(L - 1));
+  if (p.mode == OutputMode::TopK) {
+    DZ_CHECK(p.topk >= 1 && p.topk <= V, "--topk ", p.topk, " must be in [1, vocab size ", V, "]");
+    r.ids.resize(size_t(L * p.topk));
+    r.values.resize(size_t(L * p.topk));
+  }
+  std::vector<float> last(static_cast<size_t>(V));
+  for (int64_t c0 = 0; c0 < L; c0 += C) {
+    const int64_t n = std::min(C, L - c0);
+    const DTensor h = model.forward(tokens.data() + c0, n, st, tick);
+    switch (p.mode) {
+      case OutputMode::Logprobs: {
+        const int64_t m = std::min(n, L - 1 - c0);  // rows with a next token
+        if (m > 0) head.logprobs(h.slab(0, m), tokens.data() + c0 + 1, r.values.data() + c0);
+        break;
+      }
+      case OutputMode::TopK:
+        head.topk(h, p.topk, r.ids.data() + c0 * p.topk, r.values.data() + c0 * p.topk);
+        break;
+      case OutputMode::LastLogits:
+      case OutputMode::Generate:
+        if (c0 + n == L) model.logits(h.slab(n - 1, n), last.data());
+        break;
+    }
+  }
+  if (p.mode == OutputMode::LastLogits) r.values = last;
+  if (p.mode == OutputMode::Generate) generate(model, doc, p, st, last, tick, r);
+  r.stats.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return r;
+}
+
+}  // namespace
+
 DocResult compute_document(const Model& model, int64_t doc, const std::vector<int32_t>& tokens, const ModeParams& p,
                            const std::function<void()>& tick, const DocParallel& par) {
   auto t0 = std::chrono::steady_clock::now();
@@ -86,6 +147,8 @@ DocResult compute_document(const Model& model, int64_t doc, const std::vector<in
     for (size_t i = 0; i < pos.size(); ++i) local[i] = tokens[size_t(pos[i])];
     CpCtx ctx{&cp, &lay, par.stats};
     hidden = model.forward_cp(local.data(), ctx, st, tick);
+  } else if (p.chunk_tokens > 0 && L > p.chunk_tokens) {
+    return chunked_document(model, doc, tokens, p, tick, t0);
   } else {
     hidden = model.forward(tokens.data(), L, st, tick);
   }
@@ -148,15 +211,7 @@ DocResult compute_document(const Model& model, int64_t doc, const std::vector<in
       std::vector<float> last(static_cast<size_t>(V));
       model.logits(parallel ? be.upload(last_hidden().data(), {1, D}, be.act_dtype()) : hidden.slab(L - 1, L),
                    last.data());
-      // Every CP rank holds the whole document's state after the prefill, so all of them decode
-      // the same tokens (TP collectives run inside each CP rank's TP group).
-      for (int64_t s = 0; s < p.max_new_tokens; ++s) {
-        int32_t tok = choose_token(last.data(), V, p.temperature, p.seed, doc, s);
-        r.ids.push_back(tok);
-        if (tok == cfg.eos_token_id || s + 1 == p.max_new_tokens) break;
-        DTensor hn = model.forward(&tok, 1, st, tick);
-        model.logits(hn, last.data());
-      }
+      generate(model, doc, p, st, last, tick, r);
       break;
     }
   }

@@ -15,6 +15,10 @@ struct ModeParams {
   int64_t max_new_tokens = 32;
   double temperature = 0.0;
   uint64_t seed = 0;
+  // Prefill a document in forwards of at most this many tokens (0: the whole document at once):
+  // activations and LM-head work stay bounded by the chunk; the state carries across chunks.
+  // Applies to the serial prefill (a CP prefill splits the document over the group already).
+  int64_t chunk_tokens = 0;
 };
 
 struct DocResult {

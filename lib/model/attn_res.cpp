@@ -116,12 +116,12 @@ AttnRes::DevStream AttnRes::begin(Backend& be, const DTensor& embed) const {
   return s;
 }
 
-void AttnRes::mix(Backend& be, const DevStream& s, int site, DTensor& out) const {
+void AttnRes::mix(Backend& be, const DevStream& s, int site, const DTensor& out) const {
   be.attn_res_mix(s.blocks.slab(0, s.n_blocks), s.n_blocks, s.partial, dquery_.slab(site, site + 1).reshaped({D_}),
                   eps_, out);
 }
 
-void AttnRes::sublayer_input(Backend& be, const DevStream& s, int layer, int which, DTensor& out) const {
+void AttnRes::sublayer_input(Backend& be, const DevStream& s, int layer, int which, const DTensor& out) const {
   check_site(s.next_site, layer, which, "sublayer_input");
   mix(be, s, 2 * layer + which, out);
 }
@@ -140,7 +140,7 @@ void AttnRes::add_output(Backend& be, DevStream& s, int layer, int which, const 
   ++s.next_site;
 }
 
-void AttnRes::final_output(Backend& be, const DevStream& s, DTensor& out) const {
+void AttnRes::final_output(Backend& be, const DevStream& s, const DTensor& out) const {
   DZ_CHECK(s.next_site == 2 * L_, "AttnRes::final_output: called after ", s.next_site, " of ", 2 * L_,
            " sub-layers");
   mix(be, s, 2 * L_, out);

@@ -77,9 +77,9 @@ class AttnRes {
   // Uploads the pseudo-queries to `be` (once, before the first begin on it).
   void upload(Backend& be);
   DevStream begin(Backend& be, const DTensor& embed /*[T, D] F32*/) const;
-  void sublayer_input(Backend& be, const DevStream& s, int layer, int which, DTensor& out) const;
+  void sublayer_input(Backend& be, const DevStream& s, int layer, int which, const DTensor& out) const;
   void add_output(Backend& be, DevStream& s, int layer, int which, const DTensor& f) const;
-  void final_output(Backend& be, const DevStream& s, DTensor& out) const;
+  void final_output(Backend& be, const DevStream& s, const DTensor& out) const;
 
   int64_t hidden() const { return D_; }
   int num_layers() const { return L_; }
@@ -88,7 +88,7 @@ class AttnRes {
  private:
   void mix(const Stream& s, int site, float* out) const;
   void check_site(int next_site, int layer, int which, const char* what) const;
-  void mix(Backend& be, const DevStream& s, int site, DTensor& out) const;
+  void mix(Backend& be, const DevStream& s, int site, const DTensor& out) const;
 
   int64_t D_ = 0;
   int L_ = 0;

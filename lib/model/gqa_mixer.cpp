@@ -126,7 +126,7 @@ class GqaMixer : public Mixer {
     return st;
   }
 
-  void forward(const DTensor& x, MixerState& st_base, DTensor& out) const override {
+  void forward(const DTensor& x, MixerState& st_base, const DTensor& out) const override {
     auto* st = dynamic_cast<AttnCache*>(&st_base);
     DZ_CHECK(st, "GQA mixer: state is not an attention cache");
     const int64_t T = x.rows(), pos0 = st->pos, S = pos0 + T;
@@ -140,7 +140,7 @@ class GqaMixer : public Mixer {
     st->pos = S;
   }
 
-  void forward_cp(const DTensor& x, const CpCtx& ctx, MixerState& st_base, DTensor& out) const override {
+  void forward_cp(const DTensor& x, const CpCtx& ctx, MixerState& st_base, const DTensor& out) const override {
     auto* st = dynamic_cast<AttnCache*>(&st_base);
     DZ_CHECK(st, "GQA mixer: state is not an attention cache");
     DZ_CHECK(st->pos == 0 && st->k.rows() == 0, "GQA forward_cp: the state must be fresh (pos ", st->pos, ")");
@@ -239,7 +239,7 @@ class GqaMixer : public Mixer {
   }
 
   // o [T, Hl*Dh] -> out [T, D]: output gate, o_proj over this rank's heads, TP all-reduce.
-  void finish(DTensor& o, const DTensor& gate, DTensor& out) const {
+  void finish(DTensor& o, const DTensor& gate, const DTensor& out) const {
     if (o.rows() > 0) {
       if (gated_) be_->mul_sigmoid(o, gate);
       be_->linear(o, o_, o_bias_, out);

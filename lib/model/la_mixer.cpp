@@ -37,14 +37,14 @@ LaState& LinearAttnMixer::state_of(MixerState& base) const {
 }
 
 // o [T, HV*V] -> per-head RMSNorm * act(gate) -> output projection (partial under TP) -> all-reduce
-void LinearAttnMixer::finish(DTensor& o, const DTensor& gate, DTensor& out) const {
+void LinearAttnMixer::finish(DTensor& o, const DTensor& gate, const DTensor& out) const {
   DTensor oh = o.reshaped({o.numel() / V_, V_});
   be_->gated_rmsnorm(oh, gate, out_norm_, oh, eps_, act_);
   be_->linear(o, wo_, DTensor{}, out);
   tp_.allreduce(*be_, out);
 }
 
-void LinearAttnMixer::forward(const DTensor& x, MixerState& base, DTensor& out) const {
+void LinearAttnMixer::forward(const DTensor& x, MixerState& base, const DTensor& out) const {
   LaState& st = state_of(base);
   const int64_t T = x.rows(), KD = HK_ * K_, VD = HV_ * V_;
   Tok tk = project(x);
@@ -71,7 +71,7 @@ void LinearAttnMixer::forward(const DTensor& x, MixerState& base, DTensor& out) 
 
 // The two-stage scan of DESIGN §4 on the backend (docs/parallel_linear_attention.md): the conv
 // halo and the transitions cross ranks through the host (Collectives), everything else is ops.
-void LinearAttnMixer::forward_cp(const DTensor& x, const CpCtx& ctx, MixerState& base, DTensor& out) const {
+void LinearAttnMixer::forward_cp(const DTensor& x, const CpCtx& ctx, MixerState& base, const DTensor& out) const {
   LaState& st = state_of(base);
   DZ_CHECK(ctx.cp && ctx.lay, name_, " forward_cp: CpCtx needs a CP communicator and a layout");
   DZ_CHECK(st.pos == 0, name_, " forward_cp: the state has already consumed ", st.pos, " tokens (needs a fresh one)");

@@ -19,8 +19,8 @@ namespace dz {
 class LinearAttnMixer : public Mixer {
  public:
   std::unique_ptr<MixerState> make_state() const override;
-  void forward(const DTensor& x, MixerState& state, DTensor& out) const override;
-  void forward_cp(const DTensor& x, const CpCtx& ctx, MixerState& state, DTensor& out) const override;
+  void forward(const DTensor& x, MixerState& state, const DTensor& out) const override;
+  void forward_cp(const DTensor& x, const CpCtx& ctx, MixerState& state, const DTensor& out) const override;
   int64_t hidden() const override { return D_; }
   using Mixer::forward;
   using Mixer::forward_cp;
@@ -52,7 +52,7 @@ class LinearAttnMixer : public Mixer {
 
  private:
   LaState& state_of(MixerState& base) const;
-  void finish(DTensor& o, const DTensor& gate, DTensor& out) const;
+  void finish(DTensor& o, const DTensor& gate, const DTensor& out) const;
 };
 
 }  // namespace dz

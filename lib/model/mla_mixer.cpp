@@ -140,7 +140,7 @@ class MlaMixer : public Mixer {
     return st;
   }
 
-  void forward(const DTensor& x, MixerState& st_base, DTensor& out) const override {
+  void forward(const DTensor& x, MixerState& st_base, const DTensor& out) const override {
     auto* st = dynamic_cast<AttnCache*>(&st_base);
     DZ_CHECK(st, "MLA mixer: state is not an attention cache");
     const int64_t T = x.rows(), pos0 = st->pos, S = pos0 + T, Dq = nope_ + rope_dim_;
@@ -166,7 +166,7 @@ class MlaMixer : public Mixer {
     st->pos = S;
   }
 
-  void forward_cp(const DTensor& x, const CpCtx& ctx, MixerState& st_base, DTensor& out) const override {
+  void forward_cp(const DTensor& x, const CpCtx& ctx, MixerState& st_base, const DTensor& out) const override {
     auto* st = dynamic_cast<AttnCache*>(&st_base);
     DZ_CHECK(st, "MLA mixer: state is not an attention cache");
     DZ_CHECK(st->pos == 0 && st->latent.rows() == 0, "MLA forward_cp: the state must be fresh (pos ", st->pos, ")");
@@ -343,7 +343,7 @@ class MlaMixer : public Mixer {
   }
 
   // o [T, Hl*vd] -> out [T, D]: output gate, o_proj over this rank's heads, TP all-reduce.
-  void finish(const DTensor& x, DTensor& o, DTensor& out) const {
+  void finish(const DTensor& x, DTensor& o, const DTensor& out) const {
     const int64_t T = x.rows();
     if (T > 0) {
       if (g_.defined()) {

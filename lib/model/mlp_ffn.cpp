@@ -17,7 +17,7 @@ class MlpFfn : public Ffn {
     w_.down = be.weight(down);
   }
   // Under TP each rank holds a width slice: its partial output is all-reduced.
-  void forward(const DTensor& x, DTensor& out) const override {
+  void forward(const DTensor& x, const DTensor& out) const override {
     be_->swiglu_mlp(x, w_, out);
     tp_.allreduce(*be_, out);
   }

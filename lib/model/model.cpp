@@ -90,7 +90,7 @@ Model::State Model::State::clone() const {
 DTensor Model::forward(const int32_t* tokens, int64_t T, State& st, const std::function<void()>& tick,
                        std::vector<Tensor>* layer_hidden) const {
   DTensor y = run(tokens, T, st,
-                  [](const Mixer& m, MixerState& ms, const DTensor& x, DTensor& out) { m.forward(x, ms, out); }, tick,
+                  [](const Mixer& m, MixerState& ms, const DTensor& x, const DTensor& out) { m.forward(x, ms, out); }, tick,
                   layer_hidden);
   st.pos += T;
   return y;
@@ -100,7 +100,7 @@ DTensor Model::forward_cp(const int32_t* tokens, const CpCtx& ctx, State& st, co
   DZ_CHECK(st.pos == 0, "forward_cp needs a fresh state (prefill of a whole document)");
   const int64_t R = ctx.lay->local_rows();
   DTensor y = run(tokens, R, st,
-                  [&ctx](const Mixer& m, MixerState& ms, const DTensor& x, DTensor& out) { m.forward_cp(x, ctx, ms, out); },
+                  [&ctx](const Mixer& m, MixerState& ms, const DTensor& x, const DTensor& out) { m.forward_cp(x, ctx, ms, out); },
                   tick, nullptr);
   st.pos = ctx.lay->length;
   return y;

@@ -61,7 +61,7 @@ class Model {
  private:
   Model() = default;
   // The layer stack shared by forward and forward_cp; `mix` runs one layer's token mixer.
-  using MixFn = std::function<void(const Mixer&, MixerState&, const DTensor& x, DTensor& out)>;
+  using MixFn = std::function<void(const Mixer&, MixerState&, const DTensor& x, const DTensor& out)>;
   DTensor run(const int32_t* tokens, int64_t T, State& st, const MixFn& mix, const std::function<void()>& tick,
               std::vector<Tensor>* layer_hidden) const;
 

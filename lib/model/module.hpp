@@ -28,12 +28,12 @@ class Mixer {
   virtual std::unique_ptr<MixerState> make_state() const = 0;
   // x [T, D] (act dtype, on the mixer's backend): normed input for absolute positions
   // st.pos .. st.pos+T-1. out [T, D]: the mixer's output (after its output projection). Advances st by T.
-  virtual void forward(const DTensor& x, MixerState& st, DTensor& out) const = 0;
+  virtual void forward(const DTensor& x, MixerState& st, const DTensor& out) const = 0;
   // Context-parallel prefill of a whole document from position 0 (st must be fresh): x [R, D]
   // holds this rank's rows in ctx.lay order (local_positions()), out [R, D] the same rows. Equal
   // to forward() over the whole document within fp32 reassociation. On return st holds the state
   // after the whole document on every CP rank, so decode continues with forward().
-  virtual void forward_cp(const DTensor& x, const CpCtx& ctx, MixerState& st, DTensor& out) const = 0;
+  virtual void forward_cp(const DTensor& x, const CpCtx& ctx, MixerState& st, const DTensor& out) const = 0;
   virtual int64_t hidden() const = 0;
 
   // Host fp32 conveniences for mixers on the CPU backend (tools, tests).
@@ -52,7 +52,7 @@ class Ffn {
  public:
   virtual ~Ffn() = default;
   // x [T, D] -> out [T, D] (act dtype)
-  virtual void forward(const DTensor& x, DTensor& out) const = 0;
+  virtual void forward(const DTensor& x, const DTensor& out) const = 0;
   virtual int64_t hidden() const = 0;
   void forward(const float* x, int64_t T, float* out) const {
     DTensor o = host_view(out, {T, hidden()});

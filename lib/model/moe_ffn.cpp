@@ -85,7 +85,7 @@ MoeNames find_names(const ModelConfig& cfg, int layer, const Checkpoint& ck, con
 
 class MoeFfn : public Ffn {
  public:
-  void forward(const DTensor& x, DTensor& out) const override {
+  void forward(const DTensor& x, const DTensor& out) const override {
     be_->moe(rc_, w_, x, out);
     tp_.allreduce(*be_, out);  // width shards: partial sums of every expert
   }
