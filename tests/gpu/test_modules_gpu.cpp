@@ -9,6 +9,7 @@
 // fp32 state reassociated) 1e-4.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
@@ -115,12 +116,14 @@ TEST_CASE("modules gpu: every mixer's prefill, decode, state and segmented prefi
     const int64_t D = cfg.hidden_size;
     for (int64_t L : {1, 7, 130}) {
       const auto x = rnd(size_t((L + 3) * D), uint32_t(L));
-      auto run = [&](Backend& be, const dz::Mixer& m, std::vector<float>* state, std::vector<float>* seg) {
+      auto run = [&](Backend& be, const dz::Mixer& m, std::vector<float>* state, std::vector<float>* seg,
+                     std::vector<int32_t>* topk) {
         auto st = m.make_state();
         DTensor xt = be.upload(x.data(), {L + 3, D}, be.act_dtype());
         DTensor out = be.act({L + 3, D});
         m.forward(xt.slab(0, L), *st, out.slab(0, L));
         if (state) *state = state_of(*st);
+        if (auto* a = dynamic_cast<const dz::AttnCache*>(st.get())) *topk = a->last_topk;
         for (int64_t t = L; t < L + 3; ++t) m.forward(xt.slab(t, t + 1), *st, out.slab(t, t + 1));
         if (seg) {  // the segmented (CP-path) prefill of the same L tokens, on a group of one
           const dz::Comm self;
@@ -134,13 +137,35 @@ TEST_CASE("modules gpu: every mixer's prefill, decode, state and segmented prefi
         return be.to_host(out);
       };
       std::vector<float> sc, sg, segc, segg;
-      const auto oc = run(cpu, *mc, &sc, &segc), og = run(*gpu, *mg, &sg, &segg);
-      const std::vector<float> pc(oc.begin(), oc.begin() + L * D), pg(og.begin(), og.begin() + L * D);
+      std::vector<int32_t> kc, kg;
+      const auto oc = run(cpu, *mc, &sc, &segc, &kc), og = run(*gpu, *mg, &sg, &segg, &kg);
+      std::vector<float> pc(oc.begin(), oc.begin() + L * D), pg(og.begin(), og.begin() + L * D);
+      // DSA: the two backends score the keys in bf16 vs fp32, so a near-tie can swap a Top-K
+      // member and with it a row's attention. Sets are compared as sets (at least 95% of the rows
+      // identical), and the prefill output only over the rows whose sets agree.
+      if (!kc.empty()) {
+        REQUIRE(kc.size() == kg.size());
+        const int64_t K = int64_t(kc.size()) / L;
+        std::vector<float> pc2, pg2;
+        int64_t same_rows = 0;
+        for (int64_t t = 0; t < L; ++t)
+          if (std::equal(kc.begin() + t * K, kc.begin() + (t + 1) * K, kg.begin() + t * K)) {
+            ++same_rows;
+            pc2.insert(pc2.end(), pc.begin() + t * D, pc.begin() + (t + 1) * D);
+            pg2.insert(pg2.end(), pg.begin() + t * D, pg.begin() + (t + 1) * D);
+          }
+        std::printf("  %-30s L=%-4lld Top-K sets identical on %lld of %lld rows\n", c.name, (long long)L,
+                    (long long)same_rows, (long long)L);
+        CHECK(double(same_rows) >= 0.95 * double(L));
+        pc = pc2, pg = pg2;
+      }
       const std::vector<float> dc(oc.begin() + L * D, oc.end()), dg(og.begin() + L * D, og.end());
-      const double ep = nmse(pg, pc), ed = nmse(dg, dc), es = nmse(sg, sc), eseg = nmse(segg, pg);
+      const double ep = nmse(pg, pc), ed = nmse(dg, dc), es = nmse(sg, sc);
+      const std::vector<float> pg_all(og.begin(), og.begin() + L * D);
+      const double eseg = nmse(segg, pg_all);
       std::printf("  %-30s L=%-4lld prefill %.2e, decode %.2e, state %.2e, segmented vs serial (gpu) %.2e; "
                   "segmented gpu vs cpu %.2e\n",
-                  c.name, (long long)L, ep, ed, es, eseg, nmse(segg, segc));
+                  c.name, (long long)L, ep, ed, es, eseg, kc.empty() ? nmse(segg, segc) : -1.0);
       INFO(c.name << " L=" << L);
       CHECK(ep <= 2e-4);
       CHECK(ed <= 2e-4);
