@@ -65,8 +65,9 @@ namespace {
 
 // Greedy / sampled continuation from the state after the prompt and the logits of its last token.
 void generate(const Model& model, int64_t doc, const ModeParams& p, Model::State& st, std::vector<float>& last,
-              const std::function<void()>& tick, DocResult& r) {
+              const std::function<void()>& tick, DocResult& r, WorkStats* stats) {
   const int64_t V = model.config().vocab_size;
+  WorkStats::Timer timer(stats, "decode");
   // Every CP rank holds the whole document's state after the prefill, so all of them decode
   // the same tokens (TP collectives run inside each CP rank's TP group).
   for (int64_t s = 0; s < p.max_new_tokens; ++s) {
@@ -82,7 +83,8 @@ void generate(const Model& model, int64_t doc, const ModeParams& p, Model::State
 // soon as they exist (log-probs need the next token, which the document gives), so neither the
 // activations nor the logits ever cover more than one chunk.
 DocResult chunked_document(const Model& model, int64_t doc, const std::vector<int32_t>& tokens, const ModeParams& p,
-                           const std::function<void()>& tick, std::chrono::steady_clock::time_point t0) {
+                           const std::function<void()>& tick, std::chrono::steady_clock::time_point t0,
+                           WorkStats* stats) {
   const LmHead& head = model.head();
   const int64_t L = int64_t(tokens.size()), V = model.config().vocab_size, C = p.chunk_tokens;
   DocResult r;
@@ -98,7 +100,8 @@ DocResult chunked_document(const Model& model, int64_t doc, const std::vector<in
   std::vector<float> last(static_cast<size_t>(V));
   for (int64_t c0 = 0; c0 < L; c0 += C) {
     const int64_t n = std::min(C, L - c0);
-    const DTensor h = model.forward(tokens.data() + c0, n, st, tick);
+    const DTensor h = model.forward(tokens.data() + c0, n, st, tick, nullptr, stats);
+    WorkStats::Timer timer(stats, "lm_head");
     switch (p.mode) {
       case OutputMode::Logprobs: {
         const int64_t m = std::min(n, L - 1 - c0);  // rows with a next token
@@ -115,7 +118,7 @@ DocResult chunked_document(const Model& model, int64_t doc, const std::vector<in
     }
   }
   if (p.mode == OutputMode::LastLogits) r.values = last;
-  if (p.mode == OutputMode::Generate) generate(model, doc, p, st, last, tick, r);
+  if (p.mode == OutputMode::Generate) generate(model, doc, p, st, last, tick, r, stats);
   r.stats.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return r;
 }
@@ -148,9 +151,9 @@ DocResult compute_document(const Model& model, int64_t doc, const std::vector<in
     CpCtx ctx{&cp, &lay, par.stats};
     hidden = model.forward_cp(local.data(), ctx, st, tick);
   } else if (p.chunk_tokens > 0 && L > p.chunk_tokens) {
-    return chunked_document(model, doc, tokens, p, tick, t0);
+    return chunked_document(model, doc, tokens, p, tick, t0, par.stats);
   } else {
-    hidden = model.forward(tokens.data(), L, st, tick);
+    hidden = model.forward(tokens.data(), L, st, tick, nullptr, par.stats);
   }
   const int64_t R = int64_t(pos.size());
   // The rank holding position L-1 shares that row's hidden state (last-logits, generation).
@@ -187,7 +190,10 @@ DocResult compute_document(const Model& model, int64_t doc, const std::vector<in
         be.copy_rows(hidden, rows[k], h2, int64_t(k), int64_t(e - k));
         k = e;
       }
-      head.logprobs(h2, tgt.data(), lp.data());
+      {
+        WorkStats::Timer timer(par.stats, "lm_head");
+        head.logprobs(h2, tgt.data(), lp.data());
+      }
       r.values = parallel ? gather_rows(cp, qpos, lp, 1, L - 1) : lp;
       break;
     }
@@ -196,7 +202,10 @@ DocResult compute_document(const Model& model, int64_t doc, const std::vector<in
       DZ_CHECK(K >= 1 && K <= V, "--topk ", K, " must be in [1, vocab size ", V, "]");
       std::vector<int32_t> ids(static_cast<size_t>(R * K));
       std::vector<float> lps(static_cast<size_t>(R * K));
-      head.topk(hidden, K, ids.data(), lps.data());
+      {
+        WorkStats::Timer timer(par.stats, "lm_head");
+        head.topk(hidden, K, ids.data(), lps.data());
+      }
       r.ids = parallel ? gather_rows(cp, pos, ids, K, L) : ids;
       r.values = parallel ? gather_rows(cp, pos, lps, K, L) : lps;
       break;
@@ -211,7 +220,7 @@ DocResult compute_document(const Model& model, int64_t doc, const std::vector<in
       std::vector<float> last(static_cast<size_t>(V));
       model.logits(parallel ? be.upload(last_hidden().data(), {1, D}, be.act_dtype()) : hidden.slab(L - 1, L),
                    last.data());
-      generate(model, doc, p, st, last, tick, r);
+      generate(model, doc, p, st, last, tick, r, par.stats);
       break;
     }
   }

@@ -314,6 +314,7 @@ int run_job(const RunOptions& opt) {
     if (const char* k = std::getenv("DAYZERO_FAULT_KILL_AFTER_DOCS")) writer.kill_after = std::atoll(k);
   }
   WorkStats stats;
+  if (!opt.report.empty()) stats.device = be;  // stage seconds in the report are GPU time
   const DocParallel par{&cp_comm, opt.segments, &stats};
   Clock::time_point stop_seen{};
   // Rank 0, a stop signal older than the grace period: every written document is already

@@ -60,6 +60,9 @@ std::unique_ptr<Model> Model::build(const ModelConfig& cfg, Checkpoint& ck, cons
     }
     L.ffn_norm = param(ck.get(p + "post_attention_layernorm.weight", {D}, norm_init));
     L.ffn = ls.ffn == FfnKind::MoE ? make_moe_ffn(cfg, int(i), ck, p, tp, be) : make_mlp_ffn(cfg, int(i), ck, p, tp, be);
+    const char* mk[] = {"mixer_kda", "mixer_gdn", "mixer_mla", "mixer_gqa"};
+    L.mixer_key = ls.mixer == MixerKind::MLA && ls.has_indexer ? "mixer_mla_dsa" : mk[int(ls.mixer)];
+    L.ffn_key = ls.ffn == FfnKind::MoE ? "ffn_moe" : "ffn_mlp";
     m->layers_.push_back(std::move(L));
   }
   if (cfg.attn_res_block_size > 0) {
@@ -88,10 +91,10 @@ Model::State Model::State::clone() const {
 }
 
 DTensor Model::forward(const int32_t* tokens, int64_t T, State& st, const std::function<void()>& tick,
-                       std::vector<Tensor>* layer_hidden) const {
+                       std::vector<Tensor>* layer_hidden, WorkStats* stats) const {
   DTensor y = run(tokens, T, st,
                   [](const Mixer& m, MixerState& ms, const DTensor& x, const DTensor& out) { m.forward(x, ms, out); }, tick,
-                  layer_hidden);
+                  layer_hidden, stats);
   st.pos += T;
   return y;
 }
@@ -101,7 +104,7 @@ DTensor Model::forward_cp(const int32_t* tokens, const CpCtx& ctx, State& st, co
   const int64_t R = ctx.lay->local_rows();
   DTensor y = run(tokens, R, st,
                   [&ctx](const Mixer& m, MixerState& ms, const DTensor& x, const DTensor& out) { m.forward_cp(x, ctx, ms, out); },
-                  tick, nullptr);
+                  tick, nullptr, ctx.stats);
   st.pos = ctx.lay->length;
   return y;
 }
@@ -109,7 +112,7 @@ DTensor Model::forward_cp(const int32_t* tokens, const CpCtx& ctx, State& st, co
 // The layer stack, once for every backend: residual stream h [T, D] F32; sub-layer inputs and
 // outputs in the backend's activation dtype.
 DTensor Model::run(const int32_t* tokens, int64_t T, State& st, const MixFn& mix, const std::function<void()>& tick,
-                   std::vector<Tensor>* layer_hidden) const {
+                   std::vector<Tensor>* layer_hidden, WorkStats* stats) const {
   Backend& be = *be_;
   const int64_t D = cfg_.hidden_size, V = cfg_.vocab_size;
   const float eps = cfg_.rms_norm_eps;
@@ -137,13 +140,19 @@ DTensor Model::run(const int32_t* tokens, int64_t T, State& st, const MixFn& mix
     // token mixer
     if (ar) attn_res_->sublayer_input(be, *ar, int(i), 0, input);
     be.rmsnorm(ar ? input : h, L.attn_norm, normed, eps, zc);
-    mix(*L.mixer, *st.mixers[i], normed, out);
+    {
+      WorkStats::Timer t(stats, L.mixer_key);
+      mix(*L.mixer, *st.mixers[i], normed, out);
+    }
     if (ar) attn_res_->add_output(be, *ar, int(i), 0, out);
     be.add(h, out);
     // FFN
     if (ar) attn_res_->sublayer_input(be, *ar, int(i), 1, input);
     be.rmsnorm(ar ? input : h, L.ffn_norm, normed, eps, zc);
-    L.ffn->forward(normed, out);
+    {
+      WorkStats::Timer t(stats, L.ffn_key);
+      L.ffn->forward(normed, out);
+    }
     if (ar) attn_res_->add_output(be, *ar, int(i), 1, out);
     be.add(h, out);
     if (layer_hidden) snapshot(h);

@@ -47,8 +47,10 @@ class Model {
   // uses it to keep MPI progressing). layer_hidden, when given, receives the residual stream after
   // the embedding and after each layer (num_layers + 1 host tensors [T, D], as transformers'
   // output_hidden_states before the final norm).
+  // stats (optional): each sub-layer's time under "mixer_<kind>" / "ffn_<kind>" (GPU time when
+  // stats->device is set).
   DTensor forward(const int32_t* tokens, int64_t T, State& st, const std::function<void()>& tick = {},
-                  std::vector<Tensor>* layer_hidden = nullptr) const;
+                  std::vector<Tensor>* layer_hidden = nullptr, WorkStats* stats = nullptr) const;
   // Context-parallel prefill of a whole document (st fresh): tokens [R] are this rank's rows in
   // ctx.lay order; returns their final hidden states [R, D]. Every CP rank ends with the state
   // of the whole document (decode continues with forward()).
@@ -63,7 +65,7 @@ class Model {
   // The layer stack shared by forward and forward_cp; `mix` runs one layer's token mixer.
   using MixFn = std::function<void(const Mixer&, MixerState&, const DTensor& x, const DTensor& out)>;
   DTensor run(const int32_t* tokens, int64_t T, State& st, const MixFn& mix, const std::function<void()>& tick,
-              std::vector<Tensor>* layer_hidden) const;
+              std::vector<Tensor>* layer_hidden, WorkStats* stats) const;
 
   ModelConfig cfg_;
   Backend* be_ = nullptr;
@@ -74,6 +76,7 @@ class Model {
     DTensor attn_norm, ffn_norm;  // [D] F32
     std::unique_ptr<Mixer> mixer;
     std::unique_ptr<Ffn> ffn;
+    std::string mixer_key, ffn_key;  // stage names in WorkStats
   };
   std::vector<Layer> layers_;
   std::unique_ptr<AttnRes> attn_res_;

@@ -53,21 +53,33 @@ struct TpShard {
 
 // Per-rank work accounting for the balance report: FLOPs by kind ("indexer", "attention",
 // "linear_attention", ...) and wall time by stage ("la_stage1", "la_merge", "la_stage2",
-// "kv_gather", ...). Counted with the same formulas whatever the layout.
+// "kv_gather", "mixer_kda", "ffn_moe", "lm_head", ...). Counted with the same formulas whatever
+// the layout. With `device` set, a timer waits for the device at both ends, so a stage's seconds
+// are its GPU time (not the time to issue its kernels); the job sets it only when a report is
+// asked for (the waits cost a little).
 struct WorkStats {
   std::map<std::string, double> flops;
   std::map<std::string, double> seconds;
+  Backend* device = nullptr;
   void add_flops(const std::string& k, double v) { flops[k] += v; }
   struct Timer {
     WorkStats* w;
     std::string k;
-    std::chrono::steady_clock::time_point t0 = std::chrono::steady_clock::now();
-    ~Timer() {
-      if (w) w->seconds[k] += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    std::chrono::steady_clock::time_point t0;
+    Timer(WorkStats* ws, std::string key) : w(ws), k(std::move(key)) {
+      if (w && w->device) w->device->sync();
+      t0 = std::chrono::steady_clock::now();
     }
+    ~Timer() {
+      if (!w) return;
+      if (w->device) w->device->sync();
+      w->seconds[k] += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    }
+    Timer(const Timer&) = delete;
+    Timer& operator=(const Timer&) = delete;
   };
   // auto t = stats.time("la_stage1");  (null-safe through CpCtx::time)
-  Timer time(const std::string& k) { return Timer{this, k}; }
+  Timer time(const std::string& k) { return Timer(this, k); }
 };
 
 struct CpCtx {
@@ -77,7 +89,7 @@ struct CpCtx {
   void flops(const std::string& k, double v) const {
     if (stats) stats->add_flops(k, v);
   }
-  WorkStats::Timer time(const std::string& k) const { return WorkStats::Timer{stats, k}; }
+  WorkStats::Timer time(const std::string& k) const { return WorkStats::Timer(stats, k); }
 };
 
 }  // namespace dz
