@@ -176,43 +176,46 @@ class CpuBackend final : public Backend {
     const int64_t C = w.dim(0), W = w.dim(1), T = x.numel() / C;
     short_conv_silu(x.f32(), w.f32(), nullptr, T, C, W, state.f32(), y.f32());
   }
-  void la_scan(const LaScanArgs& a) override {
-    const int64_t T = a.v.numel() / (a.HV * a.V);
-    std::vector<float> q(a.q.f32(), a.q.f32() + T * a.HK * a.K), k(a.k.f32(), a.k.f32() + T * a.HK * a.K);
-    l2norm(q.data(), q.data(), T * a.HK, a.K, 1e-6f);
-    l2norm(k.data(), k.data(), T * a.HK, a.K, 1e-6f);
-    std::vector<float> beta(a.beta.f32(), a.beta.f32() + T * a.HV);
-    for (auto& b : beta) b = sigmoid(b);
+  // What the mixers computed before the scan: L2-normalised q (when asked) and k, sigmoid beta,
+  // the log-decay from the raw gate input.
+  struct ScanInputs {
+    std::vector<float> q, k, beta, g;
+  };
+  static ScanInputs scan_inputs(const LaScanArgs& a, int64_t T, bool with_q) {
+    ScanInputs in;
+    if (with_q) {
+      in.q.assign(a.q.f32(), a.q.f32() + T * a.HK * a.K);
+      l2norm(in.q.data(), in.q.data(), T * a.HK, a.K, 1e-6f);
+    }
+    in.k.assign(a.k.f32(), a.k.f32() + T * a.HK * a.K);
+    l2norm(in.k.data(), in.k.data(), T * a.HK, a.K, 1e-6f);
+    in.beta.assign(a.beta.f32(), a.beta.f32() + T * a.HV);
+    for (auto& b : in.beta) b = sigmoid(b);
     const int64_t GK = a.kda ? a.K : 1;
-    std::vector<float> g(size_t(T * a.HV * GK));
+    in.g.resize(size_t(T * a.HV * GK));
     if (a.gate.lower_bound == 0.f)
-      kda_gate_softplus(a.gate.f.f32(), a.gate.A_log.f32(), opt(a.gate.dt_bias), T, a.HV, GK, g.data());
+      kda_gate_softplus(a.gate.f.f32(), a.gate.A_log.f32(), opt(a.gate.dt_bias), T, a.HV, GK, in.g.data());
     else
       kda_gate_lower_bound(a.gate.f.f32(), a.gate.A_log.f32(), opt(a.gate.dt_bias), a.gate.lower_bound, T, a.HV, GK,
-                           g.data());
+                           in.g.data());
+    return in;
+  }
+  void la_scan(const LaScanArgs& a) override {
+    const int64_t T = a.v.numel() / (a.HV * a.V);
+    const ScanInputs in = scan_inputs(a, T, true);
     auto* fn = T >= kLaChunk ? (a.kda ? kda_chunked : gdn_chunked) : nullptr;
     if (fn)
-      fn(q.data(), k.data(), a.v.f32(), g.data(), beta.data(), T, a.HK, a.HV, a.K, a.V, a.scale, a.state.f32(),
-         a.o.f32(), kLaChunk);
+      fn(in.q.data(), in.k.data(), a.v.f32(), in.g.data(), in.beta.data(), T, a.HK, a.HV, a.K, a.V, a.scale,
+         a.state.f32(), a.o.f32(), kLaChunk);
     else
-      (a.kda ? kda_recurrent : gdn_recurrent)(q.data(), k.data(), a.v.f32(), g.data(), beta.data(), T, a.HK, a.HV,
-                                              a.K, a.V, a.scale, a.state.f32(), a.o.f32());
+      (a.kda ? kda_recurrent : gdn_recurrent)(in.q.data(), in.k.data(), a.v.f32(), in.g.data(), in.beta.data(), T,
+                                              a.HK, a.HV, a.K, a.V, a.scale, a.state.f32(), a.o.f32());
   }
   void la_transition(const LaScanArgs& a, const DTensor& A, const DTensor& B) override {
     const int64_t T = a.v.numel() / (a.HV * a.V);
-    std::vector<float> k(a.k.f32(), a.k.f32() + T * a.HK * a.K);
-    l2norm(k.data(), k.data(), T * a.HK, a.K, 1e-6f);
-    std::vector<float> beta(a.beta.f32(), a.beta.f32() + T * a.HV);
-    for (auto& b : beta) b = sigmoid(b);
-    const int64_t GK = a.kda ? a.K : 1;
-    std::vector<float> g(size_t(T * a.HV * GK));
-    if (a.gate.lower_bound == 0.f)
-      kda_gate_softplus(a.gate.f.f32(), a.gate.A_log.f32(), opt(a.gate.dt_bias), T, a.HV, GK, g.data());
-    else
-      kda_gate_lower_bound(a.gate.f.f32(), a.gate.A_log.f32(), opt(a.gate.dt_bias), a.gate.lower_bound, T, a.HV, GK,
-                           g.data());
-    const LaTransition tr = (a.kda ? kda_transition : gdn_transition)(k.data(), a.v.f32(), g.data(), beta.data(), T,
-                                                                      a.HK, a.HV, a.K, a.V);
+    const ScanInputs in = scan_inputs(a, T, false);
+    const LaTransition tr = (a.kda ? kda_transition : gdn_transition)(in.k.data(), a.v.f32(), in.g.data(),
+                                                                      in.beta.data(), T, a.HK, a.HV, a.K, a.V);
     std::copy(tr.A.begin(), tr.A.end(), A.f32());
     std::copy(tr.B.begin(), tr.B.end(), B.f32());
   }

@@ -298,56 +298,47 @@ class CudaBackend final : public Backend {
     cuda::short_conv_prefill(b16(x), b16(w), nullptr, dcu.ptr<int32_t>(), 1, T, int(C), int(W), b16w(state), b16w(y),
                              st());
   }
-  void la_scan(const LaScanArgs& a) override {
-    const int64_t T = a.v.numel() / (a.HV * a.V);
-    if (T == 0) return;
-    cuda::LaGate g;
-    g.f = b16(a.gate.f);
-    g.A_log = optf(a.gate.A_log);
-    g.dt_bias = optf(a.gate.dt_bias);
-    g.lower_bound = a.gate.lower_bound;
-    if (!cuda::la_chunked_supports(int(a.K), int(a.V))) {  // small heads: the token-by-token kernel
-      cuda::LaPrefill p;
-      p.kda = a.kda;
-      p.q = b16(a.q);
-      p.k = b16(a.k);
-      p.v = b16(a.v);
-      p.b = b16(a.beta);
-      p.gate = g;
-      p.HK = int(a.HK), p.HV = int(a.HV), p.K = int(a.K), p.V = int(a.V);
-      p.scale = a.scale;
-      p.o = b16w(a.o);
-      cuda::la_recurrent(p, T, a.state.ptr<float>(), st());
-      return;
-    }
-    if (T == 1) {  // one token: the recurrent decode kernel on the state in place
-      cuda::LaDecode d;
-      d.kda = a.kda;
-      d.q = b16(a.q);
-      d.k = b16(a.k);
-      d.v = b16(a.v);
-      d.b = b16(a.beta);
-      d.gate = g;
-      d.HK = int(a.HK), d.HV = int(a.HV), d.K = int(a.K), d.V = int(a.V);
-      d.scale = a.scale;
-      d.B = 1;
-      const int32_t slot0 = 0;
-      DTensor slot = upload_i32(&slot0, {1});
-      d.slot = slot.ptr<int32_t>();
-      d.states = a.state.ptr<float>();
-      d.o = b16w(a.o);
-      cuda::la_decode(d, st());
-      return;
-    }
+  // The kernels' view of one sequence's scan (q/k/v/beta/gate and sizes; the caller adds the rest).
+  static cuda::LaPrefill prefill_args(const LaScanArgs& a) {
     cuda::LaPrefill p;
     p.kda = a.kda;
     p.q = b16(a.q);
     p.k = b16(a.k);
     p.v = b16(a.v);
     p.b = b16(a.beta);
-    p.gate = g;
+    p.gate.f = b16(a.gate.f);
+    p.gate.A_log = optf(a.gate.A_log);
+    p.gate.dt_bias = optf(a.gate.dt_bias);
+    p.gate.lower_bound = a.gate.lower_bound;
     p.HK = int(a.HK), p.HV = int(a.HV), p.K = int(a.K), p.V = int(a.V);
     p.scale = a.scale;
+    p.o = b16w(a.o);
+    return p;
+  }
+  void la_scan(const LaScanArgs& a) override {
+    const int64_t T = a.v.numel() / (a.HV * a.V);
+    if (T == 0) return;
+    cuda::LaPrefill p = prefill_args(a);
+    if (!cuda::la_chunked_supports(p.K, p.V)) {  // small heads: the token-by-token kernel
+      cuda::la_recurrent(p, T, a.state.ptr<float>(), st());
+      return;
+    }
+    if (T == 1) {  // one token: the recurrent decode kernel on the state in place
+      cuda::LaDecode d;
+      d.kda = p.kda;
+      d.q = p.q, d.k = p.k, d.v = p.v, d.b = p.b;
+      d.gate = p.gate;
+      d.HK = p.HK, d.HV = p.HV, d.K = p.K, d.V = p.V;
+      d.scale = p.scale;
+      d.B = 1;
+      const int32_t slot0 = 0;
+      DTensor slot = upload_i32(&slot0, {1});
+      d.slot = slot.ptr<int32_t>();
+      d.states = a.state.ptr<float>();
+      d.o = p.o;
+      cuda::la_decode(d, st());
+      return;
+    }
     const int32_t cu[2] = {0, int32_t(T)};
     DTensor dcu = upload_i32(cu, {2});
     p.cu_seqlens = dcu.ptr<int32_t>();
@@ -355,9 +346,8 @@ class CudaBackend final : public Backend {
     DTensor ht = alloc(a.state.shape, DType::F32);
     p.h0 = a.state.ptr<float>();
     p.ht = ht.ptr<float>();
-    p.o = b16w(a.o);
     p.T_total = T;
-    DTensor ws = alloc({int64_t(cuda::la_prefill_workspace_bytes(T, 1, int(a.HV), int(a.K), int(a.V)))}, DType::U8);
+    DTensor ws = alloc({int64_t(cuda::la_prefill_workspace_bytes(T, 1, p.HV, p.K, p.V))}, DType::U8);
     p.workspace = ws.data;
     cuda::la_chunk_prefill(p, st());
     copy_rows(ht.reshaped({1, ht.numel()}), 0, a.state.reshaped({1, ht.numel()}), 0, 1);
