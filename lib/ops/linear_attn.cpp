@@ -194,78 +194,6 @@ void apply_raw(const float* A_all, const float* B_all, int64_t H, int64_t K, int
   }
 }
 
-// The two-stage scan behind kda_segmented / gdn_segmented (see the header).
-void segmented(const float* q, const float* k, const float* v, const float* g, const float* beta, Dims d,
-               float scale, const CpCtx& ctx, float* o, float* S_final, const char* op) {
-  DZ_CHECK(ctx.cp && ctx.lay, op, ": CpCtx needs a CP communicator and a layout");
-  const SeqLayout& lay = *ctx.lay;
-  const Collectives& comm = *ctx.cp;
-  DZ_CHECK(lay.cp_size == comm.size() && lay.cp_rank == comm.rank(), op, ": layout for rank ", lay.cp_rank, " of ",
-           lay.cp_size, " used on CP rank ", comm.rank(), " of ", comm.size());
-  d.T = lay.local_rows();
-  check_dims(d, op);
-  const int64_t HV = d.HV, K = d.K, V = d.V, HK = d.HK, GK = d.gk();
-  const int64_t nA = HV * K * K, nB = HV * K * V, nS = nA + nB;
-  const std::vector<int> mine = lay.local_segments();
-  // local row offset of each local segment
-  std::vector<int64_t> off(mine.size() + 1, 0);
-  for (size_t i = 0; i < mine.size(); ++i) off[i + 1] = off[i] + lay.seg_len(mine[i]);
-
-  // Stage 1: transitions of the local segments from a zero state, packed [A | B] per segment.
-  std::vector<float> send;
-  {
-    auto timer = ctx.time("la_stage1");
-    send.reserve(mine.size() * size_t(nS));
-    for (size_t i = 0; i < mine.size(); ++i) {
-      const int64_t t0 = off[i];
-      Dims ds = d;
-      ds.T = off[i + 1] - t0;
-      const LaTransition tr =
-          transition(k + t0 * HK * K, v + t0 * HV * V, g + t0 * HV * GK, beta + t0 * HV, ds);
-      send.insert(send.end(), tr.A.begin(), tr.A.end());
-      send.insert(send.end(), tr.B.begin(), tr.B.end());
-      ctx.flops("linear_attention", la_chunked_flops(ds.T, HV, K, V, false));
-    }
-  }
-
-  // Merge: every rank gathers every transition and runs the prefix chain itself (no second
-  // round of communication). Empty segments are the identity and are skipped.
-  std::vector<std::vector<float>> init(mine.size());
-  {
-    auto timer = ctx.time("la_merge");
-    const std::vector<float> all = comm.allgatherv(send);
-    DZ_CHECK(all.size() == size_t(lay.n_seg()) * size_t(nS), op, ": gathered ", all.size(),
-             " floats of transitions, expected ", lay.n_seg(), " segments of ", nS);
-    std::vector<const float*> tr_of(size_t(lay.n_seg()), nullptr);  // segment -> its [A | B]
-    size_t pos = 0;
-    for (int r = 0; r < comm.size(); ++r)
-      for (int j : lay.segments_of(r)) {
-        tr_of[size_t(j)] = all.data() + pos;
-        pos += size_t(nS);
-      }
-    std::vector<float> S(size_t(nB), 0.f), next(static_cast<size_t>(nB));
-    size_t li = 0;
-    for (int j = 0; j < lay.n_seg(); ++j) {
-      if (li < mine.size() && mine[li] == j) init[li++] = S;
-      if (lay.seg_len(j) == 0) continue;
-      apply_raw(tr_of[size_t(j)], tr_of[size_t(j)] + nA, HV, K, V, S.data(), next.data());
-      S.swap(next);
-      ctx.flops("linear_attention", double(2 * HV * K * K * V));
-    }
-    std::copy(S.begin(), S.end(), S_final);
-  }
-
-  // Stage 2: each local segment's outputs from its initial state.
-  auto timer = ctx.time("la_stage2");
-  for (size_t i = 0; i < mine.size(); ++i) {
-    const int64_t t0 = off[i];
-    Dims ds = d;
-    ds.T = off[i + 1] - t0;
-    chunked(q + t0 * HK * K, k + t0 * HK * K, v + t0 * HV * V, g + t0 * HV * GK, beta + t0 * HV, ds, scale,
-            init[i].data(), o + t0 * HV * V, kLaChunk);
-    ctx.flops("linear_attention", la_chunked_flops(ds.T, HV, K, V, true));
-  }
-}
 
 }  // namespace
 
@@ -281,16 +209,6 @@ double la_chunked_flops(int64_t T, int64_t H, int64_t K, int64_t V, bool outputs
       f += c * (c - 1) * (3 * k + v) + 4 * c * k * (k + v) + k * (k + v);
   }
   return f * double(H);
-}
-
-void kda_segmented(const float* q, const float* k, const float* v, const float* g, const float* beta, int64_t HK,
-                   int64_t HV, int64_t K, int64_t V, float scale, const CpCtx& ctx, float* o, float* S_final) {
-  segmented(q, k, v, g, beta, Dims{0, HK, HV, K, V, true}, scale, ctx, o, S_final, "kda_segmented");
-}
-
-void gdn_segmented(const float* q, const float* k, const float* v, const float* g, const float* beta, int64_t HK,
-                   int64_t HV, int64_t K, int64_t V, float scale, const CpCtx& ctx, float* o, float* S_final) {
-  segmented(q, k, v, g, beta, Dims{0, HK, HV, K, V, false}, scale, ctx, o, S_final, "gdn_segmented");
 }
 
 void kda_recurrent(const float* q, const float* k, const float* v, const float* g, const float* beta, int64_t T,

@@ -82,22 +82,6 @@ void la_transition_apply(const LaTransition& tr, const float* S0, float* S_final
 // The transition of `first` followed by `second`: A = A2 A1, B = A2 B1 + B2.
 LaTransition la_transition_merge(const LaTransition& first, const LaTransition& second);
 
-// ---- Segmented scan of one document (context parallelism, intra-rank parallel scan) ----
-// The document is laid out by ctx.lay over the CP group ctx.cp; q, k, v, g, beta (shapes as in
-// kda_chunked / gdn_chunked with T = R = ctx.lay->local_rows()) hold this rank's rows, local
-// segments in ascending index. Stage 1: every local segment's transition from a zero state;
-// merge: all transitions are all-gathered and applied in sequence order from S = 0, giving every
-// segment's initial state and the state after the whole document; stage 2: each local segment's
-// outputs with the chunked form from its initial state. o [R, HV, V]; S_final [HV, K, V] the state
-// after the whole document (the same on every CP rank). Collectives: one allgatherv on ctx.cp.
-// Work: ctx.flops("linear_attention", la_segment_flops(...) per local segment + the merge),
-// times "la_stage1", "la_merge", "la_stage2". With a size-1 Comm and SeqLayout::zigzag(L, 1, 0, S)
-// this is the intra-rank segmented scan.
-void kda_segmented(const float* q, const float* k, const float* v, const float* g, const float* beta, int64_t HK,
-                   int64_t HV, int64_t K, int64_t V, float scale, const CpCtx& ctx, float* o, float* S_final);
-void gdn_segmented(const float* q, const float* k, const float* v, const float* g, const float* beta, int64_t HK,
-                   int64_t HV, int64_t K, int64_t V, float scale, const CpCtx& ctx, float* o, float* S_final);
-
 // FLOPs (multiply and add counted separately, exp not counted) of the chunked form over T tokens
 // for H value heads, chunks of `chunk`: per chunk of c tokens and head
 //     c(c-1)(2K + V) + c(c+1)(K + V) + 6cKV + KV     with outputs (stage 2)
