@@ -103,35 +103,19 @@ void LinearAttnMixer::forward_cp(const DTensor& x, const CpCtx& ctx, MixerState&
   {
     auto timer = ctx.time("la_stage1");
     tk = project(x);
-    // Conv halo: every rank shares the last min(W-1, n_j) pre-conv rows of each of its segments;
-    // a segment's conv state is the last W-1 rows of all earlier segments' tails (zeros before).
-    auto tail_rows = [&](int j) { return std::min(P, lay.seg_len(j)); };
+    // Conv halo (ops/short_conv.hpp ConvHalo): every rank shares the last min(W-1, n_j) pre-conv
+    // rows of each of its segments; a segment's conv state is the W-1 inputs before it.
     std::vector<float> tails;
     for (size_t i = 0; i < mine.size(); ++i) {
-      const int64_t m = tail_rows(mine[i]);
+      const int64_t m = ConvHalo::tail_rows(lay, P, mine[i]);
       if (m == 0) continue;
       const std::vector<float> t = be.to_host(tk.pre.slab(off[i + 1] - m, off[i + 1]));
       tails.insert(tails.end(), t.begin(), t.end());
     }
-    const std::vector<float> all = comm.allgatherv(tails);
-    std::vector<const float*> tail(size_t(lay.n_seg()), nullptr);
-    size_t pos = 0;
-    for (int r = 0; r < comm.size(); ++r)
-      for (int j : lay.segments_of(r)) {
-        tail[size_t(j)] = all.data() + pos;
-        pos += size_t(tail_rows(j) * CD);
-      }
-    DZ_CHECK(pos == all.size(), name_, " forward_cp: gathered ", all.size(), " floats of conv halo, expected ", pos);
-    auto halo_before = [&](int j) {
-      std::vector<float> h(size_t(P * CD), 0.f);
-      int64_t need = P;  // rows still to fill, from the bottom (row P-1) up
-      for (int s = j - 1; s >= 0 && need > 0; --s) {
-        const int64_t m = std::min(need, tail_rows(s));
-        const float* src = tail[size_t(s)] + (tail_rows(s) - m) * CD;
-        std::copy(src, src + m * CD, h.begin() + (need - m) * CD);
-        need -= m;
-      }
-      return be.upload(h.data(), {P, CD}, be.act_dtype());  // inputs are act values: exact
+    const ConvHalo halo(lay, P, CD, comm.allgatherv(tails));
+    auto halo_before = [&](int j) {  // inputs are act values: the round trip is exact
+      const std::vector<float> h = halo.before(j);
+      return be.upload(h.data(), {P, CD}, be.act_dtype());
     };
     DTensor c = be.act({R, CD});
     for (size_t i = 0; i < mine.size(); ++i) {

@@ -41,45 +41,48 @@ void short_conv_silu_cp(const float* x, const float* w, const float* bias, int64
            lay.cp_rank, " of ", lay.cp_size, " used on CP rank ", comm.rank(), " of ", comm.size());
   const int64_t P = W - 1;
   const std::vector<int> mine = lay.local_segments();
-  auto tail_rows = [&](int j) { return std::min(P, lay.seg_len(j)); };
   // Tails of my segments, ascending: the last min(P, n_j) rows of each.
   std::vector<float> send;
   int64_t r0 = 0;
   for (int j : mine) {
-    const int64_t n = lay.seg_len(j), m = tail_rows(j);
+    const int64_t n = lay.seg_len(j), m = ConvHalo::tail_rows(lay, P, j);
     send.insert(send.end(), x + (r0 + n - m) * C, x + (r0 + n) * C);
     r0 += n;
   }
-  const std::vector<float> all = comm.allgatherv(send);
-  // Every segment's tail in sequence order (the gather is in rank order, segments ascending).
-  std::vector<const float*> tail(size_t(lay.n_seg()), nullptr);
-  size_t pos = 0;
-  for (int r = 0; r < comm.size(); ++r)
-    for (int j : lay.segments_of(r)) {
-      tail[size_t(j)] = all.data() + pos;
-      pos += size_t(tail_rows(j) * C);
-    }
-  DZ_CHECK(pos == all.size(), "short_conv_silu_cp: gathered ", all.size(), " floats of conv halo, expected ", pos);
-  // The last P inputs before segment j: walk back over earlier tails (zeros before the document).
-  auto halo_before = [&](int j, float* st) {
-    std::fill(st, st + P * C, 0.f);
-    int64_t need = P;  // rows of st still to fill, from the bottom (row P-1) up
-    for (int s = j - 1; s >= 0 && need > 0; --s) {
-      const int64_t m = std::min(need, tail_rows(s));
-      const float* src = tail[size_t(s)] + (tail_rows(s) - m) * C;  // the last m rows of that tail
-      std::copy(src, src + m * C, st + (need - m) * C);
-      need -= m;
-    }
-  };
-  std::vector<float> st(size_t(P * C));
+  const ConvHalo halo(lay, P, C, comm.allgatherv(send));
   r0 = 0;
   for (int j : mine) {
     const int64_t n = lay.seg_len(j);
-    halo_before(j, st.data());
+    std::vector<float> st = halo.before(j);
     short_conv_silu(x + r0 * C, w, bias, n, C, W, st.data(), y + r0 * C);
     r0 += n;
   }
-  halo_before(lay.n_seg(), state);
+  const std::vector<float> last = halo.before(lay.n_seg());
+  std::copy(last.begin(), last.end(), state);
+}
+
+ConvHalo::ConvHalo(const SeqLayout& lay, int64_t P, int64_t C, std::vector<float> gathered)
+    : lay_(lay), P_(P), C_(C), all_(std::move(gathered)), at_(size_t(lay.n_seg()), 0) {
+  // Every segment's tail in sequence order (the gather is in rank order, segments ascending).
+  size_t pos = 0;
+  for (int r = 0; r < lay.cp_size; ++r)
+    for (int j : lay.segments_of(r)) {
+      at_[size_t(j)] = pos;
+      pos += size_t(tail_rows(lay, P, j) * C);
+    }
+  DZ_CHECK(pos == all_.size(), "conv halo: gathered ", all_.size(), " floats, expected ", pos);
+}
+
+std::vector<float> ConvHalo::before(int j) const {
+  std::vector<float> st(size_t(P_ * C_), 0.f);
+  int64_t need = P_;  // rows of st still to fill, from the bottom (row P-1) up
+  for (int s = j - 1; s >= 0 && need > 0; --s) {
+    const int64_t m = std::min(need, tail_rows(lay_, P_, s));
+    const float* src = all_.data() + at_[size_t(s)] + (tail_rows(lay_, P_, s) - m) * C_;  // its last m rows
+    std::copy(src, src + m * C_, st.begin() + (need - m) * C_);
+    need -= m;
+  }
+  return st;
 }
 
 }  // namespace dz

@@ -2,7 +2,9 @@
 // CPU reference, fp32. Streams: the state carries the last W-1 inputs, so calling it chunk by
 // chunk gives exactly (bit for bit) the same output as one call over the whole sequence.
 #pragma once
+#include <algorithm>
 #include <cstdint>
+#include <vector>
 
 #include "dist/comm.hpp"
 #include "dist/seq_layout.hpp"
@@ -27,5 +29,23 @@ void short_conv_silu(const float* x, const float* w, const float* bias, int64_t 
 // W-1 inputs of the whole document (what decode continues from), the same on every rank.
 void short_conv_silu_cp(const float* x, const float* w, const float* bias, int64_t C, int64_t W,
                         const SeqLayout& lay, const Collectives& comm, float* state, float* y);
+
+// The conv halo of a document laid out by `lay`: every rank contributes the last
+// tail_rows(lay, P, j) input rows of each of its segments j (P = W-1), and `gathered` is their
+// allgatherv over the group (rank order, each rank's segments ascending). before(j) is then the
+// P inputs before segment j, zeros before the document; before(lay.n_seg()) the document's last
+// P inputs (decode's conv state). Used by short_conv_silu_cp and the linear-attention mixers.
+class ConvHalo {
+ public:
+  static int64_t tail_rows(const SeqLayout& lay, int64_t P, int j) { return std::min(P, lay.seg_len(j)); }
+  ConvHalo(const SeqLayout& lay, int64_t P, int64_t C, std::vector<float> gathered);
+  std::vector<float> before(int j) const;  // [P, C]
+
+ private:
+  const SeqLayout& lay_;
+  int64_t P_, C_;
+  std::vector<float> all_;
+  std::vector<size_t> at_;  // segment -> offset of its tail in all_
+};
 
 }  // namespace dz
