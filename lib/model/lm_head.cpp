@@ -44,22 +44,28 @@ void LmHead::logits_full(const DTensor& hidden, float* out) const {
   }
 }
 
+LmHead::Chunk LmHead::chunk(const DTensor& hidden, int64_t r0, int64_t m, const int32_t* target) const {
+  Chunk c;
+  c.logits = shard_logits(hidden, r0, m);
+  DTensor mxd = be_->alloc({m}, DType::F32);
+  be_->row_max(c.logits, mxd);
+  c.mx = be_->to_host(mxd);
+  if (tp_.size > 1) tp_.comm->allreduce_max(c.mx.data(), m);
+  const std::vector<int32_t> t = target ? std::vector<int32_t>(target + r0, target + r0 + m)
+                                        : std::vector<int32_t>(size_t(m), -1);
+  be_->softmax_parts(c.logits, c.mx, t, v0_, c.acc);
+  if (tp_.size > 1) tp_.comm->allreduce_sum(c.acc.data(), 2 * m);
+  return c;
+}
+
 void LmHead::logprobs(const DTensor& hidden, const int32_t* target, float* lp) const {
   const int64_t rows = hidden.numel() / D_;
   const int64_t B = be_->lm_rows_per_chunk(v1_ - v0_);  // logits rows at a time: [B, n]
   for (int64_t r0 = 0; r0 < rows; r0 += B) {
     const int64_t m = std::min(B, rows - r0);
-    DTensor lg = shard_logits(hidden, r0, m);
-    // per row: global max, sum of exp(x - max) in fp64, the target's logit (from its owner)
-    DTensor mxd = be_->alloc({m}, DType::F32);
-    be_->row_max(lg, mxd);
-    std::vector<float> mx = be_->to_host(mxd);
-    if (tp_.size > 1) tp_.comm->allreduce_max(mx.data(), m);
-    std::vector<double> acc;  // [m, 2]: sum exp, target logit
-    be_->softmax_parts(lg, mx, std::vector<int32_t>(target + r0, target + r0 + m), v0_, acc);
-    if (tp_.size > 1) tp_.comm->allreduce_sum(acc.data(), 2 * m);
+    const Chunk c = chunk(hidden, r0, m, target);
     for (int64_t i = 0; i < m; ++i)
-      lp[r0 + i] = float(acc[size_t(2 * i + 1)] - (double(mx[size_t(i)]) + std::log(acc[size_t(2 * i)])));
+      lp[r0 + i] = float(c.acc[size_t(2 * i + 1)] - (double(c.mx[size_t(i)]) + std::log(c.acc[size_t(2 * i)])));
   }
 }
 
@@ -69,25 +75,17 @@ void LmHead::topk(const DTensor& hidden, int64_t K, int32_t* ids, float* lps) co
   const int64_t B = be_->lm_rows_per_chunk(n);
   for (int64_t r0 = 0; r0 < rows; r0 += B) {
     const int64_t m = std::min(B, rows - r0);
-    DTensor lg = shard_logits(hidden, r0, m);
-    // local log-sum-exp pieces and local top-K candidates (by logit: the order of log-probs)
-    DTensor mxd = be_->alloc({m}, DType::F32);
-    be_->row_max(lg, mxd);
-    std::vector<float> gmx = be_->to_host(mxd);
-    if (tp_.size > 1) tp_.comm->allreduce_max(gmx.data(), m);
-    std::vector<double> acc;
-    be_->softmax_parts(lg, gmx, std::vector<int32_t>(size_t(m), -1), v0_, acc);
+    const Chunk c = chunk(hidden, r0, m, nullptr);
+    // local top-K candidates (by logit: the order of log-probs), merged over the TP group per row
     std::vector<int32_t> lid;
     std::vector<float> lval;
     const int64_t k = std::min<int64_t>(K, n);
-    be_->row_topk(lg, k, lid, lval);
+    be_->row_topk(c.logits, k, lid, lval);
     for (int64_t i = 0; i < m; ++i) {
-      double s = acc[size_t(2 * i)];
-      if (tp_.size > 1) tp_.comm->allreduce_sum(&s, 1);
-      const double lse = double(gmx[size_t(i)]) + std::log(s);
+      const double lse = double(c.mx[size_t(i)]) + std::log(c.acc[size_t(2 * i)]);
       std::vector<float> cv(lval.begin() + i * k, lval.begin() + (i + 1) * k);
       std::vector<int32_t> ci(lid.begin() + i * k, lid.begin() + (i + 1) * k);
-      for (auto& c : ci) c = int32_t(v0_ + c);
+      for (auto& x : ci) x = int32_t(v0_ + x);
       if (tp_.size > 1) {
         cv = tp_.comm->allgatherv(cv);
         ci = tp_.comm->allgatherv(ci);

@@ -39,6 +39,15 @@ class LmHead {
 
  private:
   DTensor shard_logits(const DTensor& hidden, int64_t r0, int64_t m) const;  // [m, v1 - v0] F32
+  // Rows [r0, r0 + m): this shard's logits, the row maxima over the whole vocabulary, and per row
+  // [sum of exp(logit - max) over the whole vocabulary, the target's logit] in fp64 (target
+  // nullptr: no targets), reduced over the TP group.
+  struct Chunk {
+    DTensor logits;
+    std::vector<float> mx;
+    std::vector<double> acc;  // [m, 2]
+  };
+  Chunk chunk(const DTensor& hidden, int64_t r0, int64_t m, const int32_t* target) const;
   DTensor host_in(const float* hidden, int64_t rows) const;
 
   Backend* be_ = nullptr;
