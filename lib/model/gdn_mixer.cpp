@@ -104,7 +104,6 @@ class GdnMixer : public LinearAttnMixer {
       put(bw, h * r_, w_ba, h * 2 * r_, r_);
       put(aw, h * r_, w_ba, h * 2 * r_ + r_, r_);
     }
-    (void)VD;
     w_pre_ = be.weight(pre);
     w_z_ = be.weight(z);
     w_b_ = be.weight(bw);
