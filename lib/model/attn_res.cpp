@@ -55,14 +55,6 @@ AttnRes::AttnRes(int64_t hidden, int num_layers, int64_t block_size, float eps, 
   }
 }
 
-AttnRes::Stream AttnRes::begin(const float* embed, int64_t T) const {
-  DZ_CHECK(T >= 0, "AttnRes::begin: negative token count ", T);
-  Stream s;
-  s.T = T;
-  s.partial.assign(embed, embed + T * D_);  // b_0 stays "partial" until layer 0's mixer closes it
-  return s;
-}
-
 void AttnRes::check_site(int next_site, int layer, int which, const char* what) const {
   DZ_CHECK(layer >= 0 && layer < L_ && (which == 0 || which == 1), "AttnRes::", what, ": bad site (layer ", layer,
            ", which ", which, ") for ", L_, " layers");
@@ -70,44 +62,21 @@ void AttnRes::check_site(int next_site, int layer, int which, const char* what) 
            ") called out of order; expected (layer ", next_site / 2, ", which ", next_site % 2, ")");
 }
 
-// out[t] = sum_i softmax_i(score_i) v_i over V = [blocks..., partial], per token t.
-void AttnRes::mix(const Stream& s, int site, float* out) const {
-  attn_res_mix(s.blocks.data(), s.n_blocks, s.partial.data(), query_.data() + size_t(site) * size_t(D_), s.T, D_, eps_,
-               out);
+// ---- the stream ----
+
+void AttnRes::upload(Backend& be) {
+  if (be.device() != Device::Host) dquery_ = be.upload(query_.data(), {2 * int64_t(L_) + 1, D_}, DType::F32);
 }
 
-void AttnRes::sublayer_input(const Stream& s, int layer, int which, float* out) const {
-  check_site(s.next_site, layer, which, "sublayer_input");
-  mix(s, 2 * layer + which, out);
-}
-
-void AttnRes::add_output(Stream& s, int layer, int which, const float* f) const {
-  check_site(s.next_site, layer, which, "add_output");
-  const size_t TD = size_t(s.T * D_);
-  if (which == 0 && layer % bs_ == 0) {
-    // first layer of a block: the running sum becomes a closed block and f starts the next one
-    s.blocks.insert(s.blocks.end(), s.partial.begin(), s.partial.end());
-    ++s.n_blocks;
-    std::memcpy(s.partial.data(), f, TD * sizeof(float));
+AttnRes::Stream AttnRes::begin(Backend& be, const DTensor& embed) const {
+  Stream s;
+  if (be.device() == Device::Host) {
+    s.query = host_view(const_cast<float*>(query_.data()), {2 * int64_t(L_) + 1, D_});
   } else {
-    for (size_t j = 0; j < TD; ++j) s.partial[j] += f[j];
+    DZ_CHECK(dquery_.defined() && dquery_.device == be.device(), "AttnRes: pseudo-queries not uploaded to the ",
+             be.name(), " backend");
+    s.query = dquery_;
   }
-  ++s.next_site;
-}
-
-void AttnRes::final_output(const Stream& s, float* out) const {
-  DZ_CHECK(s.next_site == 2 * L_, "AttnRes::final_output: called after ", s.next_site, " of ", 2 * L_,
-           " sub-layers");
-  mix(s, 2 * L_, out);
-}
-
-// ---- on a backend ----
-
-void AttnRes::upload(Backend& be) { dquery_ = be.upload(query_.data(), {2 * int64_t(L_) + 1, D_}, DType::F32); }
-
-AttnRes::DevStream AttnRes::begin(Backend& be, const DTensor& embed) const {
-  DZ_CHECK(dquery_.defined(), "AttnRes: pseudo-queries not uploaded to the backend");
-  DevStream s;
   s.T = embed.rows();
   const int64_t n_max = (L_ + bs_ - 1) / bs_;  // layers l with l % bs == 0 close a block
   s.blocks = be.alloc({n_max, s.T, D_}, DType::F32);
@@ -116,17 +85,18 @@ AttnRes::DevStream AttnRes::begin(Backend& be, const DTensor& embed) const {
   return s;
 }
 
-void AttnRes::mix(Backend& be, const DevStream& s, int site, const DTensor& out) const {
-  be.attn_res_mix(s.blocks.slab(0, s.n_blocks), s.n_blocks, s.partial, dquery_.slab(site, site + 1).reshaped({D_}),
+// out[t] = sum_i softmax_i(score_i) v_i over V = [blocks..., partial], per token t.
+void AttnRes::mix(Backend& be, const Stream& s, int site, const DTensor& out) const {
+  be.attn_res_mix(s.blocks.slab(0, s.n_blocks), s.n_blocks, s.partial, s.query.slab(site, site + 1).reshaped({D_}),
                   eps_, out);
 }
 
-void AttnRes::sublayer_input(Backend& be, const DevStream& s, int layer, int which, const DTensor& out) const {
+void AttnRes::sublayer_input(Backend& be, const Stream& s, int layer, int which, const DTensor& out) const {
   check_site(s.next_site, layer, which, "sublayer_input");
   mix(be, s, 2 * layer + which, out);
 }
 
-void AttnRes::add_output(Backend& be, DevStream& s, int layer, int which, const DTensor& f) const {
+void AttnRes::add_output(Backend& be, Stream& s, int layer, int which, const DTensor& f) const {
   check_site(s.next_site, layer, which, "add_output");
   if (which == 0 && layer % bs_ == 0) {
     // first layer of a block: the running sum becomes a closed block and f starts the next one
@@ -140,10 +110,22 @@ void AttnRes::add_output(Backend& be, DevStream& s, int layer, int which, const 
   ++s.next_site;
 }
 
-void AttnRes::final_output(Backend& be, const DevStream& s, const DTensor& out) const {
+void AttnRes::final_output(Backend& be, const Stream& s, const DTensor& out) const {
   DZ_CHECK(s.next_site == 2 * L_, "AttnRes::final_output: called after ", s.next_site, " of ", 2 * L_,
            " sub-layers");
   mix(be, s, 2 * L_, out);
 }
+
+AttnRes::Stream AttnRes::begin(const float* embed, int64_t T) const {
+  DZ_CHECK(T >= 0, "AttnRes::begin: negative token count ", T);
+  return begin(cpu_backend(), host_view(const_cast<float*>(embed), {T, D_}));
+}
+void AttnRes::sublayer_input(const Stream& s, int layer, int which, float* out) const {
+  sublayer_input(cpu_backend(), s, layer, which, host_view(out, {s.T, D_}));
+}
+void AttnRes::add_output(Stream& s, int layer, int which, const float* f) const {
+  add_output(cpu_backend(), s, layer, which, host_view(const_cast<float*>(f), {s.T, D_}));
+}
+void AttnRes::final_output(const Stream& s, float* out) const { final_output(cpu_backend(), s, host_view(out, {s.T, D_})); }
 
 }  // namespace dz

@@ -49,46 +49,39 @@ class AttnRes {
   // site (layer l, which w), the last row the output site.
   AttnRes(int64_t hidden, int num_layers, int64_t block_size, float eps, const Tensor& norm_w, const Tensor& proj_w);
 
-  // The depth state of one forward call over T tokens.
+  // The depth state of one forward call over T tokens, on a backend: blocks [n_max, T, D] F32 (all
+  // the blocks a forward closes; the first n_blocks are b_0 .. b_{n-1}), partial [T, D] F32 (the
+  // running sum of the current block, starting as the embedding), the site queries on the same
+  // backend.
   struct Stream {
-    int64_t T = 0;
-    int64_t n_blocks = 0;         // closed blocks b_0 .. b_{n-1}
-    std::vector<float> blocks;    // [n_blocks, T, D]
-    std::vector<float> partial;   // [T, D] running sum of the current block (starts as the embedding)
-    int next_site = 0;            // 2 * layer + which of the next sub-layer (call order is checked)
-  };
-
-  Stream begin(const float* embed /*[T, D]*/, int64_t T) const;
-  // out [T, D]: the input of sub-layer (layer, which), which = 0 mixer, 1 FFN (before its pre-norm).
-  void sublayer_input(const Stream& s, int layer, int which, float* out) const;
-  // Accumulates the sub-layer's output f [T, D]; closes the block at the mixer of a block's first layer.
-  void add_output(Stream& s, int layer, int which, const float* f) const;
-  // out [T, D]: the output-site mixture after the last layer (the final norm is the caller's).
-  void final_output(const Stream& s, float* out) const;
-
-  // The same depth state on a backend, for the model's layer stack: blocks [n_max, T, D] F32 (all
-  // the blocks a forward closes), partial [T, D] F32. The ops' CPU implementation is the
-  // attn_res_mix above, so both streams give identical results on the CPU backend.
-  struct DevStream {
     int64_t T = 0, n_blocks = 0;
-    DTensor blocks, partial;
-    int next_site = 0;
+    DTensor blocks, partial, query;
+    int next_site = 0;  // 2 * layer + which of the next sub-layer (call order is checked)
   };
-  // Uploads the pseudo-queries to `be` (once, before the first begin on it).
+  // Uploads the pseudo-queries to `be` (once, before the first begin on a device backend; the CPU
+  // backend reads them where they are).
   void upload(Backend& be);
-  DevStream begin(Backend& be, const DTensor& embed /*[T, D] F32*/) const;
-  void sublayer_input(Backend& be, const DevStream& s, int layer, int which, const DTensor& out) const;
-  void add_output(Backend& be, DevStream& s, int layer, int which, const DTensor& f) const;
-  void final_output(Backend& be, const DevStream& s, const DTensor& out) const;
+  Stream begin(Backend& be, const DTensor& embed /*[T, D] F32*/) const;
+  // out [T, D]: the input of sub-layer (layer, which), which = 0 mixer, 1 FFN (before its pre-norm).
+  void sublayer_input(Backend& be, const Stream& s, int layer, int which, const DTensor& out) const;
+  // Accumulates the sub-layer's output f [T, D]; closes the block at the mixer of a block's first layer.
+  void add_output(Backend& be, Stream& s, int layer, int which, const DTensor& f) const;
+  // out [T, D]: the output-site mixture after the last layer (the final norm is the caller's).
+  void final_output(Backend& be, const Stream& s, const DTensor& out) const;
+
+  // Host fp32 conveniences (the CPU backend: tests, tools).
+  Stream begin(const float* embed /*[T, D]*/, int64_t T) const;
+  void sublayer_input(const Stream& s, int layer, int which, float* out) const;
+  void add_output(Stream& s, int layer, int which, const float* f) const;
+  void final_output(const Stream& s, float* out) const;
 
   int64_t hidden() const { return D_; }
   int num_layers() const { return L_; }
   int64_t block_size() const { return bs_; }
 
  private:
-  void mix(const Stream& s, int site, float* out) const;
   void check_site(int next_site, int layer, int which, const char* what) const;
-  void mix(Backend& be, const DevStream& s, int site, const DTensor& out) const;
+  void mix(Backend& be, const Stream& s, int site, const DTensor& out) const;
 
   int64_t D_ = 0;
   int L_ = 0;
@@ -96,7 +89,7 @@ class AttnRes {
   float eps_ = 1e-6f;
   std::vector<Tensor> norm_w_, proj_w_;  // per site [D] (kept to report / re-save)
   std::vector<float> query_;             // [2L + 1, D] w_norm ⊙ w_proj per site
-  DTensor dquery_;                       // the same on the backend (upload)
+  DTensor dquery_;                       // the same on a device backend (upload)
 };
 
 }  // namespace dz

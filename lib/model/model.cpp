@@ -132,8 +132,8 @@ DTensor Model::run(const int32_t* tokens, int64_t T, State& st, const MixFn& mix
     snapshot(h);
   }
   DTensor normed = be.act({T, D}), out = be.act({T, D});
-  std::unique_ptr<AttnRes::DevStream> ar;
-  if (attn_res_) ar = std::make_unique<AttnRes::DevStream>(attn_res_->begin(be, h));
+  std::unique_ptr<AttnRes::Stream> ar;
+  if (attn_res_) ar = std::make_unique<AttnRes::Stream>(attn_res_->begin(be, h));
   DTensor input = ar ? be.alloc({T, D}, DType::F32) : DTensor{};
   for (size_t i = 0; i < layers_.size(); ++i) {
     const Layer& L = layers_[i];
