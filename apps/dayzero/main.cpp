@@ -7,6 +7,7 @@
 #include "core/error.hpp"
 #include "core/log.hpp"
 #include "dist/comm.hpp"
+#include "job/bench_e2e.hpp"
 #include "job/run.hpp"
 #include "job/tools.hpp"
 #ifdef DAYZERO_HAVE_CUDA
@@ -34,6 +35,9 @@ int main(int argc, char** argv) {
                   "Tokens per forward: a longer document is prefilled in chunks of this size (0: whole "
                   "documents; packing several short documents into one forward is not implemented yet)")
       ->capture_default_str();
+  run->add_flag("--dummy-weights", ro.dummy_weights,
+               "Build the model from DIR/config.json alone with deterministic random weights (no safetensors: "
+               "real shapes for benchmarks and planning)");
   run->add_option("--segments", ro.segments,
                   "Linear-attention segments per zigzag segment: the parallel-scan decomposition inside a rank")
       ->capture_default_str();
@@ -96,11 +100,25 @@ int main(int argc, char** argv) {
   pl->add_flag("--json", plan_json, "Print JSON");
 
   std::string bench_which, bench_json;
-  auto* be = app.add_subcommand("bench", "Time the CUDA kernels on this GPU and write a JSON report (docs/perf/)");
-  be->add_option("which", bench_which, "linear-attn | sparse-attn")
+  dz::BenchE2eOptions eo;
+  bool bench_real_weights = false;
+  auto* be = app.add_subcommand("bench", "Time the CUDA kernels or the whole job on this GPU and write a JSON report "
+                                         "(docs/perf/)");
+  be->add_option("which", bench_which, "linear-attn | sparse-attn (kernels) | e2e (the job's prefill, DESIGN §7)")
       ->required()
-      ->check(CLI::IsMember({"linear-attn", "sparse-attn"}));
+      ->check(CLI::IsMember({"linear-attn", "sparse-attn", "e2e"}));
   be->add_option("--json", bench_json, "Write the report here (commit from $DZ_COMMIT)");
+  be->add_option("--model", eo.models, "e2e: model directories (config.json; built with --dummy-weights)");
+  be->add_option("--tokens", eo.tokens, "e2e: document lengths")->delimiter(',')->capture_default_str();
+  be->add_option("--modes", eo.modes, "e2e: output modes")
+      ->delimiter(',')
+      ->check(CLI::IsMember({"logprobs", "topk", "last-logits", "generate"}))
+      ->capture_default_str();
+  be->add_option("--repeats", eo.repeats, "e2e: timed runs after one warm-up (median)")->capture_default_str();
+  be->add_option("--backend", eo.backend, "e2e: cpu | cuda")->capture_default_str();
+  be->add_option("--max-batch-tokens", eo.max_batch_tokens, "e2e: prefill in forwards of this many tokens (0: whole)")
+      ->capture_default_str();
+  be->add_flag("--real-weights", bench_real_weights, "e2e: load the checkpoint's weights instead of dummy ones");
 
   // Parse before MPI_Init so --help works without a launcher; MPI starts only for `run`.
   try {
@@ -126,6 +144,11 @@ int main(int argc, char** argv) {
     if (mi->parsed()) dz::make_input(io);
     if (ins->parsed()) return dz::inspect(inspect_dir, inspect_json);
     if (pl->parsed()) return dz::plan(plan_model, plan_len, plan_cp, plan_seg, plan_json);
+    if (be->parsed() && bench_which == "e2e") {
+      eo.json = bench_json;
+      eo.dummy_weights = !bench_real_weights;
+      return dz::bench_e2e(eo);
+    }
     if (be->parsed()) {
 #ifdef DAYZERO_HAVE_CUDA
       return bench_which == "linear-attn" ? dz::cuda::bench_linear_attn(bench_json)

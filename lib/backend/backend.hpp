@@ -188,6 +188,8 @@ class Backend {
   virtual int device_index() const = 0;       // the GPU (-1: host)
   virtual void* native_stream() const = 0;    // the stream every op is issued on (CUDA), or nullptr
   virtual int64_t peak_memory_bytes() const = 0;  // device memory high-water mark (0: host backend)
+  virtual int64_t memory_in_use_bytes() const = 0;  // device memory allocated now (0: host backend)
+  virtual void reset_peak_memory() = 0;               // the high-water mark restarts from what is in use
 };
 
 std::unique_ptr<Backend> make_cpu_backend();

@@ -320,6 +320,8 @@ class CpuBackend final : public Backend {
   int device_index() const override { return -1; }
   void* native_stream() const override { return nullptr; }
   int64_t peak_memory_bytes() const override { return 0; }
+  int64_t memory_in_use_bytes() const override { return 0; }
+  void reset_peak_memory() override {}
 };
 
 }  // namespace

@@ -20,6 +20,7 @@
 
 #include "core/bf16.hpp"
 #include "core/error.hpp"
+#include "core/parallel.hpp"
 
 namespace dz {
 
@@ -106,6 +107,37 @@ Tensor generate(uint64_t seed, const std::string& name, const Shape& shape, cons
     t.data[i] = float(init.a * r * std::cos(th));
     if (i + 1 < t.data.size()) t.data[i + 1] = float(init.a * r * std::sin(th));
   }
+  return t;
+}
+
+// --dummy-weights values: element i of NAME from one splitmix64 of (seed, name, i); Normal is
+// approximated by the sum of the hash's four 16-bit uniforms (Irwin-Hall, scaled to unit
+// variance; bounded at +-3.46 sigma, which a benchmark weight does not mind). Threads split the
+// index range, so the result does not depend on their number.
+Tensor generate_dummy(uint64_t seed, const std::string& name, const Shape& shape, const Init& init) {
+  Tensor t(shape);
+  switch (init.kind) {
+    case Init::Zeros: return t;
+    case Init::Ones: std::fill(t.data.begin(), t.data.end(), 1.f); return t;
+    case Init::Const: std::fill(t.data.begin(), t.data.end(), init.a); return t;
+    default: break;
+  }
+  const uint64_t key = splitmix64(seed) ^ fnv1a64(name);
+  float* out = t.ptr();
+  const bool uniform = init.kind == Init::Uniform;
+  const float a = init.a, b = init.b;
+  parallel_for(int64_t(t.size()), [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i) {
+      const uint64_t h = splitmix64(key + uint64_t(i) * 0x9e3779b97f4a7c15ull);
+      if (uniform) {
+        out[i] = a + (b - a) * float(double(h >> 40) * (1.0 / 16777216.0));
+      } else {
+        const float s = float(h & 0xffff) + float((h >> 16) & 0xffff) + float((h >> 32) & 0xffff) + float(h >> 48);
+        // mean 2 * 65535, variance 4 * (65536^2 - 1) / 12
+        out[i] = a * (s - 131070.f) * (1.7320508f / 65536.f);
+      }
+    }
+  });
   return t;
 }
 
@@ -304,8 +336,18 @@ std::unique_ptr<Checkpoint> Checkpoint::random(uint64_t seed) {
   return ck;
 }
 
+std::unique_ptr<Checkpoint> Checkpoint::dummy(uint64_t seed) {
+  std::unique_ptr<Checkpoint> ck(new Checkpoint());
+  ck->generating_ = true;
+  ck->keep_ = false;
+  ck->seed_ = seed;
+  ck->dir_ = str("<dummy weights, seed ", seed, ">");
+  return ck;
+}
+
 bool Checkpoint::has(const std::string& name) const {
-  return generating_ ? generated_.count(name) > 0 : tensors_.count(name) > 0;
+  if (generating_) return keep_ ? generated_.count(name) > 0 : used_.count(name) > 0;
+  return tensors_.count(name) > 0;
 }
 
 const TensorInfo& Checkpoint::info(const std::string& name) const {
@@ -327,6 +369,19 @@ Tensor Checkpoint::get(const std::string& name, const Shape& shape, Init init) {
       DZ_CHECK(it->second.shape == shape, "tensor ", name, ": expected shape ", shape_str(shape),
                ", checkpoint has ", shape_str(it->second.shape));
       return it->second;
+    }
+    if (!keep_) {  // --dummy-weights: regenerated (identically) if asked again
+      used_.insert(name);
+      TensorInfo& ti = tensors_[name];  // names and shapes stay (parameter counts), values do not
+      ti.name = name;
+      ti.shape = shape;
+      ti.nbytes = uint64_t(numel(shape)) * 4;
+      if (dry_run_) {
+        Tensor t;
+        t.shape = shape;
+        return t;
+      }
+      return generate_dummy(seed_, name, shape, init);
     }
     Tensor t = generate(seed_, name, shape, init);
     TensorInfo ti;

@@ -6,6 +6,9 @@
 // The same interface has a generating mode (Checkpoint::random): `get` returns deterministic
 // random values seeded by the tensor name, and records what was asked for, so `make-model` writes
 // exactly the tensors the model loads, with no second list of names to keep in sync.
+// Checkpoint::dummy (`--dummy-weights`) generates too but keeps nothing: values come from a
+// counter-based hash of (seed, name, element index), made in parallel on the host's cores, so a
+// 100 GB model's shapes load from config.json alone at memory speed.
 #pragma once
 #include <cstdint>
 #include <map>
@@ -48,6 +51,8 @@ class Checkpoint {
   static std::unique_ptr<Checkpoint> open(const std::string& dir);
   // Generating mode for make-model (see above).
   static std::unique_ptr<Checkpoint> random(uint64_t seed);
+  // Generating mode for --dummy-weights (see above): nothing is kept after `get` returns.
+  static std::unique_ptr<Checkpoint> dummy(uint64_t seed);
   ~Checkpoint();
 
   bool generating() const { return generating_; }
@@ -76,6 +81,7 @@ class Checkpoint {
   struct Mapping;
   std::string dir_;
   bool generating_ = false;
+  bool keep_ = true;  // generating: keep what was generated (make-model writes it)
   bool dry_run_ = false;
   uint64_t seed_ = 0;
   std::map<std::string, TensorInfo> tensors_;

@@ -242,26 +242,36 @@ int run_job(const RunOptions& opt) {
   if (T > 1) agree(world, [&] { tp_dev = make_device_comm(*be, tp_comm); });
   if (T > 1) log_root(str("tensor parallelism over ", tp_dev->kind()));
   TpShard tp{grid.tp_rank(), T, T > 1 ? &tp_comm : nullptr, T > 1 ? tp_dev.get() : nullptr};
-  std::unique_ptr<Model> model;
-  agree(world, [&] { model = Model::load(opt.model, tp, opt.kv_cache == "fp8", opt.index_quant == "mxfp8", *be); });
-  const ModelConfig& cfg = model->config();
-
+  // The input is checked against config.json before the weights load (minutes for a large model).
   std::unique_ptr<InputFile> input;
+  agree(world, [&] {
+    const ModelConfig c = ModelConfig::from_file(opt.model + "/config.json");
+    input = std::make_unique<InputFile>(opt.input);
+    if (world.rank() != 0) return;
+    input->validate(c.vocab_size);
+    DZ_CHECK(mp.mode != OutputMode::TopK || opt.topk <= c.vocab_size, "--topk ", opt.topk,
+             " is larger than the vocabulary (", c.vocab_size, ")");
+  });
+  std::unique_ptr<Model> model;
+  const auto t_load = Clock::now();
+  agree(world, [&] {
+    model = Model::load(opt.model, tp, opt.kv_cache == "fp8", opt.index_quant == "mxfp8", *be, opt.dummy_weights);
+  });
+  const double load_seconds = std::chrono::duration<double>(Clock::now() - t_load).count();
+  const ModelConfig& cfg = model->config();
+  if (opt.dummy_weights) log_root(str("dummy weights from ", opt.model, "/config.json (", load_seconds, " s)"));
+
   std::unique_ptr<OutputFile> output;
   std::vector<uint8_t> done;
   agree(world, [&] {
-    input = std::make_unique<InputFile>(opt.input);
     if (world.rank() != 0) return;
-    input->validate(cfg.vocab_size);
-    DZ_CHECK(mp.mode != OutputMode::TopK || opt.topk <= cfg.vocab_size, "--topk ", opt.topk,
-             " is larger than the vocabulary (", cfg.vocab_size, ")");
     OutputSpec spec;
     spec.mode = mp.mode;
     spec.topk = mp.mode == OutputMode::TopK ? opt.topk : 0;
     spec.max_new_tokens = mp.mode == OutputMode::Generate ? opt.max_new_tokens : 0;
     spec.vocab = cfg.vocab_size;
     for (int64_t i = 0; i < input->n_docs(); ++i) spec.doc_lengths.push_back(input->doc_length(i));
-    spec.identity["model_fingerprint"] = model_fingerprint(opt.model);
+    spec.identity["model_fingerprint"] = model_fingerprint(opt.model, opt.dummy_weights);
     spec.identity["model_type"] = cfg.model_type;
     spec.identity["input_fingerprint"] = input_fingerprint(*input);
     spec.identity["mode"] = to_string(mp.mode);
@@ -274,6 +284,7 @@ int run_job(const RunOptions& opt) {
     spec.identity["index_quant"] = opt.index_quant;
     spec.info["dayzero_version"] = DAYZERO_VERSION;
     spec.info["model"] = opt.model;
+    if (opt.dummy_weights) spec.info["weights"] = "dummy (--dummy-weights: deterministic random from config.json)";
     spec.info["input"] = opt.input;
     spec.info["precision"] =
         opt.backend == "cuda"
@@ -445,6 +456,8 @@ int run_job(const RunOptions& opt) {
       j["output"] = opt.output;
       j["mode"] = opt.mode;
       j["backend"] = opt.backend;
+      j["dummy_weights"] = opt.dummy_weights;
+      j["load_seconds"] = load_seconds;
       j["world_size"] = world.size();
       j["dp"] = grid.dp;
       j["cp"] = C;

@@ -24,10 +24,14 @@ void skip_mtp_layers(const ModelConfig& cfg, Checkpoint& ck) {
 }
 
 std::unique_ptr<Model> Model::load(const std::string& dir, const TpShard& tp, bool kv_cache_fp8, bool index_mxfp8,
-                                   Backend& be) {
+                                   Backend& be, bool dummy_weights) {
   ModelConfig cfg = ModelConfig::from_file(dir + "/config.json");
   cfg.kv_cache_fp8 = kv_cache_fp8;
   cfg.index_mxfp8 = index_mxfp8;
+  if (dummy_weights) {
+    auto ck = Checkpoint::dummy(0);
+    return build(cfg, *ck, tp, be);
+  }
   auto ck = Checkpoint::open(dir);
   auto m = build(cfg, *ck, tp, be);
   skip_mtp_layers(cfg, *ck);

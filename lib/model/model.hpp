@@ -25,8 +25,11 @@ class Model {
   // With tp.size > 1 each rank keeps only its tensor-parallel shard (heads, FFN width, vocabulary).
   // kv_cache_fp8 / index_mxfp8 select the emulated low-precision caches (ModelConfig, DESIGN §5).
   // Weights are uploaded once to `be` (its weight dtype) from the same TP slice on every backend.
+  // dummy_weights: config.json alone, deterministic random weights (Checkpoint::dummy, seed 0);
+  // every layout of the same config gets the same values.
   static std::unique_ptr<Model> load(const std::string& dir, const TpShard& tp = TpShard{}, bool kv_cache_fp8 = false,
-                                     bool index_mxfp8 = false, Backend& be = cpu_backend());
+                                     bool index_mxfp8 = false, Backend& be = cpu_backend(),
+                                     bool dummy_weights = false);
   // Builds from any Checkpoint (a real one, or Checkpoint::random for make-model).
   static std::unique_ptr<Model> build(const ModelConfig& cfg, Checkpoint& ck, const TpShard& tp = TpShard{},
                                       Backend& be = cpu_backend());

@@ -14,6 +14,7 @@
 #include "backend_ops.cuh"
 #include "common.cuh"
 #include "core/bf16.hpp"
+#include "core/parallel.hpp"
 #include "indexer.cuh"
 #include "linear_attn.cuh"
 #include "paged_cache.cuh"
@@ -116,7 +117,9 @@ class CudaBackend final : public Backend {
     } else {
       DZ_CHECK(dt == DType::BF16, "cuda backend: upload as ", to_string(dt));
       std::vector<uint16_t> h(static_cast<size_t>(n));
-      for (int64_t i = 0; i < n; ++i) h[size_t(i)] = f32_to_bf16(src[i]);
+      parallel_for(n, [&](int64_t i0, int64_t i1) {
+        for (int64_t i = i0; i < i1; ++i) h[size_t(i)] = f32_to_bf16(src[i]);
+      });
       CUDA_CHECK(cudaMemcpyAsync(t.data, h.data(), t.bytes(), cudaMemcpyHostToDevice, st()));
       CUDA_CHECK(cudaStreamSynchronize(st()));  // h goes out of scope
     }
@@ -529,6 +532,19 @@ class CudaBackend final : public Backend {
     uint64_t high = 0;
     CUDA_CHECK(cudaMemPoolGetAttribute(pool, cudaMemPoolAttrUsedMemHigh, &high));
     return int64_t(high) + int64_t(kBlasWs);
+  }
+  int64_t memory_in_use_bytes() const override {
+    cudaMemPool_t pool;
+    CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, device_));
+    uint64_t cur = 0;
+    CUDA_CHECK(cudaMemPoolGetAttribute(pool, cudaMemPoolAttrUsedMemCurrent, &cur));
+    return int64_t(cur) + int64_t(kBlasWs);
+  }
+  void reset_peak_memory() override {
+    cudaMemPool_t pool;
+    CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, device_));
+    uint64_t zero = 0;  // resets the high-water mark to the current use
+    CUDA_CHECK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrUsedMemHigh, &zero));
   }
   // ~1 GiB of fp32 logits per chunk (the T × V logits tensor is never materialised).
   int64_t lm_rows_per_chunk(int64_t n) const override {
