@@ -36,6 +36,8 @@ for fam in kimi_linear qwen3_next deepseek_v32; do
   done
   "$EXE" run --model "$M" --input "$W/$fam.in.h5" --output "$W/$fam.chunk.h5" --backend cuda --max-batch-tokens 50 \
     >/dev/null  # chunked prefill on the GPU
+  "$EXE" run --model "$M" --input "$W/$fam.in.h5" --output "$W/$fam.packed.h5" --backend cuda --max-batch-tokens 100000 \
+    >/dev/null  # every golden document packed into one forward
   for mode in topk last-logits generate; do  # the other output modes, on both backends
     for bk in cpu cuda; do
       "$EXE" run --model "$M" --input "$W/$fam.in.h5" --output "$W/$fam.$mode.$bk.h5" --backend "$bk" --mode "$mode" \
@@ -74,6 +76,11 @@ good = e.mean() <= tm and e.max() <= tx
 ok = ok and good
 print(f"cli {fam} --max-batch-tokens 50 (chunked prefill) vs whole documents (cuda): mean |dlp| {e.mean():.3g} "
       f"max {e.max():.3g} {'ok' if good else 'FAILED'}")
+e = np.abs(lp(f"{w}/{fam}.packed.h5") - b)
+good = e.mean() <= tm and e.max() <= tx
+ok = ok and good
+print(f"cli {fam} --max-batch-tokens 100000 (all documents packed in one forward) vs one per forward (cuda): "
+      f"mean |dlp| {e.mean():.3g} max {e.max():.3g} {'ok' if good else 'FAILED'}")
 m = lambda mode, bk, ds: h5py.File(f"{w}/{fam}.{mode}.{bk}.h5", "r")[ds][:]
 done = all(bool(m(md, bk, "/done").all()) for md in ("topk", "last-logits", "generate") for bk in ("cpu", "cuda"))
 top1 = float((m("topk", "cpu", "/topk_ids")[:, 0] == m("topk", "cuda", "/topk_ids")[:, 0]).mean())
@@ -94,5 +101,26 @@ sys.exit(0 if ok else 1)
 PY
   python3 -c "import json,sys; r=json.load(open('$W/$fam.report.json')); print('report:', {k: r[k] for k in ('tokens','seconds') if k in r}, [(x.get('device'), x.get('peak_device_memory_bytes')) for x in r.get('per_rank', [])])" | tee -a "$L/cli.log"
 done
+# --dummy-weights and `bench e2e` on the GPU: the demo preset's config alone, cuda vs cpu (the same
+# generated weights; the preset's bf16 drift is ~4e-4 mean, so 1e-2 mean / 0.1 max flags only a break).
+"$EXE" make-model --preset demo --out "$W/demo" >/dev/null
+mkdir -p "$W/demo_cfg" && cp "$W/demo/config.json" "$W/demo_cfg/"
+"$EXE" make-input --model "$W/demo" --docs 24 --min-len 1 --max-len 300 --out "$W/demo_in.h5" >/dev/null
+for bk in cpu cuda; do
+  "$EXE" run --model "$W/demo_cfg" --dummy-weights --input "$W/demo_in.h5" --output "$W/demo_dummy.$bk.h5" \
+    --backend "$bk" --max-batch-tokens 1024 >/dev/null 2>&1
+done
+"$EXE" bench e2e --model "$W/demo_cfg" --backend cuda --tokens 512,2048 --repeats 2 --json "$L/bench_e2e_demo.json" \
+  >/dev/null || rc=1
+python3 - "$W" <<'PY' | tee -a "$L/cli.log" || rc=1
+import sys, h5py, numpy as np
+w = sys.argv[1]
+a, b = (h5py.File(f"{w}/demo_dummy.{bk}.h5", "r")["/logprobs"][:] for bk in ("cpu", "cuda"))
+d = np.abs(a - b)
+ok = a.size > 0 and np.isfinite(b).all() and d.mean() <= 1e-2 and d.max() <= 0.1
+print(f"cli demo --dummy-weights (packed, 1024-token forwards) cuda vs cpu: {a.size} log-probs, mean |dlp| "
+      f"{d.mean():.3g} max {d.max():.3g} {'ok' if ok else 'FAILED'}")
+sys.exit(0 if ok else 1)
+PY
 rm -rf "$W"
 exit "$rc"

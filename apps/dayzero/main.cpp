@@ -32,8 +32,9 @@ int main(int argc, char** argv) {
   run->add_option("--cp", ro.cp, "Context-parallel ranks per document")->capture_default_str();
   run->add_option("--tp", ro.tp, "Tensor-parallel ranks")->capture_default_str();
   run->add_option("--max-batch-tokens", ro.max_batch_tokens,
-                  "Tokens per forward: a longer document is prefilled in chunks of this size (0: whole "
-                  "documents; packing several short documents into one forward is not implemented yet)")
+                  "Tokens per forward: shorter documents are packed together into forwards of up to this many "
+                  "tokens (varlen), a longer one is prefilled in chunks of this size (0: one whole document per "
+                  "forward)")
       ->capture_default_str();
   run->add_flag("--dummy-weights", ro.dummy_weights,
                "Build the model from DIR/config.json alone with deterministic random weights (no safetensors: "

@@ -228,6 +228,111 @@ DocResult compute_document(const Model& model, int64_t doc, const std::vector<in
   return r;
 }
 
+std::vector<std::vector<int64_t>> pack_batches(const std::vector<int64_t>& todo, const std::vector<int64_t>& lengths,
+                                               int64_t max_tokens) {
+  std::vector<std::vector<int64_t>> out;
+  std::vector<int64_t> cur;
+  int64_t cur_tokens = 0;
+  for (int64_t d : todo) {
+    const int64_t L = lengths[size_t(d)];
+    if (max_tokens <= 0 || L >= max_tokens) {
+      out.push_back({d});
+      continue;
+    }
+    if (!cur.empty() && cur_tokens + L > max_tokens) {
+      out.push_back(std::move(cur));
+      cur.clear();
+      cur_tokens = 0;
+    }
+    cur.push_back(d);
+    cur_tokens += L;
+  }
+  if (!cur.empty()) out.push_back(std::move(cur));
+  return out;
+}
+
+std::vector<DocResult> compute_packed(const Model& model, const std::vector<int64_t>& docs,
+                                      const std::vector<std::vector<int32_t>>& tokens, const ModeParams& p,
+                                      const std::function<void()>& tick, WorkStats* stats) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const size_t B = docs.size();
+  DZ_CHECK(B >= 1 && tokens.size() == B, "compute_packed: ", B, " documents, ", tokens.size(), " token lists");
+  const int64_t V = model.config().vocab_size, D = model.config().hidden_size;
+  const LmHead& head = model.head();
+  Backend& be = model.backend();
+  std::vector<int64_t> cu(B + 1, 0);
+  std::vector<int32_t> all;
+  for (size_t b = 0; b < B; ++b) {
+    DZ_CHECK(!tokens[b].empty(), "document ", docs[b], " is empty");
+    cu[b + 1] = cu[b] + int64_t(tokens[b].size());
+    all.insert(all.end(), tokens[b].begin(), tokens[b].end());
+  }
+  std::vector<Model::State> states;
+  for (size_t b = 0; b < B; ++b) states.push_back(model.make_state());
+  const DTensor hidden = model.forward_packed(all.data(), cu, states, tick, stats);
+  std::vector<DocResult> res(B);
+  for (size_t b = 0; b < B; ++b) {
+    res[b].doc = docs[b];
+    res[b].stats.tokens = cu[b + 1] - cu[b];
+  }
+  switch (p.mode) {
+    case OutputMode::Logprobs: {
+      // Every row with a next token in its document, all documents in one LM-head call.
+      const int64_t n = cu[B] - int64_t(B);
+      std::vector<int32_t> tgt;
+      tgt.reserve(size_t(n));
+      for (size_t b = 0; b < B; ++b) tgt.insert(tgt.end(), tokens[b].begin() + 1, tokens[b].end());
+      std::vector<float> lp(static_cast<size_t>(n));
+      if (n > 0) {
+        DTensor h2 = be.act({n, D});
+        for (size_t b = 0; b < B; ++b)
+          if (cu[b + 1] - cu[b] > 1) be.copy_rows(hidden, cu[b], h2, cu[b] - int64_t(b), cu[b + 1] - cu[b] - 1);
+        WorkStats::Timer timer(stats, "lm_head");
+        head.logprobs(h2, tgt.data(), lp.data());
+      }
+      for (size_t b = 0; b < B; ++b)
+        res[b].values.assign(lp.begin() + (cu[b] - int64_t(b)), lp.begin() + (cu[b + 1] - int64_t(b) - 1));
+      break;
+    }
+    case OutputMode::TopK: {
+      const int64_t K = p.topk;
+      DZ_CHECK(K >= 1 && K <= V, "--topk ", K, " must be in [1, vocab size ", V, "]");
+      std::vector<int32_t> ids(static_cast<size_t>(cu[B] * K));
+      std::vector<float> lps(static_cast<size_t>(cu[B] * K));
+      {
+        WorkStats::Timer timer(stats, "lm_head");
+        head.topk(hidden, K, ids.data(), lps.data());
+      }
+      for (size_t b = 0; b < B; ++b) {
+        res[b].ids.assign(ids.begin() + cu[b] * K, ids.begin() + cu[b + 1] * K);
+        res[b].values.assign(lps.begin() + cu[b] * K, lps.begin() + cu[b + 1] * K);
+      }
+      break;
+    }
+    case OutputMode::LastLogits:
+    case OutputMode::Generate: {
+      DTensor last_rows = be.act({int64_t(B), D});
+      for (size_t b = 0; b < B; ++b) be.copy_rows(hidden, cu[b + 1] - 1, last_rows, int64_t(b), 1);
+      std::vector<float> lg(static_cast<size_t>(int64_t(B) * V));
+      {
+        WorkStats::Timer timer(stats, "lm_head");
+        model.logits(last_rows, lg.data());
+      }
+      for (size_t b = 0; b < B; ++b) {
+        std::vector<float> last(lg.begin() + int64_t(b) * V, lg.begin() + int64_t(b + 1) * V);
+        if (p.mode == OutputMode::LastLogits)
+          res[b].values = std::move(last);
+        else
+          generate(model, docs[b], p, states[b], last, tick, res[b], stats);
+      }
+      break;
+    }
+  }
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  for (size_t b = 0; b < B; ++b) res[b].stats.seconds = secs * double(res[b].stats.tokens) / double(cu[B]);
+  return res;
+}
+
 namespace {
 struct Header {
   int64_t doc, tokens;

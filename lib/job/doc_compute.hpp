@@ -42,6 +42,20 @@ struct DocParallel {
 DocResult compute_document(const Model& model, int64_t doc, const std::vector<int32_t>& tokens, const ModeParams& p,
                            const std::function<void()>& tick, const DocParallel& par = DocParallel{});
 
+// Documents docs[b] (tokens[b], each non-empty, shorter than any chunk) packed into one forward
+// (Model::forward_packed) on one rank, then each one's result in the chosen mode: equal to
+// compute_document of each (the LM head sees the packed rows at once). Each result's seconds are the
+// batch's wall time shared out by tokens.
+std::vector<DocResult> compute_packed(const Model& model, const std::vector<int64_t>& docs,
+                                      const std::vector<std::vector<int32_t>>& tokens, const ModeParams& p,
+                                      const std::function<void()>& tick, WorkStats* stats = nullptr);
+
+// Groups the work list (in its order) into forwards: consecutive documents are packed while their
+// total stays within max_tokens; a document of max_tokens or more is a batch of its own (prefilled in
+// chunks). max_tokens <= 0: one document per batch.
+std::vector<std::vector<int64_t>> pack_batches(const std::vector<int64_t>& todo, const std::vector<int64_t>& lengths,
+                                               int64_t max_tokens);
+
 // Token choice for generation: greedy (temperature 0, lowest id on ties) or sampling from
 // softmax(logits / temperature) with a generator seeded by (seed, doc, step), so the result does
 // not depend on which rank computes the document.

@@ -355,6 +355,15 @@ int run_job(const RunOptions& opt) {
     }
   };
 
+  // Forwards: with --max-batch-tokens and a serial prefill (no CP / segments), consecutive short
+  // documents of the work list are packed into one forward; every rank builds the same list.
+  const bool packing = mp.chunk_tokens > 0 && C == 1 && opt.segments == 1;
+  std::vector<int64_t> lengths(static_cast<size_t>(n_docs));
+  for (int64_t i = 0; i < n_docs; ++i) lengths[size_t(i)] = input->doc_length(i);
+  const std::vector<std::vector<int64_t>> batches = pack_batches(todo, lengths, packing ? mp.chunk_tokens : 0);
+  if (packing && batches.size() < todo.size())
+    log_root(str(todo.size(), " documents in ", batches.size(), " forwards of at most ", mp.chunk_tokens, " tokens"));
+
   std::vector<int64_t> my_docs;
   bool stopped = false;
   try {
@@ -367,23 +376,32 @@ int run_job(const RunOptions& opt) {
           k = -2;
         } else {
           k = next.fetch_add(1);
-          if (k >= int64_t(todo.size())) k = -1;
+          if (k >= int64_t(batches.size())) k = -1;
         }
       }
       dp_group.bcast_bytes(&k, sizeof k, 0);
       if (k == -2) stopped = true;
       if (k < 0) break;
-      const int64_t d = todo[size_t(k)];
-      std::vector<int32_t> tokens = input->read_doc(d);
-      DocResult r = compute_document(*model, d, tokens, mp, tick, par);
-      r.stats.rank = world.rank();
-      my_docs.push_back(d);
-      if (!group_root) continue;
-      if (world.rank() == 0) {
-        writer.write(r);
-        writer.drain(world);
+      const std::vector<int64_t>& batch = batches[size_t(k)];
+      std::vector<DocResult> results;
+      if (batch.size() == 1) {
+        std::vector<int32_t> tokens = input->read_doc(batch[0]);
+        results.push_back(compute_document(*model, batch[0], tokens, mp, tick, par));
       } else {
-        sender.send(world, r);
+        std::vector<std::vector<int32_t>> tokens;
+        for (int64_t d : batch) tokens.push_back(input->read_doc(d));
+        results = compute_packed(*model, batch, tokens, mp, tick, par.stats);
+      }
+      for (DocResult& r : results) {
+        r.stats.rank = world.rank();
+        my_docs.push_back(r.doc);
+        if (!group_root) continue;
+        if (world.rank() == 0) {
+          writer.write(r);
+          writer.drain(world);
+        } else {
+          sender.send(world, r);
+        }
       }
     }
     const int n_other_roots = grid.dp - 1;

@@ -96,26 +96,44 @@ Model::State Model::State::clone() const {
 
 DTensor Model::forward(const int32_t* tokens, int64_t T, State& st, const std::function<void()>& tick,
                        std::vector<Tensor>* layer_hidden, WorkStats* stats) const {
-  DTensor y = run(tokens, T, st,
-                  [](const Mixer& m, MixerState& ms, const DTensor& x, const DTensor& out) { m.forward(x, ms, out); }, tick,
-                  layer_hidden, stats);
+  DTensor y = run(
+      tokens, T, [&st](size_t i, const Mixer& m, const DTensor& x, const DTensor& out) { m.forward(x, *st.mixers[i], out); },
+      tick, layer_hidden, stats);
   st.pos += T;
+  return y;
+}
+
+DTensor Model::forward_packed(const int32_t* tokens, const std::vector<int64_t>& cu, std::vector<State>& states,
+                              const std::function<void()>& tick, WorkStats* stats) const {
+  const size_t B = states.size();
+  DZ_CHECK(B >= 1 && cu.size() == B + 1 && cu[0] == 0, "forward_packed: ", B, " states for ", cu.size(), " offsets");
+  for (size_t b = 0; b < B; ++b)
+    DZ_CHECK(states[b].pos == 0 && cu[b + 1] > cu[b], "forward_packed: document ", b, " is empty or not fresh");
+  DTensor y = run(
+      tokens, cu[B],
+      [&](size_t i, const Mixer& m, const DTensor& x, const DTensor& out) {
+        for (size_t b = 0; b < B; ++b)  // the token mixer is per document; everything else is per row
+          m.forward(x.slab(cu[b], cu[b + 1]), *states[b].mixers[i], out.slab(cu[b], cu[b + 1]));
+      },
+      tick, nullptr, stats);
+  for (size_t b = 0; b < B; ++b) states[b].pos = cu[b + 1] - cu[b];
   return y;
 }
 
 DTensor Model::forward_cp(const int32_t* tokens, const CpCtx& ctx, State& st, const std::function<void()>& tick) const {
   DZ_CHECK(st.pos == 0, "forward_cp needs a fresh state (prefill of a whole document)");
   const int64_t R = ctx.lay->local_rows();
-  DTensor y = run(tokens, R, st,
-                  [&ctx](const Mixer& m, MixerState& ms, const DTensor& x, const DTensor& out) { m.forward_cp(x, ctx, ms, out); },
-                  tick, nullptr, ctx.stats);
+  DTensor y = run(
+      tokens, R,
+      [&](size_t i, const Mixer& m, const DTensor& x, const DTensor& out) { m.forward_cp(x, ctx, *st.mixers[i], out); },
+      tick, nullptr, ctx.stats);
   st.pos = ctx.lay->length;
   return y;
 }
 
 // The layer stack, once for every backend: residual stream h [T, D] F32; sub-layer inputs and
 // outputs in the backend's activation dtype.
-DTensor Model::run(const int32_t* tokens, int64_t T, State& st, const MixFn& mix, const std::function<void()>& tick,
+DTensor Model::run(const int32_t* tokens, int64_t T, const MixFn& mix, const std::function<void()>& tick,
                    std::vector<Tensor>* layer_hidden, WorkStats* stats) const {
   Backend& be = *be_;
   const int64_t D = cfg_.hidden_size, V = cfg_.vocab_size;
@@ -146,7 +164,7 @@ DTensor Model::run(const int32_t* tokens, int64_t T, State& st, const MixFn& mix
     be.rmsnorm(ar ? input : h, L.attn_norm, normed, eps, zc);
     {
       WorkStats::Timer t(stats, L.mixer_key);
-      mix(*L.mixer, *st.mixers[i], normed, out);
+      mix(i, *L.mixer, normed, out);
     }
     if (ar) attn_res_->add_output(be, *ar, int(i), 0, out);
     be.add(h, out);

@@ -58,6 +58,12 @@ class Model {
   // ctx.lay order; returns their final hidden states [R, D]. Every CP rank ends with the state
   // of the whole document (decode continues with forward()).
   DTensor forward_cp(const int32_t* tokens, const CpCtx& ctx, State& st, const std::function<void()>& tick = {}) const;
+  // Packed prefill of B fresh documents in one forward (varlen): tokens [cu[B]] concatenated,
+  // cu [B + 1] their row offsets, states[b] fresh. Embedding, norms, FFN / MoE, AttnRes and the
+  // projections' row-wise work see all cu[B] rows at once; each token mixer runs per document on its
+  // rows, so every document equals its own forward(). Returns the final hidden states [cu[B], D].
+  DTensor forward_packed(const int32_t* tokens, const std::vector<int64_t>& cu, std::vector<State>& states,
+                         const std::function<void()>& tick = {}, WorkStats* stats = nullptr) const;
   // logits[rows, V] (host) = hidden[rows, D] · lm_head^T (the full rows, on every TP rank)
   void logits(const DTensor& hidden, float* out) const { head_.logits_full(hidden, out); }
   void logits(const float* hidden, int64_t rows, float* out) const;
@@ -66,8 +72,8 @@ class Model {
  private:
   Model() = default;
   // The layer stack shared by forward and forward_cp; `mix` runs one layer's token mixer.
-  using MixFn = std::function<void(const Mixer&, MixerState&, const DTensor& x, const DTensor& out)>;
-  DTensor run(const int32_t* tokens, int64_t T, State& st, const MixFn& mix, const std::function<void()>& tick,
+  using MixFn = std::function<void(size_t layer, const Mixer&, const DTensor& x, const DTensor& out)>;
+  DTensor run(const int32_t* tokens, int64_t T, const MixFn& mix, const std::function<void()>& tick,
               std::vector<Tensor>* layer_hidden, WorkStats* stats) const;
 
   ModelConfig cfg_;
