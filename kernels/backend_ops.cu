@@ -98,6 +98,12 @@ __global__ void k_convert(const void* src, Dt sdt, void* dst, Dt ddt, int64_t n)
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
     stv(dst, ddt, i, ldv(src, sdt, i));
 }
+__global__ void k_fill_dummy(void* y, Dt dt, int64_t R, int64_t C, uint64_t key, DummyDist d, int64_t ld, int64_t r0,
+                             int64_t c0) {
+  const int64_t n = R * C;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    stv(y, dt, i, dummy_value(key, uint64_t((r0 + i / C) * ld + c0 + i % C), d));
+}
 __global__ void k_embed(const void* table, Dt tdt, const int32_t* ids, int64_t T, int64_t D, float* out) {
   const int64_t n = T * D;
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
@@ -584,6 +590,12 @@ __global__ void k_row_topk(const float* lg, int64_t n, int k, int32_t* ids, floa
 void convert(const void* src, Dt sdt, void* dst, Dt ddt, int64_t n, cudaStream_t s) {
   if (n <= 0) return;
   k_convert<<<grid_for(n, 256), 256, 0, s>>>(src, sdt, dst, ddt, n);
+  CUDA_CHECK_LAUNCH();
+}
+void fill_dummy(void* y, Dt dt, int64_t R, int64_t C, uint64_t key, DummyDist d, int64_t ld, int64_t r0, int64_t c0,
+                cudaStream_t s) {
+  if (R * C <= 0) return;
+  k_fill_dummy<<<grid_for(R * C, 256), 256, 0, s>>>(y, dt, R, C, key, d, ld, r0, c0);
   CUDA_CHECK_LAUNCH();
 }
 void embed(const void* table, Dt tdt, const int32_t* ids, int64_t T, int64_t D, float* out, cudaStream_t s) {

@@ -9,12 +9,17 @@
 
 #include <cstdint>
 
+#include "core/dummy_values.hpp"
+
 namespace dz::cuda {
 
 enum class Dt : int { F32 = 0, BF16 = 1 };
 
 // dst = src, converting (n elements).
 void convert(const void* src, Dt sdt, void* dst, Dt ddt, int64_t n, cudaStream_t s);
+// --dummy-weights in place (core/dummy_values.hpp): y [R, C] = dummy_value(key, (r0 + r) * ld + c0 + c, d).
+void fill_dummy(void* y, Dt dt, int64_t R, int64_t C, uint64_t key, DummyDist d, int64_t ld, int64_t r0, int64_t c0,
+                cudaStream_t s);
 // out [T, D] f32 = table[ids[t]] (table f32 or bf16). ops: Model::run's embedding.
 void embed(const void* table, Dt tdt, const int32_t* ids, int64_t T, int64_t D, float* out, cudaStream_t s);
 // y = x / sqrt(mean(x^2) + eps) * (w | 1 + w), rows × D (w f32 [D] or nullptr); y may be x. ops/norm rmsnorm.

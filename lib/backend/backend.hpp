@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "core/dtensor.hpp"
+#include "core/dummy_values.hpp"
 #include "dist/collectives.hpp"
 #include "ops/norm.hpp"  // GateAct
 
@@ -112,6 +113,10 @@ class Backend {
   virtual void copy_cols(const DTensor& src, int64_t s0, const DTensor& dst, int64_t d0, int64_t w) = 0;
   // Converting copy (any float dtypes, same numel).
   virtual void convert(const DTensor& src, const DTensor& dst) = 0;
+  // --dummy-weights in place (core/dummy_values.hpp): t [R, C] (contiguous rows, F32 or BF16) =
+  // dummy_value(key, (r0 + r) * ld + c0 + c, d): the [R, C] window at (r0, c0) of a virtual row-major
+  // tensor with rows of ld elements (a TP slice of it is the same slice of the whole).
+  virtual void fill_dummy(const DTensor& t, uint64_t key, const DummyDist& d, int64_t ld, int64_t r0, int64_t c0) = 0;
   // Waits for every op issued so far (host timers, downloads the host reads).
   virtual void sync() = 0;
 

@@ -8,6 +8,7 @@
 #include <numeric>
 
 #include "backend/backend.hpp"
+#include "core/parallel.hpp"
 #include "core/bf16.hpp"
 #include "core/linalg.hpp"
 #include "core/fp8.hpp"
@@ -106,6 +107,14 @@ class CpuBackend final : public Backend {
   void convert(const DTensor& src, const DTensor& dst) override {
     same_numel(src, dst, "convert");
     if (src.data != dst.data && src.numel()) std::memcpy(dst.f32(), src.f32(), src.bytes());
+  }
+  void fill_dummy(const DTensor& t, uint64_t key, const DummyDist& d, int64_t ld, int64_t r0, int64_t c0) override {
+    const int64_t R = t.rows(), C = t.cols();
+    float* y = t.f32();
+    parallel_for(R * C, [&](int64_t i0, int64_t i1) {
+      for (int64_t i = i0; i < i1; ++i)
+        y[i] = dummy_value(key, uint64_t((r0 + i / C) * ld + c0 + i % C), d);
+    });
   }
   void sync() override {}
 

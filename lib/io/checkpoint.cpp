@@ -20,6 +20,7 @@
 
 #include "core/bf16.hpp"
 #include "core/error.hpp"
+#include "core/dummy_values.hpp"
 #include "core/parallel.hpp"
 
 namespace dz {
@@ -110,11 +111,9 @@ Tensor generate(uint64_t seed, const std::string& name, const Shape& shape, cons
   return t;
 }
 
-// --dummy-weights values: element i of NAME from one splitmix64 of (seed, name, i); Normal is
-// approximated by the sum of the hash's four 16-bit uniforms (Irwin-Hall, scaled to unit
-// variance; bounded at +-3.46 sigma, which a benchmark weight does not mind). Threads split the
-// index range, so the result does not depend on their number.
-Tensor generate_dummy(uint64_t seed, const std::string& name, const Shape& shape, const Init& init) {
+// --dummy-weights values (core/dummy_values.hpp), made in parallel: threads split the index range,
+// so the result does not depend on their number.
+Tensor generate_dummy(uint64_t key, const Shape& shape, const Init& init) {
   Tensor t(shape);
   switch (init.kind) {
     case Init::Zeros: return t;
@@ -122,21 +121,10 @@ Tensor generate_dummy(uint64_t seed, const std::string& name, const Shape& shape
     case Init::Const: std::fill(t.data.begin(), t.data.end(), init.a); return t;
     default: break;
   }
-  const uint64_t key = splitmix64(seed) ^ fnv1a64(name);
   float* out = t.ptr();
-  const bool uniform = init.kind == Init::Uniform;
-  const float a = init.a, b = init.b;
+  const DummyDist dist{init.kind == Init::Uniform, init.a, init.b};
   parallel_for(int64_t(t.size()), [&](int64_t i0, int64_t i1) {
-    for (int64_t i = i0; i < i1; ++i) {
-      const uint64_t h = splitmix64(key + uint64_t(i) * 0x9e3779b97f4a7c15ull);
-      if (uniform) {
-        out[i] = a + (b - a) * float(double(h >> 40) * (1.0 / 16777216.0));
-      } else {
-        const float s = float(h & 0xffff) + float((h >> 16) & 0xffff) + float((h >> 32) & 0xffff) + float(h >> 48);
-        // mean 2 * 65535, variance 4 * (65536^2 - 1) / 12
-        out[i] = a * (s - 131070.f) * (1.7320508f / 65536.f);
-      }
-    }
+    for (int64_t i = i0; i < i1; ++i) out[i] = dummy_value(key, uint64_t(i), dist);
   });
   return t;
 }
@@ -345,6 +333,18 @@ std::unique_ptr<Checkpoint> Checkpoint::dummy(uint64_t seed) {
   return ck;
 }
 
+uint64_t Checkpoint::dummy_key_of(const std::string& name) const { return splitmix64(seed_) ^ fnv1a64(name); }
+
+uint64_t Checkpoint::dummy_key(const std::string& name, const Shape& shape) {
+  DZ_CHECK(dummy(), "internal: dummy_key of ", name, " outside --dummy-weights");
+  used_.insert(name);
+  TensorInfo& ti = tensors_[name];
+  ti.name = name;
+  ti.shape = shape;
+  ti.nbytes = uint64_t(numel(shape)) * 4;
+  return dummy_key_of(name);
+}
+
 bool Checkpoint::has(const std::string& name) const {
   if (generating_) return keep_ ? generated_.count(name) > 0 : used_.count(name) > 0;
   return tensors_.count(name) > 0;
@@ -381,7 +381,7 @@ Tensor Checkpoint::get(const std::string& name, const Shape& shape, Init init) {
         t.shape = shape;
         return t;
       }
-      return generate_dummy(seed_, name, shape, init);
+      return generate_dummy(dummy_key_of(name), shape, init);
     }
     Tensor t = generate(seed_, name, shape, init);
     TensorInfo ti;

@@ -56,6 +56,12 @@ class Checkpoint {
   ~Checkpoint();
 
   bool generating() const { return generating_; }
+  // make-model's generating mode: whole tensors are asked for whatever the TP layout (they are written).
+  bool keeps_full() const { return generating_ && keep_; }
+  // --dummy-weights: modules may generate large tensors in place on their backend
+  // (Backend::fill_dummy) from dummy_key(NAME, shape), which also records NAME as asked for.
+  bool dummy() const { return generating_ && !keep_; }
+  uint64_t dummy_key(const std::string& name, const Shape& shape);
   bool has(const std::string& name) const;
   const TensorInfo& info(const std::string& name) const;  // throws "missing tensor NAME"
   std::vector<std::string> names() const;
@@ -78,6 +84,7 @@ class Checkpoint {
 
  private:
   Checkpoint() = default;
+  uint64_t dummy_key_of(const std::string& name) const;
   struct Mapping;
   std::string dir_;
   bool generating_ = false;

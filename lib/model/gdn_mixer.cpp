@@ -52,7 +52,7 @@ class GdnMixer : public LinearAttnMixer {
     const std::string what = "GDN layer " + prefix + ": key heads (linear_num_key_heads)";
     const auto range = tp.range(HKf, what.c_str());
     // Generating mode (make-model) must see the full tensors: keep them all and reduce nothing.
-    const bool shard = tp.size > 1 && !ck.generating();
+    const bool shard = tp.size > 1 && !ck.keeps_full();
     const int64_t h0 = shard ? range.first : 0, h1 = shard ? range.second : HKf;
     HK_ = h1 - h0;
     HV_ = HK_ * r_;

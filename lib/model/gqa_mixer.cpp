@@ -48,7 +48,7 @@ class GqaMixer : public Mixer {
     DZ_CHECK(D_ > 0 && H_ > 0 && Hkv_ > 0 && Dh_ > 0 && H_ % Hkv_ == 0, p, ": bad GQA dims (heads ", H_,
              ", kv heads ", Hkv_, ", head_dim ", Dh_, ")");
     // Generating mode (make-model) asks for and keeps the full tensors: it never runs sharded.
-    const bool shard = tp.size > 1 && !ck.generating();
+    const bool shard = tp.size > 1 && !ck.keeps_full();
     int64_t h0 = 0, h1 = H_, g0 = 0, g1 = Hkv_;
     if (shard) {
       tp_ = tp;

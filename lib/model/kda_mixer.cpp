@@ -73,7 +73,7 @@ class KdaMixer : public LinearAttnMixer {
     const std::string what = "KDA layer " + prefix + ": heads (la_num_k_heads)";
     const auto range = tp.range(Hf, what.c_str());
     // Generating mode (make-model) must see the full tensors: keep them all and reduce nothing.
-    const bool shard = tp.size > 1 && !ck.generating();
+    const bool shard = tp.size > 1 && !ck.keeps_full();
     const int64_t h0 = shard ? range.first : 0, h1 = shard ? range.second : Hf;
     H_ = HK_ = HV_ = h1 - h0;
     if (shard) tp_ = tp;

@@ -69,7 +69,7 @@ class MlaMixer : public Mixer {
              ", v ", vd_, ")");
     DZ_CHECK(rope_dim_ % 2 == 0, p, ": qk_rope_head_dim must be even, got ", rope_dim_);
     // Generating mode (make-model) asks for and keeps the full tensors: it never runs sharded.
-    const bool shard = tp.size > 1 && !ck.generating();
+    const bool shard = tp.size > 1 && !ck.keeps_full();
     if (shard) tp_ = tp;
     int64_t h0 = 0, h1 = H_;
     if (shard) std::tie(h0, h1) = tp.range(H_, (p + "num_attention_heads").c_str());

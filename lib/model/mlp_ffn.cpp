@@ -41,14 +41,14 @@ std::unique_ptr<Ffn> make_mlp_ffn(const ModelConfig& cfg, int layer, Checkpoint&
   Tensor g = ck.get(p + "gate_proj.weight", {I, D});
   Tensor u = ck.get(p + "up_proj.weight", {I, D});
   Tensor d = ck.get(p + "down_proj.weight", {D, I});
-  if (tp.size > 1 && !ck.generating()) {  // width shard: gate/up rows, down columns
+  if (tp.size > 1 && !ck.keeps_full()) {  // width shard: gate/up rows, down columns
     auto [i0, i1] = tp.range(I, "intermediate_size");
     g = slice_rows(g, i0, i1);
     u = slice_rows(u, i0, i1);
     d = slice_cols(d, i0, i1);
   }
   // generating mode keeps the full width: no shard, no all-reduce
-  return std::make_unique<MlpFfn>(g, u, d, D, ck.generating() ? TpShard{} : tp, be);
+  return std::make_unique<MlpFfn>(g, u, d, D, ck.keeps_full() ? TpShard{} : tp, be);
 }
 
 }  // namespace dz

@@ -92,8 +92,7 @@ class MoeFfn : public Ffn {
   int64_t hidden() const override { return D_; }
 
   // Uploads the (sharded) host views: experts stacked [E, I, D] / [E, D, I].
-  void upload(const std::vector<SwigluView>& ex, const SwigluView* shared, const Tensor& router, const Tensor& bias,
-              const Tensor& shared_gate) {
+  void upload_experts(const std::vector<SwigluView>& ex) {
     const int64_t E = int64_t(ex.size()), I = ex[0].inter, D = D_;
     Tensor g({E, I, D}), u({E, I, D}), d({E, D, I});
     for (int64_t e = 0; e < E; ++e) {
@@ -102,9 +101,32 @@ class MoeFfn : public Ffn {
       std::copy(v.up, v.up + I * D, u.ptr() + e * I * D);
       for (int64_t r = 0; r < D; ++r) std::copy(v.down + r * v.down_ld, v.down + r * v.down_ld + I, d.ptr() + (e * D + r) * I);
     }
+    w_.experts = {be_->weight(g), be_->weight(u), be_->weight(d)};
+  }
+  // --dummy-weights: the routed experts' shards generated in place on the backend (the bulk of a
+  // MoE model: no host copy of them ever exists), equal to the same slices of the host-made tensors.
+  void dummy_experts(Checkpoint& ck, const std::string& P, bool w_names, int64_t E, int64_t I, const TpShard& tp) {
+    const int64_t D = D_;
+    auto [i0, i1] = tp.range(I, "moe_intermediate_size");
+    const int64_t n = i1 - i0;
+    const DummyDist dist{false, Init{}.a, 0.f};  // the experts' Init: Normal(0.02)
+    DTensor g = be_->alloc({E, n, D}, be_->weight_dtype()), u = be_->alloc({E, n, D}, be_->weight_dtype()),
+            d = be_->alloc({E, D, n}, be_->weight_dtype());
+    for (int64_t e = 0; e < E; ++e) {
+      const std::string q = P + "experts." + std::to_string(e) + ".";
+      be_->fill_dummy(g.slab(e, e + 1).reshaped({n, D}), ck.dummy_key(q + (w_names ? "w1.weight" : "gate_proj.weight"), {I, D}),
+                      dist, D, i0, 0);
+      be_->fill_dummy(u.slab(e, e + 1).reshaped({n, D}), ck.dummy_key(q + (w_names ? "w3.weight" : "up_proj.weight"), {I, D}),
+                      dist, D, i0, 0);
+      be_->fill_dummy(d.slab(e, e + 1).reshaped({D, n}), ck.dummy_key(q + (w_names ? "w2.weight" : "down_proj.weight"), {D, I}),
+                      dist, I, 0, i0);
+    }
+    w_.experts = {g, u, d};
+  }
+  void upload_rest(const SwigluView* shared, const Tensor& router, const Tensor& bias, const Tensor& shared_gate) {
+    const int64_t D = D_;
     w_.router = be_->param(router);
     if (!bias.empty()) w_.bias = be_->param(bias);
-    w_.experts = {be_->weight(g), be_->weight(u), be_->weight(d)};
     if (shared) {
       const int64_t S = shared->inter;
       Tensor sg({S, D}), su({S, D}), sd({D, S});
@@ -207,6 +229,7 @@ std::unique_ptr<Ffn> make_moe_ffn(const ModelConfig& cfg, int layer, Checkpoint&
       v.inter = I;
       v.down_ld = I;
     }
+  } else if (ck.dummy()) {  // generated in place below
   } else {
     const bool w = n.layout == ExpertLayout::PerExpertW;
     for (int64_t e = 0; e < E; ++e) {
@@ -233,11 +256,11 @@ std::unique_ptr<Ffn> make_moe_ffn(const ModelConfig& cfg, int layer, Checkpoint&
   } else {
     DZ_CHECK(!cfg.shared_expert_gate, "layer ", layer, ": shared_expert_gate set without a shared expert");
   }
-  m->tp_ = ck.generating() ? TpShard{} : tp;  // generating mode keeps full widths
-  if (tp.size > 1 && !ck.generating()) {
+  m->tp_ = ck.keeps_full() ? TpShard{} : tp;  // make-model keeps full widths
+  if (tp.size > 1 && !ck.keeps_full()) {
     std::vector<Tensor> sharded;
     sharded.reserve(size_t(3 * E + 3));
-    shard_width(experts, sharded, D, tp);
+    if (!ck.dummy()) shard_width(experts, sharded, D, tp);
     if (has_shared) {
       std::vector<SwigluView> one{shared};
       shard_width(one, sharded, D, tp);
@@ -246,7 +269,11 @@ std::unique_ptr<Ffn> make_moe_ffn(const ModelConfig& cfg, int layer, Checkpoint&
     owned = std::move(sharded);  // the full weights are released; views point into the shards
   }
   if (router.empty()) return m;  // dry run (inspect): names and shapes only
-  m->upload(experts, has_shared ? &shared : nullptr, router, bias, shared_gate);
+  if (ck.dummy())
+    m->dummy_experts(ck, P, n.layout == ExpertLayout::PerExpertW, E, I, tp);
+  else
+    m->upload_experts(experts);
+  m->upload_rest(has_shared ? &shared : nullptr, router, bias, shared_gate);
   return m;
 }
 

@@ -16,6 +16,7 @@
 
 #include "core/bf16.hpp"
 #include "io/checkpoint.hpp"
+#include "backend/backend.hpp"
 
 namespace fs = std::filesystem;
 using namespace dz;
@@ -391,4 +392,32 @@ TEST_CASE("checkpoint: random mode is deterministic per (seed, name)", "[unit]")
   auto r = Checkpoint::open(dir);
   for (const auto& [name, t] : a->generated()) CHECK(r->get(name, t.shape).data == t.data);
   r->check_all_used();
+}
+
+TEST_CASE("checkpoint: dummy mode keeps nothing, and in-place windows equal the host tensor's slices", "[unit]") {
+  auto a = Checkpoint::dummy(0), b = Checkpoint::dummy(0);
+  CHECK(a->dummy());
+  CHECK(!a->keeps_full());
+  CHECK(a->generated().empty());
+  const int64_t R = 37, C = 29;
+  Tensor x = a->get("e.weight", {R, C}, Init::normal(0.02f));
+  CHECK(a->generated().empty());                                    // nothing kept
+  CHECK(a->names() == std::vector<std::string>{"e.weight"});        // but the name and shape are recorded
+  CHECK(b->get("e.weight", {R, C}, Init::normal(0.02f)).data == x.data);  // deterministic
+  // Normal(0.02): mean ~0, std ~0.02, bounded by the Irwin-Hall range.
+  double s = 0, s2 = 0, mx = 0;
+  for (float v : x.data) s += v, s2 += double(v) * v, mx = std::max(mx, double(std::fabs(v)));
+  const double n = double(x.size()), sd = std::sqrt(s2 / n - (s / n) * (s / n));
+  CHECK(std::fabs(s / n) < 0.003);
+  CHECK(sd == Approx(0.02).epsilon(0.1));
+  CHECK(mx <= 0.02 * 3.4642);
+  Tensor u = a->get("u.weight", {R, C}, Init::uniform(-4.f, -1.f));
+  for (float v : u.data) CHECK((v >= -4.f && v < -1.f));
+  CHECK(a->get("n.weight", {C}, Init::ones()).data == std::vector<float>(size_t(C), 1.f));
+  // A [5, 7] window at (11, 13) made in place by the backend equals that slice, bit for bit.
+  const uint64_t key = a->dummy_key("e.weight", {R, C});
+  Tensor w({5, 7});
+  cpu_backend().fill_dummy(host_view(w.ptr(), {5, 7}), key, DummyDist{false, 0.02f, 0.f}, C, 11, 13);
+  for (int64_t r = 0; r < 5; ++r)
+    for (int64_t c = 0; c < 7; ++c) CHECK(w.data[size_t(r * 7 + c)] == x.data[size_t((11 + r) * C + 13 + c)]);
 }

@@ -179,6 +179,9 @@ class CudaBackend final : public Backend {
     DZ_CHECK(src.numel() == dst.numel(), "convert: ", shape_str(src.shape), " to ", shape_str(dst.shape));
     cuda::convert(src.data, dt_of(src), dst.data, dt_of(dst), src.numel(), st());
   }
+  void fill_dummy(const DTensor& t, uint64_t key, const DummyDist& d, int64_t ld, int64_t r0, int64_t c0) override {
+    cuda::fill_dummy(t.data, dt_of(t), t.rows(), t.cols(), key, d, ld, r0, c0, st());
+  }
   void sync() override { CUDA_CHECK(cudaStreamSynchronize(st())); }
 
   // MpiComm staging (DESIGN §10): device buffer -> pinned host fp32 -> MPI -> back. NCCL comes with
