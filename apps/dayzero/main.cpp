@@ -93,12 +93,20 @@ int main(int argc, char** argv) {
   int64_t plan_len = 65536;
   int plan_cp = 4, plan_seg = 1;
   bool plan_json = false;
-  auto* pl = app.add_subcommand("plan", "Per-rank work of one document under zigzag CP vs a contiguous split");
+  auto* pl = app.add_subcommand("plan", "Per-rank work (zigzag CP vs a contiguous split) and memory (weights, state, activations) of one document");
   pl->add_option("--model", plan_model, "Model directory or preset name")->capture_default_str();
   pl->add_option("--length", plan_len, "Document length in tokens")->capture_default_str();
   pl->add_option("--cp", plan_cp, "Context-parallel ranks")->capture_default_str();
   pl->add_option("--segments", plan_seg, "Segments per zigzag segment")->capture_default_str();
   pl->add_flag("--json", plan_json, "Print JSON");
+  dz::PlanMemoryOptions pmo;
+  pl->add_option("--tp", pmo.tp, "Tensor-parallel ranks (memory per rank)")->capture_default_str();
+  pl->add_option("--backend", pmo.backend, "cpu | cuda (weight and activation dtypes)")
+      ->check(CLI::IsMember({"cpu", "cuda"}))
+      ->capture_default_str();
+  pl->add_option("--max-batch-tokens", pmo.max_batch_tokens, "Tokens per forward, as for run")->capture_default_str();
+  pl->add_flag("--kv-cache-fp8", pmo.kv_fp8, "The MLA cache in FP8 (run --kv-cache fp8)");
+  pl->add_option("--device-gib", pmo.device_gib, "Memory of one device (GiB)")->capture_default_str();
 
   std::string bench_which, bench_json;
   dz::BenchE2eOptions eo;
@@ -144,7 +152,7 @@ int main(int argc, char** argv) {
     if (mm->parsed()) dz::make_model(mo);
     if (mi->parsed()) dz::make_input(io);
     if (ins->parsed()) return dz::inspect(inspect_dir, inspect_json);
-    if (pl->parsed()) return dz::plan(plan_model, plan_len, plan_cp, plan_seg, plan_json);
+    if (pl->parsed()) return dz::plan(plan_model, plan_len, plan_cp, plan_seg, plan_json, pmo);
     if (be->parsed() && bench_which == "e2e") {
       eo.json = bench_json;
       eo.dummy_weights = !bench_real_weights;

@@ -15,6 +15,7 @@
 #include "core/log.hpp"
 #include "io/checkpoint.hpp"
 #include "job/doc_compute.hpp"
+#include "job/plan_memory.hpp"
 #include "model/model.hpp"
 
 namespace dz {
@@ -146,6 +147,13 @@ int bench_e2e(const BenchE2eOptions& opt) {
           r["active_nonembed"] = pc.active_nonembed;
           r["weight_gib"] = weight_bytes / double(1 << 30);
           r["peak_gib"] = be->peak_memory_bytes() / double(1 << 30);
+          MemoryQuery q;  // what `dayzero plan` predicts for this run (held to the measurement by the GPU tests)
+          q.doc_tokens = T;
+          q.forward_tokens = opt.max_batch_tokens > 0 ? std::min(T, opt.max_batch_tokens) : T;
+          q.cuda = opt.backend == "cuda";
+          const MemoryPlan mpl = plan_memory(cfg, q);
+          r["plan_weight_gib"] = mpl.weights / double(1 << 30);
+          r["plan_peak_gib"] = mpl.total() / double(1 << 30);
           r["load_s"] = load_s;
         } catch (const std::exception& e) {
           r["error"] = std::string(e.what()).substr(0, 300);

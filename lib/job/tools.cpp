@@ -1,4 +1,5 @@
 #include "job/tools.hpp"
+#include "job/plan_memory.hpp"
 
 #include <sys/stat.h>
 
@@ -125,7 +126,7 @@ void make_input(const MakeInputOptions& o) {
 
 namespace dz {
 
-int plan(const std::string& model, int64_t length, int cp, int segments, bool as_json) {
+int plan(const std::string& model, int64_t length, int cp, int segments, bool as_json, const PlanMemoryOptions& mo) {
   DZ_CHECK(length >= 1, "plan: --length must be >= 1");
   DZ_CHECK(cp >= 1 && segments >= 1, "plan: --cp and --segments must be >= 1");
   ModelConfig cfg;
@@ -152,9 +153,30 @@ int plan(const std::string& model, int64_t length, int cp, int segments, bool as
     }
     out[kind] = {{"per_rank", ranks}, {"max_over_mean", mx / (sum / cp)}};
   }
+  // Memory per rank (every CP rank keeps the whole document's state; TP splits weights and heads).
+  MemoryQuery q;
+  q.tp = mo.tp;
+  q.doc_tokens = length;
+  const int64_t local = (length + cp - 1) / cp;
+  q.forward_tokens = mo.max_batch_tokens > 0 && cp == 1 ? std::min(local, mo.max_batch_tokens) : local;
+  q.cuda = mo.backend == "cuda";
+  q.kv_fp8 = mo.kv_fp8;
+  const MemoryPlan mp = plan_memory(cfg, q);
+  const double gib = double(int64_t(1) << 30);
+  out["memory"] = {{"tp", mo.tp},
+                   {"backend", mo.backend},
+                   {"forward_tokens", q.forward_tokens},
+                   {"weights_gib", mp.weights / gib},
+                   {"state_gib", mp.state / gib},
+                   {"activations_gib", mp.activations / gib},
+                   {"workspace_gib", mp.workspace / gib},
+                   {"total_gib", mp.total() / gib},
+                   {"device_gib", mo.device_gib},
+                   {"fits", mp.total() <= mo.device_gib * gib}};
+  for (const auto& [k, v] : mp.detail) out["memory"]["detail_gib"][k] = v / gib;
   if (as_json) {
     std::printf("%s\n", out.dump(2).c_str());
-    return 0;
+    return mp.total() <= mo.device_gib * gib ? 0 : 3;
   }
   std::printf("%s, one document of %lld tokens over %d CP ranks (GFLOP per rank)\n", model.c_str(), (long long)length,
               cp);
@@ -168,7 +190,13 @@ int plan(const std::string& model, int64_t length, int cp, int segments, bool as
                   r["flops"]["total"].get<double>() / 1e9);
     std::printf("%-10s max/mean %.4f\n", "", out[kind]["max_over_mean"].get<double>());
   }
-  return 0;
+  const bool fits = mp.total() <= mo.device_gib * gib;
+  std::printf("memory per rank (--tp %d, %s, %lld tokens per forward): weights %.2f GiB, state %.2f GiB, "
+              "activations %.2f GiB, workspace %.2f GiB = %.2f GiB of %.0f GiB: %s\n",
+              mo.tp, mo.backend.c_str(), (long long)q.forward_tokens, mp.weights / gib, mp.state / gib,
+              mp.activations / gib, mp.workspace / gib, mp.total() / gib, mo.device_gib,
+              fits ? "fits" : "DOES NOT FIT (raise --tp, lower --max-batch-tokens, or add --cp)");
+  return fits ? 0 : 3;
 }
 
 }  // namespace dz

@@ -43,5 +43,15 @@ namespace dz {
 // `dayzero plan`: per-rank work (FLOPs of the indexer, attention and linear attention) of one
 // document under the zigzag CP layout and, beside it, a contiguous split -- the numbers behind
 // choosing C. `model` is a model directory or a preset name.
-int plan(const std::string& model, int64_t length, int cp, int segments, bool json);
+// Beside it, the memory per rank of the layout (job/plan_memory.hpp) against the device's; exit
+// code 3 when it does not fit.
+struct PlanMemoryOptions {
+  int tp = 1;
+  std::string backend = "cuda";
+  int64_t max_batch_tokens = 0;
+  bool kv_fp8 = false;
+  double device_gib = 139.8;  // one H200 (141 GB)
+};
+int plan(const std::string& model, int64_t length, int cp, int segments, bool json,
+         const PlanMemoryOptions& mem = PlanMemoryOptions{});
 }  // namespace dz

@@ -229,7 +229,14 @@ std::unique_ptr<Ffn> make_moe_ffn(const ModelConfig& cfg, int layer, Checkpoint&
       v.inter = I;
       v.down_ld = I;
     }
-  } else if (ck.dummy()) {  // generated in place below
+  } else if (ck.dummy()) {  // generated in place below; named here (a dry run stops before that)
+    const bool w = n.layout == ExpertLayout::PerExpertW;
+    for (int64_t e = 0; e < E; ++e) {
+      const std::string q = P + "experts." + std::to_string(e) + ".";
+      ck.dummy_key(q + (w ? "w1.weight" : "gate_proj.weight"), {I, D});
+      ck.dummy_key(q + (w ? "w3.weight" : "up_proj.weight"), {I, D});
+      ck.dummy_key(q + (w ? "w2.weight" : "down_proj.weight"), {D, I});
+    }
   } else {
     const bool w = n.layout == ExpertLayout::PerExpertW;
     for (int64_t e = 0; e < E; ++e) {

@@ -1,0 +1,32 @@
+// `dayzero plan`'s memory side: per rank, the bytes a layout needs on its device before a job is
+// queued -- weights (the TP shard in the backend's dtypes), per-document state (linear-attention
+// states and conv tails, MLA latent / index-key and GQA K/V caches at their RowStore capacity), and
+// the peak of one forward's activations (residual stream, the largest sub-layer's temporaries, the
+// LM head's logits chunk). `dayzero bench e2e` prints the prediction beside the measured numbers;
+// the GPU tests hold the prediction to them (weights within 2 %, peak not below the measured one).
+#pragma once
+#include <cstdint>
+#include <map>
+#include <string>
+
+#include "config/model_config.hpp"
+
+namespace dz {
+
+struct MemoryQuery {
+  int tp = 1;
+  int64_t doc_tokens = 0;     // the longest document (its state stays for the whole document)
+  int64_t forward_tokens = 0; // rows of one forward: min(doc, --max-batch-tokens) or the packed total
+  bool cuda = true;           // bf16 weights / activations (else the fp32 CPU reference)
+  bool kv_fp8 = false;
+};
+
+struct MemoryPlan {
+  double weights = 0, state = 0, activations = 0, workspace = 0;
+  std::map<std::string, double> detail;  // weights by kind, activations by sub-layer
+  double total() const { return weights + state + activations + workspace; }
+};
+
+MemoryPlan plan_memory(const ModelConfig& cfg, const MemoryQuery& q);
+
+}  // namespace dz
