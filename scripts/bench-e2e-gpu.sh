@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# DESIGN §7 end to end, in ONE command on the GPU machine: the transformers + fla anchor
+# (../shared/anchors/e2e_transformers.py, fla as source on the PYTHONPATH) beside `dayzero bench e2e`
+# on the same shapes (configs/bench, dummy bf16 weights, one document of 8192 / 32768 tokens,
+# last-logits and logprobs, median of 3), then the whole 27-layer Kimi-Linear-48B-A3B with
+# --dummy-weights scoring one 131072-token document, and 256 documents of 2048 tokens with and
+# without packing. JSON into LOG_DIR; a summary of the ratios on stdout.
+#   bash scripts/bench-e2e-gpu.sh PREFIX BUILD_DIR LOG_DIR FLA_SRC ANCHOR_PY [parts...]
+# parts: anchor e2e k131k docs256 (default: all)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+P=${1:?prefix}; B=${2:?build dir}; L=${3:?log dir}; FLA=${4:?fla source dir}; ANCHOR=${5:?e2e_transformers.py}
+shift 5
+parts=${*:-anchor e2e k131k docs256}
+mkdir -p "$L"
+[[ -x $B/dayzero ]] || DZ_TARGETS="dayzero" bash scripts/offline-prefix.sh build "$P" "$B" 2>&1 | grep -E '^\[offline-prefix\]|error'
+eval "$(bash scripts/offline-prefix.sh env "$P")"
+export DZ_COMMIT=${DZ_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
+DZ=$B/dayzero
+has() { [[ " $parts " == *" $1 "* ]]; }
+if has anchor; then
+  PYTHONPATH="$FLA${PYTHONPATH:+:$PYTHONPATH}" python3 "$ANCHOR" "$L/e2e_transformers.json" 2025 sdpa 2>&1 |
+    grep -v Warning | tail -8
+fi
+if has e2e; then
+  "$DZ" bench e2e --model configs/bench/kimi_linear_48b_a3b_8l --model configs/bench/qwen3_next_80b_a3b_8l \
+    --tokens 8192,32768 --modes last-logits,logprobs --repeats 3 --json "$L/e2e_dayzero.json" 2>&1 | grep -v '^{'
+fi
+W=$(mktemp -d)
+K=configs/bench/kimi_linear_48b_a3b
+if has k131k; then
+  "$DZ" make-input --docs 1 --min-len 131072 --max-len 131072 --vocab 163840 --out "$W/k131k.h5" >/dev/null
+  "$DZ" run --model "$K" --dummy-weights --backend cuda --mode logprobs --max-batch-tokens 32768 \
+    --input "$W/k131k.h5" --output "$W/k131k.out.h5" --report "$L/kimi48b_131k_logprobs_report.json" 2>&1 | tail -2
+fi
+if has docs256; then
+  "$DZ" make-input --docs 256 --min-len 2048 --max-len 2048 --vocab 163840 --out "$W/d256.h5" >/dev/null
+  for mbt in 32768 0; do
+    "$DZ" run --model "$K" --dummy-weights --backend cuda --mode logprobs --max-batch-tokens $mbt \
+      --input "$W/d256.h5" --output "$W/d256.$mbt.h5" --report "$L/kimi48b_256x2048_mbt$mbt.json" 2>&1 | tail -1
+  done
+fi
+python3 - "$L" <<'PY'
+import json, os, sys
+L = sys.argv[1]
+def load(n):
+    p = os.path.join(L, n)
+    return json.load(open(p)) if os.path.exists(p) else None
+a, d = load("e2e_transformers.json"), load("e2e_dayzero.json")
+if d:
+    anchor = {(r["model"], r["T"]): r for r in (a or {}).get("results", []) if "model" in r and "ms" in r}
+    for r in d["results"]:
+        if "error" in r:
+            print("dayzero", r["model"], r["T"], r["mode"], "ERROR", r["error"]); continue
+        name = r["model"].replace("_8l", "")
+        x = anchor.get((name, r["T"]))
+        ratio = f"{x['ms'] / r['ms']:.2f}x transformers+fla ({x['ms']:.1f} ms)" if x and r["mode"] == "last-logits" else ""
+        ok = r["plan_peak_gib"] >= r["peak_gib"] and abs(r["plan_weight_gib"] - (r["weight_gib"] - 1 / 32)) < 0.02 * r["weight_gib"]
+        print(f"dayzero {r['model']} T={r['T']} {r['mode']}: {r['ms']:.1f} ms, {r['tok_s']:.0f} tok/s, MFU {100 * r['mfu_dense']:.1f} % "
+              f"({100 * r['mfu_with_attention']:.1f} % with attention), peak {r['peak_gib']:.2f} GiB (plan {r['plan_peak_gib']:.2f}, "
+              f"{'ok' if ok else 'PLAN OFF'}) {ratio}")
+for n in ("kimi48b_131k_logprobs_report.json", "kimi48b_256x2048_mbt32768.json", "kimi48b_256x2048_mbt0.json"):
+    r = load(n)
+    if r:
+        pr = r.get("per_rank", [{}])[0]
+        comp = sum(x["seconds"] for x in r.get("per_document", []))
+        print(f"{n}: {r['tokens']} tokens, compute {comp:.2f} s ({r['tokens'] / max(comp, 1e-9):.0f} tok/s); job {r['seconds']:.1f} s "
+              f"incl. load {r.get('load_seconds', 0):.1f} s; peak {pr.get('peak_device_memory_bytes', 0) / 2**30:.2f} GiB")
+PY
+rm -rf "$W"
