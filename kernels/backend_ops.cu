@@ -1,6 +1,7 @@
-// The CUDA backend's own ops (see backend_ops.cuh). Correct first, in plain SIMT: elementwise ops
-// are memory-bound anyway; attention and the grouped expert GEMM are the places issue 12's
-// tensor-core versions replace.
+// The CUDA backend's own ops (see backend_ops.cuh), in plain SIMT: elementwise ops, norms and
+// reductions are memory-bound anyway. Dense attention (flash_attention.cu) and the grouped expert
+// GEMMs (moe_gemm.cu) have their own tensor-core kernels; the warp-per-query attention here serves
+// the DSA selection and head dims over 256.
 #include <cuda_fp8.h>
 
 #include <cfloat>
@@ -103,6 +104,9 @@ __global__ void k_fill_dummy(void* y, Dt dt, int64_t R, int64_t C, uint64_t key,
   const int64_t n = R * C;
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
     stv(y, dt, i, dummy_value(key, uint64_t((r0 + i / C) * ld + c0 + i % C), d));
+}
+__global__ void k_set_i32(int32_t* dst, int n, SmallI32 v) {
+  if (threadIdx.x < n) dst[threadIdx.x] = v.v[threadIdx.x];
 }
 __global__ void k_embed(const void* table, Dt tdt, const int32_t* ids, int64_t T, int64_t D, float* out) {
   const int64_t n = T * D;
@@ -393,61 +397,6 @@ __global__ void k_gather_rows(const bf16* x, const int32_t* perm, int64_t n, int
   }
 }
 
-// 64 × 64 output tile per block, 256 threads with 4 × 4 outputs each, K in steps of 32 through
-// shared memory (fp32). Every output row is one fixed-order dot product whatever tile it is in.
-constexpr int kTM = 64, kTN = 64, kTK = 32;
-__global__ void __launch_bounds__(256) k_grouped_gemm(const bf16* xs, const bf16* W, const int32_t* offsets,
-                                                      const int32_t* tile_off, int E, int64_t N, int64_t K, bf16* y) {
-  const int tile = blockIdx.x;
-  if (tile >= tile_off[E]) return;
-  int lo = 0, hi = E - 1;  // the expert e with tile_off[e] <= tile < tile_off[e + 1]
-  while (lo < hi) {
-    const int mid = (lo + hi + 1) / 2;
-    if (tile_off[mid] <= tile)
-      lo = mid;
-    else
-      hi = mid - 1;
-  }
-  const int e = lo;
-  const int64_t r0 = offsets[e] + int64_t(tile - tile_off[e]) * kTM, r_end = offsets[e + 1];
-  const int64_t n0 = int64_t(blockIdx.y) * kTN;
-  const bf16* We = W + int64_t(e) * N * K;
-  __shared__ float As[kTK][kTM + 4], Bs[kTK][kTN + 4];
-  const int tid = threadIdx.x, tx = tid % 16, ty = tid / 16;
-  float acc[4][4] = {};
-  for (int64_t k0 = 0; k0 < K; k0 += kTK) {
-    for (int i = tid; i < kTM * kTK; i += 256) {
-      const int r = i / kTK, kk = i % kTK;
-      const int64_t gr = r0 + r, gk = k0 + kk;
-      As[kk][r] = (gr < r_end && gk < K) ? __bfloat162float(xs[gr * K + gk]) : 0.f;
-      const int64_t gn = n0 + r;
-      Bs[kk][r] = (gn < N && gk < K) ? __bfloat162float(We[gn * K + gk]) : 0.f;
-    }
-    __syncthreads();
-#pragma unroll 8
-    for (int kk = 0; kk < kTK; ++kk) {
-      float a[4], b[4];
-#pragma unroll
-      for (int i = 0; i < 4; ++i) a[i] = As[kk][ty * 4 + i], b[i] = Bs[kk][tx * 4 + i];
-#pragma unroll
-      for (int i = 0; i < 4; ++i)
-#pragma unroll
-        for (int j = 0; j < 4; ++j) acc[i][j] += a[i] * b[j];
-    }
-    __syncthreads();
-  }
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const int64_t gr = r0 + ty * 4 + i;
-    if (gr >= r_end) continue;
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const int64_t gn = n0 + tx * 4 + j;
-      if (gn < N) y[gr * N + gn] = __float2bfloat16_rn(acc[i][j]);
-    }
-  }
-}
-
 __global__ void k_moe_combine(const bf16* ys, const int32_t* pos_of, const float* w, int64_t T, int top_k, int64_t D,
                               bf16* y) {
   const int64_t n = T * D;
@@ -598,6 +547,12 @@ void fill_dummy(void* y, Dt dt, int64_t R, int64_t C, uint64_t key, DummyDist d,
   k_fill_dummy<<<grid_for(R * C, 256), 256, 0, s>>>(y, dt, R, C, key, d, ld, r0, c0);
   CUDA_CHECK_LAUNCH();
 }
+void set_i32(int32_t* dst, int n, SmallI32 v, cudaStream_t s) {
+  DZ_CHECK(n >= 0 && n <= 8, "set_i32: ", n, " values (at most 8)");
+  if (n == 0) return;
+  k_set_i32<<<1, 32, 0, s>>>(dst, n, v);
+  CUDA_CHECK_LAUNCH();
+}
 void embed(const void* table, Dt tdt, const int32_t* ids, int64_t T, int64_t D, float* out, cudaStream_t s) {
   if (T * D <= 0) return;
   k_embed<<<grid_for(T * D, 256), 256, 0, s>>>(table, tdt, ids, T, D, out);
@@ -687,15 +642,6 @@ void moe_dispatch(const int32_t* idx, int64_t T, int top_k, int E, int32_t* coun
 void gather_rows(const bf16* x, const int32_t* perm, int64_t n, int top_k, int64_t D, bf16* xs, cudaStream_t s) {
   if (n * D <= 0) return;
   k_gather_rows<<<grid_for(n * D, 256), 256, 0, s>>>(x, perm, n, top_k, D, xs);
-  CUDA_CHECK_LAUNCH();
-}
-void grouped_gemm(const bf16* xs, const bf16* W, const int32_t* offsets, const int32_t* tile_off, int E,
-                  int64_t max_tiles, int64_t N, int64_t K, bf16* y, cudaStream_t s) {
-  if (max_tiles <= 0 || N <= 0) return;
-  DZ_CHECK(max_tiles < (int64_t(1) << 31) && (N + kTN - 1) / kTN <= 65535, "grouped_gemm: ", max_tiles,
-           " row tiles, N ", N);
-  dim3 grid(unsigned(max_tiles), unsigned((N + kTN - 1) / kTN));
-  k_grouped_gemm<<<grid, 256, 0, s>>>(xs, W, offsets, tile_off, E, N, K, y);
   CUDA_CHECK_LAUNCH();
 }
 void moe_combine(const bf16* ys, const int32_t* pos_of, const float* w, int64_t T, int top_k, int64_t D, bf16* y,

@@ -20,6 +20,11 @@ void convert(const void* src, Dt sdt, void* dst, Dt ddt, int64_t n, cudaStream_t
 // --dummy-weights in place (core/dummy_values.hpp): y [R, C] = dummy_value(key, (r0 + r) * ld + c0 + c, d).
 void fill_dummy(void* y, Dt dt, int64_t R, int64_t C, uint64_t key, DummyDist d, int64_t ld, int64_t r0, int64_t c0,
                 cudaStream_t s);
+// dst[0..n) = v[0..n), n <= 8: small index arrays (cu_seqlens) written on the stream, no host sync.
+struct SmallI32 {
+  int32_t v[8];
+};
+void set_i32(int32_t* dst, int n, SmallI32 v, cudaStream_t s);
 // out [T, D] f32 = table[ids[t]] (table f32 or bf16). ops: Model::run's embedding.
 void embed(const void* table, Dt tdt, const int32_t* ids, int64_t T, int64_t D, float* out, cudaStream_t s);
 // y = x / sqrt(mean(x^2) + eps) * (w | 1 + w), rows × D (w f32 [D] or nullptr); y may be x. ops/norm rmsnorm.
@@ -78,11 +83,7 @@ void moe_dispatch(const int32_t* idx, int64_t T, int top_k, int E, int32_t* coun
 // xs [T*top_k, D] = x[perm[i] / top_k]
 void gather_rows(const __nv_bfloat16* x, const int32_t* perm, int64_t n, int top_k, int64_t D, __nv_bfloat16* xs,
                  cudaStream_t s);
-// Grouped GEMM over experts: for rows r of expert e (offsets[e] <= r < offsets[e+1]),
-//   y[r, :] = xs[r, :] · W[e]^T,  W [E, N, K] bf16, xs [*, K] bf16, y [*, N] bf16 (fp32 accumulate).
-// max_tiles: an upper bound of tile_off[E] (grid size; T*top_k/64 + E).
-void grouped_gemm(const __nv_bfloat16* xs, const __nv_bfloat16* W, const int32_t* offsets, const int32_t* tile_off,
-                  int E, int64_t max_tiles, int64_t N, int64_t K, __nv_bfloat16* y, cudaStream_t s);
+// The grouped expert GEMMs over these rows: moe_gemm.cuh (tensor cores).
 // y[t, :] = sum_j w[t, j] * ys[pos_of[t*top_k + j], :] (j ascending), f32 math, y bf16.
 void moe_combine(const __nv_bfloat16* ys, const int32_t* pos_of, const float* w, int64_t T, int top_k, int64_t D,
                  __nv_bfloat16* y, cudaStream_t s);

@@ -12,6 +12,8 @@
 
 #include "backend/backend.hpp"
 #include "backend_ops.cuh"
+#include "flash_attention.cuh"
+#include "moe_gemm.cuh"
 #include "common.cuh"
 #include "core/bf16.hpp"
 #include "core/parallel.hpp"
@@ -277,16 +279,13 @@ class CudaBackend final : public Backend {
             tile_off = alloc({E + 1}, DType::I32), perm = alloc({n}, DType::I32), pos_of = alloc({n}, DType::I32);
     cuda::moe_dispatch(idx.ptr<int32_t>(), T, int(k), int(E), counts.ptr<int32_t>(), offsets.ptr<int32_t>(),
                        tile_off.ptr<int32_t>(), perm.ptr<int32_t>(), pos_of.ptr<int32_t>(), st());
-    DTensor xs = alloc({n, D}, DType::BF16), hg = alloc({n, I}, DType::BF16), hu = alloc({n, I}, DType::BF16),
-            ys = alloc({n, D}, DType::BF16);
+    DTensor xs = alloc({n, D}, DType::BF16), hg = alloc({n, I}, DType::BF16), ys = alloc({n, D}, DType::BF16);
     cuda::gather_rows(b16(x), perm.ptr<int32_t>(), n, int(k), D, b16w(xs), st());
-    cuda::grouped_gemm(b16(xs), b16(w.experts.gate), offsets.ptr<int32_t>(), tile_off.ptr<int32_t>(), int(E),
-                       max_tiles, I, D, b16w(hg), st());
-    cuda::grouped_gemm(b16(xs), b16(w.experts.up), offsets.ptr<int32_t>(), tile_off.ptr<int32_t>(), int(E), max_tiles,
-                       I, D, b16w(hu), st());
-    cuda::silu_mul(b16(hg), b16(hu), b16w(hg), n * I, st());
-    cuda::grouped_gemm(b16(hg), b16(w.experts.down), offsets.ptr<int32_t>(), tile_off.ptr<int32_t>(), int(E),
-                       max_tiles, D, I, b16w(ys), st());
+    // Tensor-core grouped GEMMs over each expert's rows: gate and up fused with the SiLU product.
+    cuda::grouped_gemm_swiglu_tc(b16(xs), b16(w.experts.gate), b16(w.experts.up), offsets.ptr<int32_t>(),
+                                 tile_off.ptr<int32_t>(), int(E), max_tiles, I, D, b16w(hg), st());
+    cuda::grouped_gemm_tc(b16(hg), b16(w.experts.down), offsets.ptr<int32_t>(), tile_off.ptr<int32_t>(), int(E),
+                          max_tiles, D, I, b16w(ys), st());
     cuda::moe_combine(b16(ys), pos_of.ptr<int32_t>(), wt.ptr<float>(), T, int(k), D, b16w(y), st());
     if (w.has_shared) {
       DTensor sh = alloc({T, D}, DType::BF16);
@@ -409,6 +408,29 @@ class CudaBackend final : public Backend {
   void attention(const AttnArgs& a) override {
     const int64_t T = a.q.numel() / (a.Hq * a.Dk), S = a.k.numel() / (a.Hkv * a.Dk);
     const bool sparse = a.sel.defined() && a.sel.numel() > 0;
+    if (T == 0) return;
+    if (!sparse && cuda::flash_attention_supports(int(a.Dk), int(a.Dv))) {
+      // Dense causal: the tensor-core flash kernel, one sequence (queries at pos0.., keys 0..pos0+T-1).
+      DTensor cu = alloc({4}, DType::I32);
+      cuda::set_i32(cu.ptr<int32_t>(), 4, cuda::SmallI32{{0, int32_t(T), 0, int32_t(a.pos0 + T)}}, st());
+      cuda::FlashAttnArgs f;
+      f.q = b16(a.q);
+      f.k = b16(a.k);
+      f.v = b16(a.v);
+      f.out = b16w(a.out);
+      f.cu_q = cu.ptr<int32_t>();
+      f.cu_k = cu.ptr<int32_t>() + 2;
+      f.B = 1;
+      f.max_q = T;
+      f.Hq = int(a.Hq);
+      f.Hkv = int(a.Hkv);
+      f.Dk = int(a.Dk);
+      f.Dv = int(a.Dv);
+      f.scale = a.scale;
+      cuda::flash_attention(f, st());
+      return;
+    }
+    // The DSA selection (and head dims over 256): one warp per (query, head).
     DTensor sel = a.sel;
     if (sparse && sel.device == Device::Host) sel = upload_i32(static_cast<const int32_t*>(a.sel.data), a.sel.shape);
     cuda::attention(b16(a.q), b16(a.k), b16(a.v), b16w(a.out), T, a.pos0, S, int(a.Hq), int(a.Hkv), int(a.Dk),

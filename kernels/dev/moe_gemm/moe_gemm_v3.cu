@@ -1,0 +1,580 @@
+// EARLIER VERSION, for A/B benches only (run_device.sh kernels/dev/moe_gemm/moe_gemm_v3.cu); never
+// linked with kernels/moe_gemm.cu (same symbols). Differs from it in the main loop: no fragment
+// prefetch across stages, a warp with no row of the item skips its products, and the empty
+// mbarrier wait parity is computed from the iteration count. H200, same run: faster on the plain
+// gate/up shapes (440 vs 426 TFLOP/s Kimi, 420 vs 393 Qwen), slower on down (347 vs 354, 265 vs 289).
+// Grouped MoE expert GEMMs on tensor cores (see moe_gemm.cuh).
+//
+// One persistent block per multiprocessor, 8 warps, 128 output rows x 256 B-rows per work item
+// (plain: 256 output columns of one W; SwiGLU: 128 columns of Wg and the same 128 of Wu, so the
+// thread that holds g[r, c] also holds u[r, c]). A work item is (expert, 128-row pair of the
+// expert's 64-row tiles, column tile), items numbered expert by expert, column tile fastest, and
+// dealt to the blocks round-robin. Each block first copies offsets into shared memory and scans
+// the per-expert pair counts there, so mapping an item to its rows is a shared-memory search.
+//
+// K runs in steps of 64 through a 4-stage pipeline that is continuous across the block's items:
+// loads of the next item start while the current one finishes, and the epilogue writes from
+// registers. Tiles are row-major with 128-byte rows whose 16-byte chunks are XOR-swizzled by
+// (row & 7) (the tensor-memory-access engine's 128-byte swizzle), so ldmatrix reads are free of
+// bank conflicts. Warp (wm, wn) = (warp / 4, warp % 4) owns 64 rows x 64 B-rows: 4 x 8 m16n8
+// accumulators. A warp whose 64 rows hold no row of the item skips its products (warp-uniform).
+//
+// Loads, by what the shapes allow:
+//  - TMA (K % 8 == 0, 16-byte aligned pointers): thread 0 issues one 2-D tensor copy per operand
+//    and stage, completing on the stage's mbarrier. Rows past the expert's end (A) or past N (B)
+//    are loaded as they are (the next expert's rows, or zeros past the tensor) and only their
+//    outputs are dropped, so no row of one output depends on them; k past K is zero-filled. A's
+//    box never crosses the last row n = offsets[E] (the host does not know n): a tail item's box
+//    is moved up to end at n, and when n < 128 the threads load A themselves.
+//  - cp.async (K % 8 == 0 without TMA) and element loads (K % 8 != 0 or unaligned pointers):
+//    each thread fills 16-byte chunks, zero past the expert, N and K.
+#include <cuda.h>
+#include <cudaTypedefs.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+
+#include "common.cuh"
+#include "moe_gemm.cuh"
+
+namespace dz::cuda {
+
+namespace {
+
+using bf16 = __nv_bfloat16;
+
+constexpr int kThreads = 256;
+constexpr int kBM = 128;        // rows per item
+constexpr int kBR = 256;        // B rows per item (plain: columns; SwiGLU: 128 gate + 128 up)
+constexpr int kBK = 64;         // k per stage
+constexpr int kStages = 4;
+constexpr int kRowB = kBK * 2;  // bytes per tile row (8 chunks of 16 bytes)
+constexpr int kAStage = kBM * kRowB;
+constexpr int kBStage = kBR * kRowB;
+constexpr int kStageB = kAStage + kBStage;
+constexpr int kPipeB = kStages * kStageB;  // 192 KiB
+constexpr int kBarB = 64;                  // mbarriers: full[kStages], empty[kStages]
+constexpr int kMaxE = 4096;
+
+enum Mode { kTma = 0, kCpAsync = 1, kElem = 2 };
+
+__device__ __forceinline__ uint32_t smem_u32(const void* p) { return uint32_t(__cvta_generic_to_shared(p)); }
+__device__ __forceinline__ void ldsm_x4(uint32_t& r0, uint32_t& r1, uint32_t& r2, uint32_t& r3, uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+               : "r"(addr));
+}
+__device__ __forceinline__ void mma_bf16(float c[4], const uint32_t a[4], const uint32_t b[2]) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+__device__ __forceinline__ void cp_async16(uint32_t saddr, const void* g, bool ok) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(saddr), "l"(g), "r"(ok ? 16 : 0));
+}
+__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+__device__ __forceinline__ void st_shared16(uint32_t saddr, uint4 v) {
+  asm volatile("st.shared.v4.b32 [%0], {%1,%2,%3,%4};\n" ::"r"(saddr), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w));
+}
+__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count));
+}
+__device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+  uint32_t done = 0;
+  while (!done)
+    asm volatile(
+        "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(bar), "r"(parity)
+        : "memory");
+}
+// 2-D tensor copy global -> shared (box at column c0 = k, row c1), completing on bar.
+__device__ __forceinline__ void tma_load_2d(uint32_t dst, const CUtensorMap* map, int c0, int c1, uint32_t bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n" ::
+          "r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(bar)
+      : "memory");
+}
+// silu in fp32 (fast exp and divide: ~2 ulp, far below the bf16 rounding; -> -0 for g << 0)
+__device__ __forceinline__ float silu(float g) { return __fdividef(g, 1.f + __expf(-g)); }
+
+struct Args {
+  const bf16* xs;
+  const bf16* w0;  // W (plain) or Wg
+  const bf16* w1;  // Wu (SwiGLU) or = w0
+  const int32_t* offsets;
+  bf16* y;
+  int E, N, K;
+  int n_col_tiles;  // column tiles per pair
+  int vec_store;    // N even and y 4-byte aligned: bf16x2 stores
+};
+struct Maps {  // TMA descriptors (kTma only): xs, W / Wg, Wu
+  CUtensorMap a, b0, b1;
+};
+
+struct Item {
+  int r0, rows, e, n0;
+  int a0;  // first row of the A tile in shared memory (r0, or moved up for a TMA tail item)
+};
+
+// Expert of item: the largest e with poff[e] <= p (p < poff[E]; experts with no pairs are
+// skipped). A block's items ascend, so the search runs forward from the last item's expert
+// (e_hint, < 0 the first time: binary search).
+template <int BN>
+__device__ __forceinline__ Item map_item(int item, int n_col_tiles, const int32_t* s_off, const int32_t* s_poff,
+                                         int E, bool shift_tail, int& e_hint) {
+  const int p = item / n_col_tiles, nt = item - p * n_col_tiles;
+  int lo = e_hint;
+  if (lo < 0) {
+    lo = 0;
+    int hi = E - 1;
+    while (lo < hi) {
+      const int mid = (lo + hi + 1) >> 1;
+      if (s_poff[mid] <= p)
+        lo = mid;
+      else
+        hi = mid - 1;
+    }
+  } else {
+    while (s_poff[lo + 1] <= p) ++lo;
+  }
+  e_hint = lo;
+  Item it;
+  it.e = lo;
+  it.r0 = s_off[lo] + (p - s_poff[lo]) * kBM;
+  it.rows = min(kBM, s_off[lo + 1] - it.r0);
+  it.n0 = nt * BN;
+  const int n = s_off[E];
+  it.a0 = (shift_tail && it.r0 + kBM > n) ? n - kBM : it.r0;
+  return it;
+}
+
+template <bool SWIGLU, int MODE>
+__global__ void __launch_bounds__(kThreads, 1) k_moe_gemm(const __grid_constant__ Args a,
+                                                          const __grid_constant__ Maps maps) {
+  constexpr int BN = SWIGLU ? kBR / 2 : kBR;  // output columns per item
+  extern __shared__ __align__(1024) uint8_t smem_raw[];
+  // 1024-byte aligned base (the 128-byte swizzle repeats every 8 rows of 128 bytes).
+  uint8_t* smem = smem_raw + ((1024u - (smem_u32(smem_raw) & 1023u)) & 1023u);
+  const int E = a.E, N = a.N, K = a.K;
+  const uint32_t sbase = smem_u32(smem), sbar = sbase + kPipeB;
+  int32_t* s_off = reinterpret_cast<int32_t*>(smem + kPipeB + kBarB);
+  int32_t* s_poff = s_off + (E + 1);
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+
+  // ---- offsets to shared memory, pairs of 64-row tiles per expert scanned (warp 0) ----
+  for (int i = tid; i <= E; i += kThreads) s_off[i] = a.offsets[i];
+  if (MODE == kTma && tid == 0) {
+    for (int s = 0; s < kStages; ++s) {
+      mbar_init(sbar + 8 * s, 1);                         // full: thread 0's expect_tx + the bytes
+      mbar_init(sbar + 8 * (kStages + s), kThreads / 32);  // empty: one arrival per warp
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+  }
+  __syncthreads();
+  if (warp == 0) {
+    const int per = (E + 31) / 32, b = min(E, lane * per), en = min(E, b + per);
+    int sum = 0;
+    for (int e = b; e < en; ++e) sum += (s_off[e + 1] - s_off[e] + kBM - 1) / kBM;
+    int incl = sum;
+#pragma unroll
+    for (int d = 1; d < 32; d <<= 1) {
+      const int v = __shfl_up_sync(0xffffffffu, incl, d);
+      if (lane >= d) incl += v;
+    }
+    int run = incl - sum;
+    for (int e = b; e < en; ++e) {
+      s_poff[e] = run;
+      run += (s_off[e + 1] - s_off[e] + kBM - 1) / kBM;
+    }
+    if (lane == 31) s_poff[E] = incl;
+  }
+  __syncthreads();
+
+  const int total = s_poff[E] * a.n_col_tiles;  // < 2^31 (host: max_tiles * column tiles)
+  if (int(blockIdx.x) >= total) return;
+  const int G = gridDim.x;
+  const int nq = (total - int(blockIdx.x) + G - 1) / G;  // items of this block
+  const int k_iters = (K + kBK - 1) / kBK;
+  const int64_t total_iters = int64_t(nq) * k_iters;
+  const int n_rows = s_off[E];
+  // TMA: A's box must stay inside rows [0, n); with n < 128 the threads load A instead.
+  const bool a_thr = MODE == kTma && n_rows < kBM;
+  const bool shift_tail = MODE == kTma && !a_thr;
+
+  // ---- producer ----
+  // Thread-filled tiles: thread loads chunk pch of rows prow + 32 i (A: i < 4, B: i < 8).
+  const int prow = tid >> 3, pch = tid & 7;
+  const uint32_t pdst = uint32_t(prow * kRowB + ((pch ^ (prow & 7)) << 4));
+  const int64_t rstride = int64_t(32) * K;  // 32 rows, elements
+  const bf16 *pa = a.xs, *pb0 = a.w0, *pb1 = a.w0;
+  uint32_t rmask = 0;  // bit i: A row i valid; 4 + i: B row i valid
+  Item ld_it;
+  int ld_k = 0;
+  int ld_q = 0, ld_e = -1;
+  auto setup_producer = [&](int item) {
+    ld_it = map_item<BN>(item, a.n_col_tiles, s_off, s_poff, E, shift_tail, ld_e);
+    const Item& it = ld_it;
+    if constexpr (MODE == kTma) {
+      pa = a.xs + (int64_t(it.a0) + prow) * K + pch * 8;
+      rmask = 0;
+#pragma unroll
+      for (int i = 0; i < 4; ++i) rmask |= uint32_t(it.a0 + prow + 32 * i < n_rows) << i;
+    } else {
+      pa = a.xs + (int64_t(it.r0) + prow) * K + pch * 8;
+      const int64_t wrow = (int64_t(it.e) * N + it.n0 + prow) * K + pch * 8;
+      int lim0 = N - it.n0, lim1;
+      if constexpr (SWIGLU) {
+        pb0 = a.w0 + wrow;
+        pb1 = a.w1 + wrow;
+        lim1 = lim0;
+      } else {
+        pb0 = a.w0 + wrow;
+        pb1 = pb0 + 4 * rstride;
+        lim1 = lim0 - 128;
+      }
+      rmask = 0;
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int r = prow + 32 * i;
+        rmask |= uint32_t(r < it.rows) << i;
+        rmask |= uint32_t(r < lim0) << (4 + i);
+        rmask |= uint32_t(r < lim1) << (8 + i);
+      }
+    }
+  };
+  auto load_stage = [&](int stage) {
+    const uint32_t sA = sbase + stage * kStageB, sB = sA + kAStage;
+    const int kc = ld_k * kBK + pch * 8;
+    if constexpr (MODE == kTma) {
+      if (a_thr) {  // n < 128: A from the threads (16-byte loads, zero past n and K)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          uint4 v = make_uint4(0, 0, 0, 0);
+          if (((rmask >> i) & 1) && kc < K) v = __ldg(reinterpret_cast<const uint4*>(pa + i * rstride));
+          st_shared16(sA + pdst + i * 32 * kRowB, v);
+        }
+      }
+      if (tid == 0) {
+        const uint32_t bar = sbar + 8 * stage;
+        const int k0 = ld_k * kBK;
+        mbar_expect_tx(bar, uint32_t(a_thr ? kBStage : kStageB));
+        if (!a_thr) tma_load_2d(sA, &maps.a, k0, ld_it.a0, bar);
+        const int brow = ld_it.e * N + ld_it.n0;
+        tma_load_2d(sB, &maps.b0, k0, brow, bar);
+        if constexpr (SWIGLU) tma_load_2d(sB + kBStage / 2, &maps.b1, k0, brow, bar);
+      }
+    } else if constexpr (MODE == kCpAsync) {
+      const bool kin = kc < K;
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const bool ok = kin && ((rmask >> i) & 1);
+        cp_async16(sA + pdst + i * 32 * kRowB, ok ? pa + i * rstride : a.xs, ok);
+      }
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        const bool ok = kin && ((rmask >> (4 + i)) & 1);
+        const bf16* src = (i < 4 ? pb0 : pb1) + (i & 3) * rstride;
+        cp_async16(sB + pdst + i * 32 * kRowB, ok ? src : a.w0, ok);
+      }
+    } else {
+      auto fill = [&](uint32_t dst, const bf16* src, bool rok) {
+        uint32_t w[4];
+#pragma unroll
+        for (int h = 0; h < 4; ++h) {
+          uint32_t lo = 0, hi = 0;
+          if (rok && kc + 2 * h < K) lo = __ldg(reinterpret_cast<const unsigned short*>(src + 2 * h));
+          if (rok && kc + 2 * h + 1 < K) hi = __ldg(reinterpret_cast<const unsigned short*>(src + 2 * h + 1));
+          w[h] = lo | (hi << 16);
+        }
+        st_shared16(dst, make_uint4(w[0], w[1], w[2], w[3]));
+      };
+#pragma unroll
+      for (int i = 0; i < 4; ++i) fill(sA + pdst + i * 32 * kRowB, pa + i * rstride, (rmask >> i) & 1);
+#pragma unroll
+      for (int i = 0; i < 8; ++i)
+        fill(sB + pdst + i * 32 * kRowB, (i < 4 ? pb0 : pb1) + (i & 3) * rstride, (rmask >> (4 + i)) & 1);
+    }
+    pa += kBK;
+    if constexpr (MODE != kTma) {
+      pb0 += kBK;
+      pb1 += kBK;
+    }
+  };
+  // empty_parity >= 0: (TMA, A not from the threads) thread 0 first waits until every warp has
+  // released the stage's previous use.
+  auto produce = [&](int stage, int empty_parity) {
+    if (ld_q < nq) {
+      if (MODE == kTma && tid == 0 && empty_parity >= 0) mbar_wait(sbar + 8 * (kStages + stage), empty_parity);
+      load_stage(stage);
+      if (++ld_k == k_iters) {
+        ld_k = 0;
+        if (++ld_q < nq) setup_producer(blockIdx.x + ld_q * G);
+      }
+    }
+    if constexpr (MODE != kTma) cp_commit();
+  };
+
+  // ---- consumer ----
+  const int wm = warp >> 2, wn = warp & 3;
+  // ldmatrix addresses (stage-relative) for k16 step kk: (x ^ (kk << 5)) + constant row offset;
+  // the XOR touches only the chunk bits 5..6 and the row offsets only bits >= 11.
+  uint32_t a_kk[4], b_kk[4];
+  {
+    const int ra = wm * 64 + (lane & 7) + ((lane >> 3) & 1) * 8;
+    const uint32_t ao = uint32_t(ra * kRowB + (((lane >> 4) ^ (lane & 7)) << 4));
+    const int rb = (SWIGLU ? wn * 32 : wn * 64) + (lane & 7) + ((lane >> 4) << 3);
+    const uint32_t bo = uint32_t(kAStage + rb * kRowB + ((((lane >> 3) & 1) ^ (lane & 7)) << 4));
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) {
+      a_kk[kk] = ao ^ uint32_t(kk << 5);
+      b_kk[kk] = bo ^ uint32_t(kk << 5);
+    }
+  }
+  // B row offset (bytes) of the ldmatrix.x4 covering n8 tiles 2jj, 2jj + 1.
+  auto b_delta = [](int jj) -> uint32_t {
+    return uint32_t((SWIGLU ? (jj < 2 ? jj * 16 : 128 + (jj - 2) * 16) : jj * 16) * kRowB);
+  };
+
+  float acc[4][8][4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i)
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+#pragma unroll
+      for (int q = 0; q < 4; ++q) acc[i][j][q] = 0.f;
+
+  setup_producer(blockIdx.x);
+  int mm_e = -1;
+  Item cur = map_item<BN>(blockIdx.x, a.n_col_tiles, s_off, s_poff, E, shift_tail, mm_e);
+  int mm_k = 0;
+  int mm_q = 0;
+#pragma unroll
+  for (int s = 0; s < kStages - 1; ++s) produce(s, -1);
+  int stage = 0, ld_stage = kStages - 1;
+  uint32_t phase = 0;
+
+  for (int64_t g = 0; g < total_iters; ++g) {
+    // The stage refilled next was read in iteration g - 1: a block barrier (thread-filled tiles)
+    // or, for TMA, its empty mbarrier (so warps are not held in step).
+    if constexpr (MODE == kTma) {
+      mbar_wait(sbar + 8 * stage, phase);
+      if (a_thr) __syncthreads();
+    } else {
+      cp_wait<kStages - 2>();
+      __syncthreads();
+    }
+    produce(ld_stage, (MODE == kTma && !a_thr && g > 0) ? int(((g - 1) / kStages) & 1) : -1);
+    ld_stage = ld_stage + 1 == kStages ? 0 : ld_stage + 1;
+
+    const int sh = cur.r0 - cur.a0;  // shared-memory row of the item's first row
+    if (wm * 64 < sh + cur.rows && wm * 64 + 64 > sh) {
+      const uint32_t st = sbase + stage * kStageB;
+#pragma unroll
+      for (int kk = 0; kk < kBK / 16; ++kk) {
+        const uint32_t pa_ = st + a_kk[kk], pb_ = st + b_kk[kk];
+        uint32_t af[4][4], bfr[8][2];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) ldsm_x4(af[i][0], af[i][1], af[i][2], af[i][3], pa_ + i * 16 * kRowB);
+#pragma unroll
+        for (int jj = 0; jj < 4; ++jj)
+          ldsm_x4(bfr[2 * jj][0], bfr[2 * jj][1], bfr[2 * jj + 1][0], bfr[2 * jj + 1][1], pb_ + b_delta(jj));
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+#pragma unroll
+          for (int j = 0; j < 8; ++j) mma_bf16(acc[i][j], af[i], bfr[j]);
+      }
+    }
+    if (MODE == kTma && !a_thr) {
+      __syncwarp();
+      if (lane == 0) mbar_arrive(sbar + 8 * (kStages + stage));
+    }
+    if (++stage == kStages) {
+      stage = 0;
+      phase ^= 1u;
+    }
+
+    if (++mm_k == k_iters) {
+      // ---- epilogue: registers -> y (rows outside the item and columns past N are dropped) ----
+      const int cbase = cur.n0 + (SWIGLU ? wn * 32 : wn * 64) + (lane & 3) * 2;
+      const bool full_cols = a.vec_store && cur.n0 + BN <= N;
+      if (full_cols && sh <= wm * 64 && wm * 64 + 64 <= sh + cur.rows) {
+        // all 64 rows and all columns of this warp are inside: no per-element checks
+        bf16* yw = a.y + (int64_t(cur.a0) + wm * 64 + (lane >> 2)) * N + cbase;
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+#pragma unroll
+          for (int hf = 0; hf < 2; ++hf) {
+            bf16* yr = yw + int64_t(i * 16 + hf * 8) * N;
+#pragma unroll
+            for (int j = 0; j < (SWIGLU ? 4 : 8); ++j) {
+              float v0 = acc[i][j][2 * hf], v1 = acc[i][j][2 * hf + 1];
+              if constexpr (SWIGLU) {
+                v0 = silu(v0) * acc[i][j + 4][2 * hf];
+                v1 = silu(v1) * acc[i][j + 4][2 * hf + 1];
+              }
+              *reinterpret_cast<__nv_bfloat162*>(yr + j * 8) = __floats2bfloat162_rn(v0, v1);
+            }
+          }
+      } else {
+#pragma unroll
+      for (int i = 0; i < 4; ++i)
+#pragma unroll
+        for (int hf = 0; hf < 2; ++hf) {
+          const int lr = wm * 64 + i * 16 + (lane >> 2) + hf * 8;  // shared-memory row
+          if (lr < sh || lr >= sh + cur.rows) continue;
+          bf16* yr = a.y + (int64_t(cur.a0) + lr) * N + cbase;
+#pragma unroll
+          for (int j = 0; j < (SWIGLU ? 4 : 8); ++j) {
+            float v0 = acc[i][j][2 * hf], v1 = acc[i][j][2 * hf + 1];
+            if constexpr (SWIGLU) {
+              v0 = silu(v0) * acc[i][j + 4][2 * hf];
+              v1 = silu(v1) * acc[i][j + 4][2 * hf + 1];
+            }
+            const int col = cbase + j * 8;
+            if (full_cols) {
+              *reinterpret_cast<__nv_bfloat162*>(yr + j * 8) = __floats2bfloat162_rn(v0, v1);
+            } else if (a.vec_store) {
+              if (col < N) *reinterpret_cast<__nv_bfloat162*>(yr + j * 8) = __floats2bfloat162_rn(v0, v1);
+            } else {
+              if (col < N) yr[j * 8] = __float2bfloat16_rn(v0);
+              if (col + 1 < N) yr[j * 8 + 1] = __float2bfloat16_rn(v1);
+            }
+          }
+        }
+      }
+#pragma unroll
+      for (int i = 0; i < 4; ++i)
+#pragma unroll
+        for (int j = 0; j < 8; ++j)
+#pragma unroll
+          for (int q = 0; q < 4; ++q) acc[i][j][q] = 0.f;
+      mm_k = 0;
+      if (++mm_q < nq) cur = map_item<BN>(blockIdx.x + mm_q * G, a.n_col_tiles, s_off, s_poff, E, shift_tail, mm_e);
+    }
+  }
+  if constexpr (MODE != kTma) cp_wait<0>();
+}
+
+size_t smem_bytes(int E) { return size_t(1024 + kPipeB + kBarB) + 2 * sizeof(int32_t) * size_t(E + 1); }
+
+template <bool SWIGLU, int MODE>
+void launch(const Args& a, const Maps& m, int64_t max_tiles, cudaStream_t s) {
+  const size_t smem = smem_bytes(a.E);
+  auto kern = k_moe_gemm<SWIGLU, MODE>;
+  CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+  // Items <= pairs * column tiles <= max_tiles * column tiles (each pair holds >= 1 tile).
+  const int64_t max_items = max_tiles * a.n_col_tiles;
+  const unsigned grid = unsigned(std::min<int64_t>(sm_count(), max_items));
+  kern<<<grid, kThreads, smem, s>>>(a, m);
+  CUDA_CHECK_LAUNCH();
+}
+
+bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
+
+// The driver's tensor-map encoder through the runtime (no link against libcuda); null if absent.
+PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
+  void* fn = nullptr;
+  cudaDriverEntryPointQueryResult q;
+  if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &q) != cudaSuccess ||
+      q != cudaDriverEntryPointSuccess)
+    return nullptr;
+  return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
+}
+// Row-major bf16 [rows, K] with boxes of 64 k x box_rows rows, 128-byte swizzle, zeros outside.
+bool encode(PFN_cuTensorMapEncodeTiled_v12000 enc, CUtensorMap* m, const bf16* p, int64_t rows, int64_t K,
+            int box_rows) {
+  const cuuint64_t dims[2] = {cuuint64_t(K), cuuint64_t(rows)};
+  const cuuint64_t strides[1] = {cuuint64_t(K) * 2};
+  const cuuint32_t box[2] = {cuuint32_t(kBK), cuuint32_t(box_rows)};
+  const cuuint32_t estr[2] = {1, 1};
+  return enc(m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<bf16*>(p), dims, strides, box, estr,
+             CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+             CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+void run(const bf16* xs, const bf16* w0, const bf16* w1, const int32_t* offsets, int E, int64_t max_tiles, int64_t N,
+         int64_t K, bf16* y, bool swiglu, cudaStream_t s, const char* name) {
+  if (max_tiles <= 0 || N <= 0 || E <= 0) return;
+  DZ_CHECK(K >= 1 && N < (int64_t(1) << 31) && K < (int64_t(1) << 31) && E <= kMaxE, name, ": N ", N, ", K ", K,
+           ", E ", E, " (N, K < 2^31, E <= ", kMaxE, ")");
+  Args a;
+  a.xs = xs;
+  a.w0 = w0;
+  a.w1 = swiglu ? w1 : w0;
+  a.offsets = offsets;
+  a.y = y;
+  a.E = E;
+  a.N = int(N);
+  a.K = int(K);
+  const int64_t bn = swiglu ? kBR / 2 : kBR;
+  a.n_col_tiles = int((N + bn - 1) / bn);
+  DZ_CHECK(max_tiles * a.n_col_tiles < (int64_t(1) << 31), name, ": ", max_tiles, " row tiles x ", a.n_col_tiles,
+           " column tiles (< 2^31 work items)");
+  a.vec_store = (N % 2 == 0) && (reinterpret_cast<uintptr_t>(y) & 3) == 0;
+  const bool al = K % 8 == 0 && aligned16(xs) && aligned16(w0) && aligned16(a.w1);
+  Maps m;
+  memset(&m, 0, sizeof(m));
+  bool tma = false;
+  // TMA coordinates are int32: rows of W (E * N) and of xs (bounded by max_tiles * 64).
+  if (al && int64_t(E) * N < (int64_t(1) << 31) && max_tiles * 64 < (int64_t(1) << 31)) {
+    if (auto enc = tensor_map_encoder()) {
+      const int br = swiglu ? kBR / 2 : kBR;
+      tma = encode(enc, &m.a, xs, max_tiles * 64, K, kBM) && encode(enc, &m.b0, w0, int64_t(E) * N, K, br) &&
+            encode(enc, &m.b1, a.w1, int64_t(E) * N, K, br);
+    }
+  }
+  int mode = tma ? kTma : al ? kCpAsync : kElem;
+  // Testing override (kernels/dev/moe_gemm): DZ_MOE_GEMM_LOADS=cpasync|elem forces a slower loader.
+  if (const char* f = std::getenv("DZ_MOE_GEMM_LOADS")) {
+    if (!strcmp(f, "elem")) mode = kElem;
+    if (!strcmp(f, "cpasync") && al) mode = kCpAsync;
+  }
+  if (swiglu) {
+    if (mode == kTma)
+      launch<true, kTma>(a, m, max_tiles, s);
+    else if (mode == kCpAsync)
+      launch<true, kCpAsync>(a, m, max_tiles, s);
+    else
+      launch<true, kElem>(a, m, max_tiles, s);
+  } else {
+    if (mode == kTma)
+      launch<false, kTma>(a, m, max_tiles, s);
+    else if (mode == kCpAsync)
+      launch<false, kCpAsync>(a, m, max_tiles, s);
+    else
+      launch<false, kElem>(a, m, max_tiles, s);
+  }
+}
+
+}  // namespace
+
+void grouped_gemm_tc(const bf16* xs, const bf16* W, const int32_t* offsets, const int32_t* tile_off, int E,
+                     int64_t max_tiles, int64_t N, int64_t K, bf16* y, cudaStream_t s) {
+  (void)tile_off;
+  run(xs, W, nullptr, offsets, E, max_tiles, N, K, y, false, s, "grouped_gemm_tc");
+}
+
+void grouped_gemm_swiglu_tc(const bf16* xs, const bf16* Wg, const bf16* Wu, const int32_t* offsets,
+                            const int32_t* tile_off, int E, int64_t max_tiles, int64_t N, int64_t K, bf16* h,
+                            cudaStream_t s) {
+  (void)tile_off;
+  run(xs, Wg, Wu, offsets, E, max_tiles, N, K, h, true, s, "grouped_gemm_swiglu_tc");
+}
+
+}  // namespace dz::cuda

@@ -1,0 +1,32 @@
+// Tensor-core grouped GEMMs for MoE experts (mma.sync m16n8k16 bf16, fp32 accumulate), the
+// replacement of backend_ops' SIMT grouped_gemm. Same row layout as moe_dispatch writes it.
+//
+// Grouped GEMM over experts: for rows r of expert e (offsets[e] <= r < offsets[e+1]),
+//   y[r, :] = xs[r, :] . W[e]^T,  W [E, N, K] bf16 (row-major, each expert N x K), xs [*, K] bf16,
+//   y [*, N] bf16 (fp32 accumulate, one rounding at the end).
+// offsets [E+1] device (exclusive scan of rows per expert); tile_off [E+1] device = exclusive scan
+// over experts of ceil(rows_e / 64) (64-row tiles, as moe_dispatch writes it); max_tiles >= tile_off[E]
+// is host-known (grid size). Rows of one expert are contiguous. The host never reads offsets.
+// Any N, K >= 1; experts may have 0 rows. Deterministic: each output element is one fixed-order
+// fp32 reduction over K (steps of 16 inside mma, ascending), whatever tile or block computes it.
+// Limits: N, K < 2^31, rows < 2^31, E <= 4096 (offsets are staged in shared memory).
+// The kernels derive everything from offsets; tile_off is accepted for the contract and unused.
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace dz::cuda {
+
+void grouped_gemm_tc(const __nv_bfloat16* xs, const __nv_bfloat16* W, const int32_t* offsets,
+                     const int32_t* tile_off, int E, int64_t max_tiles, int64_t N, int64_t K,
+                     __nv_bfloat16* y, cudaStream_t s);
+
+// Fused gate/up of a SwiGLU expert: h[r, :] = silu(xs[r] . Wg[e]^T) * (xs[r] . Wu[e]^T), both in fp32
+// before the product, h bf16 [*, N]. (Saves a pass over h and one over xs.)
+void grouped_gemm_swiglu_tc(const __nv_bfloat16* xs, const __nv_bfloat16* Wg, const __nv_bfloat16* Wu,
+                            const int32_t* offsets, const int32_t* tile_off, int E, int64_t max_tiles,
+                            int64_t N, int64_t K, __nv_bfloat16* h, cudaStream_t s);
+
+}  // namespace dz::cuda
