@@ -119,6 +119,7 @@ MemoryPlan plan_memory(const ModelConfig& cfg, const MemoryQuery& q) {
   // x1.3: the stream-ordered pool's high-water mark sits above the sum of the live temporaries
   // (measured on the H200, Kimi-Linear-48B cut to 8 layers, T = 8192: 1.45 GiB vs 1.18 estimated).
   p.activations = 1.3 * (stream + std::max({mixer_act, ffn_act, lm}));
+  p.state *= double(std::max<int64_t>(q.docs, 1));
   p.workspace = q.cuda ? double(size_t(32) << 20) : 0;  // cuBLAS workspace
   return p;
 }

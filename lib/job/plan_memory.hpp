@@ -16,7 +16,8 @@ namespace dz {
 struct MemoryQuery {
   int tp = 1;
   int64_t doc_tokens = 0;     // the longest document (its state stays for the whole document)
-  int64_t forward_tokens = 0; // rows of one forward: min(doc, --max-batch-tokens) or the packed total
+  int64_t forward_tokens = 0; // rows of one forward: the document, or --max-batch-tokens (chunks, packing)
+  int64_t docs = 1;           // documents whose state is alive at once (packed into one forward)
   bool cuda = true;           // bf16 weights / activations (else the fp32 CPU reference)
   bool kv_fp8 = false;
 };

@@ -158,7 +158,10 @@ int plan(const std::string& model, int64_t length, int cp, int segments, bool as
   q.tp = mo.tp;
   q.doc_tokens = length;
   const int64_t local = (length + cp - 1) / cp;
-  q.forward_tokens = mo.max_batch_tokens > 0 && cp == 1 ? std::min(local, mo.max_batch_tokens) : local;
+  // With --max-batch-tokens (serial prefill) a forward holds up to that many rows: chunks of a longer
+  // document, or documents of this length packed together (their states alive at once).
+  q.forward_tokens = mo.max_batch_tokens > 0 && cp == 1 ? mo.max_batch_tokens : local;
+  q.docs = mo.max_batch_tokens > length && cp == 1 ? mo.max_batch_tokens / length : 1;
   q.cuda = mo.backend == "cuda";
   q.kv_fp8 = mo.kv_fp8;
   const MemoryPlan mp = plan_memory(cfg, q);
