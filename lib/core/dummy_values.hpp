@@ -6,20 +6,9 @@
 #pragma once
 #include <cstdint>
 
-#if defined(__CUDACC__)
-#define DZ_HD __host__ __device__ __forceinline__
-#else
-#define DZ_HD inline
-#endif
+#include "core/hash.hpp"  // splitmix64, DZ_HD
 
 namespace dz {
-
-DZ_HD uint64_t splitmix64_hd(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
 
 // Normal(0, a) approximated by the sum of four 16-bit uniforms (Irwin-Hall, scaled to unit
 // variance, bounded at +-3.46 sigma), or Uniform[a, b) from 24 bits.
@@ -29,7 +18,7 @@ struct DummyDist {
 };
 
 DZ_HD float dummy_value(uint64_t key, uint64_t i, DummyDist d) {
-  const uint64_t h = splitmix64_hd(key + i * 0x9e3779b97f4a7c15ull);
+  const uint64_t h = splitmix64(key + i * 0x9e3779b97f4a7c15ull);
   if (d.uniform) {
     const float u = float(h >> 40) * (1.f / 16777216.f);  // exact: 24 bits times a power of two
     return d.a + (d.b - d.a) * u;

@@ -21,6 +21,7 @@
 #include "core/bf16.hpp"
 #include "core/error.hpp"
 #include "core/dummy_values.hpp"
+#include "core/hash.hpp"
 #include "core/parallel.hpp"
 
 namespace dz {
@@ -65,22 +66,6 @@ std::string join(const std::string& dir, const std::string& f) {
   return dir.back() == '/' ? dir + f : dir + "/" + f;
 }
 
-// FNV-1a 64: a fixed, portable hash of the tensor name for the generating mode.
-uint64_t fnv1a64(const std::string& s) {
-  uint64_t h = 0xcbf29ce484222325ull;
-  for (unsigned char c : s) {
-    h ^= c;
-    h *= 0x100000001b3ull;
-  }
-  return h;
-}
-
-uint64_t splitmix64(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
 
 // Uniform in (0, 1]: 53 random bits, never 0 (log in Box-Muller).
 double uniform01(std::mt19937_64& g) { return (double(g() >> 11) + 1.0) * (1.0 / 9007199254740992.0); }

@@ -7,17 +7,12 @@
 #include <numeric>
 
 #include "core/error.hpp"
+#include "core/hash.hpp"
 #include "core/log.hpp"
 #include "dist/seq_layout.hpp"
 
 namespace dz {
 
-static uint64_t splitmix64(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
 
 int32_t choose_token(const float* logits, int64_t V, double temperature, uint64_t seed, int64_t doc, int64_t step) {
   if (temperature <= 0.0) {

@@ -14,15 +14,6 @@
 
 namespace dz {
 
-uint64_t fnv1a64(const void* data, size_t n, uint64_t h) {
-  const unsigned char* p = static_cast<const unsigned char*>(data);
-  for (size_t i = 0; i < n; ++i) {
-    h ^= p[i];
-    h *= 0x100000001b3ull;
-  }
-  return h;
-}
-
 static std::string hex(uint64_t h) {
   char b[20];
   std::snprintf(b, sizeof b, "%016llx", static_cast<unsigned long long>(h));

@@ -4,11 +4,12 @@
 #include <cstdint>
 #include <string>
 
+#include "core/hash.hpp"  // fnv1a64, used by callers of this header
+
 namespace dz {
 
 class InputFile;
 
-uint64_t fnv1a64(const void* data, size_t n, uint64_t h = 0xcbf29ce484222325ull);
 // Hash of config.json and of every safetensors header (names, dtypes, shapes, offsets) + sizes.
 // dummy_weights: the config alone (the weights follow from it and the fixed seed).
 std::string model_fingerprint(const std::string& dir, bool dummy_weights = false);
