@@ -13,14 +13,9 @@
 #include "core/tensor.hpp"
 #include "io/checkpoint.hpp"
 #include "model/parallel.hpp"
+#include "ops/mixer_state.hpp"
 
 namespace dz {
-
-struct MixerState {
-  virtual ~MixerState() = default;
-  virtual std::unique_ptr<MixerState> clone() const = 0;  // snapshot (speculative decode, tests)
-  int64_t pos = 0;                                        // tokens already consumed
-};
 
 class Mixer {
  public:

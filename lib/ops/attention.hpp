@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "backend/backend.hpp"
-#include "model/module.hpp"
+#include "ops/mixer_state.hpp"
 
 namespace dz {
 

@@ -27,7 +27,8 @@
 
 #include "backend/backend.hpp"
 #include "core/tensor.hpp"
-#include "model/module.hpp"
+#include "backend/backend.hpp"
+#include "ops/mixer_state.hpp"
 
 namespace dz {
 

@@ -1,0 +1,16 @@
+// The base of every token mixer's per-sequence state (linear-attention state + conv tail, KV /
+// latent caches): here, below the model layer, so the ops that own such states (ops/attention.hpp
+// AttnCache, ops/linear_attn.hpp LaState) need not include the model's interfaces.
+#pragma once
+#include <cstdint>
+#include <memory>
+
+namespace dz {
+
+struct MixerState {
+  virtual ~MixerState() = default;
+  virtual std::unique_ptr<MixerState> clone() const = 0;  // snapshot (speculative decode, tests)
+  int64_t pos = 0;                                        // tokens already consumed
+};
+
+}  // namespace dz
