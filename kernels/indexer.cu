@@ -6,6 +6,7 @@
 #include <algorithm>
 
 #include "common.cuh"
+#include "mma_sm80.cuh"
 #include "indexer.cuh"
 #include "indexer_topk_device.cuh"
 #include "quant_device.cuh"
@@ -18,25 +19,7 @@ constexpr int kThreads = 256;  // 8 warps (Q in registers)
 constexpr int kThreadsQS = 512;  // 16 warps (Q in shared memory)
 constexpr int kQRow = 128 * 2 + 16;  // bytes per Q row in shared memory (D <= 128, padded)
 
-__device__ __forceinline__ void ldsm_x4(uint32_t r[4], uint32_t addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
-}
 constexpr int64_t kFusedMaxKeys = 51200;  // 200 KiB of fp32 scores per block (+ the Q tile)
-
-__device__ __forceinline__ void mma_bf16(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
-  __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-  return *reinterpret_cast<uint32_t*>(&v);
-}
 
 // Per-warp scorer of one query. D dims, MT m16 tiles of heads. QS: the query lives in shared
 // memory (read with ldmatrix; frees 128 registers for twice the warps), else in registers.
@@ -358,7 +341,6 @@ void launch_split(const __nv_bfloat16* q, const float* w, const int32_t* seq, co
 }  // namespace
 
 int64_t indexer_fused_max_keys() { return kFusedMaxKeys; }
-
 
 void indexer_scores(const __nv_bfloat16* q, const float* w, const int32_t* seq, const int32_t* pos, int64_t nq,
                     int32_t H, int64_t max_keys, const BlockTable& bt, const IndexKeyCache& kc, float* scores,
