@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "backend/backend.hpp"
+#include "backend_compare.hpp"
 #include "backend/device_comm.hpp"
 #include "core/bf16.hpp"
 #include "ops/attention.hpp"
@@ -43,25 +44,8 @@ Both& backends() {
   return b;
 }
 
-std::vector<float> rnd(size_t n, uint32_t seed, float scale = 1.f) {
-  std::mt19937 g(seed);
-  std::normal_distribution<float> d(0.f, scale);
-  std::vector<float> v(n);
-  for (auto& x : v) x = dz::round_bf16(d(g));
-  return v;
-}
-
-double nmse(const std::vector<float>& got, const std::vector<float>& ref) {
-  REQUIRE(got.size() == ref.size());
-  double num = 0, den = 0;
-  for (size_t i = 0; i < got.size(); ++i) {
-    REQUIRE(std::isfinite(got[i]));
-    const double d = double(got[i]) - double(ref[i]);
-    num += d * d;
-    den += double(ref[i]) * double(ref[i]);
-  }
-  return den > 0 ? num / den : num;
-}
+using dz::gputest::nmse;
+using dz::gputest::rnd;
 
 // Runs f on both backends and checks the NMSE of what it returns.
 template <class F>

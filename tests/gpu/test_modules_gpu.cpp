@@ -20,6 +20,7 @@
 #include <nlohmann/json.hpp>
 
 #include "backend/backend.hpp"
+#include "backend_compare.hpp"
 #include "core/bf16.hpp"
 #include "io/checkpoint.hpp"
 #include "model/module.hpp"
@@ -31,24 +32,8 @@ namespace {
 using dz::Backend;
 using dz::DTensor;
 
-std::vector<float> rnd(size_t n, uint32_t seed) {
-  std::mt19937 g(seed);
-  std::normal_distribution<float> d(0.f, 1.f);
-  std::vector<float> v(n);
-  for (auto& x : v) x = dz::round_bf16(d(g));
-  return v;
-}
-
-double nmse(const std::vector<float>& got, const std::vector<float>& ref) {
-  REQUIRE(got.size() == ref.size());
-  double num = 0, den = 0;
-  for (size_t i = 0; i < got.size(); ++i) {
-    REQUIRE(std::isfinite(got[i]));
-    num += (double(got[i]) - ref[i]) * (double(got[i]) - ref[i]);
-    den += double(ref[i]) * ref[i];
-  }
-  return den > 0 ? num / den : num;
-}
+using dz::gputest::nmse;
+using dz::gputest::rnd;
 
 dz::ModelConfig golden_cfg(const std::string& fam, bool wide) {
   std::ifstream f(std::string(DZ_SOURCE_DIR) + "/tests/golden/" + fam + "/config.json");
