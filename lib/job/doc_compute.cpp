@@ -127,29 +127,27 @@ DocResult compute_document(const Model& model, int64_t doc, const std::vector<in
   const LmHead& head = model.head();
   const int64_t L = int64_t(tokens.size()), V = cfg.vocab_size, D = cfg.hidden_size;
   DZ_CHECK(L > 0, "document ", doc, " is empty");
+
+  // The serial prefill: in chunks, or the whole document as a batch of one (compute_packed).
+  const Comm self;  // a group of one: the serial / segmented case
+  const Collectives& cp = par.cp ? *par.cp : static_cast<const Collectives&>(self);
+  if (cp.size() == 1 && par.segments == 1) {
+    if (p.chunk_tokens > 0 && L > p.chunk_tokens) return chunked_document(model, doc, tokens, p, tick, t0, par.stats);
+    return compute_packed(model, {doc}, {tokens}, p, tick, par.stats)[0];
+  }
+
+  // ---- the parallel prefill: this rank's rows of the zigzag layout ----
   DocResult r;
   r.doc = doc;
   r.stats.tokens = L;
   Model::State st = model.make_state();
-
-  // ---- prefill: this rank's rows (all of them when serial) ----
-  const Comm self;  // a group of one: the serial / segmented case
-  const Collectives& cp = par.cp ? *par.cp : static_cast<const Collectives&>(self);
-  const bool parallel = cp.size() > 1 || par.segments > 1;
   SeqLayout lay = SeqLayout::zigzag(L, cp.size(), cp.rank(), par.segments);
   std::vector<int64_t> pos = lay.local_positions();  // global position of each local row
-  DTensor hidden;                                     // [R, D] on the model's backend
   Backend& be = model.backend();
-  if (parallel) {
-    std::vector<int32_t> local(pos.size());
-    for (size_t i = 0; i < pos.size(); ++i) local[i] = tokens[size_t(pos[i])];
-    CpCtx ctx{&cp, &lay, par.stats};
-    hidden = model.forward_cp(local.data(), ctx, st, tick);
-  } else if (p.chunk_tokens > 0 && L > p.chunk_tokens) {
-    return chunked_document(model, doc, tokens, p, tick, t0, par.stats);
-  } else {
-    hidden = model.forward(tokens.data(), L, st, tick, nullptr, par.stats);
-  }
+  std::vector<int32_t> local(pos.size());
+  for (size_t i = 0; i < pos.size(); ++i) local[i] = tokens[size_t(pos[i])];
+  CpCtx ctx{&cp, &lay, par.stats};
+  const DTensor hidden = model.forward_cp(local.data(), ctx, st, tick);  // [R, D] on the model's backend
   const int64_t R = int64_t(pos.size());
   // The rank holding position L-1 shares that row's hidden state (last-logits, generation).
   auto last_hidden = [&]() {
@@ -162,7 +160,7 @@ DocResult compute_document(const Model& model, int64_t doc, const std::vector<in
       }
     if (cp.rank() == owner) be.download(hidden.slab(R - 1, R), h.data());
     cp.bcast_vec(h, owner);
-    return h;
+    return be.upload(h.data(), {1, D}, be.act_dtype());
   };
 
   switch (p.mode) {
@@ -189,7 +187,7 @@ DocResult compute_document(const Model& model, int64_t doc, const std::vector<in
         WorkStats::Timer timer(par.stats, "lm_head");
         head.logprobs(h2, tgt.data(), lp.data());
       }
-      r.values = parallel ? gather_rows(cp, qpos, lp, 1, L - 1) : lp;
+      r.values = gather_rows(cp, qpos, lp, 1, L - 1);
       break;
     }
     case OutputMode::TopK: {
@@ -201,20 +199,18 @@ DocResult compute_document(const Model& model, int64_t doc, const std::vector<in
         WorkStats::Timer timer(par.stats, "lm_head");
         head.topk(hidden, K, ids.data(), lps.data());
       }
-      r.ids = parallel ? gather_rows(cp, pos, ids, K, L) : ids;
-      r.values = parallel ? gather_rows(cp, pos, lps, K, L) : lps;
+      r.ids = gather_rows(cp, pos, ids, K, L);
+      r.values = gather_rows(cp, pos, lps, K, L);
       break;
     }
     case OutputMode::LastLogits: {
       r.values.resize(static_cast<size_t>(V));
-      model.logits(parallel ? be.upload(last_hidden().data(), {1, D}, be.act_dtype()) : hidden.slab(L - 1, L),
-                   r.values.data());
+      model.logits(last_hidden(), r.values.data());
       break;
     }
     case OutputMode::Generate: {
       std::vector<float> last(static_cast<size_t>(V));
-      model.logits(parallel ? be.upload(last_hidden().data(), {1, D}, be.act_dtype()) : hidden.slab(L - 1, L),
-                   last.data());
+      model.logits(last_hidden(), last.data());
       generate(model, doc, p, st, last, tick, r, par.stats);
       break;
     }
