@@ -70,16 +70,21 @@ std::string join(const std::string& dir, const std::string& f) {
 // Uniform in (0, 1]: 53 random bits, never 0 (log in Box-Muller).
 double uniform01(std::mt19937_64& g) { return (double(g() >> 11) + 1.0) * (1.0 / 9007199254740992.0); }
 
+// Zeros / Ones / Const inits fill t and return true; the random kinds return false.
+bool fill_constant(Tensor& t, const Init& init) {
+  switch (init.kind) {
+    case Init::Zeros: return true;  // Tensor(shape) is zero
+    case Init::Ones: std::fill(t.data.begin(), t.data.end(), 1.f); return true;
+    case Init::Const: std::fill(t.data.begin(), t.data.end(), init.a); return true;
+    default: return false;
+  }
+}
+
 // Deterministic values for NAME: same (seed, name, shape, init) -> same bits on every platform
 // whose libm is correctly rounded for log/sqrt/cos/sin to within fp32 rounding.
 Tensor generate(uint64_t seed, const std::string& name, const Shape& shape, const Init& init) {
   Tensor t(shape);
-  switch (init.kind) {
-    case Init::Zeros: return t;
-    case Init::Ones: std::fill(t.data.begin(), t.data.end(), 1.f); return t;
-    case Init::Const: std::fill(t.data.begin(), t.data.end(), init.a); return t;
-    default: break;
-  }
+  if (fill_constant(t, init)) return t;
   std::mt19937_64 g(splitmix64(seed) ^ fnv1a64(name));
   if (init.kind == Init::Uniform) {
     for (auto& v : t.data) v = float(init.a + (double(init.b) - init.a) * (double(g() >> 11) / 9007199254740992.0));
@@ -100,12 +105,7 @@ Tensor generate(uint64_t seed, const std::string& name, const Shape& shape, cons
 // so the result does not depend on their number.
 Tensor generate_dummy(uint64_t key, const Shape& shape, const Init& init) {
   Tensor t(shape);
-  switch (init.kind) {
-    case Init::Zeros: return t;
-    case Init::Ones: std::fill(t.data.begin(), t.data.end(), 1.f); return t;
-    case Init::Const: std::fill(t.data.begin(), t.data.end(), init.a); return t;
-    default: break;
-  }
+  if (fill_constant(t, init)) return t;
   float* out = t.ptr();
   const DummyDist dist{init.kind == Init::Uniform, init.a, init.b};
   parallel_for(int64_t(t.size()), [&](int64_t i0, int64_t i1) {

@@ -552,24 +552,14 @@ class CudaBackend final : public Backend {
     return str("cuda:", device_, " ", prop.name);
   }
   int64_t peak_memory_bytes() const override {
-    cudaMemPool_t pool;
-    CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, device_));
-    uint64_t high = 0;
-    CUDA_CHECK(cudaMemPoolGetAttribute(pool, cudaMemPoolAttrUsedMemHigh, &high));
-    return int64_t(high) + int64_t(kBlasWs);
+    return int64_t(pool_attr(cudaMemPoolAttrUsedMemHigh)) + int64_t(kBlasWs);
   }
   int64_t memory_in_use_bytes() const override {
-    cudaMemPool_t pool;
-    CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, device_));
-    uint64_t cur = 0;
-    CUDA_CHECK(cudaMemPoolGetAttribute(pool, cudaMemPoolAttrUsedMemCurrent, &cur));
-    return int64_t(cur) + int64_t(kBlasWs);
+    return int64_t(pool_attr(cudaMemPoolAttrUsedMemCurrent)) + int64_t(kBlasWs);
   }
   void reset_peak_memory() override {
-    cudaMemPool_t pool;
-    CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, device_));
     uint64_t zero = 0;  // resets the high-water mark to the current use
-    CUDA_CHECK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrUsedMemHigh, &zero));
+    CUDA_CHECK(cudaMemPoolSetAttribute(pool(), cudaMemPoolAttrUsedMemHigh, &zero));
   }
   // ~1 GiB of fp32 logits per chunk (the T × V logits tensor is never materialised).
   int64_t lm_rows_per_chunk(int64_t n) const override {
@@ -577,6 +567,17 @@ class CudaBackend final : public Backend {
   }
 
  private:
+  // The device's default pool: every alloc() comes from it (stream-ordered).
+  cudaMemPool_t pool() const {
+    cudaMemPool_t p;
+    CUDA_CHECK(cudaDeviceGetDefaultMemPool(&p, device_));
+    return p;
+  }
+  uint64_t pool_attr(cudaMemPoolAttr a) const {
+    uint64_t v = 0;
+    CUDA_CHECK(cudaMemPoolGetAttribute(pool(), a, &v));
+    return v;
+  }
   float* pinned(size_t bytes) {
     if (bytes > pinned_bytes_) {
       if (pinned_) CUDA_CHECK(cudaFreeHost(pinned_));
