@@ -12,6 +12,7 @@
 // (gate rows first, then up) and BASE.experts.down_proj [E, D, I], and BASE may be "mlp." for a kimi
 // model. The layout is picked by which names exist; generating mode writes the published layout.
 #include <algorithm>
+#include <array>
 #include <cmath>
 
 #include "core/error.hpp"
@@ -105,21 +106,18 @@ class MoeFfn : public Ffn {
   }
   // --dummy-weights: the routed experts' shards generated in place on the backend (the bulk of a
   // MoE model: no host copy of them ever exists), equal to the same slices of the host-made tensors.
-  void dummy_experts(Checkpoint& ck, const std::string& P, bool w_names, int64_t E, int64_t I, const TpShard& tp) {
-    const int64_t D = D_;
+  // keys[e]: gate, up, down of expert e (Checkpoint::dummy_key).
+  void dummy_experts(const std::vector<std::array<uint64_t, 3>>& keys, int64_t I, const TpShard& tp) {
+    const int64_t D = D_, E = int64_t(keys.size());
     auto [i0, i1] = tp.range(I, "moe_intermediate_size");
     const int64_t n = i1 - i0;
     const DummyDist dist{false, Init{}.a, 0.f};  // the experts' Init: Normal(0.02)
     DTensor g = be_->alloc({E, n, D}, be_->weight_dtype()), u = be_->alloc({E, n, D}, be_->weight_dtype()),
             d = be_->alloc({E, D, n}, be_->weight_dtype());
     for (int64_t e = 0; e < E; ++e) {
-      const std::string q = P + "experts." + std::to_string(e) + ".";
-      be_->fill_dummy(g.slab(e, e + 1).reshaped({n, D}), ck.dummy_key(q + (w_names ? "w1.weight" : "gate_proj.weight"), {I, D}),
-                      dist, D, i0, 0);
-      be_->fill_dummy(u.slab(e, e + 1).reshaped({n, D}), ck.dummy_key(q + (w_names ? "w3.weight" : "up_proj.weight"), {I, D}),
-                      dist, D, i0, 0);
-      be_->fill_dummy(d.slab(e, e + 1).reshaped({D, n}), ck.dummy_key(q + (w_names ? "w2.weight" : "down_proj.weight"), {D, I}),
-                      dist, I, 0, i0);
+      be_->fill_dummy(g.slab(e, e + 1).reshaped({n, D}), keys[size_t(e)][0], dist, D, i0, 0);
+      be_->fill_dummy(u.slab(e, e + 1).reshaped({n, D}), keys[size_t(e)][1], dist, D, i0, 0);
+      be_->fill_dummy(d.slab(e, e + 1).reshaped({D, n}), keys[size_t(e)][2], dist, I, 0, i0);
     }
     w_.experts = {g, u, d};
   }
@@ -214,6 +212,7 @@ std::unique_ptr<Ffn> make_moe_ffn(const ModelConfig& cfg, int layer, Checkpoint&
   std::vector<SwigluView> experts(static_cast<size_t>(E));
   std::vector<Tensor> owned;
   owned.reserve(size_t(3 * E + 3));  // views point into these tensors: no reallocation
+  std::vector<std::array<uint64_t, 3>> dummy_keys;  // --dummy-weights: per expert gate, up, down
   SwigluView shared;
   bool has_shared = false;
   if (n.layout == ExpertLayout::Fused) {
@@ -229,13 +228,13 @@ std::unique_ptr<Ffn> make_moe_ffn(const ModelConfig& cfg, int layer, Checkpoint&
       v.inter = I;
       v.down_ld = I;
     }
-  } else if (ck.dummy()) {  // generated in place below; named here (a dry run stops before that)
+  } else if (ck.dummy()) {  // named here (a dry run stops before the upload), generated in place below
     const bool w = n.layout == ExpertLayout::PerExpertW;
     for (int64_t e = 0; e < E; ++e) {
       const std::string q = P + "experts." + std::to_string(e) + ".";
-      ck.dummy_key(q + (w ? "w1.weight" : "gate_proj.weight"), {I, D});
-      ck.dummy_key(q + (w ? "w3.weight" : "up_proj.weight"), {I, D});
-      ck.dummy_key(q + (w ? "w2.weight" : "down_proj.weight"), {D, I});
+      dummy_keys.push_back({ck.dummy_key(q + (w ? "w1.weight" : "gate_proj.weight"), {I, D}),
+                            ck.dummy_key(q + (w ? "w3.weight" : "up_proj.weight"), {I, D}),
+                            ck.dummy_key(q + (w ? "w2.weight" : "down_proj.weight"), {D, I})});
     }
   } else {
     const bool w = n.layout == ExpertLayout::PerExpertW;
@@ -277,7 +276,7 @@ std::unique_ptr<Ffn> make_moe_ffn(const ModelConfig& cfg, int layer, Checkpoint&
   }
   if (router.empty()) return m;  // dry run (inspect): names and shapes only
   if (ck.dummy())
-    m->dummy_experts(ck, P, n.layout == ExpertLayout::PerExpertW, E, I, tp);
+    m->dummy_experts(dummy_keys, I, tp);
   else
     m->upload_experts(experts);
   m->upload_rest(has_shared ? &shared : nullptr, router, bias, shared_gate);
