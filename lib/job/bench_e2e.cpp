@@ -114,6 +114,11 @@ int bench_e2e(const BenchE2eOptions& opt) {
         x ^= x << 13, x ^= x >> 7, x ^= x << 17;
         t = int32_t(x % uint64_t(cfg.vocab_size));
       }
+      MemoryQuery q;  // what `dayzero plan` predicts for these runs (held to the measurements)
+      q.doc_tokens = T;
+      q.forward_tokens = opt.max_batch_tokens > 0 ? std::min(T, opt.max_batch_tokens) : T;
+      q.cuda = opt.backend == "cuda";
+      const MemoryPlan mpl = plan_memory(cfg, q);
       for (OutputMode mode : modes) {
         ModeParams mp;
         mp.mode = mode;
@@ -147,11 +152,6 @@ int bench_e2e(const BenchE2eOptions& opt) {
           r["active_nonembed"] = pc.active_nonembed;
           r["weight_gib"] = weight_bytes / double(1 << 30);
           r["peak_gib"] = be->peak_memory_bytes() / double(1 << 30);
-          MemoryQuery q;  // what `dayzero plan` predicts for this run (held to the measurement by the GPU tests)
-          q.doc_tokens = T;
-          q.forward_tokens = opt.max_batch_tokens > 0 ? std::min(T, opt.max_batch_tokens) : T;
-          q.cuda = opt.backend == "cuda";
-          const MemoryPlan mpl = plan_memory(cfg, q);
           r["plan_weight_gib"] = mpl.weights / double(1 << 30);
           r["plan_peak_gib"] = mpl.total() / double(1 << 30);
           r["load_s"] = load_s;
