@@ -63,8 +63,24 @@ struct LaScanArgs {
   DTensor v;         // [T, HV, V]
   DTensor beta;      // [T, HV] logits (the op applies the sigmoid)
   LaGateArgs gate;
-  DTensor state;     // [HV, K, V] F32, in/out
+  DTensor state;     // [HV, K, V] F32, in/out; with cu: [N, HV, K, V], one state per sequence
   DTensor o;         // [T, HV, V] out
+  // Varlen (a packed forward): N + 1 row offsets of N sequences, each scanned from its own state;
+  // empty: one sequence of all rows.
+  std::vector<int64_t> cu;
+  int64_t sequences() const { return cu.empty() ? 1 : int64_t(cu.size()) - 1; }
+  // Sequence b alone (rows cu[b] .. cu[b+1], its state).
+  LaScanArgs sequence(int64_t b) const {
+    if (cu.empty()) return *this;
+    LaScanArgs s = *this;
+    const int64_t r0 = cu[size_t(b)], r1 = cu[size_t(b) + 1];
+    s.q = q.slab(r0, r1), s.k = k.slab(r0, r1), s.v = v.slab(r0, r1), s.beta = beta.slab(r0, r1);
+    s.gate.f = gate.f.slab(r0, r1);
+    s.o = o.slab(r0, r1);
+    s.state = state.slab(b, b + 1).reshaped({HV, K, V});
+    s.cu.clear();
+    return s;
+  }
 };
 
 // Softmax attention of T queries at positions pos0 .. pos0+T-1 over S >= pos0+T cached keys

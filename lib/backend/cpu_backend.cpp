@@ -210,6 +210,10 @@ class CpuBackend final : public Backend {
     return in;
   }
   void la_scan(const LaScanArgs& a) override {
+    if (!a.cu.empty()) {  // varlen: each sequence on its own, as the reference does
+      for (int64_t b = 0; b < a.sequences(); ++b) la_scan(a.sequence(b));
+      return;
+    }
     const int64_t T = a.v.numel() / (a.HV * a.V);
     const ScanInputs in = scan_inputs(a, T, true);
     auto* fn = T >= kLaChunk ? (a.kda ? kda_chunked : gdn_chunked) : nullptr;

@@ -69,6 +69,43 @@ void LinearAttnMixer::forward(const DTensor& x, MixerState& base, const DTensor&
   st.pos += T;
 }
 
+void LinearAttnMixer::forward_packed(const DTensor& x, const std::vector<int64_t>& cu,
+                                     const std::vector<MixerState*>& sts, const DTensor& out) const {
+  const int64_t N = int64_t(cu.size()) - 1, T = x.rows(), KD = HK_ * K_, VD = HV_ * V_, nS = HV_ * K_ * V_;
+  DZ_CHECK(N >= 1 && int64_t(sts.size()) == N && cu.front() == 0 && cu.back() == T, name_,
+           " forward_packed: ", N, " documents, ", sts.size(), " states, offsets to ", cu.back(), " of ", T, " rows");
+  std::vector<LaState*> st(static_cast<size_t>(N));
+  for (int64_t b = 0; b < N; ++b) st[size_t(b)] = &state_of(*sts[size_t(b)]);
+  Tok tk = project(x);
+  DTensor c = be_->act({T, conv_dim()});
+  for (int64_t b = 0; b < N; ++b)
+    be_->short_conv(tk.pre.slab(cu[size_t(b)], cu[size_t(b) + 1]), conv_, st[size_t(b)]->conv,
+                    c.slab(cu[size_t(b)], cu[size_t(b) + 1]));
+  LaScanArgs a;
+  a.kda = per_channel_;
+  a.HK = HK_, a.HV = HV_, a.K = K_, a.V = V_;
+  a.scale = 1.f / std::sqrt(float(K_));
+  a.q = be_->act({T, KD});
+  a.k = be_->act({T, KD});
+  a.v = be_->act({T, VD});
+  be_->copy_cols(c, 0, a.q, 0, KD);
+  be_->copy_cols(c, KD, a.k, 0, KD);
+  be_->copy_cols(c, 2 * KD, a.v, 0, VD);
+  a.beta = tk.beta;
+  a.gate = LaGateArgs{tk.f, A_log_, dt_bias_, lower_bound_};
+  a.cu = cu;
+  a.state = be_->alloc({N, HV_, K_, V_}, DType::F32);
+  const DTensor flat = a.state.reshaped({N, nS});
+  for (int64_t b = 0; b < N; ++b) be_->copy_rows(st[size_t(b)]->S.reshaped({1, nS}), 0, flat, b, 1);
+  a.o = be_->act({T, VD});
+  be_->la_scan(a);
+  for (int64_t b = 0; b < N; ++b) {
+    be_->copy_rows(flat, b, st[size_t(b)]->S.reshaped({1, nS}), 0, 1);
+    st[size_t(b)]->pos += cu[size_t(b) + 1] - cu[size_t(b)];
+  }
+  finish(a.o, tk.gate, out);
+}
+
 // The two-stage scan of DESIGN §4 on the backend (docs/parallel_linear_attention.md): the conv
 // halo and the transitions cross ranks through the host (Collectives), everything else is ops.
 void LinearAttnMixer::forward_cp(const DTensor& x, const CpCtx& ctx, MixerState& base, const DTensor& out) const {

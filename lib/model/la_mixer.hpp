@@ -21,6 +21,10 @@ class LinearAttnMixer : public Mixer {
   std::unique_ptr<MixerState> make_state() const override;
   void forward(const DTensor& x, MixerState& state, const DTensor& out) const override;
   void forward_cp(const DTensor& x, const CpCtx& ctx, MixerState& state, const DTensor& out) const override;
+  // Projections, output norm and projection over all packed rows at once; the conv per document;
+  // one varlen scan over every document (states gathered into [N, HV, K, V] and back).
+  void forward_packed(const DTensor& x, const std::vector<int64_t>& cu, const std::vector<MixerState*>& st,
+                      const DTensor& out) const override;
   int64_t hidden() const override { return D_; }
   using Mixer::forward;
   using Mixer::forward_cp;

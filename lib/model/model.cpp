@@ -112,8 +112,9 @@ DTensor Model::forward_packed(const int32_t* tokens, const std::vector<int64_t>&
   DTensor y = run(
       tokens, cu[B],
       [&](size_t i, const Mixer& m, const DTensor& x, const DTensor& out) {
-        for (size_t b = 0; b < B; ++b)  // the token mixer is per document; everything else is per row
-          m.forward(x.slab(cu[b], cu[b + 1]), *states[b].mixers[i], out.slab(cu[b], cu[b + 1]));
+        std::vector<MixerState*> ms(B);  // the token mixer keeps documents apart; the rest is per row
+        for (size_t b = 0; b < B; ++b) ms[b] = states[b].mixers[i].get();
+        m.forward_packed(x, cu, ms, out);
       },
       tick, nullptr, stats);
   for (size_t b = 0; b < B; ++b) states[b].pos = cu[b + 1] - cu[b];

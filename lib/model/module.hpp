@@ -29,6 +29,13 @@ class Mixer {
   // to forward() over the whole document within fp32 reassociation. On return st holds the state
   // after the whole document on every CP rank, so decode continues with forward().
   virtual void forward_cp(const DTensor& x, const CpCtx& ctx, MixerState& st, const DTensor& out) const = 0;
+  // A packed forward (Model::forward_packed): x / out [cu.back(), D] hold the rows of cu.size() - 1
+  // documents in order, st[b] the state of document b. Equal to forward() of each document; the
+  // default is exactly that, a mixer may batch the row-wise work across documents.
+  virtual void forward_packed(const DTensor& x, const std::vector<int64_t>& cu, const std::vector<MixerState*>& st,
+                              const DTensor& out) const {
+    for (size_t b = 0; b + 1 < cu.size(); ++b) forward(x.slab(cu[b], cu[b + 1]), *st[b], out.slab(cu[b], cu[b + 1]));
+  }
   virtual int64_t hidden() const = 0;
 
   // Host fp32 conveniences for mixers on the CPU backend (tools, tests).

@@ -323,6 +323,29 @@ class CudaBackend final : public Backend {
   void la_scan(const LaScanArgs& a) override {
     const int64_t T = a.v.numel() / (a.HV * a.V);
     if (T == 0) return;
+    if (!a.cu.empty() && !(cuda::la_chunked_supports(int(a.K), int(a.V)) && a.sequences() > 1)) {
+      for (int64_t b = 0; b < a.sequences(); ++b) la_scan(a.sequence(b));  // small heads: per sequence
+      return;
+    }
+    if (!a.cu.empty()) {  // varlen: one chunked launch over every (sequence, head), states [N, ...]
+      const int64_t N = a.sequences();
+      DZ_CHECK(a.cu.front() == 0 && a.cu.back() == T && a.state.numel() == N * a.HV * a.K * a.V,
+               "la_scan: varlen offsets end at ", a.cu.back(), " for ", T, " rows, state ", shape_str(a.state.shape));
+      std::vector<int32_t> cu32(a.cu.begin(), a.cu.end());
+      const DTensor dcu = upload_i32(cu32.data(), {N + 1});
+      cuda::LaPrefill p = prefill_args(a);
+      p.cu_seqlens = dcu.ptr<int32_t>();
+      p.N = int(N);
+      DTensor ht = alloc(a.state.shape, DType::F32);
+      p.h0 = a.state.ptr<float>();
+      p.ht = ht.ptr<float>();
+      p.T_total = T;
+      DTensor ws = alloc({int64_t(cuda::la_prefill_workspace_bytes(T, int(N), p.HV, p.K, p.V))}, DType::U8);
+      p.workspace = ws.data;
+      cuda::la_chunk_prefill(p, st());
+      copy_rows(ht.reshaped({1, ht.numel()}), 0, a.state.reshaped({1, ht.numel()}), 0, 1);
+      return;
+    }
     cuda::LaPrefill p = prefill_args(a);
     if (!cuda::la_chunked_supports(p.K, p.V)) {  // small heads: the token-by-token kernel
       cuda::la_recurrent(p, T, a.state.ptr<float>(), st());
