@@ -260,7 +260,9 @@ std::vector<DocResult> compute_packed(const Model& model, const std::vector<int6
   }
   std::vector<Model::State> states;
   for (size_t b = 0; b < B; ++b) states.push_back(model.make_state());
-  const DTensor hidden = model.forward_packed(all.data(), cu, states, tick, stats);
+  std::vector<Model::State*> sp;
+  for (auto& st : states) sp.push_back(&st);
+  const DTensor hidden = model.forward_packed(all.data(), cu, sp, tick, stats);
   std::vector<DocResult> res(B);
   for (size_t b = 0; b < B; ++b) {
     res[b].doc = docs[b];
@@ -309,12 +311,37 @@ std::vector<DocResult> compute_packed(const Model& model, const std::vector<int6
         WorkStats::Timer timer(stats, "lm_head");
         model.logits(last_rows, lg.data());
       }
-      for (size_t b = 0; b < B; ++b) {
-        std::vector<float> last(lg.begin() + int64_t(b) * V, lg.begin() + int64_t(b + 1) * V);
-        if (p.mode == OutputMode::LastLogits)
-          res[b].values = std::move(last);
-        else
-          generate(model, docs[b], p, states[b], last, tick, res[b], stats);
+      if (p.mode == OutputMode::LastLogits) {
+        for (size_t b = 0; b < B; ++b) res[b].values.assign(lg.begin() + int64_t(b) * V, lg.begin() + int64_t(b + 1) * V);
+        break;
+      }
+      // Batched decode: every document still generating gives one token to the same forward; each
+      // step is generate()'s (choose from the last logits, stop at EOS or the limit, else forward
+      // the token), so every document's tokens equal its own decode.
+      WorkStats::Timer timer(stats, "decode");
+      std::vector<size_t> active(B);
+      for (size_t b = 0; b < B; ++b) active[b] = b;
+      for (int64_t s = 0; s < p.max_new_tokens && !active.empty(); ++s) {
+        std::vector<size_t> next;
+        std::vector<int32_t> toks;
+        for (size_t b : active) {
+          const int32_t tok = choose_token(lg.data() + int64_t(b) * V, V, p.temperature, p.seed, docs[b], s);
+          res[b].ids.push_back(tok);
+          if (tok == model.config().eos_token_id || s + 1 == p.max_new_tokens) continue;
+          next.push_back(b);
+          toks.push_back(tok);
+        }
+        active = next;
+        if (active.empty()) break;
+        std::vector<int64_t> cu1(active.size() + 1);
+        std::vector<Model::State*> st1;
+        for (size_t i = 0; i <= active.size(); ++i) cu1[i] = int64_t(i);
+        for (size_t b : active) st1.push_back(&states[b]);
+        const DTensor h = model.forward_packed(toks.data(), cu1, st1, tick);
+        std::vector<float> l1(active.size() * size_t(V));
+        model.logits(h, l1.data());
+        for (size_t i = 0; i < active.size(); ++i)
+          std::copy(l1.begin() + int64_t(i) * V, l1.begin() + int64_t(i + 1) * V, lg.begin() + int64_t(active[i]) * V);
       }
       break;
     }

@@ -103,21 +103,20 @@ DTensor Model::forward(const int32_t* tokens, int64_t T, State& st, const std::f
   return y;
 }
 
-DTensor Model::forward_packed(const int32_t* tokens, const std::vector<int64_t>& cu, std::vector<State>& states,
+DTensor Model::forward_packed(const int32_t* tokens, const std::vector<int64_t>& cu, const std::vector<State*>& states,
                               const std::function<void()>& tick, WorkStats* stats) const {
   const size_t B = states.size();
   DZ_CHECK(B >= 1 && cu.size() == B + 1 && cu[0] == 0, "forward_packed: ", B, " states for ", cu.size(), " offsets");
-  for (size_t b = 0; b < B; ++b)
-    DZ_CHECK(states[b].pos == 0 && cu[b + 1] > cu[b], "forward_packed: document ", b, " is empty or not fresh");
+  for (size_t b = 0; b < B; ++b) DZ_CHECK(cu[b + 1] > cu[b], "forward_packed: document ", b, " has no rows");
   DTensor y = run(
       tokens, cu[B],
       [&](size_t i, const Mixer& m, const DTensor& x, const DTensor& out) {
         std::vector<MixerState*> ms(B);  // the token mixer keeps documents apart; the rest is per row
-        for (size_t b = 0; b < B; ++b) ms[b] = states[b].mixers[i].get();
+        for (size_t b = 0; b < B; ++b) ms[b] = states[b]->mixers[i].get();
         m.forward_packed(x, cu, ms, out);
       },
       tick, nullptr, stats);
-  for (size_t b = 0; b < B; ++b) states[b].pos = cu[b + 1] - cu[b];
+  for (size_t b = 0; b < B; ++b) states[b]->pos += cu[b + 1] - cu[b];
   return y;
 }
 

@@ -58,11 +58,12 @@ class Model {
   // ctx.lay order; returns their final hidden states [R, D]. Every CP rank ends with the state
   // of the whole document (decode continues with forward()).
   DTensor forward_cp(const int32_t* tokens, const CpCtx& ctx, State& st, const std::function<void()>& tick = {}) const;
-  // Packed prefill of B fresh documents in one forward (varlen): tokens [cu[B]] concatenated,
-  // cu [B + 1] their row offsets, states[b] fresh. Embedding, norms, FFN / MoE, AttnRes and the
-  // projections' row-wise work see all cu[B] rows at once; each token mixer runs per document on its
-  // rows, so every document equals its own forward(). Returns the final hidden states [cu[B], D].
-  DTensor forward_packed(const int32_t* tokens, const std::vector<int64_t>& cu, std::vector<State>& states,
+  // B documents in one forward (varlen): tokens [cu[B]] concatenated, cu [B + 1] their row offsets,
+  // *states[b] each document's state (fresh for a packed prefill; after its prompt for a batched
+  // decode step of one token each). Embedding, norms, FFN / MoE, AttnRes and the LM head's rows see
+  // all cu[B] rows at once; each token mixer runs per document on its rows, so every document equals
+  // its own forward(). Returns the final hidden states [cu[B], D].
+  DTensor forward_packed(const int32_t* tokens, const std::vector<int64_t>& cu, const std::vector<State*>& states,
                          const std::function<void()>& tick = {}, WorkStats* stats = nullptr) const;
   // logits[rows, V] (host) = hidden[rows, D] · lm_head^T (the full rows, on every TP rank)
   void logits(const DTensor& hidden, float* out) const { head_.logits_full(hidden, out); }

@@ -3,7 +3,8 @@
 # per-row work over all of them, each token mixer per document). Every mode must equal the run with
 # one document per forward, on every family (demo preset: KDA + MLA/DSA + MoE + AttnRes; the three
 # goldens), under DP (batches dealt to 3 ranks) and TP 2. Bitwise on the CPU backend: the packed
-# rows go through the same per-row arithmetic (checked; the GPU test allows bf16 GEMM tiling).
+# rows go through the same per-row arithmetic (checked; the GPU test allows bf16 GEMM tiling). In
+# generate mode the documents of a packed forward also decode together, one row each per step.
 source "$(dirname "$0")/lib.sh"
 "$DZ" make-model --preset demo --out "$W/demo" >/dev/null
 for m in "$W/demo" "$SRC/tests/golden/qwen3_next" "$SRC/tests/golden/kimi_linear" "$SRC/tests/golden/deepseek_v32"; do
@@ -23,6 +24,15 @@ for m in "$W/demo" "$SRC/tests/golden/qwen3_next" "$SRC/tests/golden/kimi_linear
   same "$W/${name}_generate.h5" "$W/${name}_generate_p.h5" /generated /generated_offsets
   say "$name: packed forwards equal one document per forward in every mode"
 done
+# Batched decode (the documents of a packed forward decode together): sampled generation too.
+edge_tokens 256 "$W/t.txt" 8
+"$DZ" make-input --tokens-file "$W/t.txt" --out "$W/in.h5" --overwrite >/dev/null
+for mbt in 0 400; do
+  mpi 1 run --model "$W/demo" --input "$W/in.h5" --output "$W/gen$mbt.h5" --mode generate --max-new-tokens 12 \
+    --temperature 0.8 --seed 3 --max-batch-tokens $mbt 2>/dev/null
+done
+same "$W/gen0.h5" "$W/gen400.h5" /generated /generated_offsets
+say "sampled generation, 12 tokens: batched decode equals one document at a time"
 # DP 3 (batches dealt through the shared counter) and TP 2 on the demo preset.
 "$DZ" make-input --model "$W/demo" --docs 40 --min-len 1 --max-len 120 --out "$W/in.h5" --overwrite >/dev/null
 mpi 1 run --model "$W/demo" --input "$W/in.h5" --output "$W/one.h5" 2>/dev/null
