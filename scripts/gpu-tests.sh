@@ -123,10 +123,14 @@ print(f"cli demo --dummy-weights (packed, 1024-token forwards) cuda vs cpu: {a.s
 sys.exit(0 if ok else 1)
 PY
 # Packed forwards with the varlen chunked scan (hybrid-small: KDA heads of 128, the chunked kernel)
-# and batched decode: cuda packed vs one document per forward, within the preset's bf16 drift
-# (cuda vs cpu 1.8e-3 mean / 6.7e-2 max, measured at b4d8e3d).
+# and batched decode. Packing regroups the rows of the projections' GEMMs and runs length-1
+# documents through the chunked scan instead of the decode kernel, so packed and one per forward
+# differ by bf16 rounding; each is judged against the CPU fp32 run (12 DP ranks on the host: DP is
+# bitwise equal to one rank on the CPU), within 1.5x the preset's measured cuda-vs-cpu drift
+# (1.8e-3 mean / 6.7e-2 max at b4d8e3d).
 "$EXE" make-model --preset hybrid-small --out "$W/hs" >/dev/null
 "$EXE" make-input --model "$W/hs" --docs 24 --min-len 1 --max-len 700 --out "$W/hs_in.h5" >/dev/null
+mpirun -np 12 "$EXE" run --model "$W/hs" --input "$W/hs_in.h5" --output "$W/hs.cpu.h5" --backend cpu >/dev/null 2>&1
 for mbt in 0 4096; do
   "$EXE" run --model "$W/hs" --input "$W/hs_in.h5" --output "$W/hs.$mbt.h5" --backend cuda --max-batch-tokens $mbt \
     >/dev/null 2>&1
@@ -137,12 +141,27 @@ python3 - "$W" <<'PY' | tee -a "$L/cli.log" || rc=1
 import sys, h5py, numpy as np
 w = sys.argv[1]
 f = lambda n, ds: h5py.File(f"{w}/{n}", "r")[ds][:]
+off = f("hs_in.h5", "/offsets")
+cpu = f("hs.cpu.h5", "/logprobs")
+tm, tx = 1.5 * 1.8e-3, 1.5 * 6.7e-2
+ok = True
+for name, run in (("one per forward", "hs.0.h5"), ("packed, 4096-token forwards", "hs.4096.h5")):
+    d = np.abs(f(run, "/logprobs") - cpu)
+    i = int(d.argmax())
+    doc = int(np.searchsorted(off - np.arange(len(off)), i, side="right")) - 1  # log-probs: len - 1 per doc
+    good = d.mean() <= tm and d.max() <= tx
+    ok &= good
+    print(f"cli hybrid-small cuda {name} vs cpu: mean |dlp| {d.mean():.3g} max {d.max():.3g} (document {doc}, "
+          f"{off[doc + 1] - off[doc]} tokens; tol {tm:.3g} / {tx:.3g}) {'ok' if good else 'FAILED'}")
 d = np.abs(f("hs.0.h5", "/logprobs") - f("hs.4096.h5", "/logprobs"))
-ok = d.mean() <= 1.8e-3 and d.max() <= 6.7e-2
 ga, gb = f("hs_gen.0.h5", "/generated"), f("hs_gen.4096.h5", "/generated")
 same = float((ga == gb).mean()) if ga.shape == gb.shape else 0.0
-print(f"cli hybrid-small packed (varlen chunked scan) vs one per forward (cuda): mean |dlp| {d.mean():.3g} max {d.max():.3g} "
-      f"{'ok' if ok else 'FAILED'}; batched decode tokens equal {same:.3f} of {ga.size}")
+# Greedy continuations part at the first near-tie, so equality is a fraction: a broken batched
+# decode (wrong state slot, wrong row) agrees at chance level, far below 0.9.
+good = same >= 0.9
+ok &= good
+print(f"cli hybrid-small packed vs one per forward (cuda): mean |dlp| {d.mean():.3g} max {d.max():.3g}; batched decode "
+      f"tokens equal {same:.3f} of {ga.size} {'ok' if good else 'FAILED'}")
 sys.exit(0 if ok else 1)
 PY
 rm -rf "$W"
