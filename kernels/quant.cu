@@ -52,6 +52,33 @@ __global__ void kv_fp8_kernel(const T* __restrict__ x, int64_t rows, int64_t n, 
   if (lane == 0) scales[tile] = s;
 }
 
+// The activations of an FP8 block-scaled GEMM: the per-tile rule above, scales written transposed
+// ([G][ld], rows contiguous: the layout cuBLASLt's VEC128 mode reads), rows >= `rows` zero.
+template <typename T>
+__global__ void act_fp8_kernel(const T* __restrict__ x, int64_t rows, int64_t n, int64_t ld,
+                               uint8_t* __restrict__ codes, float* __restrict__ scales_t) {
+  const int64_t G = (n + 127) / 128;
+  const int64_t tile = int64_t(blockIdx.x) * kWarps + threadIdx.x / 32;
+  if (tile >= ld * G) return;
+  const int lane = threadIdx.x & 31;
+  const int64_t row = tile / G, g = tile % G;
+  float v[4];
+  bool ok[4];
+  uint8_t c[4];
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const int64_t col = g * 128 + lane + 32 * j;
+    ok[j] = col < n;
+    v[j] = ok[j] && row < rows ? dev::to_f32(x[row * n + col]) : 0.f;
+  }
+  float s;
+  dev::warp_tile_quant(v, ok, c, &s);
+#pragma unroll
+  for (int j = 0; j < 4; ++j)
+    if (ok[j]) codes[row * n + g * 128 + lane + 32 * j] = c[j];
+  if (lane == 0) scales_t[g * ld + row] = s;
+}
+
 __global__ void mxfp8_dequant_kernel(const uint8_t* __restrict__ codes, const uint8_t* __restrict__ scales,
                                      int64_t rows, int64_t n, __nv_bfloat16* __restrict__ y) {
   const int64_t G = (n + 31) / 32;
@@ -100,6 +127,15 @@ void kv_fp8_quantize(const __nv_bfloat16* x, int64_t rows, int64_t n, uint8_t* c
   const int64_t tiles = rows * ((n + 127) / 128);
   if (tiles == 0) return;
   kv_fp8_kernel<__nv_bfloat16><<<blocks_for(tiles, kWarps), kWarps * 32, 0, stream>>>(x, rows, n, codes, scales);
+  CUDA_CHECK_LAUNCH();
+}
+
+void act_fp8_quantize(const __nv_bfloat16* x, int64_t rows, int64_t n, int64_t ld, uint8_t* codes, float* scales_t,
+                      cudaStream_t stream) {
+  DZ_CHECK(ld >= rows, "act_fp8_quantize: ", ld, " padded rows for ", rows);
+  const int64_t tiles = ld * ((n + 127) / 128);
+  if (tiles == 0) return;
+  act_fp8_kernel<__nv_bfloat16><<<blocks_for(tiles, kWarps), kWarps * 32, 0, stream>>>(x, rows, n, ld, codes, scales_t);
   CUDA_CHECK_LAUNCH();
 }
 

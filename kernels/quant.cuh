@@ -26,4 +26,10 @@ void kv_fp8_quantize(const float* x, int64_t rows, int64_t n, uint8_t* codes, fl
 void kv_fp8_quantize(const __nv_bfloat16* x, int64_t rows, int64_t n, uint8_t* codes, float* scales,
                      cudaStream_t stream);
 
+// The activations of an FP8 block-scaled GEMM (DeepSeek's act_quant, the per-tile rule): x [rows, n]
+// -> codes [ld, n], scales_t [ceil(n / 128), ld] (transposed: rows contiguous); rows rows..ld-1 are
+// zeros (codes 0, scale 1), so a GEMM may run over ld >= rows rows.
+void act_fp8_quantize(const __nv_bfloat16* x, int64_t rows, int64_t n, int64_t ld, uint8_t* codes, float* scales_t,
+                      cudaStream_t stream);
+
 }  // namespace dz::cuda

@@ -111,7 +111,11 @@ class Backend {
   // Host fp32 -> a new tensor of dtype dt on this backend (rounded to nearest even for BF16).
   virtual DTensor upload(const float* src, const Shape& s, DType dt) = 0;
   DTensor upload(const Tensor& t, DType dt) { return upload(t.ptr(), t.shape, dt); }
-  DTensor weight(const Tensor& t) { return upload(t, weight_dtype()); }
+  // A weight of a linear layer (linear / swiglu_mlp / the LM head): in weight_dtype(), or kept in
+  // FP8 where the backend runs FP8 block-scaled GEMMs and t carries its block scales.
+  virtual DTensor weight(const Tensor& t) { return upload(t, weight_dtype()); }
+  // FP8 block-scaled weights kept in FP8 so far (the others were uploaded in weight_dtype()).
+  virtual int64_t fp8_weights_kept() const { return 0; }
   DTensor param(const Tensor& t) { return upload(t, DType::F32); }  // small fp32 parameters
   virtual DTensor upload_i32(const int32_t* src, const Shape& s) = 0;
   // To host: any float dtype widened to fp32; I32 as is.
@@ -154,7 +158,9 @@ class Backend {
   virtual void add(const DTensor& h, const DTensor& y) = 0;
   // x *= sigmoid(g)  (same shape)
   virtual void mul_sigmoid(const DTensor& x, const DTensor& g) = 0;
-  // y [T, out] = x [T, in] · W [out, in]^T (+ bias [out] F32). y act or F32.
+  // y [T, out] = x [T, in] · W [out, in]^T (+ bias [out] F32). y act or F32. An FP8 block-scaled
+  // W (CUDA) multiplies the activations quantised as DeepSeek's act_quant (E4M3, one fp32 scale
+  // amax / 448 per 128 of a row: core/fp8 per-tile), on the FP8 tensor cores.
   virtual void linear(const DTensor& x, const DTensor& W, const DTensor& bias, const DTensor& y) = 0;
   // y [T, D] = down(silu(gate x) * up x)
   virtual void swiglu_mlp(const DTensor& x, const SwigluWeights& w, const DTensor& y) = 0;

@@ -21,6 +21,9 @@ struct DTensor {
   DType dtype = DType::F32;
   Device device = Device::Host;
   Shape shape;
+  // FP8 block-scaled weights (dtype F8_E4M3, [N, K]): the fp32 scales, one per 128 x 128 block,
+  // in the layout of the backend that made them (Backend::weight); null otherwise.
+  std::shared_ptr<const DTensor> block_scales;
 
   bool defined() const { return data != nullptr || (!shape.empty() && numel() == 0); }
   int64_t numel() const { return shape.empty() ? 0 : dz::numel(shape); }

@@ -148,6 +148,18 @@ void kv_fp8_quantize(const float* x, int64_t rows, int64_t n, uint8_t* codes, fl
   }
 }
 
+void fp8_block_codes(const float* w, int64_t R, int64_t C, const float* scales, uint8_t* codes) {
+  check_shape("fp8_block_codes", R, C);
+  const int64_t G = ceil_div(C, kKvTile);  // 128-column blocks
+  for (int64_t r = 0; r < R; ++r) {
+    const float* srow = scales + (r / kKvTile) * G;
+    for (int64_t c = 0; c < C; ++c) {
+      const float s = srow[c / kKvTile];
+      codes[r * C + c] = s == 0.f ? uint8_t(0) : f32_to_e4m3(w[r * C + c] / s);
+    }
+  }
+}
+
 void kv_fp8_dequantize(const uint8_t* codes, const float* scales, int64_t rows, int64_t n, float* y) {
   check_shape("kv_fp8_dequantize", rows, n);
   const int64_t G = ceil_div(n, kKvTile);

@@ -73,6 +73,13 @@ void kv_fp8_dequantize(const uint8_t* codes, const float* scales, int64_t rows, 
 // quantize + dequantize. y may alias x.
 void kv_fp8_round(const float* x, int64_t rows, int64_t n, float* y);
 
+// ---- FP8 block-scaled weights (DeepSeek checkpoints: one fp32 scale per 128 x 128 block) ----
+// The E4M3 codes of w [R, C] dequantised with scales [ceil(R / 128), ceil(C / 128)] (core/tensor.hpp
+// Tensor::fp8_block_scales): code = e4m3(w / scale). Exact: w = fp32(value * scale) has a relative
+// rounding error <= 2^-24 and a code has 4 significant bits, so the division rounds back to the
+// code. A zero (or non-finite) scale gives code 0 (or NaN codes), as the values it came from.
+void fp8_block_codes(const float* w, int64_t R, int64_t C, const float* scales, uint8_t* codes);
+
 // ---- BF16 storage emulation ----
 // y[i] = bf16 value nearest to x[i] (ties to even), as f32. y may alias x.
 void bf16_round(const float* x, int64_t n, float* y);

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <initializer_list>
+#include <memory>
 #include <numeric>
 #include <string>
 #include <vector>
@@ -23,9 +24,16 @@ inline std::string shape_str(const Shape& s) {
   return r + "]";
 }
 
+// A 2-D tensor may carry the block scales it was dequantised with (DeepSeek FP8 checkpoints):
+// data[r][c] = e4m3 code * (*fp8_block_scales)[r / 128][c / 128] exactly as loaded, so a backend
+// that keeps FP8 weights recovers the codes (fp8_block_codes in core/fp8.hpp) from the slice it
+// is given. fp8_block_scales: [ceil(R / 128), ceil(C / 128)], or null for plain tensors.
+constexpr int64_t kFp8WeightBlock = 128;
+
 struct Tensor {
   Shape shape;
   std::vector<float> data;
+  std::shared_ptr<const Tensor> fp8_block_scales;
 
   Tensor() = default;
   explicit Tensor(Shape s, float fill = 0.f) : shape(std::move(s)), data(size_t(numel(shape)), fill) {}
@@ -45,6 +53,7 @@ struct Tensor {
   // Compares shapes, not data, so a dry-run tensor (shape only, see Checkpoint) reshapes too.
   void reshape(Shape s) {
     DZ_CHECK(numel(s) == numel(shape), "reshape ", shape_str(shape), " -> ", shape_str(s), " changes the size");
+    if (s != shape) fp8_block_scales.reset();  // the blocks are of the 2-D layout
     shape = std::move(s);
   }
 };
@@ -65,6 +74,11 @@ inline Tensor slice_rows(const Tensor& t, int64_t r0, int64_t r1) {
   Tensor o(s);
   const int64_t w = t.shape[0] ? t.size() / t.shape[0] : 0;
   std::copy(t.data.begin() + r0 * w, t.data.begin() + r1 * w, o.data.begin());
+  // The block scales follow a slice that starts and ends on block rows (or the last row); any other
+  // slice of an FP8 tensor is a plain fp32 tensor (a backend uploads it in its weight dtype).
+  const int64_t B = kFp8WeightBlock;
+  if (t.fp8_block_scales && r0 % B == 0 && (r1 % B == 0 || r1 == t.shape[0]))
+    o.fp8_block_scales = std::make_shared<const Tensor>(slice_rows(*t.fp8_block_scales, r0 / B, (r1 + B - 1) / B));
   return o;
 }
 
@@ -82,6 +96,9 @@ inline Tensor slice_cols(const Tensor& t, int64_t c0, int64_t c1) {
   for (int64_t r = 0; r < t.shape[0]; ++r)
     std::copy(t.data.begin() + r * t.shape[1] + c0, t.data.begin() + r * t.shape[1] + c1,
               o.data.begin() + r * (c1 - c0));
+  const int64_t B = kFp8WeightBlock;  // block scales follow as in slice_rows
+  if (t.fp8_block_scales && c0 % B == 0 && (c1 % B == 0 || c1 == t.shape[1]))
+    o.fp8_block_scales = std::make_shared<const Tensor>(slice_cols(*t.fp8_block_scales, c0 / B, (c1 + B - 1) / B));
   return o;
 }
 

@@ -155,7 +155,7 @@ void decode(DType d, const uint8_t* src, size_t n, float* out) {
   }
 }
 
-constexpr int64_t kFp8Block = 128;  // DeepSeek fp8 checkpoints: one fp32 scale per 128x128 block
+constexpr int64_t kFp8Block = kFp8WeightBlock;  // DeepSeek fp8 checkpoints: one fp32 scale per 128x128 block
 
 }  // namespace
 
@@ -414,6 +414,8 @@ Tensor Checkpoint::get(const std::string& name, const Shape& shape, Init init) {
       float* w = t.row(r);  // [C]
       for (int64_t c = 0; c < C; ++c) w[c] *= srow[c / kFp8Block];
     }
+    t.fp8_block_scales = std::make_shared<const Tensor>(std::move(s));  // a backend may keep FP8
+    ++fp8_block_tensors_;
   }
   return t;
 }

@@ -58,6 +58,8 @@ class Checkpoint {
   bool generating() const { return generating_; }
   // make-model's generating mode: whole tensors are asked for whatever the TP layout (they are written).
   bool keeps_full() const { return generating_ && keep_; }
+  // FP8 block-scaled tensors loaded so far (their Tensors carry fp8_block_scales).
+  int64_t fp8_block_tensors() const { return fp8_block_tensors_; }
   // --dummy-weights: modules may generate large tensors in place on their backend
   // (Backend::fill_dummy) from dummy_key(NAME, shape), which also records NAME as asked for.
   bool dummy() const { return generating_ && !keep_; }
@@ -95,6 +97,7 @@ class Checkpoint {
   std::vector<std::unique_ptr<Mapping>> maps_;
   std::set<std::string> used_;
   std::map<std::string, Tensor> generated_;
+  int64_t fp8_block_tensors_ = 0;
 };
 
 // Writes tensors as safetensors (dtype F32 or BF16). shard_bytes > 0 splits into

@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "core/linalg.hpp"
+#include "core/log.hpp"
 #include "model/attn_res.hpp"
 #include "ops/norm.hpp"
 
@@ -36,6 +37,11 @@ std::unique_ptr<Model> Model::load(const std::string& dir, const TpShard& tp, bo
   auto m = build(cfg, *ck, tp, be);
   skip_mtp_layers(cfg, *ck);
   ck->check_all_used();
+  if (const int64_t n8 = ck->fp8_block_tensors())
+    log_root(str("FP8 block-scaled weights: ", n8, " in the checkpoint, ", be.fp8_weights_kept(), " kept in FP8 on ",
+                 be.name(), "; the others as ", to_string(be.weight_dtype()),
+                 " (the CPU reference; or not a linear layer's weight, in-features not a multiple of 128, a TP "
+                 "slice off the 128-row blocks, stacked experts)"));
   return m;
 }
 
@@ -50,7 +56,7 @@ std::unique_ptr<Model> Model::build(const ModelConfig& cfg, Checkpoint& ck, cons
   // Zero-centred norms store w with the output scaled by (1 + w): generated weights start at 0.
   const Init norm_init = cfg.norm_zero_centered ? Init::zeros() : Init::ones();
   const Tensor embed = ck.get("model.embed_tokens.weight", {V, D}, Init::normal(1.0f));
-  if (!embed.empty()) m->embed_ = be.weight(embed);
+  if (!embed.empty()) m->embed_ = be.upload(embed, be.weight_dtype());  // a table, never an FP8 GEMM operand
   for (int64_t i = 0; i < cfg.num_layers; ++i) {
     const std::string p = str("model.layers.", i, ".");
     const LayerSpec& ls = cfg.layers[size_t(i)];

@@ -25,6 +25,7 @@
 #include "backend_compare.hpp"
 #include "backend/device_comm.hpp"
 #include "core/bf16.hpp"
+#include "core/fp8.hpp"
 #include "ops/attention.hpp"
 #include "ops/moe.hpp"
 #include "ops/rope.hpp"
@@ -123,6 +124,77 @@ TEST_CASE("backend ops: elementwise, norms, linear, SwiGLU on cuda equal the cpu
         return be.to_host(o);
       });
     }
+}
+
+// FP8 block-scaled weights (DeepSeek checkpoints) stay FP8 on the GPU and multiply activations
+// quantised as DeepSeek's act_quant (E4M3, one fp32 scale amax / 448 per 128 of a row). Two
+// references on the CPU backend:
+//   - the same quantised activations (core/fp8 per-tile round trip) times the dequantised weights
+//     in fp32: only the output's bf16 rounding and the accumulation order differ: 1e-5;
+//   - the CPU reference itself (fp32 activations): the activations' E4M3 rounding, a relative error
+//     uniform in +-2^-4 (NMSE ~ 2^-8 / 3 = 1.3e-3 on every product), allowed 3e-3.
+// A weight whose in-features are not a multiple of 128 goes up in BF16 (cuBLASLt's block-scaled
+// GEMM needs whole K blocks), which the dtype shows.
+TEST_CASE("backend ops: FP8 block-scaled linear on cuda equals the cpu backend on the same quantised activations",
+          "[gpu]") {
+  std::printf("FP8 block-scaled linear (cuda vs cpu), NMSE:\n");
+  Both& b = backends();
+  const int64_t kept0 = b.gpu->fp8_weights_kept();
+  int64_t kept = 0;
+  for (int64_t K : {128, 384, 1024})
+    for (int64_t N : {64, 200, 576}) {
+      // W: random, quantised per 128 x 128 block as a checkpoint would hold it, then dequantised.
+      auto w = rnd(size_t(N * K), 11, 0.05f);
+      const int64_t nb = (N + 127) / 128, kb = K / 128;
+      auto sc = std::make_shared<dz::Tensor>(Shape{nb, kb});
+      for (int64_t bn = 0; bn < nb; ++bn)
+        for (int64_t bk = 0; bk < kb; ++bk) {
+          float amax = 0;
+          for (int64_t n = bn * 128; n < std::min(N, bn * 128 + 128); ++n)
+            for (int64_t k = bk * 128; k < bk * 128 + 128; ++k) amax = std::max(amax, std::fabs(w[size_t(n * K + k)]));
+          const float s = amax / 448.f;
+          sc->row(bn)[bk] = s;
+          for (int64_t n = bn * 128; n < std::min(N, bn * 128 + 128); ++n)
+            for (int64_t k = bk * 128; k < bk * 128 + 128; ++k) {
+              float& v = w[size_t(n * K + k)];
+              v = dz::e4m3_to_f32(dz::f32_to_e4m3(v / s)) * s;
+            }
+        }
+      dz::Tensor Wt({N, K});
+      Wt.data = w;
+      Wt.fp8_block_scales = sc;
+      for (int64_t T : kRows) {
+        const auto x = rnd(size_t(T * K), 12);
+        std::vector<float> xq(x.size());
+        dz::kv_fp8_round(x.data(), T, K, xq.data());  // what the GPU multiplies
+        const auto bias = rnd(size_t(N), 13);
+        for (DType out : {DType::BF16, DType::F32}) {
+          const std::string sh = "T=" + std::to_string(T) + " K=" + std::to_string(K) + " N=" + std::to_string(N) +
+                                 (out == DType::F32 ? " ->f32" : " ->bf16");
+          auto run = [&](Backend& be, const std::vector<float>& xin) {
+            DTensor W = be.weight(Wt);
+            if (&be == b.gpu.get()) {
+              REQUIRE(W.dtype == DType::F8_E4M3);
+              ++kept;
+            }
+            DTensor a = be.upload(xin.data(), {T, K}, be.act_dtype()), o = be.alloc({T, N}, out);
+            be.linear(a, W, be.upload(bias.data(), {N}, DType::F32), o);
+            return be.to_host(o);
+          };
+          const std::vector<float> got = run(*b.gpu, x), emul = run(*b.cpu, xq), ref = run(*b.cpu, x);
+          const double e1 = nmse(got, emul), e2 = nmse(got, ref);
+          std::printf("  %-34s vs quantised-activation cpu %.2e (tol 1e-05), vs cpu %.2e (tol 3e-03)\n", sh.c_str(),
+                      e1, e2);
+          INFO(sh << " nmse " << e1 << " / " << e2);
+          CHECK(e1 <= 1e-5);
+          CHECK(e2 <= 3e-3);
+        }
+      }
+    }
+  CHECK(b.gpu->fp8_weights_kept() - kept0 == kept);
+  dz::Tensor odd({64, 200});  // in-features not a multiple of 128: BF16
+  odd.fp8_block_scales = std::make_shared<dz::Tensor>(Shape{1, 2});
+  CHECK(b.gpu->weight(odd).dtype == DType::BF16);
 }
 
 TEST_CASE("backend ops: copies, RoPE, attention and AttnRes on cuda equal the cpu backend", "[gpu]") {

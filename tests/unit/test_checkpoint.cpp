@@ -15,6 +15,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/bf16.hpp"
+#include "core/fp8.hpp"
 #include "io/checkpoint.hpp"
 #include "backend/backend.hpp"
 
@@ -337,6 +338,10 @@ TEST_CASE("checkpoint: F8_E4M3 with 128x128 block scale_inv is dequantised", "[u
       REQUIRE(w.row(r)[c] == v * (r < 128 ? 2.f : 0.5f));  // exact: power-of-two scales
     }
   ck->check_all_used();  // the scale counts as used
+  REQUIRE(w.fp8_block_scales);  // what a backend keeping FP8 needs
+  CHECK(w.fp8_block_scales->shape == Shape({2, 1}));
+  CHECK(w.fp8_block_scales->data == std::vector<float>{2.f, 0.5f});
+  CHECK(ck->fp8_block_tensors() == 1);
 
   auto dry = Checkpoint::open(dir);
   dry->set_dry_run(true);
@@ -420,4 +425,64 @@ TEST_CASE("checkpoint: dummy mode keeps nothing, and in-place windows equal the 
   cpu_backend().fill_dummy(host_view(w.ptr(), {5, 7}), key, DummyDist{false, 0.02f, 0.f}, C, 11, 13);
   for (int64_t r = 0; r < 5; ++r)
     for (int64_t c = 0; c < 7; ++c) CHECK(w.data[size_t(r * 7 + c)] == x.data[size_t((11 + r) * C + 13 + c)]);
+}
+
+// The FP8 weights a backend keeps come back from the dequantised fp32 values (fp8_block_codes):
+// every code, with scales that are not powers of two (the product code * scale rounds in fp32).
+TEST_CASE("checkpoint: FP8 block codes come back exactly from the dequantised values; slices keep block scales", "[unit]") {
+  Scratch sd("fp8codes");
+  const std::string& dir = sd.path;
+  const int R = 300, C = 260;  // 3 x 3 blocks, ragged in both dims
+  std::mt19937 rng(5);
+  std::vector<uint8_t> b(size_t(R * C));
+  for (auto& c : b) {
+    c = uint8_t(rng() & 0xFF);
+    if ((c & 0x7F) == 0x7F) c ^= 1;  // no NaN codes
+  }
+  std::vector<float> s(9);
+  std::uniform_real_distribution<float> u(1e-4f, 3.f);
+  for (auto& v : s) v = u(rng);
+  s[4] = 0.f;  // an all-zero block: codes come back as 0
+  std::vector<uint8_t> raw = b;
+  for (float v : s) {
+    uint8_t f[4];
+    std::memcpy(f, &v, 4);
+    raw.insert(raw.end(), f, f + 4);
+  }
+  const std::string hdr = nlohmann::json{
+      {"m.weight", {{"dtype", "F8_E4M3"}, {"shape", {R, C}}, {"data_offsets", {0, R * C}}}},
+      {"m.weight_scale_inv", {{"dtype", "F32"}, {"shape", {3, 3}}, {"data_offsets", {R * C, R * C + 36}}}}}.dump();
+  write_raw(dir + "/model.safetensors", hdr, raw);
+  auto ck = Checkpoint::open(dir);
+  Tensor w = ck->get("m.weight", {R, C});
+  REQUIRE(w.fp8_block_scales);
+  std::vector<uint8_t> back(size_t(R * C));
+  fp8_block_codes(w.ptr(), R, C, w.fp8_block_scales->ptr(), back.data());
+  int64_t wrong = 0;
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < C; ++c) {
+      const size_t i = size_t(r * C + c);
+      const bool zero_block = r / 128 == 1 && c / 128 == 1;
+      wrong += zero_block ? back[i] != 0 : back[i] != b[i];
+    }
+  CHECK(wrong == 0);
+
+  // TP slices on block boundaries (or ending at the last row / column) keep their block scales;
+  // any other slice is a plain fp32 tensor.
+  const Tensor r1 = slice_rows(w, 128, 300);
+  REQUIRE(r1.fp8_block_scales);
+  CHECK(r1.fp8_block_scales->shape == Shape({2, 3}));
+  CHECK(r1.fp8_block_scales->row(0)[0] == s[3]);
+  CHECK(!slice_rows(w, 64, 192).fp8_block_scales);
+  const Tensor c1 = slice_cols(w, 0, 256);
+  REQUIRE(c1.fp8_block_scales);
+  CHECK(c1.fp8_block_scales->shape == Shape({3, 2}));
+  CHECK(c1.fp8_block_scales->row(2)[1] == s[7]);
+  CHECK(!slice_cols(w, 0, 100).fp8_block_scales);
+  Tensor rs = w;
+  rs.reshape({C, R});
+  CHECK(!rs.fp8_block_scales);  // the blocks belong to the 2-D layout
+  std::vector<uint8_t> back1(size_t(r1.size()));
+  fp8_block_codes(r1.ptr(), 172, C, r1.fp8_block_scales->ptr(), back1.data());
+  CHECK(std::equal(back1.begin(), back1.begin() + 260, back.begin() + 128 * C));
 }

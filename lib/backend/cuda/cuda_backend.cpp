@@ -2,6 +2,7 @@
 // and reductions (DESIGN §5). Every op is issued on the backend's stream; memory comes from the
 // stream-ordered pool (cudaMallocAsync), so per-forward temporaries cost no synchronisation. The
 // host is waited for only where it reads results (download, the staged collectives).
+#include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -9,6 +10,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <map>
+#include <tuple>
 
 #include "backend/backend.hpp"
 #include "backend_ops.cuh"
@@ -16,6 +19,7 @@
 #include "moe_gemm.cuh"
 #include "common.cuh"
 #include "core/bf16.hpp"
+#include "core/fp8.hpp"
 #include "core/parallel.hpp"
 #include "indexer.cuh"
 #include "linear_attn.cuh"
@@ -80,11 +84,14 @@ class CudaBackend final : public Backend {
     CUBLAS_CHECK(cublasSetStream(blas_, stream_->s));
     CUDA_CHECK(cudaMalloc(&blas_ws_, kBlasWs));  // a fixed workspace: what graph capture needs
     CUBLAS_CHECK(cublasSetWorkspace(blas_, blas_ws_, kBlasWs));
+    CUBLAS_CHECK(cublasLtCreate(&lt_));
     CUDA_CHECK(cudaDeviceGetAttribute(&sms_, cudaDevAttrMultiProcessorCount, device));
   }
   ~CudaBackend() override {
     cudaStreamSynchronize(stream_->s);
     if (pinned_) cudaFreeHost(pinned_);
+    for (auto& kv : fp8_plans_) kv.second.destroy();
+    if (lt_) cublasLtDestroy(lt_);
     if (blas_) cublasDestroy(blas_);
     if (blas_ws_) cudaFree(blas_ws_);
   }
@@ -240,10 +247,116 @@ class CudaBackend final : public Backend {
   }
   void linear(const DTensor& x, const DTensor& W, const DTensor& bias, const DTensor& y) override {
     const int64_t in = W.dim(1), out = W.dim(0), T = x.numel() / std::max<int64_t>(in, 1);
-    DZ_CHECK(x.numel() == T * in && y.numel() == T * out && x.dtype == W.dtype, "linear: x ", shape_str(x.shape), " ",
-             to_string(x.dtype), " W ", shape_str(W.shape), " ", to_string(W.dtype), " y ", shape_str(y.shape));
-    gemm(x.data, W.data, y.data, x.dtype, y.dtype, T, in, out);
+    const bool fp8 = W.dtype == DType::F8_E4M3;
+    DZ_CHECK(x.numel() == T * in && y.numel() == T * out && (x.dtype == W.dtype || (fp8 && x.dtype == DType::BF16)),
+             "linear: x ", shape_str(x.shape), " ", to_string(x.dtype), " W ", shape_str(W.shape), " ",
+             to_string(W.dtype), " y ", shape_str(y.shape));
+    if (fp8)
+      fp8_gemm(x, W, y, T, in, out);
+    else
+      gemm(x.data, W.data, y.data, x.dtype, y.dtype, T, in, out);
     if (bias.defined() && bias.numel()) cuda::add_bias(y.data, dt_of(y), optf(bias), T, out, st());
+  }
+
+  // FP8 block-scaled weights (DeepSeek checkpoints) stay FP8: codes [N, K] E4M3 and the block
+  // scales [ceil(N / 128), ceil(K / 128) rounded up to 4] F32 (rows of 16 bytes: what cuBLASLt's
+  // BLK128x128 mode reads, measured in kernels/dev/fp8_gemm/probe_blockscale.cu). cuBLASLt needs
+  // K to be a multiple of 128; other weights go up in BF16 like any plain weight.
+  DTensor weight(const Tensor& t) override {
+    if (!t.fp8_block_scales || t.ndim() != 2 || t.empty() || t.dim(1) % kFp8WeightBlock != 0)
+      return Backend::upload(t, weight_dtype());
+    const int64_t N = t.dim(0), K = t.dim(1), nb = (N + kFp8WeightBlock - 1) / kFp8WeightBlock,
+                  kb = K / kFp8WeightBlock, ld = (kb + 3) / 4 * 4;
+    const Tensor& sc = *t.fp8_block_scales;
+    DZ_CHECK(sc.shape == Shape({nb, kb}), "fp8 weight ", shape_str(t.shape), ": block scales ", shape_str(sc.shape));
+    std::vector<uint8_t> codes(size_t(N * K));
+    parallel_for(nb, [&](int64_t b0, int64_t b1) {  // whole block rows per thread
+      const int64_t r0 = b0 * kFp8WeightBlock, r1 = std::min(N, b1 * kFp8WeightBlock);
+      fp8_block_codes(t.row(r0), r1 - r0, K, sc.row(b0), codes.data() + r0 * K);
+    }, 8);
+    std::vector<float> spad(size_t(nb * ld), 1.f);
+    for (int64_t b = 0; b < nb; ++b) std::copy(sc.row(b), sc.row(b) + kb, spad.begin() + b * ld);
+    DTensor w = alloc({N, K}, DType::F8_E4M3);
+    CUDA_CHECK(cudaMemcpyAsync(w.data, codes.data(), codes.size(), cudaMemcpyHostToDevice, st()));
+    auto s = std::make_shared<DTensor>(alloc({nb, ld}, DType::F32));
+    CUDA_CHECK(cudaMemcpyAsync(s->data, spad.data(), spad.size() * 4, cudaMemcpyHostToDevice, st()));
+    CUDA_CHECK(cudaStreamSynchronize(st()));  // the host buffers go out of scope
+    w.block_scales = std::move(s);
+    ++fp8_kept_;
+    return w;
+  }
+  int64_t fp8_weights_kept() const override { return fp8_kept_; }
+
+  // y [T, N] = x [T, K] · W^T with W FP8 block-scaled: x quantised per 128 of a row (E4M3, fp32
+  // scale amax / 448, as DeepSeek's act_quant), one cuBLASLt FP8 GEMM with the block scales
+  // applied in its fp32 accumulation. cuBLASLt needs the row count to be a multiple of 4 (the
+  // activation scales are read as columns of 16 bytes): the quantised rows are zero-padded and the
+  // product of a padded row count goes through a temporary.
+  void fp8_gemm(const DTensor& x, const DTensor& W, const DTensor& y, int64_t T, int64_t K, int64_t N) {
+    if (T == 0 || N == 0) return;
+    DZ_CHECK(W.block_scales && K % kFp8WeightBlock == 0, "fp8 linear: W ", shape_str(W.shape), " without block scales");
+    const int64_t T4 = (T + 3) / 4 * 4, kb = K / kFp8WeightBlock;
+    DTensor xq = alloc({T4, K}, DType::F8_E4M3), xs = alloc({kb, T4}, DType::F32);
+    cuda::act_fp8_quantize(b16(x), T, K, T4, xq.ptr<uint8_t>(), xs.ptr<float>(), st());
+    DTensor d = T4 == T ? y : alloc({T4, N}, y.dtype);
+    Fp8Plan& p = fp8_plan(T4, N, K, y.dtype);
+    const void* ws = W.block_scales->data;
+    const void* as = xs.data;
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &ws, sizeof(ws)));
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &as, sizeof(as)));
+    const float one = 1.f, zero = 0.f;
+    CUBLAS_CHECK(cublasLtMatmul(lt_, p.op, &one, W.data, p.a, xq.data, p.b, &zero, d.data, p.d, d.data, p.d, &p.algo,
+                                blas_ws_, kBlasWs, st()));
+    if (T4 != T) copy_rows(d, 0, y.reshaped({T, N}), 0, T);
+  }
+
+  // One cuBLASLt description per GEMM shape (D = W · Xq^T in column-major terms: W^T is K x N, Xq^T
+  // K x T4, D N x T4 = y [T4, N] row-major), with the algorithm the heuristic picks; the scale
+  // pointers are set per call.
+  struct Fp8Plan {
+    cublasLtMatmulDesc_t op = nullptr;
+    cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
+    cublasLtMatmulAlgo_t algo{};
+    void destroy() {
+      if (a) cublasLtMatrixLayoutDestroy(a);
+      if (b) cublasLtMatrixLayoutDestroy(b);
+      if (d) cublasLtMatrixLayoutDestroy(d);
+      if (op) cublasLtMatmulDescDestroy(op);
+    }
+  };
+  Fp8Plan& fp8_plan(int64_t T4, int64_t N, int64_t K, DType out) {
+    const auto key = std::make_tuple(T4, N, K, int(out));
+    auto it = fp8_plans_.find(key);
+    if (it != fp8_plans_.end()) return it->second;
+    DZ_CHECK(out == DType::BF16 || out == DType::F32, "fp8 linear: output ", to_string(out));
+    Fp8Plan p;
+    CUBLAS_CHECK(cublasLtMatmulDescCreate(&p.op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    const cublasOperation_t tA = CUBLAS_OP_T, tB = CUBLAS_OP_N;
+    const cublasLtMatmulMatrixScale_t wm = CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F,
+                                      xm = CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSA, &tA, sizeof(tA)));
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSB, &tB, sizeof(tB)));
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &wm, sizeof(wm)));
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &xm, sizeof(xm)));
+    const cudaDataType to = out == DType::F32 ? CUDA_R_32F : CUDA_R_16BF;
+    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.a, CUDA_R_8F_E4M3, uint64_t(K), uint64_t(N), K));
+    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.b, CUDA_R_8F_E4M3, uint64_t(K), uint64_t(T4), K));
+    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.d, to, uint64_t(N), uint64_t(T4), N));
+    cublasLtMatmulPreference_t pref;
+    CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+    const size_t wsb = kBlasWs;
+    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &wsb, sizeof(wsb)));
+    cublasLtMatmulHeuristicResult_t h{};
+    int n = 0;
+    const cublasStatus_t hs = cublasLtMatmulAlgoGetHeuristic(lt_, p.op, p.a, p.b, p.d, p.d, pref, 1, &h, &n);
+    cublasLtMatmulPreferenceDestroy(pref);
+    if (hs != CUBLAS_STATUS_SUCCESS || n == 0) {
+      p.destroy();
+      fail(str("fp8 linear: cuBLASLt has no FP8 block-scaled GEMM for ", T4, " x ", N, " x ", K, " -> ",
+               to_string(out), " (status ", int(hs), ")"));
+    }
+    p.algo = h.algo;
+    return fp8_plans_.emplace(key, p).first->second;
   }
   void swiglu_mlp(const DTensor& x, const SwigluWeights& w, const DTensor& y) override {
     const int64_t D = w.gate.dim(1), I = w.gate.dim(0), T = x.numel() / D;
@@ -615,7 +728,10 @@ class CudaBackend final : public Backend {
   int sms_ = 0;
   std::shared_ptr<StreamHolder> stream_;
   cublasHandle_t blas_ = nullptr;
-  void* blas_ws_ = nullptr;
+  cublasLtHandle_t lt_ = nullptr;
+  void* blas_ws_ = nullptr;  // shared by cuBLAS and cuBLASLt: both run in order on the one stream
+  std::map<std::tuple<int64_t, int64_t, int64_t, int>, Fp8Plan> fp8_plans_;
+  int64_t fp8_kept_ = 0;
   void* pinned_ = nullptr;
   size_t pinned_bytes_ = 0;
 };
