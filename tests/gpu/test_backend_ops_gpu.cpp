@@ -171,11 +171,14 @@ TEST_CASE("backend ops: FP8 block-scaled linear on cuda equals the cpu backend o
         for (DType out : {DType::BF16, DType::F32}) {
           const std::string sh = "T=" + std::to_string(T) + " K=" + std::to_string(K) + " N=" + std::to_string(N) +
                                  (out == DType::F32 ? " ->f32" : " ->bf16");
+          bool in_fp8 = false;
           auto run = [&](Backend& be, const std::vector<float>& xin) {
             DTensor W = be.weight(Wt);
             if (&be == b.gpu.get()) {
-              REQUIRE(W.dtype == DType::F8_E4M3);
-              ++kept;
+              in_fp8 = W.dtype == DType::F8_E4M3;
+              // cuBLASLt's kernels cover these (kernels/dev/fp8_gemm probe); smaller ones may go BF16
+              if (K >= 384 && N >= 200) REQUIRE(in_fp8);
+              kept += in_fp8;
             }
             DTensor a = be.upload(xin.data(), {T, K}, be.act_dtype()), o = be.alloc({T, N}, out);
             be.linear(a, W, be.upload(bias.data(), {N}, DType::F32), o);
@@ -183,6 +186,11 @@ TEST_CASE("backend ops: FP8 block-scaled linear on cuda equals the cpu backend o
           };
           const std::vector<float> got = run(*b.gpu, x), emul = run(*b.cpu, xq), ref = run(*b.cpu, x);
           const double e1 = nmse(got, emul), e2 = nmse(got, ref);
+          if (!in_fp8) {  // uploaded in BF16: the plain linear's tolerance against the CPU
+            std::printf("  %-34s weight in BF16 (no cuBLASLt FP8 kernel): vs cpu %.2e (tol 1e-04)\n", sh.c_str(), e2);
+            CHECK(e2 <= 1e-4);
+            continue;
+          }
           std::printf("  %-34s vs quantised-activation cpu %.2e (tol 1e-05), vs cpu %.2e (tol 3e-03)\n", sh.c_str(),
                       e1, e2);
           INFO(sh << " nmse " << e1 << " / " << e2);
