@@ -285,6 +285,16 @@ void run_chunk(const ChunkArgs& a, int V, cudaStream_t stream) {
     dispatch_kv<false>(a, a.p.K, V, stream);
 }
 
+// The segment transitions run on the register-tiled fp32 chunk kernel (linear_attn_tiled.cu) by
+// design, whatever kernel the prefill uses: A and B in fp32 products, as the CPU LaTransition.
+void run_transition(const ChunkArgs& a, int V, cudaStream_t stream) {
+  DZ_CHECK(a.p.HK > 0 && a.p.HV % a.p.HK == 0, "linear attention CUDA: HV=", a.p.HV, " not a multiple of HK=", a.p.HK);
+  if (a.p.N == 0 || a.p.HV == 0) return;
+  DZ_CHECK(a.p.K == V && (V == 64 || V == 128), "linear attention CUDA: K=", a.p.K, " V=", V,
+           " not supported (K = V = 64 or 128)");
+  launch_chunk_tiled(a, pick_bv(a.p, a.p.HV * a.p.N, V), stream);
+}
+
 // Ordered merge, grid (HV, V / 32): each CTA carries 32 state columns through all segments.
 template <int K>
 __global__ void __launch_bounds__(NT) merge_kernel(const float* __restrict__ A, const float* __restrict__ B,
@@ -345,16 +355,14 @@ size_t la_prefill_workspace_bytes(int64_t T_total, int N, int HV, int K, int V) 
 
 void la_transitions(const LaPrefill& p, const int32_t* seg_cu, int S, float* A, float* B, cudaStream_t stream) {
   LaPrefill q = p;
-  q.workspace = nullptr;  // p's workspace is sized for its sequences, not the segments:
-  q.variant = 2;          // the transitions run on the register-tiled fp32 kernel, by design
   q.cu_seqlens = seg_cu;
   q.N = S;
   q.h0 = nullptr;
   q.o = nullptr;
   q.ht = A;
-  run_chunk(ChunkArgs{q, false, true}, p.K, stream);  // A: the state is [K, K]
+  run_transition(ChunkArgs{q, false, true}, p.K, stream);  // A: the state is [K, K]
   q.ht = B;
-  run_chunk(ChunkArgs{q, false, false}, p.V, stream);
+  run_transition(ChunkArgs{q, false, false}, p.V, stream);
 }
 
 void la_merge(const float* A, const float* B, const float* h0, int S, int HV, int K, int V, float* S_init, float* ht,

@@ -65,7 +65,7 @@ void la_chunk_prefill(const LaPrefill& p, cudaStream_t stream);
 // For the segments of one sequence given by seg_cu [S + 1] (device, int32, absolute rows):
 // A [S, HV, K, K] and B [S, HV, K, V] with S_end = A · S_begin + B (see LaTransition).
 // Uses p's inputs and sizes; p.cu_seqlens / N / h0 / ht / o / workspace / variant are ignored
-// (the register-tiled fp32 kernel, version 2, computes them).
+// (the register-tiled fp32 kernel, linear_attn_tiled.cu, computes them). K = V = 64 or 128.
 void la_transitions(const LaPrefill& p, const int32_t* seg_cu, int S, float* A, float* B, cudaStream_t stream);
 // Ordered merge: S_init[0] = h0 (nullptr: zeros), S_init[s+1] = A_s S_init[s] + B_s; the state
 // after the last segment goes to ht (nullptr: not written). S_init [S, HV, K, V].
