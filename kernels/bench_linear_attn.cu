@@ -105,35 +105,29 @@ int bench_linear_attn(const std::string& json_out) {
       p.gate = {kda ? f : fg, A_log, dtb, 0.f};
       const double gb = (bytes + (kda ? double(TH) * K * 2 : 0.0)) / 1e9;
       std::snprintf(buf, sizeof buf, "B=1 T=%d H=%d K=%d V=%d", T, H, K, V);
-      // serial scan: one sequence of chunks per (head, column block); v3 (key side precomputed
-      // in parallel, fp32 SIMT) and v4 (tensor cores, outputs after the recurrence); v1/v2 are
-      // in docs/perf/.
+      // serial scan: the key side of all chunks in parallel, then one sequence of chunks per
+      // (head, column block), outputs inside the recurrence or in a pass after it; the earlier
+      // versions: docs/perf/ and (v3 against v4) kernels/dev/linear_attn/.
       double ms_s = 1e30;
-      for (int variant : {3, 4})
-        for (int bv : {128, 64, 32, 16})
-          for (int fused : {1, 0}) {  // v4: outputs inside the recurrence / in a pass after it
-          if ((bv == 128 && (variant == 3 || H > 8)) || (variant == 3 && (bv == 16 || !fused))) continue;
-          p.variant = variant;
+      for (int bv : {128, 64, 32, 16})
+        for (int fused : {1, 0}) {
+          if (bv == 128 && H > 8) continue;
           p.value_block = bv;
           p.fused_output = fused;
           p.workspace = pws;
           const double ms = median_ms([&] { la_chunk_prefill(p, nullptr); }, 3, 1);
           ms_s = std::min(ms_s, ms);
-          std::snprintf(buf + 128, 128, "v%d BV=%d%s (%d CTAs), %.0f GB/s", variant, bv,
-                        variant == 4 ? (fused ? " fused" : " out-pass") : "", H * (V / bv), gb / (ms * 1e-3));
+          std::snprintf(buf + 128, 128, "v4 BV=%d%s (%d CTAs), %.0f GB/s", bv, fused ? " fused" : " out-pass",
+                        H * (V / bv), gb / (ms * 1e-3));
           add(kda ? "kda_chunk_serial" : "gdn_chunk_serial", buf, ms, buf + 128);
         }
       p.value_block = 0;
       p.fused_output = -1;  // the default
       p.workspace = nullptr;
-      for (int variant : {3, 4}) {
-        p.variant = variant;
-        const double ms_p = median_ms([&] { la_parallel_prefill(p, T, segs, ws, nullptr); }, 5, 1);
-        std::snprintf(buf + 128, 128, "v%d segments=%d, %.2fx best serial, %.0f GB/s", variant, segs, ms_s / ms_p,
-                      gb / (ms_p * 1e-3));
-        add(kda ? "kda_chunk_parallel_scan" : "gdn_chunk_parallel_scan", buf, ms_p, buf + 128);
-      }
-      p.variant = 4;  // the default
+      const double ms_p = median_ms([&] { la_parallel_prefill(p, T, segs, ws, nullptr); }, 5, 1);
+      std::snprintf(buf + 128, 128, "v4 segments=%d, %.2fx best serial, %.0f GB/s", segs, ms_s / ms_p,
+                    gb / (ms_p * 1e-3));
+      add(kda ? "kda_chunk_parallel_scan" : "gdn_chunk_parallel_scan", buf, ms_p, buf + 128);
     }
     for (void* ptr : {(void*)q, (void*)k, (void*)v, (void*)b, (void*)f, (void*)fg, (void*)o, (void*)A_log,
                       (void*)dtb, (void*)ht, (void*)cu, ws, pws})

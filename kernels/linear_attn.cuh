@@ -41,31 +41,30 @@ struct LaPrefill {
   const float* h0 = nullptr;      // [N, HV, K, V] initial states, nullptr: zeros
   float* ht = nullptr;            // [N, HV, K, V] final states, nullptr: not written
   bf16* o = nullptr;              // [T, HV, V]
-  // Versions 3 and 4 (the default): T_total = rows of all sequences, and a device workspace of
+  // T_total = rows of all sequences, and a device workspace of
   // la_prefill_workspace_bytes(T_total, N, HV, K, V) bytes (required: no silent fallback).
   int64_t T_total = 0;
   void* workspace = nullptr;
-  // Kernel choice, per call (no global state). variant: 4 the production tensor-core kernel
-  // (chunk 64); 1-3 the earlier fp32 SIMT versions, kept as comparison versions for the tests and
-  // the bench (1: SIMT, 2: register-tiled, 3: key side precomputed, needs the workspace).
-  // value_block: state columns per CTA (32, 64 or V; 16 too for v4; 0: from the CTA count).
-  // fused_output (v4): outputs inside the recurrence (1) or in a pass after it (0); -1: inside
-  // when the recurrence has at least half as many CTAs as SMs.
-  int variant = 4;
+  // Tuning, per call (no global state). value_block: state columns per CTA (16, 32, 64 or V; 0:
+  // from the CTA count). fused_output: outputs inside the recurrence (1) or in a pass after it
+  // (0); -1: inside when the recurrence has at least half as many CTAs as SMs.
   int value_block = 0;
   int fused_output = -1;
 };
 size_t la_prefill_workspace_bytes(int64_t T_total, int N, int HV, int K, int V);
 
-// Chunked (WY / UT) prefill, one CTA per (sequence, value head, block of state columns);
-// sequential over chunks. K = V = 64 or 128. The version and tuning come from p (see above).
+// Chunked (WY / UT) prefill on tensor cores (linear_attn_mma.cu), chunk 64: the key side of all
+// chunks in parallel, then one CTA per (sequence, value head, block of state columns) sequential
+// over chunks, the outputs inside that recurrence or in a parallel pass after it. K = V = 64 or
+// 128. The tuning comes from p (see above). Earlier fp32 versions: kernels/dev/linear_attn/.
 void la_chunk_prefill(const LaPrefill& p, cudaStream_t stream);
 
 // ---- Segment transitions and the ordered merge (DESIGN §4 stage 1 and 2) ----
 // For the segments of one sequence given by seg_cu [S + 1] (device, int32, absolute rows):
 // A [S, HV, K, K] and B [S, HV, K, V] with S_end = A · S_begin + B (see LaTransition).
-// Uses p's inputs and sizes; p.cu_seqlens / N / h0 / ht / o / workspace / variant are ignored
-// (the register-tiled fp32 kernel, version 2, computes them).
+// Uses p's inputs, sizes and value_block (32, 64 or V); p.cu_seqlens / N / h0 / ht / o / workspace
+// are ignored (the register-tiled fp32 kernel, linear_attn_tiled.cu, computes them). K = V = 64
+// or 128.
 void la_transitions(const LaPrefill& p, const int32_t* seg_cu, int S, float* A, float* B, cudaStream_t stream);
 // Ordered merge: S_init[0] = h0 (nullptr: zeros), S_init[s+1] = A_s S_init[s] + B_s; the state
 // after the last segment goes to ht (nullptr: not written). S_init [S, HV, K, V].
@@ -73,8 +72,10 @@ void la_merge(const float* A, const float* B, const float* h0, int S, int HV, in
               cudaStream_t stream);
 
 // Intra-GPU parallel scan for one long sequence (p.N == 1, T rows): split into `segments`
-// segments of whole chunks, transitions in parallel, merge, then outputs of all segments in
-// parallel. Workspace: la_scan_workspace_bytes(...) bytes of device memory.
+// segments of whole chunks, the key side of all chunks once, transitions of the segments in
+// parallel (the tensor-core recurrence from S0 = I, v = 0 and from zero), merge, then the outputs
+// of all segments in parallel. Workspace: la_scan_workspace_bytes(...) bytes of device memory
+// (segments <= 1 or one chunk: la_chunk_prefill, with p.workspace).
 size_t la_scan_workspace_bytes(int64_t T, int segments, int HV, int K, int V);
 void la_parallel_prefill(const LaPrefill& p, int64_t T, int segments, void* workspace, cudaStream_t stream);
 

@@ -4,7 +4,8 @@
 
 namespace dz::cuda::la {
 
-constexpr int kBT = 32;  // chunk length of the GPU kernels (the CPU reference uses 64; same math)
+constexpr int kBT = 32;     // chunk length of the fp32 kernels (the CPU reference uses 64; same math)
+constexpr int kMmaBT = 64;  // chunk length of the tensor-core kernels (version 4)
 
 struct ChunkArgs {
   LaPrefill p;
@@ -12,23 +13,21 @@ struct ChunkArgs {
   bool trans_A;  // transition pass: S0 = I, v = 0 (requires V == K), so S_end = A
 };
 
-// Version 2 (register-tiled products), K = V in {64, 128}, bv in {32, 64, V}.
+// State columns per CTA: p.value_block, else from the CTA count of whole state rows `ctas`. fp32
+// kernels (v4 false): enough CTAs to fill the GPU (about two per SM), else whole rows of S (no
+// recomputation of the key side), at least 32; v4: about half as many CTAs as SMs, at least 16.
+int pick_bv(const LaPrefill& p, int ctas, int V, bool v4);
+
+// The register-tiled fp32 chunk kernel (linear_attn_tiled.cu), K = V in {64, 128}, bv in {32, 64,
+// V}: the segment transitions (la_transitions). With a.write_o it is also the fp32 prefill
+// "version 2" that kernels/dev/linear_attn/ compares against.
 void launch_chunk_tiled(const ChunkArgs& a, int bv, cudaStream_t stream);
 
-// Version 3: the key side of every chunk (gates, norms, pair products, the UT solve: W, U, Kd,
-// q e^G, Aqk, e^G_last) computed in parallel over (chunk, head) into records, then the state
-// recurrence streams the records (double-buffered async copies) and does only the products.
-// Records: one per (chunk, value head), split_record_floats(K, V) floats each.
-constexpr size_t split_record_floats(int K, int V) { return size_t(3) * K * kBT + kBT * kBT + size_t(kBT) * V + K; }
-size_t split_max_chunks(int64_t T_total, int N);
-// chunk_base [N + 1] (device, written here): first record chunk of each sequence of p.cu_seqlens.
-void split_prepare(const LaPrefill& p, int64_t T_total, int32_t* chunk_base, float* records, cudaStream_t stream);
-void split_recur(const ChunkArgs& a, int bv, const int32_t* chunk_base, const float* records, cudaStream_t stream);
-
-// Version 4 (linear_attn_mma.cu): tensor cores, chunk 64, outputs in a parallel pass after the
-// recurrence. Needs p.T_total and p.workspace of mma_workspace_bytes(...) bytes; bv in {32, 64, K}.
-// Stages: prep (key side into records), recurrence (a.trans_A: S0 = I, v = 0; outputs stored for
-// the output pass only with a.write_o and p.o), outputs. The parallel scan runs them separately.
+// Version 4 (linear_attn_mma.cu): tensor cores, chunk kMmaBT, outputs inside the recurrence or in
+// a parallel pass after it. Needs p.T_total and p.workspace of mma_workspace_bytes(...) bytes; bv
+// in {16, 32, 64, K}. Stages: prep (key side into records), recurrence (a.trans_A: S0 = I, v = 0;
+// outputs stored for the output pass only with a.write_o and p.o), outputs. The parallel scan
+// runs them separately.
 size_t mma_workspace_bytes(int64_t T_total, int N, int HV, int K, int V);
 constexpr unsigned kPrep = 1, kRecur = 2, kOutput = 4, kAllStages = 7;
 void mma_prefill(const ChunkArgs& a, int bv, unsigned stages, cudaStream_t stream);

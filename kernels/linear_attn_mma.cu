@@ -1,7 +1,8 @@
 // Chunked KDA / Gated DeltaNet prefill, version 4: tensor cores (mma.sync m16n8k16, bf16 operands,
 // fp32 accumulation), chunk 64, and the output products taken out of the sequential loop.
-// v3 (linear_attn_split.cu) spent 9.6 ms on the key side in fp32 SIMT and ~14 ms in a recurrence
-// that did three fp32 products per 32-row chunk (ncu, docs/cuda_linear_attention.md). Here:
+// v3 (kernels/dev/linear_attn/linear_attn_split.cu) spent 9.6 ms on the key side in fp32 SIMT
+// and ~14 ms in a recurrence that did three fp32 products per 32-row chunk (ncu,
+// docs/cuda_linear_attention.md). Here:
 //   prep (chunk, head), parallel: gates, norms, pair products L and Aqk — off-diagonal 16-row
 //        blocks on tensor cores with a reference row r between the blocks, so both factors
 //        e^(G_i - G_r) and e^(G_r - G_j) are <= 1; diagonal blocks exact per element (KDA) —,
@@ -25,7 +26,7 @@ namespace dz::cuda::la {
 
 namespace {
 
-constexpr int BT = 64, NT = 256, AP = BT + 8;  // AP: padded bf16 row of 64 (conflict-free fragments)
+constexpr int BT = kMmaBT, NT = 256, AP = BT + 8;  // AP: padded bf16 row of 64 (conflict-free fragments)
 // Outputs inside the recurrence: -1 automatic, 0 off, 1 on (LaPrefill::fused_output). H200, T=64K:
 // fused 6.28 vs 6.40 ms at H=32 (128 recurrence CTAs), but 2.67 vs 2.08 ms at H=4 (32 CTAs,
 // where the longer sequential step is the whole cost); the scan's last pass: 1.30 vs 1.37 ms.

@@ -1,9 +1,20 @@
-// Chunked KDA / Gated DeltaNet prefill, version 2: the same algorithm as chunk_kernel in
-// linear_attn.cu (see there for the math), with the three [BT x K] x [K x BV]-sized products
+// The register-tiled fp32 chunk kernel: the segment transitions (la_transitions, S0 = I or 0,
+// no outputs). Written as the chunked prefill's version 2 (it still computes outputs with
+// a.write_o, which kernels/dev/linear_attn/ uses to compare it with v4): version 1's algorithm
+// (kernels/dev/linear_attn/linear_attn_fp32.cu) with the three [BT x K] x [K x BV]-sized products
 // register-tiled (each thread a 4-row x TN-column tile, one float4 shared load feeding 4*TN FMAs)
 // instead of one shared load per FMA, and the pair products one thread per pair (no shuffles).
 // v1 measured 76 us per 32-row chunk at K = V = 128 (T=65536 H=32: 156 ms), bound by shared-memory
 // instruction issue; this cuts the shared loads of the products about 4x.
+//
+// One CTA per (value head, block of BV state columns, sequence): the columns of S evolve
+// independently given the key-side quantities (W, Kd, Qg, L, Aqk), which every column block of a
+// head recomputes. Per chunk of BT rows starting from state S:
+//   G   = cumsum(g) per channel                     L[i][j] = beta_i sum_x k_i k_j e^(G_i - G_j), j < i
+//   [W | U] = (I + L)^-1 [beta k e^G | beta v]     (forward substitution, column per thread)
+//   U'  = U - W S                                   o_i = (q_i e^G_i) S + sum_{j<=i} Aqk[i][j] U'_j
+//   S   = e^(G_last) S + sum_j (k_j e^(G_last - G_j)) U'_j^T
+// Decays are only taken as e^(G_i - G_j), j <= i, and e^G: all <= 1. Math: lib/ops/linear_attn.cpp.
 #include "common.cuh"
 #include "linear_attn_common.cuh"
 #include "linear_attn_impl.cuh"

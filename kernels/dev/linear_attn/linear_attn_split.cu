@@ -3,11 +3,13 @@
 // UT solve), which the sequential chunk loop repeated for every column block. Here it runs once,
 // in parallel over all (chunk, head) pairs (split_prep_kernel), into fp32 records; the sequential
 // kernel (split_rec_kernel) streams the records with double-buffered async copies and does only
-// the three state products (same register tiles as v2). Math: chunk_kernel in linear_attn.cu.
+// the three state products (same register tiles as v2). Math: kernels/linear_attn_tiled.cu.
+// Not in the library (kernels/dev/): the comparison version 3, see linear_attn_dev.cuh.
 #include <cuda_pipeline.h>
 
 #include "common.cuh"
 #include "linear_attn_common.cuh"
+#include "linear_attn_dev.cuh"
 #include "linear_attn_impl.cuh"
 
 namespace dz::cuda::la {
