@@ -27,36 +27,12 @@ __global__ void mxfp8_kernel(const T* __restrict__ x, int64_t rows, int64_t n, u
   if (lane == 0) scales[grp] = s;
 }
 
-template <typename T>
-__global__ void kv_fp8_kernel(const T* __restrict__ x, int64_t rows, int64_t n, uint8_t* __restrict__ codes,
-                              float* __restrict__ scales) {
-  const int64_t G = (n + 127) / 128;
-  const int64_t tile = int64_t(blockIdx.x) * kWarps + threadIdx.x / 32;
-  if (tile >= rows * G) return;
-  const int lane = threadIdx.x & 31;
-  const int64_t row = tile / G, g = tile % G;
-  float v[4];
-  bool ok[4];
-  uint8_t c[4];
-#pragma unroll
-  for (int j = 0; j < 4; ++j) {
-    const int64_t col = g * 128 + lane + 32 * j;
-    ok[j] = col < n;
-    v[j] = ok[j] ? dev::to_f32(x[row * n + col]) : 0.f;
-  }
-  float s;
-  dev::warp_tile_quant(v, ok, c, &s);
-#pragma unroll
-  for (int j = 0; j < 4; ++j)
-    if (ok[j]) codes[row * n + g * 128 + lane + 32 * j] = c[j];
-  if (lane == 0) scales[tile] = s;
-}
-
-// The activations of an FP8 block-scaled GEMM: the per-tile rule above, scales written transposed
-// ([G][ld], rows contiguous: the layout cuBLASLt's VEC128 mode reads), rows >= `rows` zero.
-template <typename T>
-__global__ void act_fp8_kernel(const T* __restrict__ x, int64_t rows, int64_t n, int64_t ld,
-                               uint8_t* __restrict__ codes, float* __restrict__ scales_t) {
+// One warp per per-tile FP8 tile (the KV cache's rule). kPadT: the activations of an FP8
+// block-scaled GEMM, scales written transposed ([G][ld], rows contiguous: the layout cuBLASLt's
+// VEC128 mode reads) and rows rows..ld-1 zero; otherwise scales [rows][G] and ld == rows.
+template <typename T, bool kPadT>
+__global__ void tile_fp8_kernel(const T* __restrict__ x, int64_t rows, int64_t n, int64_t ld,
+                                uint8_t* __restrict__ codes, float* __restrict__ scales) {
   const int64_t G = (n + 127) / 128;
   const int64_t tile = int64_t(blockIdx.x) * kWarps + threadIdx.x / 32;
   if (tile >= ld * G) return;
@@ -69,14 +45,14 @@ __global__ void act_fp8_kernel(const T* __restrict__ x, int64_t rows, int64_t n,
   for (int j = 0; j < 4; ++j) {
     const int64_t col = g * 128 + lane + 32 * j;
     ok[j] = col < n;
-    v[j] = ok[j] && row < rows ? dev::to_f32(x[row * n + col]) : 0.f;
+    v[j] = ok[j] && (!kPadT || row < rows) ? dev::to_f32(x[row * n + col]) : 0.f;
   }
   float s;
   dev::warp_tile_quant(v, ok, c, &s);
 #pragma unroll
   for (int j = 0; j < 4; ++j)
     if (ok[j]) codes[row * n + g * 128 + lane + 32 * j] = c[j];
-  if (lane == 0) scales_t[g * ld + row] = s;
+  if (lane == 0) scales[kPadT ? g * ld + row : tile] = s;
 }
 
 __global__ void mxfp8_dequant_kernel(const uint8_t* __restrict__ codes, const uint8_t* __restrict__ scales,
@@ -118,7 +94,7 @@ void mxfp8_dequantize_bf16(const uint8_t* codes, const uint8_t* scales, int64_t 
 void kv_fp8_quantize(const float* x, int64_t rows, int64_t n, uint8_t* codes, float* scales, cudaStream_t stream) {
   const int64_t tiles = rows * ((n + 127) / 128);
   if (tiles == 0) return;
-  kv_fp8_kernel<float><<<blocks_for(tiles, kWarps), kWarps * 32, 0, stream>>>(x, rows, n, codes, scales);
+  tile_fp8_kernel<float, false><<<blocks_for(tiles, kWarps), kWarps * 32, 0, stream>>>(x, rows, n, rows, codes, scales);
   CUDA_CHECK_LAUNCH();
 }
 
@@ -126,7 +102,8 @@ void kv_fp8_quantize(const __nv_bfloat16* x, int64_t rows, int64_t n, uint8_t* c
                      cudaStream_t stream) {
   const int64_t tiles = rows * ((n + 127) / 128);
   if (tiles == 0) return;
-  kv_fp8_kernel<__nv_bfloat16><<<blocks_for(tiles, kWarps), kWarps * 32, 0, stream>>>(x, rows, n, codes, scales);
+  tile_fp8_kernel<__nv_bfloat16, false><<<blocks_for(tiles, kWarps), kWarps * 32, 0, stream>>>(x, rows, n, rows, codes,
+                                                                                              scales);
   CUDA_CHECK_LAUNCH();
 }
 
@@ -135,7 +112,8 @@ void act_fp8_quantize(const __nv_bfloat16* x, int64_t rows, int64_t n, int64_t l
   DZ_CHECK(ld >= rows, "act_fp8_quantize: ", ld, " padded rows for ", rows);
   const int64_t tiles = ld * ((n + 127) / 128);
   if (tiles == 0) return;
-  act_fp8_kernel<__nv_bfloat16><<<blocks_for(tiles, kWarps), kWarps * 32, 0, stream>>>(x, rows, n, ld, codes, scales_t);
+  tile_fp8_kernel<__nv_bfloat16, true><<<blocks_for(tiles, kWarps), kWarps * 32, 0, stream>>>(x, rows, n, ld, codes,
+                                                                                             scales_t);
   CUDA_CHECK_LAUNCH();
 }
 
