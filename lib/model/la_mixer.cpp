@@ -44,12 +44,9 @@ void LinearAttnMixer::finish(DTensor& o, const DTensor& gate, const DTensor& out
   tp_.allreduce(*be_, out);
 }
 
-void LinearAttnMixer::forward(const DTensor& x, MixerState& base, const DTensor& out) const {
-  LaState& st = state_of(base);
-  const int64_t T = x.rows(), KD = HK_ * K_, VD = HV_ * V_;
-  Tok tk = project(x);
-  DTensor c = be_->act({T, conv_dim()});
-  be_->short_conv(tk.pre, conv_, st.conv, c);
+// The scan's inputs from the projections and the conv output c [T, conv_dim()] = [q | k | v].
+LaScanArgs LinearAttnMixer::scan_args(const Tok& tk, const DTensor& c) const {
+  const int64_t T = c.rows(), KD = HK_ * K_, VD = HV_ * V_;
   LaScanArgs a;
   a.kda = per_channel_;
   a.HK = HK_, a.HV = HV_, a.K = K_, a.V = V_;
@@ -62,6 +59,16 @@ void LinearAttnMixer::forward(const DTensor& x, MixerState& base, const DTensor&
   be_->copy_cols(c, 2 * KD, a.v, 0, VD);
   a.beta = tk.beta;
   a.gate = LaGateArgs{tk.f, A_log_, dt_bias_, lower_bound_};
+  return a;
+}
+
+void LinearAttnMixer::forward(const DTensor& x, MixerState& base, const DTensor& out) const {
+  LaState& st = state_of(base);
+  const int64_t T = x.rows(), VD = HV_ * V_;
+  Tok tk = project(x);
+  DTensor c = be_->act({T, conv_dim()});
+  be_->short_conv(tk.pre, conv_, st.conv, c);
+  LaScanArgs a = scan_args(tk, c);
   a.state = st.S;
   a.o = be_->act({T, VD});
   be_->la_scan(a);
@@ -71,7 +78,7 @@ void LinearAttnMixer::forward(const DTensor& x, MixerState& base, const DTensor&
 
 void LinearAttnMixer::forward_packed(const DTensor& x, const std::vector<int64_t>& cu,
                                      const std::vector<MixerState*>& sts, const DTensor& out) const {
-  const int64_t N = int64_t(cu.size()) - 1, T = x.rows(), KD = HK_ * K_, VD = HV_ * V_, nS = HV_ * K_ * V_;
+  const int64_t N = int64_t(cu.size()) - 1, T = x.rows(), VD = HV_ * V_, nS = HV_ * K_ * V_;
   DZ_CHECK(N >= 1 && int64_t(sts.size()) == N && cu.front() == 0 && cu.back() == T, name_,
            " forward_packed: ", N, " documents, ", sts.size(), " states, offsets to ", cu.back(), " of ", T, " rows");
   std::vector<LaState*> st(static_cast<size_t>(N));
@@ -81,18 +88,7 @@ void LinearAttnMixer::forward_packed(const DTensor& x, const std::vector<int64_t
   for (int64_t b = 0; b < N; ++b)
     be_->short_conv(tk.pre.slab(cu[size_t(b)], cu[size_t(b) + 1]), conv_, st[size_t(b)]->conv,
                     c.slab(cu[size_t(b)], cu[size_t(b) + 1]));
-  LaScanArgs a;
-  a.kda = per_channel_;
-  a.HK = HK_, a.HV = HV_, a.K = K_, a.V = V_;
-  a.scale = 1.f / std::sqrt(float(K_));
-  a.q = be_->act({T, KD});
-  a.k = be_->act({T, KD});
-  a.v = be_->act({T, VD});
-  be_->copy_cols(c, 0, a.q, 0, KD);
-  be_->copy_cols(c, KD, a.k, 0, KD);
-  be_->copy_cols(c, 2 * KD, a.v, 0, VD);
-  a.beta = tk.beta;
-  a.gate = LaGateArgs{tk.f, A_log_, dt_bias_, lower_bound_};
+  LaScanArgs a = scan_args(tk, c);
   a.cu = cu;
   a.state = be_->alloc({N, HV_, K_, V_}, DType::F32);
   const DTensor flat = a.state.reshaped({N, nS});

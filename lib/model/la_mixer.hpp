@@ -57,6 +57,7 @@ class LinearAttnMixer : public Mixer {
  private:
   LaState& state_of(MixerState& base) const;
   void finish(DTensor& o, const DTensor& gate, const DTensor& out) const;
+  LaScanArgs scan_args(const Tok& tk, const DTensor& c) const;
 };
 
 }  // namespace dz
