@@ -181,6 +181,24 @@ class Backend {
   // positions pos0 .. pos0+T-1.
   virtual void rope(const Rope& rope, const DTensor& x, int64_t H, int64_t head_stride, int64_t offset, int64_t pos0) = 0;
   virtual void attention(const AttnArgs& a) = 0;
+  // Per-head matrix products (the absorbed MLA's W_uk / W_uv, cuBLAS strided-batched on CUDA):
+  // for h < H and every row t of x and y,
+  //   y[t, h*y_hs .. +n) = x[t, h*x_hs .. +k) · M_h,     fp32 accumulation,
+  // M_h = the [k, n] row-major block at W + w0 + h*w_hs (trans_w false), or the transpose of the
+  // [n, k] row-major block there (trans_w true); W is a weight in weight_dtype() (never FP8),
+  // offsets in elements of W's storage. x, y act dtype, contiguous rows (x.cols() >= H*x_hs
+  // ... the last head's k columns fit; likewise y); y's other columns are left as they are.
+  virtual void head_matmul(const DTensor& x, int64_t x_hs, int64_t k, const DTensor& W, int64_t w0, int64_t w_hs,
+                           bool trans_w, const DTensor& y, int64_t y_hs, int64_t n, int64_t H) = 0;
+  // MLA in the absorbed form on the latent cache (one KV head): queries q [T, H, R + DR] (q_nope
+  // already multiplied by W_uk, then the rotated q_pe) at positions pos0 .. pos0+T-1; cache kv
+  // [S, R + DR] = [c | k_pe] rows of the first S positions (S >= pos0 + T); keys = the whole
+  // rows, values = their first R columns:
+  //   out[t, h, :] = sum_s softmax_s(scale * q[t, h] · kv[s]) kv[s, :R]          out [T, H, R]
+  // over the causal keys, or the DSA selection sel [T, n_sel] I32 as in AttnArgs (a mask on the
+  // causal set). Equal to attention() with Hkv = 1, Dk = R + DR, Dv = R (the CPU reference).
+  virtual void mla_latent_attention(const DTensor& q, const DTensor& kv, const DTensor& sel, int64_t pos0, int64_t H,
+                                    int64_t R, int64_t DR, float scale, const DTensor& out) = 0;
   // y = LayerNorm(x) * w + b per row of the last dim of w (torch LayerNorm, biased variance).
   virtual void layer_norm(const DTensor& x, const DTensor& w, const DTensor& b, const DTensor& y, float eps) = 0;
   // DSA lightning indexer Top-K (ops/indexer.hpp): q [T, H*D], w [T, H] F32 (weights_proj output,

@@ -584,6 +584,48 @@ class CudaBackend final : public Backend {
     cuda::attention(b16(a.q), b16(a.k), b16(a.v), b16w(a.out), T, a.pos0, S, int(a.Hq), int(a.Hkv), int(a.Dk),
                     int(a.Dv), a.scale, sparse ? sel.ptr<int32_t>() : nullptr, sparse ? sel.cols() : 0, st());
   }
+  // Row-major Y_h [T, n] = X_h [T, k] · M_h, in cuBLAS's column-major terms Y_h^T = M_h^T · X_h^T,
+  // one strided batch over the heads (M_h^T is M_h's row-major block read as is, or W_h's
+  // transposed).
+  void head_matmul(const DTensor& x, int64_t x_hs, int64_t k, const DTensor& W, int64_t w0, int64_t w_hs, bool trans_w,
+                   const DTensor& y, int64_t y_hs, int64_t n, int64_t H) override {
+    const int64_t T = x.rows(), xc = x.cols(), yc = y.cols();
+    DZ_CHECK(y.rows() == T && H >= 1 && k >= 0 && n >= 0 && (H - 1) * x_hs + k <= xc && (H - 1) * y_hs + n <= yc &&
+                 w0 >= 0 && w0 + (H - 1) * w_hs + k * n <= W.numel() && x.dtype == DType::BF16 &&
+                 W.dtype == DType::BF16 && y.dtype == DType::BF16,
+             "head_matmul: ", H, " heads of [", k, "] -> [", n, "] over x ", shape_str(x.shape), " ",
+             to_string(x.dtype), " (head stride ", x_hs, "), y ", shape_str(y.shape), " (", y_hs, "), W ",
+             shape_str(W.shape), " ", to_string(W.dtype), " at ", w0, " (", w_hs, ")");
+    if (T == 0 || n == 0) return;
+    const float one = 1.f, zero = 0.f;
+    CUBLAS_CHECK(cublasGemmStridedBatchedEx(
+        blas_, trans_w ? CUBLAS_OP_T : CUBLAS_OP_N, CUBLAS_OP_N, int(n), int(T), int(k), &one, b16(W) + w0, CUDA_R_16BF,
+        int(trans_w ? k : n), w_hs, b16(x), CUDA_R_16BF, int(xc), x_hs, &zero, b16w(y), CUDA_R_16BF, int(yc), y_hs,
+        int(H), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+  }
+  void mla_latent_attention(const DTensor& q, const DTensor& kv, const DTensor& sel, int64_t pos0, int64_t H, int64_t R,
+                            int64_t DR, float scale, const DTensor& out) override {
+    const int64_t Dk = R + DR, T = q.numel() / (H * Dk), S = kv.rows();
+    DZ_CHECK(kv.cols() == Dk && q.numel() == T * H * Dk && out.numel() == T * H * R,
+             "mla_latent_attention: q ", shape_str(q.shape), ", cache ", shape_str(kv.shape), ", out ",
+             shape_str(out.shape), " for ", H, " heads of [", R, " + ", DR, "]");
+    if (T == 0) return;
+    DTensor v = alloc({S, R}, kv.dtype);  // the values: the latent columns of the cache rows
+    copy_cols(kv, 0, v, 0, R);
+    AttnArgs a;
+    a.q = q;
+    a.k = kv;
+    a.v = v;
+    a.out = out;
+    a.sel = sel;
+    a.pos0 = pos0;
+    a.Hq = H;
+    a.Hkv = 1;
+    a.Dk = Dk;
+    a.Dv = R;
+    a.scale = scale;
+    attention(a);
+  }
   void layer_norm(const DTensor& x, const DTensor& w, const DTensor& b, const DTensor& y, float eps) override {
     const int64_t D = w.numel();
     cuda::layer_norm(x.data, dt_of(x), optf(w), optf(b), y.data, dt_of(y), x.numel() / D, D, eps, st());
