@@ -6,12 +6,15 @@
 # --dummy-weights scoring one 131072-token document, and 256 documents of 2048 tokens with and
 # without packing. JSON into LOG_DIR; a summary of the ratios on stdout.
 #   bash scripts/bench-e2e-gpu.sh PREFIX BUILD_DIR LOG_DIR FLA_SRC ANCHOR_PY [parts...]
-# parts: anchor e2e k131k docs256 (default: all)
+# parts: anchor e2e decode ncu k131k docs256 (default: all)
+#   decode: generate mode, 33 new tokens after the 8192 / 32768-token prompt (ms per decode step)
+#   ncu:    Nsight Compute (--clock-control none) over one timed last-logits forward at T=32768 of
+#           each 8-layer shape: kernel time by group (scripts/ncu_summary.py)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 P=${1:?prefix}; B=${2:?build dir}; L=${3:?log dir}; FLA=${4:?fla source dir}; ANCHOR=${5:?e2e_transformers.py}
 shift 5
-parts=${*:-anchor e2e k131k docs256}
+parts=${*:-anchor e2e decode ncu k131k docs256}
 mkdir -p "$L"
 [[ -x $B/dayzero ]] || DZ_TARGETS="dayzero" bash scripts/offline-prefix.sh build "$P" "$B" 2>&1 | grep -E '^\[offline-prefix\]|error'
 eval "$(bash scripts/offline-prefix.sh env "$P")"
@@ -25,6 +28,19 @@ fi
 if has e2e; then
   "$DZ" bench e2e --model configs/bench/kimi_linear_48b_a3b_8l --model configs/bench/qwen3_next_80b_a3b_8l \
     --tokens 8192,32768 --modes last-logits,logprobs --repeats 3 --json "$L/e2e_dayzero.json" 2>&1 | grep -v '^{'
+fi
+if has decode; then
+  "$DZ" bench e2e --model configs/bench/kimi_linear_48b_a3b_8l --model configs/bench/qwen3_next_80b_a3b_8l \
+    --tokens 8192,32768 --modes generate --new-tokens 33 --repeats 3 --json "$L/decode_dayzero.json" 2>&1 | grep -v '^{'
+fi
+if has ncu; then
+  for m in kimi_linear_48b_a3b_8l qwen3_next_80b_a3b_8l; do
+    ncu --clock-control none --profile-from-start off --csv --log-file "$L/ncu_$m.csv" \
+      --metrics gpu__time_duration.sum,sm__throughput.avg.pct_of_peak_sustained_elapsed,dram__throughput.avg.pct_of_peak_sustained_elapsed,sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active \
+      "$DZ" bench e2e --model "configs/bench/$m" --tokens 32768 --modes last-logits --repeats 1 >/dev/null 2>&1 ||
+      echo "ncu over $m failed (see $L/ncu_$m.csv)"
+    python3 scripts/ncu_summary.py "$L/ncu_$m.csv" "$L/ncu_$m.json" --title "$m T=32768 last-logits" || true
+  done
 fi
 W=$(mktemp -d)
 K=configs/bench/kimi_linear_48b_a3b
@@ -59,6 +75,10 @@ if d:
         print(f"dayzero {r['model']} T={r['T']} {r['mode']}: {r['ms']:.1f} ms, {r['tok_s']:.0f} tok/s, MFU {100 * r['mfu_dense']:.1f} % "
               f"({100 * r['mfu_with_attention']:.1f} % with attention), peak {r['peak_gib']:.2f} GiB (plan {r['plan_peak_gib']:.2f}, "
               f"{'ok' if ok else 'PLAN OFF'}) {ratio}")
+for r in (load("decode_dayzero.json") or {}).get("results", []):
+    if "decode_ms_per_token" in r:
+        print(f"decode {r['model']} after T={r['T']}: {r['decode_ms_per_token']:.2f} ms per token ({r['new_tokens']} new tokens, "
+              f"whole call {r['ms']:.1f} ms)")
 for n in ("kimi48b_131k_logprobs_report.json", "kimi48b_256x2048_mbt32768.json", "kimi48b_256x2048_mbt0.json"):
     r = load(n)
     if r:

@@ -127,6 +127,10 @@ int main(int argc, char** argv) {
   be->add_option("--backend", eo.backend, "e2e: cpu | cuda")->capture_default_str();
   be->add_option("--max-batch-tokens", eo.max_batch_tokens, "e2e: prefill in forwards of this many tokens (0: whole)")
       ->capture_default_str();
+  be->add_option("--new-tokens", eo.new_tokens, "e2e generate mode: tokens generated after the prefill (decode "
+                                                 "time per token reported)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
   be->add_flag("--real-weights", bench_real_weights, "e2e: load the checkpoint's weights instead of dummy ones");
 
   // Parse before MPI_Init so --help works without a launcher; MPI starts only for `run`.

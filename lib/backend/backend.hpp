@@ -235,6 +235,9 @@ class Backend {
   virtual int64_t peak_memory_bytes() const = 0;  // device memory high-water mark (0: host backend)
   virtual int64_t memory_in_use_bytes() const = 0;  // device memory allocated now (0: host backend)
   virtual void reset_peak_memory() = 0;               // the high-water mark restarts from what is in use
+  // Brackets what a profiler started with collection off records (CUDA: cudaProfilerStart/Stop,
+  // for `ncu --profile-from-start off`); nothing on the host backend.
+  virtual void profile(bool on) { (void)on; }
 };
 
 std::unique_ptr<Backend> make_cpu_backend();

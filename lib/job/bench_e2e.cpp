@@ -123,7 +123,7 @@ int bench_e2e(const BenchE2eOptions& opt) {
         ModeParams mp;
         mp.mode = mode;
         mp.chunk_tokens = opt.max_batch_tokens;
-        mp.max_new_tokens = 1;
+        mp.max_new_tokens = opt.new_tokens;
         json r;
         r["model"] = basename_of(dir);
         r["layers"] = cfg.num_layers;
@@ -132,16 +132,32 @@ int bench_e2e(const BenchE2eOptions& opt) {
         r["max_batch_tokens"] = opt.max_batch_tokens;
         try {
           be->reset_peak_memory();
-          std::vector<double> ms;
+          std::vector<double> ms, decode_ms;  // decode: per generated token after the first
           for (int rep = 0; rep <= opt.repeats; ++rep) {  // rep 0: warm-up
+            WorkStats ws;
+            ws.device = be;
+            DocParallel par;  // stage timers (which sync the device) only where decode is timed
+            if (mode == OutputMode::Generate) par.stats = &ws;
             be->sync();
+            const bool prof = rep == opt.repeats;  // the last timed run (ncu --profile-from-start off)
+            if (prof) be->profile(true);
             const auto ts = Clock::now();
-            DocResult res = compute_document(*model, 0, tokens, mp, {});
+            DocResult res = compute_document(*model, 0, tokens, mp, {}, par);
             be->sync();
-            if (rep > 0) ms.push_back(std::chrono::duration<double, std::milli>(Clock::now() - ts).count());
+            const double el = std::chrono::duration<double, std::milli>(Clock::now() - ts).count();
+            if (prof) be->profile(false);
+            if (rep == 0) continue;
+            ms.push_back(el);
+            const int64_t steps = int64_t(res.ids.size()) - 1;  // forwards of one token each
+            if (mode == OutputMode::Generate && steps > 0) decode_ms.push_back(ws.seconds["decode"] * 1e3 / double(steps));
           }
           std::sort(ms.begin(), ms.end());
           const double med = ms[ms.size() / 2];
+          if (!decode_ms.empty()) {
+            std::sort(decode_ms.begin(), decode_ms.end());
+            r["new_tokens"] = opt.new_tokens;
+            r["decode_ms_per_token"] = decode_ms[decode_ms.size() / 2];
+          }
           const double dense = 2.0 * pc.active_nonembed * double(T), attn = attention_flops(cfg, T);
           r["ms"] = med;
           r["ms_all"] = ms;

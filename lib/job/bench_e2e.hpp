@@ -16,6 +16,7 @@ struct BenchE2eOptions {
   std::string backend = "cuda";
   bool dummy_weights = true;
   int64_t max_batch_tokens = 0;             // as `run --max-batch-tokens` (chunked prefill)
+  int64_t new_tokens = 1;                   // generate mode: tokens generated after the prefill
   std::string json;                         // report path (commit from $DZ_COMMIT)
 };
 

@@ -9,9 +9,18 @@
 //   o    = softmax(scale q·k) v over the causal (or Top-K) keys          [H, vd]
 //   o   *= sigmoid(g_proj(x))   (Kimi K3 mla_use_output_gate)
 //   out  = o_proj(o)
-// The cache keeps c and kr per token (what an MLA cache holds). This reference materialises k and
-// v for every cached token on each call; mla_attention_absorbed (ops/attention.hpp) computes the
-// same result on the latent directly and is tested equal.
+// The cache keeps one row [c | kr] per token (what an MLA cache holds). Two equal forms of the
+// attention (DeepSeek's "naive" and "absorb"):
+// - explicit: k and v of every cached token expanded through kv_b_proj (S x H x (nope + vd) x R
+//   MACs per call), then attention with head dims nope + rope / vd — cheap when the T queries are
+//   many (prefill), since the expansion is shared;
+// - absorbed: W_uk folded into the queries (q_lat = W_uk^T q_nope), attention straight on the
+//   cache rows with one KV head (keys [c | kr], values c), W_uv applied to the [H, R] result —
+//   no per-token expansion, so a decode step costs O(S x H x (2R + rope)) instead of
+//   O(S x H x (nope + vd) x R).
+// forward() takes whichever needs fewer FLOPs for its (T, pos0, selection) (use_absorbed), the
+// same choice on both backends; mla_attention_absorbed (ops/attention.hpp) is the fp32 reference
+// of the absorbed form and is tested equal to the explicit one.
 //
 // RoPE conventions found in the references:
 // - deepseek_v32: DeepSeek's code rotates interleaved pairs; transformers de-interleaves the rope
@@ -121,6 +130,9 @@ class MlaMixer : public Mixer {
     kv_a_bias_ = par(hkv_a_bias_);
     kv_a_norm_ = par(hkv_a_norm_);
     kv_b_ = up(hkv_b_);
+    // The absorbed form multiplies per head by W_uk / W_uv (head_matmul): weight_dtype(), so an
+    // FP8-kept kv_b_proj gets a second, dequantised copy.
+    kv_b_abs_ = kv_b_.block_scales ? be.upload(hkv_b_, be.weight_dtype()) : kv_b_;
     o_ = up(ho_);
     o_bias_ = par(ho_bias_);
     g_ = up(hg_);
@@ -134,8 +146,7 @@ class MlaMixer : public Mixer {
 
   std::unique_ptr<MixerState> make_state() const override {
     auto st = std::make_unique<AttnCache>();
-    st->latent.init(*be_, R_, be_->act_dtype());
-    st->k_pe.init(*be_, rope_dim_, be_->act_dtype());
+    st->latent.init(*be_, R_ + rope_dim_, be_->act_dtype());
     st->index_k.init(*be_, idx_dim(), be_->act_dtype());
     return st;
   }
@@ -144,12 +155,13 @@ class MlaMixer : public Mixer {
     auto* st = dynamic_cast<AttnCache*>(&st_base);
     DZ_CHECK(st, "MLA mixer: state is not an attention cache");
     const int64_t T = x.rows(), pos0 = st->pos, S = pos0 + T, Dq = nope_ + rope_dim_;
-    DZ_CHECK(st->latent.rows() == pos0 && st->k_pe.rows() == pos0 && st->index_k.rows() == (indexer_ ? pos0 : 0),
+    DZ_CHECK(st->latent.rows() == pos0 && st->index_k.rows() == (indexer_ ? pos0 : 0),
              "MLA mixer: cache size does not match position ", pos0);
     DTensor q = be_->act({T, Hl_ * Dq}), q_resid = be_->act({T, q_lora_});
-    DTensor c = st->latent.append(T), kr = st->k_pe.append(T);
+    DTensor c = be_->act({T, R_}), kr = be_->act({T, rope_dim_});
     DTensor ki = indexer_ ? st->index_k.append(T) : DTensor{};
     project(x, pos0, q, q_resid, c, kr, ki);
+    store(c, kr, st->latent.append(T));
 
     DTensor sel;
     if (indexer_) {
@@ -208,18 +220,17 @@ class MlaMixer : public Mixer {
       const std::vector<float> all = ctx.cp->allgatherv(mine);
       DZ_CHECK(int64_t(all.size()) == L * W, "MLA forward_cp: gathered ", all.size() / size_t(W ? W : 1),
                " cache rows for a document of ", L);
-      std::vector<float> lat(size_t(L * R_)), kpe(size_t(L * rope_dim_)), ik(size_t(L * Di));
+      const int64_t Wl = R_ + rope_dim_;  // a latent cache row: [c | kr]
+      std::vector<float> lat(size_t(L * Wl)), ik(size_t(L * Di));
       const float* e = all.data();
       for (int rank = 0; rank < lay.cp_size; ++rank)
         for (int j : lay.segments_of(rank))
           for (int64_t s = lay.seg_begin(j); s < lay.seg_begin(j) + lay.seg_len(j); ++s, e += W) {
-            std::copy(e, e + R_, lat.begin() + s * R_);
-            std::copy(e + R_, e + R_ + rope_dim_, kpe.begin() + s * rope_dim_);
-            std::copy(e + R_ + rope_dim_, e + W, ik.begin() + s * Di);
+            std::copy(e, e + Wl, lat.begin() + s * Wl);
+            std::copy(e + Wl, e + W, ik.begin() + s * Di);
           }
       // cache entries are act values: the round trip through the host is exact
-      be_->copy_rows(be_->upload(lat.data(), {L, R_}, be_->act_dtype()), 0, st->latent.append(L), 0, L);
-      be_->copy_rows(be_->upload(kpe.data(), {L, rope_dim_}, be_->act_dtype()), 0, st->k_pe.append(L), 0, L);
+      be_->copy_rows(be_->upload(lat.data(), {L, Wl}, be_->act_dtype()), 0, st->latent.append(L), 0, L);
       if (indexer_) be_->copy_rows(be_->upload(ik.data(), {L, Di}, be_->act_dtype()), 0, st->index_k.append(L), 0, L);
       st->pos = L;
     }
@@ -243,7 +254,9 @@ class MlaMixer : public Mixer {
       {
         auto tm = ctx.time("attention");
         DTensor os = o.slab(r, r + T);
-        attend(*st, pos0 + T, q.slab(r, r + T), pos0, sel, os);
+        // The explicit form, as the serial prefill of the whole document takes it (use_absorbed
+        // would pick the absorbed one only for tiny segments), so CP equals one rank bitwise.
+        attend_explicit(*st, pos0 + T, q.slab(r, r + T), pos0, sel, os);
         ctx.flops("attention", attention_flops(pos0, T, K));
       }
       r += T;
@@ -286,18 +299,71 @@ class MlaMixer : public Mixer {
     if (indexer_) indexer_->keys(x, pos0, ki);
   }
 
-  // Attention of q [T, Hl*Dq] at pos0 .. over the first S cache rows: keys k [S, Hl, Dq] and values
-  // v [S, Hl, vd] of this rank's heads expanded from the latent (explicit form).
+  // c [T, R], kr [T, rope] -> the cache rows e [T, R + rope].
+  void store(const DTensor& c, const DTensor& kr, const DTensor& e) const {
+    be_->copy_cols(c, 0, e, 0, R_);
+    if (rope_dim_) be_->copy_cols(kr, 0, e, R_, rope_dim_);
+  }
+
+  // Whether T queries at pos0 .. (attending min(K, p + 1) keys each with a DSA selection of K,
+  // else p + 1) need fewer FLOPs in the absorbed form than in the explicit one. Per head and
+  // attended key the explicit form does q·k over nope + rope and p·v over vd, the absorbed one
+  // over R + rope and R; the explicit form expands all S = pos0 + T cached tokens through kv_b
+  // ((nope + vd) x R), the absorbed one folds W_uk into the T queries and W_uv into their outputs
+  // (the same (nope + vd) x R per query).
+  bool use_absorbed(int64_t T, int64_t pos0, int64_t K) const {
+    const double S = double(pos0 + T), expand = double(nope_ + vd_) * double(R_);
+    double keys = 0;
+    if (K > 0) {
+      for (int64_t p = pos0; p < pos0 + T; ++p) keys += double(std::min(K, p + 1));
+    } else {
+      keys = double(T) * double(pos0) + double(T) * double(T + 1) / 2;
+    }
+    const double explicit_flops = S * expand + keys * double(nope_ + rope_dim_ + vd_);
+    const double absorbed_flops = double(T) * expand + keys * double(2 * R_ + rope_dim_);
+    return absorbed_flops < explicit_flops;
+  }
+
+  // Attention of q [T, Hl*Dq] at pos0 .. over the first S cache rows -> o [T, Hl*vd], in the form
+  // use_absorbed picks.
   void attend(const AttnCache& st, int64_t S, const DTensor& q, int64_t pos0, const DTensor& sel, DTensor& o) const {
+    const int64_t T = q.rows();
+    if (use_absorbed(T, pos0, sel.defined() ? sel.cols() : 0))
+      attend_absorbed(st, S, q, pos0, sel, o);
+    else
+      attend_explicit(st, S, q, pos0, sel, o);
+  }
+
+  // Absorbed: q_lat [T, Hl, R + rope] = [W_uk[h]^T q_nope, q_pe], attention on the cache rows
+  // (one KV head) -> o_lat [T, Hl, R], o[h] = W_uv[h] o_lat[h]. kv_b_proj rows per head are
+  // W_uk [nope, R] then W_uv [vd, R].
+  void attend_absorbed(const AttnCache& st, int64_t S, const DTensor& q, int64_t pos0, const DTensor& sel,
+                       DTensor& o) const {
+    Backend& be = *be_;
+    const int64_t T = q.rows(), Dq = nope_ + rope_dim_, Dl = R_ + rope_dim_, hs = (nope_ + vd_) * R_;
+    DTensor ql = be.act({T, Hl_ * Dl});  // [T, Hl, R + rope]
+    be.head_matmul(q, Dq, nope_, kv_b_abs_, 0, hs, false, ql, Dl, R_, Hl_);
+    if (rope_dim_) be.copy_cols(q.reshaped({T * Hl_, Dq}), nope_, ql.reshaped({T * Hl_, Dl}), R_, rope_dim_);
+    DTensor ol = be.act({T, Hl_ * R_});  // [T, Hl, R]
+    be.mla_latent_attention(ql, st.latent.view(0, S), sel, pos0, Hl_, R_, rope_dim_, scale_, ol);
+    be.head_matmul(ol, R_, R_, kv_b_abs_, nope_ * R_, hs, true, o, vd_, vd_, Hl_);
+  }
+
+  // Explicit: keys k [S, Hl, Dq] and values v [S, Hl, vd] of this rank's heads expanded from the
+  // latent.
+  void attend_explicit(const AttnCache& st, int64_t S, const DTensor& q, int64_t pos0, const DTensor& sel,
+                       DTensor& o) const {
     Backend& be = *be_;
     const int64_t Dq = nope_ + rope_dim_, w = nope_ + vd_;
+    const DTensor cache = st.latent.view(0, S);  // [S, R + rope]
+    DTensor c = be.act({S, R_});
+    be.copy_cols(cache, 0, c, 0, R_);
     DTensor kvb = be.act({S, Hl_ * w});  // [S, Hl, nope + vd]
-    be.linear(st.latent.view(0, S), kv_b_, DTensor{}, kvb);
+    be.linear(c, kv_b_, DTensor{}, kvb);
     DTensor k = be.act({S, Hl_ * Dq}), v = be.act({S, Hl_ * vd_});
-    const DTensor kpe = st.k_pe.view(0, S);
     for (int64_t h = 0; h < Hl_; ++h) {
       be.copy_cols(kvb, h * w, k, h * Dq, nope_);
-      if (rope_dim_) be.copy_cols(kpe, 0, k, h * Dq + nope_, rope_dim_);
+      if (rope_dim_) be.copy_cols(cache, R_, k, h * Dq + nope_, rope_dim_);
       be.copy_cols(kvb, h * w + nope_, v, h * vd_, vd_);
     }
     AttnArgs a;
@@ -379,6 +445,7 @@ class MlaMixer : public Mixer {
   DTensor q_b_;                          // [Hl*Dq, q_lora]
   DTensor kv_a_, kv_a_bias_, kv_a_norm_; // [R + rope, D], [R + rope], [R]
   DTensor kv_b_;                         // [Hl*(nope + vd), R]
+  DTensor kv_b_abs_;                     // the same in weight_dtype() (kv_b_ itself unless FP8)
   DTensor o_, o_bias_;                   // [D, Hl*vd], [D] (bias on TP rank 0 only)
   DTensor g_;                            // [Hl*vd, D]        (output gate)
   Tensor hq_, hq_a_, hq_a_bias_, hq_a_norm_, hq_b_, hkv_a_, hkv_a_bias_, hkv_a_norm_, hkv_b_, ho_, ho_bias_, hg_;  // as loaded

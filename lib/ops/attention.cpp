@@ -177,7 +177,6 @@ std::unique_ptr<MixerState> AttnCache::clone() const {
   auto c = std::make_unique<AttnCache>();
   c->pos = pos;
   c->latent = latent.deep_copy();
-  c->k_pe = k_pe.deep_copy();
   c->index_k = index_k.deep_copy();
   c->k = k.deep_copy();
   c->v = v.deep_copy();

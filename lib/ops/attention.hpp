@@ -65,9 +65,10 @@ struct RowStore {
 // token positions 0 .. pos-1, on the mixer's backend. Public so that the CP runtime can gather
 // latent KV / indexer keys.
 struct AttnCache : MixerState {
-  // MLA
-  RowStore latent;   // [pos, kv_lora_rank] after kv_a_layernorm
-  RowStore k_pe;     // [pos, qk_rope_head_dim] after RoPE (raw when the family is NoPE)
+  // MLA: one row per token, [c | k_pe] (what the absorbed kernels read as the key, the first R
+  // columns being the value): c [kv_lora_rank] after kv_a_layernorm, k_pe [qk_rope_head_dim]
+  // after RoPE (raw when the family is NoPE).
+  RowStore latent;   // [pos, kv_lora_rank + qk_rope_head_dim]
   RowStore index_k;  // [pos, index_head_dim] DSA indexer keys after LayerNorm + RoPE (host F32)
   // GQA
   RowStore k;  // [pos, Hkv * D] after k_norm + RoPE

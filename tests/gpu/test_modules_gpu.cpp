@@ -1,6 +1,6 @@
 // Every module on both backends (DESIGN §10): the same weights (a generating Checkpoint gives them
 // by tensor name) on the CPU and on the CUDA backend, the same bf16-rounded inputs; compared:
-// the prefill output, three decode steps after it, the state it leaves (linear-attention state and
+// the prefill output, three decode steps after it (MLA: the absorbed form), the state it leaves (linear-attention state and
 // conv tail; attention cache rows), and the intra-rank segmented prefill (forward_cp over a layout
 // of 3 segments: the two-stage scan, halo and KV gathers of the CP path) against the serial one.
 // Tolerance (NMSE, sum (gpu - cpu)^2 / sum cpu^2): a module is a chain of bf16 GEMMs and bf16
@@ -40,6 +40,10 @@ dz::ModelConfig golden_cfg(const std::string& fam, bool wide) {
   nlohmann::json j = nlohmann::json::parse(f);
   if (wide && fam == "kimi_linear") j["linear_head_dim"] = 128;
   if (wide && fam == "qwen3_next") j["linear_key_head_dim"] = 64, j["linear_value_head_dim"] = 64;
+  // MLA at the production latent dims (kv_lora_rank 512, rope 64: the tensor-core sparse_mla
+  // kernel of the absorbed decode; the golden dims take the generic attention kernel).
+  if (wide && (fam == "kimi_linear" || fam == "deepseek_v32")) j["kv_lora_rank"] = 512, j["qk_rope_head_dim"] = 64;
+  if (wide && fam == "deepseek_v32") j["index_head_dim"] = 64;
   return dz::ModelConfig::from_json(j);
 }
 
@@ -52,7 +56,7 @@ std::vector<float> state_of(const dz::MixerState& s) {
   }
   auto& a = dynamic_cast<const dz::AttnCache&>(s);
   std::vector<float> v;
-  for (const dz::RowStore* r : {&a.latent, &a.k_pe, &a.index_k, &a.k, &a.v}) {
+  for (const dz::RowStore* r : {&a.latent, &a.index_k, &a.k, &a.v}) {
     const auto h = r->host();
     v.insert(v.end(), h.begin(), h.end());
   }
@@ -82,6 +86,8 @@ TEST_CASE("modules gpu: every mixer's prefill, decode, state and segmented prefi
       {"GDN (K=64, chunked kernel)", "qwen3_next", true, dz::MixerKind::GDN},
       {"MLA NoPE + gate (kimi)", "kimi_linear", false, dz::MixerKind::MLA},
       {"MLA + DSA (deepseek)", "deepseek_v32", false, dz::MixerKind::MLA},
+      {"MLA NoPE R=512 (kimi)", "kimi_linear", true, dz::MixerKind::MLA},
+      {"MLA + DSA R=512 (deepseek)", "deepseek_v32", true, dz::MixerKind::MLA},
       {"gated GQA (qwen3_next)", "qwen3_next", false, dz::MixerKind::GQA},
   };
   for (const MixerCase& c : cases) {

@@ -2,6 +2,7 @@
 // and reductions (DESIGN §5). Every op is issued on the backend's stream; memory comes from the
 // stream-ordered pool (cudaMallocAsync), so per-forward temporaries cost no synchronisation. The
 // host is waited for only where it reads results (download, the staged collectives).
+#include <cuda_profiler_api.h>
 #include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
@@ -192,6 +193,10 @@ class CudaBackend final : public Backend {
     cuda::fill_dummy(t.data, dt_of(t), t.rows(), t.cols(), key, d, ld, r0, c0, st());
   }
   void sync() override { CUDA_CHECK(cudaStreamSynchronize(st())); }
+  void profile(bool on) override {
+    sync();
+    CUDA_CHECK(on ? cudaProfilerStart() : cudaProfilerStop());
+  }
 
   // MpiComm staging (DESIGN §10): device buffer -> pinned host fp32 -> MPI -> back. NCCL comes with
   // the multi-GPU issue; ranks sharing one GPU always take this path.

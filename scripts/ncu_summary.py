@@ -1,0 +1,119 @@
+#!/usr/bin/env python3
+"""Where the GPU time of a dayzero run goes, from Nsight Compute's CSV (`ncu --csv --metrics ...`).
+
+  python3 scripts/ncu_summary.py NCU.csv OUT.json [--forwards N] [--title TEXT]
+
+Kernels are grouped by what they do (the name patterns below); per group: kernel time (ncu's
+gpu__time_duration, kernels serialised), share, launches, and the time-weighted mean of SM and
+DRAM throughput (% of peak) when those metrics were collected: a group near the DRAM ceiling is
+memory-bound, one with low SM and low DRAM throughput is latency- or occupancy-bound. --forwards
+divides by the number of identical forwards profiled (a bench warm-up + its timed runs). Kernels
+that build the model (--dummy-weights fills) are left out.
+"""
+import csv
+import json
+import re
+import sys
+from collections import defaultdict
+
+GROUPS = [  # first match wins
+    ("model build (dummy fills)", r"fill_dummy"),
+    ("linear attention (KDA/GDN scan, chunked)", r"la_|linear_attn|kda|gdn|chunk_|scan|transition|recurrent|wy_|solve"),
+    ("short conv", r"short_conv|conv1d"),
+    ("sparse MLA / DSA indexer", r"sparse_mla|indexer|topk_from|mxfp8"),
+    ("softmax attention (flash, warp)", r"flash|attention|attn_"),
+    ("MoE expert GEMMs", r"grouped_gemm|moe_gemm|swiglu_tc|gemm_tc"),
+    ("MoE routing / dispatch / combine", r"moe_|gather_rows|combine|route|dispatch|shared_expert"),
+    ("dense GEMMs (cuBLAS / cuBLASLt)", r"nvjet|gemm|xmma|cutlass|sm90_|Kernel2|gemv|splitKreduce"),
+    ("LM head reductions", r"row_max|softmax_parts|row_topk|logsumexp|lm_"),
+    ("norms, RoPE, elementwise, copies", r"norm|rope|add|mul|silu|sigmoid|convert|copy|scale|bias|gate|quant|set_i32|iota|fill"),
+]
+
+
+def group_of(name):
+    for g, pat in GROUPS:
+        if re.search(pat, name, re.I):
+            return g
+    return "other"
+
+
+def num(v):
+    try:
+        return float(str(v).replace(",", ""))
+    except ValueError:
+        return None
+
+
+def main():
+    args = sys.argv[1:]
+    forwards, title = 1, ""
+    if "--forwards" in args:
+        i = args.index("--forwards")
+        forwards = int(args[i + 1])
+        del args[i : i + 2]
+    if "--title" in args:
+        i = args.index("--title")
+        title = args[i + 1]
+        del args[i : i + 2]
+    src, out = args
+    # ncu --csv prints log lines before the table; the table starts at the header with "ID".
+    lines = open(src, errors="replace").read().splitlines()
+    start = next(i for i, l in enumerate(lines) if l.startswith('"ID"'))
+    kern = {}  # id -> {name, metrics}
+    for row in csv.DictReader(lines[start:]):
+        k = kern.setdefault(row["ID"], {"name": row["Kernel Name"], "m": {}})
+        unit, v = row.get("Metric Unit", ""), num(row.get("Metric Value"))
+        if v is None:
+            continue
+        if row["Metric Name"] == "gpu__time_duration.sum":  # to microseconds
+            v *= {"nsecond": 1e-3, "usecond": 1.0, "msecond": 1e3, "second": 1e6}.get(unit, 1.0)
+        k["m"][row["Metric Name"]] = v
+    g = defaultdict(lambda: {"us": 0.0, "n": 0, "sm": 0.0, "dram": 0.0, "tc": 0.0})
+    names = defaultdict(lambda: {"us": 0.0, "n": 0, "group": ""})
+    for k in kern.values():
+        us = k["m"].get("gpu__time_duration.sum")
+        if us is None:
+            continue
+        grp = group_of(k["name"])
+        if grp.startswith("model build"):
+            continue
+        e = g[grp]
+        e["us"] += us
+        e["n"] += 1
+        e["sm"] += us * k["m"].get("sm__throughput.avg.pct_of_peak_sustained_elapsed", 0.0)
+        e["dram"] += us * k["m"].get("dram__throughput.avg.pct_of_peak_sustained_elapsed", 0.0)
+        e["tc"] += us * k["m"].get("sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active", 0.0)
+        short = re.sub(r"\(.*", "", k["name"])[:90]
+        names[short]["us"] += us
+        names[short]["n"] += 1
+        names[short]["group"] = grp
+    total = sum(e["us"] for e in g.values())
+    groups = []
+    for grp, e in sorted(g.items(), key=lambda x: -x[1]["us"]):
+        groups.append({
+            "group": grp,
+            "ms_per_forward": e["us"] / forwards / 1e3,
+            "share": e["us"] / total if total else 0.0,
+            "launches_per_forward": e["n"] / forwards,
+            "sm_throughput_pct": e["sm"] / e["us"] if e["us"] else 0.0,
+            "dram_throughput_pct": e["dram"] / e["us"] if e["us"] else 0.0,
+            "tensor_pipe_pct": e["tc"] / e["us"] if e["us"] else 0.0,
+        })
+    top = [{"kernel": n, "group": e["group"], "ms_per_forward": e["us"] / forwards / 1e3,
+            "share": e["us"] / total if total else 0.0, "launches_per_forward": e["n"] / forwards}
+           for n, e in sorted(names.items(), key=lambda x: -x[1]["us"])[:25]]
+    rep = {"title": title, "source": src, "forwards": forwards, "kernel_ms_per_forward": total / forwards / 1e3,
+           "groups": groups, "top_kernels": top}
+    json.dump(rep, open(out, "w"), indent=1)
+    print(f"{title}: {total / forwards / 1e3:.1f} ms of kernels per forward (ncu, serialised)")
+    print(f"  {'group':44s} {'ms':>8s} {'share':>6s} {'launch':>7s} {'SM%':>5s} {'DRAM%':>6s} {'TC%':>5s}")
+    for r in groups:
+        print(f"  {r['group']:44s} {r['ms_per_forward']:8.2f} {100 * r['share']:5.1f}% {r['launches_per_forward']:7.0f} "
+              f"{r['sm_throughput_pct']:5.1f} {r['dram_throughput_pct']:6.1f} {r['tensor_pipe_pct']:5.1f}")
+    print("  top kernels:")
+    for r in top[:12]:
+        print(f"    {r['ms_per_forward']:8.2f} ms {100 * r['share']:5.1f}%  x{r['launches_per_forward']:<5.0f} {r['kernel']}")
+
+
+if __name__ == "__main__":
+    main()
