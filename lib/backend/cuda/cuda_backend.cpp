@@ -631,9 +631,9 @@ class CudaBackend final : public Backend {
     cuda::layer_norm(x.data, dt_of(x), optf(w), optf(b), y.data, dt_of(y), x.numel() / D, D, eps, st());
   }
   // D in {64, 128}, H <= 64: the fused indexer of kernels/indexer.cu on the key rows as a paged
-  // cache (pages of 64 consecutive rows, identity block table: RowStore capacities are multiples
-  // of 64); other head dims: indexer_scores_any + the same Top-K. Query rows go in blocks so the
-  // scratch score rows stay under ~1 GiB.
+  // cache (row_pages: pages of 64 consecutive rows, identity block table); other head dims:
+  // indexer_scores_any + the same Top-K. Query rows go in blocks so the scratch score rows stay
+  // under ~1 GiB.
   void indexer_topk(const DTensor& q, const DTensor& w, float wscale, const DTensor& keys, int64_t pos0, int64_t H,
                     int64_t K, const DTensor& sel) override {
     const int64_t T = w.rows(), D = keys.cols(), S = pos0 + T;
@@ -641,28 +641,16 @@ class CudaBackend final : public Backend {
     DTensor ws = alloc({T, H}, DType::F32);
     CUDA_CHECK(cudaMemcpyAsync(ws.data, w.data, size_t(T * H) * 4, cudaMemcpyDeviceToDevice, st()));
     cuda::scale(ws.ptr<float>(), wscale, T * H, st());
-    std::vector<int32_t> pos(static_cast<size_t>(T));
-    for (int64_t t = 0; t < T; ++t) pos[size_t(t)] = int32_t(pos0 + t);
-    const DTensor dpos = upload_i32(pos.data(), {T});
+    const DTensor dpos = positions(pos0, T);
     const int64_t block = std::max<int64_t>(1, std::min<int64_t>(T, (int64_t(1) << 28) / S));
     DTensor scratch = alloc({block, S}, DType::F32);
     const bool fused = (D == 64 || D == 128) && H <= 64;
-    constexpr int32_t kPage = 64;
-    DTensor table, seq;
-    cuda::BlockTable bt;
+    RowPages pg;
     cuda::IndexKeyCache kc;
     if (fused) {
-      const int64_t rows = keys.rows() + (keys.rows() % kPage ? kPage - keys.rows() % kPage : 0);
       DZ_CHECK(keys.mem && int64_t(static_cast<char*>(keys.data) - static_cast<char*>(keys.mem.get())) == 0,
                "indexer_topk: the key rows must start their allocation (a RowStore)");
-      std::vector<int32_t> tb(size_t(rows / kPage));
-      for (size_t i = 0; i < tb.size(); ++i) tb[i] = int32_t(i);
-      table = upload_i32(tb.data(), {int64_t(tb.size())});
-      const std::vector<int32_t> zeros(static_cast<size_t>(T), 0);
-      seq = upload_i32(zeros.data(), {T});
-      bt.table = table.ptr<int32_t>();
-      bt.max_pages = int32_t(tb.size());
-      bt.page_size = kPage;
+      pg = row_pages(keys.rows(), T);
       kc.D = int32_t(D);
       kc.bf16 = b16w(keys);
     }
@@ -671,8 +659,8 @@ class CudaBackend final : public Backend {
       const bf16* qb = b16(q) + t0 * H * D;
       int32_t* out = sel.ptr<int32_t>() + t0 * K;
       if (fused) {
-        cuda::indexer_topk(qb, ws.ptr<float>() + t0 * H, seq.ptr<int32_t>(), dpos.ptr<int32_t>() + t0, n, int32_t(H),
-                           pos0 + t0 + n, bt, kc, int32_t(K), out, scratch.ptr<float>(), st());
+        cuda::indexer_topk(qb, ws.ptr<float>() + t0 * H, pg.seq.ptr<int32_t>(), dpos.ptr<int32_t>() + t0, n,
+                           int32_t(H), pos0 + t0 + n, pg.bt, kc, int32_t(K), out, scratch.ptr<float>(), st());
       } else {
         cuda::indexer_scores_any(qb, ws.ptr<float>() + t0 * H, b16(keys), n, pos0 + t0, int(H), int(D),
                                  scratch.ptr<float>(), S, st());
@@ -761,6 +749,34 @@ class CudaBackend final : public Backend {
   cudaMemPool_t pool() const {
     cudaMemPool_t p;
     CUDA_CHECK(cudaDeviceGetDefaultMemPool(&p, device_));
+    return p;
+  }
+  // Rows [n, w] of one contiguous buffer (a RowStore's: lib/ops/attention.hpp) as the paged cache
+  // of one sequence for the kernels that read a BlockTable: pages of kRowPage consecutive rows
+  // with the identity table (page i = rows kRowPage*i ..), so slot = position = row; seq [nq]
+  // zeros (every query in sequence 0). The indexer and sparse MLA kernels read only rows of
+  // positions a query may see (< n), so the last page may be partial. Built on the stream.
+  static constexpr int32_t kRowPage = 64;
+  struct RowPages {
+    DTensor table, seq;  // [pages], [nq] I32
+    cuda::BlockTable bt;
+  };
+  RowPages row_pages(int64_t n, int64_t nq) {
+    RowPages r;
+    const int64_t pages = (n + kRowPage - 1) / kRowPage;
+    DZ_CHECK(pages < (int64_t(1) << 31), "row_pages: ", n, " rows");
+    r.table = alloc({std::max<int64_t>(pages, 1)}, DType::I32);
+    cuda::iota_i32(r.table.ptr<int32_t>(), pages, 0, st());
+    r.seq = zeros({nq}, DType::I32);
+    r.bt.table = r.table.ptr<int32_t>();
+    r.bt.max_pages = int32_t(pages);
+    r.bt.page_size = kRowPage;
+    return r;
+  }
+  // [T] I32 positions pos0 .. pos0+T-1 on the device (no host sync).
+  DTensor positions(int64_t pos0, int64_t T) {
+    DTensor p = alloc({T}, DType::I32);
+    cuda::iota_i32(p.ptr<int32_t>(), T, int32_t(pos0), st());
     return p;
   }
   uint64_t pool_attr(cudaMemPoolAttr a) const {
