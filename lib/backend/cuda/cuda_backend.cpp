@@ -28,6 +28,7 @@
 #include "ops/moe.hpp"
 #include "ops/rope.hpp"
 #include "short_conv.cuh"
+#include "sparse_mla.cuh"
 
 #define CUBLAS_CHECK(call)                                                                   \
   do {                                                                                       \
@@ -603,6 +604,17 @@ class CudaBackend final : public Backend {
         int(trans_w ? k : n), w_hs, b16(x), CUDA_R_16BF, int(xc), x_hs, &zero, b16w(y), CUDA_R_16BF, int(yc), y_hs,
         int(H), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
   }
+  // Two production kernels, chosen by shape (not a fallback: each is the kernel for its sizes):
+  //  - (R, DR) in {(512, 64), (128, 64)} (sparse_mla_supports): kernels/sparse_mla.cu straight on
+  //    the cache rows, dense causal (entries = positions 0 .. S-1, each query cut at its own
+  //    position) or the DSA selection; the rows [S, R + DR] are one sequence's BF16 LatentCache
+  //    through the identity block table of row_pages (the kernel reads only rows <= a query's
+  //    position < S, so any contiguous rows work, a RowStore's included); split-KV for small
+  //    decode batches with per-call scratch;
+  //  - other sizes: the generic attention op (Hkv = 1, Dk = R + DR, Dv = R) over a copy of the
+  //    value columns (the flash kernel when dense with head dims <= 256, else the warp-per-query
+  //    kernel).
+  // The cache is BF16 here (--kv-cache fp8 stores FP8-rounded values in BF16 rows).
   void mla_latent_attention(const DTensor& q, const DTensor& kv, const DTensor& sel, int64_t pos0, int64_t H, int64_t R,
                             int64_t DR, float scale, const DTensor& out) override {
     const int64_t Dk = R + DR, T = q.numel() / (H * Dk), S = kv.rows();
@@ -610,6 +622,35 @@ class CudaBackend final : public Backend {
              "mla_latent_attention: q ", shape_str(q.shape), ", cache ", shape_str(kv.shape), ", out ",
              shape_str(out.shape), " for ", H, " heads of [", R, " + ", DR, "]");
     if (T == 0) return;
+    const bool sparse = sel.defined() && sel.numel() > 0;
+    if (cuda::sparse_mla_supports(int32_t(R), int32_t(DR))) {
+      DZ_CHECK(pos0 >= 0 && S >= pos0 + T && S < (int64_t(1) << 31), "mla_latent_attention: ", T,
+               " queries from position ", pos0, " over ", S, " cache rows");
+      DZ_CHECK(!sparse || (sel.dtype == DType::I32 && sel.rows() == T), "mla_latent_attention: selection ",
+               shape_str(sel.shape), " ", to_string(sel.dtype), " for ", T, " queries");
+      DZ_CHECK(reinterpret_cast<uintptr_t>(q.data) % 16 == 0 && reinterpret_cast<uintptr_t>(kv.data) % 16 == 0,
+               "mla_latent_attention: q and the cache rows must be 16-byte aligned");
+      DTensor dsel = sel;
+      if (sparse && sel.device == Device::Host) dsel = upload_i32(static_cast<const int32_t*>(sel.data), sel.shape);
+      const int64_t K = sparse ? sel.cols() : S;  // entries per query
+      const RowPages pg = row_pages(S, T);
+      const DTensor pos = positions(pos0, T);
+      cuda::LatentCache cache;
+      cache.R = int32_t(R);
+      cache.DR = int32_t(DR);
+      cache.fp8 = false;
+      cache.bf16 = b16w(kv);
+      constexpr int64_t kMaxQ = 32768;  // queries per launch (the kernel's grid.y < 65536)
+      for (int64_t t0 = 0; t0 < T; t0 += kMaxQ) {
+        const int64_t n = std::min(kMaxQ, T - t0);
+        const int64_t ns = cuda::sparse_mla_scratch_elems(n, int32_t(H), int32_t(R), int32_t(K));
+        const DTensor scratch = ns > 0 ? alloc({ns}, DType::F32) : DTensor{};
+        cuda::sparse_mla(b16(q) + t0 * H * Dk, sparse ? dsel.ptr<int32_t>() + t0 * K : nullptr, int32_t(K),
+                         pg.seq.ptr<int32_t>() + t0, pos.ptr<int32_t>() + t0, n, int32_t(H), pg.bt, cache, scale,
+                         b16w(out) + t0 * H * R, st(), ns > 0 ? scratch.ptr<float>() : nullptr, ns);
+      }
+      return;
+    }
     DTensor v = alloc({S, R}, kv.dtype);  // the values: the latent columns of the cache rows
     copy_cols(kv, 0, v, 0, R);
     AttnArgs a;
