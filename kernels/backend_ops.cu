@@ -108,6 +108,10 @@ __global__ void k_fill_dummy(void* y, Dt dt, int64_t R, int64_t C, uint64_t key,
 __global__ void k_set_i32(int32_t* dst, int n, SmallI32 v) {
   if (threadIdx.x < n) dst[threadIdx.x] = v.v[threadIdx.x];
 }
+__global__ void k_iota_i32(int32_t* dst, int64_t n, int32_t start) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    dst[i] = start + int32_t(i);
+}
 __global__ void k_embed(const void* table, Dt tdt, const int32_t* ids, int64_t T, int64_t D, float* out) {
   const int64_t n = T * D;
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
@@ -551,6 +555,12 @@ void set_i32(int32_t* dst, int n, SmallI32 v, cudaStream_t s) {
   DZ_CHECK(n >= 0 && n <= 8, "set_i32: ", n, " values (at most 8)");
   if (n == 0) return;
   k_set_i32<<<1, 32, 0, s>>>(dst, n, v);
+  CUDA_CHECK_LAUNCH();
+}
+void iota_i32(int32_t* dst, int64_t n, int32_t start, cudaStream_t s) {
+  DZ_CHECK(n >= 0 && int64_t(start) + n <= (int64_t(1) << 31), "iota_i32: ", n, " values from ", start);
+  if (n == 0) return;
+  k_iota_i32<<<grid_for(n, 256), 256, 0, s>>>(dst, n, start);
   CUDA_CHECK_LAUNCH();
 }
 void embed(const void* table, Dt tdt, const int32_t* ids, int64_t T, int64_t D, float* out, cudaStream_t s) {

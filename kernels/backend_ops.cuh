@@ -25,6 +25,8 @@ struct SmallI32 {
   int32_t v[8];
 };
 void set_i32(int32_t* dst, int n, SmallI32 v, cudaStream_t s);
+// dst[i] = start + i for i < n (positions, identity block tables), on the stream, no host sync.
+void iota_i32(int32_t* dst, int64_t n, int32_t start, cudaStream_t s);
 // out [T, D] f32 = table[ids[t]] (table f32 or bf16). ops: Model::run's embedding.
 void embed(const void* table, Dt tdt, const int32_t* ids, int64_t T, int64_t D, float* out, cudaStream_t s);
 // y = x / sqrt(mean(x^2) + eps) * (w | 1 + w), rows × D (w f32 [D] or nullptr); y may be x. ops/norm rmsnorm.

@@ -1,8 +1,9 @@
 // Sparse MLA core (see sparse_mla.cuh). One block = one query × 64 heads, 8 warps, mma.sync.
-// Per chunk of 64 selected entries: gather the 64 key rows (BF16: cp.async, double buffered;
-// FP8: register-prefetched loads dequantized into BF16 shared memory), S = Q K^T (warp = 16
-// heads × 32 keys), online softmax across the two key halves through shared memory, then
-// O += P V (warp = 64 heads × R/8 value dims, V = the first R dims of the same key rows).
+// Per chunk of 64 entries (selected positions, or 64 consecutive ones in the dense mode): gather
+// the 64 key rows (BF16: cp.async, double buffered; FP8: register-prefetched loads dequantized
+// into BF16 shared memory), S = Q K^T (warp = 16 heads × 32 keys), online softmax across the two
+// key halves through shared memory, then O += P V (warp = 64 heads × R/8 value dims, V = the
+// first R dims of the same key rows).
 // Shared-memory tiles are row-major with 16-byte chunks XOR-swizzled by (row & 7) so that
 // ldmatrix reads are free of bank conflicts.
 #include <algorithm>
@@ -20,7 +21,10 @@ namespace {
 constexpr int kThreads = 256;
 constexpr int HB = 64;  // heads per block
 constexpr int NK = 64;  // selected entries per chunk
-constexpr int kMaxSplit = 32;  // split-KV parts at most
+// Split-KV parts at most: one query with H <= 64 is one block, so a long dense decode fills up to
+// 128 of the H200's 132 multiprocessors. Scratch stays bounded whatever the cap: parts are only
+// made while the grid is smaller than the GPU, so parts x blocks < 2 x SMs (see max_splits).
+constexpr int kMaxSplit = 128;
 
 template <int R, int DR>
 struct Geo {
@@ -64,10 +68,15 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int h0 = blockIdx.x * HB;
   const int p = pos[qi];
   const int32_t sq = seq[qi];
-  const int32_t* selq = sel + qi * K;
-  // Split-KV (blockIdx.z): this block covers chunks [c0, c1) of the selection.
+  // sel == nullptr: dense causal, entry k is position k. Its chunks past the query's position
+  // hold no visible entry and are skipped (a selection may list positions in any order).
+  const int32_t* selq = sel ? sel + qi * K : nullptr;
+  const int nchunks = (K + NK - 1) / NK;
+  const int cend = selq ? nchunks : min(nchunks, p / NK + 1);
+  // Split-KV (blockIdx.z): this block covers chunks [c0, c1) of the entries (none when c0 >= c1:
+  // zeros and an empty log-sum-exp, which the merge ignores).
   const int c0 = blockIdx.z * chunks_per_split;
-  const int c1 = min((K + NK - 1) / NK, c0 + chunks_per_split);
+  const int c1 = min(cend, c0 + chunks_per_split);
 
   // Q tile (rows past H are zeros).
   for (int i = tid; i < HB * DKC; i += kThreads) {
@@ -85,7 +94,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int grow = tid >> 2, gsub = tid & 3;
   auto slot_of = [&](int kc, bool& valid) -> int64_t {
     const int kidx = kc * NK + grow;
-    const int idx = kidx < K ? selq[kidx] : -1;
+    const int idx = kidx < K ? (selq ? selq[kidx] : kidx) : -1;
     valid = idx >= 0 && idx <= p;
     if (!valid) return 0;
     return int64_t(bt.table[int64_t(sq) * bt.max_pages + idx / bt.page_size]) * bt.page_size + idx % bt.page_size;
@@ -345,6 +354,15 @@ __global__ void combine_kernel(const float* __restrict__ part_o, const float* __
 
 int num_sms() { return sm_count(); }
 
+// Split-KV parts of a call of nq queries: more than one only while the (query, 64-head block)
+// grid leaves multiprocessors idle; at most kMaxSplit, enough to cover the SMs, and no more than
+// the chunks of NK entries (launch() then evens the chunks per part, >= 1).
+int64_t max_splits(int64_t nq, int32_t H, int32_t K) {
+  const int64_t blocks = nq * ((H + HB - 1) / HB), sms = num_sms();
+  if (blocks >= sms) return 1;
+  return std::max<int64_t>(1, std::min<int64_t>({int64_t(kMaxSplit), (K + NK - 1) / NK, (sms + blocks - 1) / blocks}));
+}
+
 template <int R, int DR, bool FP8>
 void launch(const __nv_bfloat16* q, const int32_t* sel, int K, const int32_t* seq, const int32_t* pos, int64_t nq,
             int H, const BlockTable& bt, const LatentCache& cache, float scale, __nv_bfloat16* out,
@@ -369,9 +387,11 @@ void launch(const __nv_bfloat16* q, const int32_t* sel, int K, const int32_t* se
 
 }  // namespace
 
+bool sparse_mla_supports(int32_t R, int32_t DR) { return DR == 64 && (R == 512 || R == 128); }
+
 int64_t sparse_mla_scratch_elems(int64_t nq, int32_t H, int32_t R, int32_t K) {
-  const int64_t nsplit = std::min<int64_t>(kMaxSplit, (K + NK - 1) / NK);
-  return nsplit * nq * H * (int64_t(R) + 1);
+  const int64_t nsplit = max_splits(nq, H, K);
+  return nsplit > 1 ? nsplit * nq * H * (int64_t(R) + 1) : 0;
 }
 
 void sparse_mla(const __nv_bfloat16* q, const int32_t* sel, int32_t K, const int32_t* seq, const int32_t* pos,
@@ -382,10 +402,8 @@ void sparse_mla(const __nv_bfloat16* q, const int32_t* sel, int32_t K, const int
   if (nq == 0) return;
   // Split-KV when the (query, head-block) grid leaves multiprocessors idle and scratch allows.
   int nsplit = 1;
-  const int64_t blocks = nq * ((H + HB - 1) / HB);
-  if (scratch && blocks < num_sms()) {
-    const int64_t want = std::min<int64_t>({int64_t(kMaxSplit), (K + NK - 1) / NK, (num_sms() + blocks - 1) / blocks});
-    for (int64_t sp = want; sp > 1; --sp)
+  if (scratch) {
+    for (int64_t sp = max_splits(nq, H, K); sp > 1; --sp)
       if (sp * nq * H * (int64_t(cache.R) + 1) <= scratch_elems) {
         nsplit = int(sp);
         break;

@@ -10,13 +10,17 @@
 //   - MoE: routing must pick the same experts (fp32 router on both; random inputs have no near
 //     ties at fp32 resolution), then 1e-3 on the mixed output (bf16 hidden of every expert);
 //   - LM-head reductions: exact ids for top-k, 1e-6 relative on max / sum of exponentials (fp32
-//     logits from one GEMM).
+//     logits from one GEMM);
+//   - MLA on the latent cache (mla_latent_attention): max abs error <= 1% of max|cpu| and relative
+//     RMS <= 1%, as tests/gpu/test_sparse_attn_gpu.cpp's sparse MLA (P and the output rounded to
+//     bf16, 2^-9 relative each).
 #include <catch2/catch.hpp>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <memory>
+#include <numeric>
 #include <random>
 #include <string>
 #include <vector>
@@ -29,6 +33,7 @@
 #include "ops/attention.hpp"
 #include "ops/moe.hpp"
 #include "ops/rope.hpp"
+#include "sparse_mla.cuh"
 
 namespace {
 
@@ -279,6 +284,152 @@ TEST_CASE("backend ops: copies, RoPE, attention and AttnRes on cuda equal the cp
       });
     }
   }
+}
+
+// head_matmul: y[t, h*y_hs ..+n) = x[t, h*x_hs ..+k) · M_h, M_h a block of W (or its transpose).
+// One GEMM per head in fp32 (cuBLAS: its own order, maybe split-K) and one bf16 rounding of the
+// output (~3e-6 NMSE): the linear's 1e-4. y starts random and is compared whole, so the columns
+// between heads (the rope part of the absorbed queries) must be left as they were on both.
+TEST_CASE("backend ops: head_matmul (per-head strided-batched products) on cuda equals the cpu backend", "[gpu]") {
+  struct Case {
+    std::string name;
+    int64_t H, k, n, x_hs, xc, w0, w_hs, Wr, Wc, y_hs, yc;
+    bool trans;
+  };
+  std::vector<Case> cases;
+  // the absorbed MLA's two products on kv_b_proj W [H*(nope+vd), R] (rows of head h: its nope
+  // rows W_uk[h] [nope, R], then its vd rows W_uv[h] [vd, R])
+  const int64_t mla[][5] = {{128, 64, 512, 128, 32}, {16, 16, 32, 16, 4}};  // nope, rope, R, vd, H
+  for (const auto& m : mla) {
+    const int64_t nope = m[0], rope = m[1], R = m[2], vd = m[3], H = m[4], w = nope + vd;
+    const std::string dims = "nope=" + std::to_string(nope) + " R=" + std::to_string(R) + " H=" + std::to_string(H);
+    // q_abs[t, h, :R] = q_nope[t, h] · W_uk[h]      x = q [T, H*(nope+rope)], y = [T, H*(R+rope)]
+    cases.push_back({"W_uk " + dims, H, nope, R, nope + rope, H * (nope + rope), 0, w * R, H * w, R, R + rope,
+                     H * (R + rope), false});
+    // o[t, h, :vd] = o_lat[t, h] · W_uv[h]^T      x = [T, H*R], y = [T, H*vd]
+    cases.push_back({"W_uv " + dims, H, R, vd, R, H * R, nope * R, w * R, H * w, R, vd, H * vd, true});
+  }
+  // odd sizes, gaps between heads and after the last one, element offsets into W, n = 1
+  for (bool tr : {false, true}) {
+    cases.push_back({"odd", 3, 37, 19, 41, 3 * 41 + 2, 2, 37 * 19 + 5, 3, 37 * 19 + 5, 22, 3 * 22 + 1, tr});
+    cases.push_back({"n=1", 5, 64, 1, 64, 5 * 64, 0, 64, 5, 64, 1, 5, tr});
+  }
+  for (const Case& c : cases)
+    for (int64_t T : {1, 5, 300}) {
+      const auto x = rnd(size_t(T * c.xc), 101), W = rnd(size_t(c.Wr * c.Wc), 102, 0.05f), y0 = rnd(size_t(T * c.yc), 103);
+      const std::string sh = c.name + (c.trans ? " (W^T)" : "") + " T=" + std::to_string(T);
+      check("head_matmul", sh, 1e-4, [&](Backend& be) {
+        DTensor a = be.upload(x.data(), {T, c.xc}, be.act_dtype()), Wt = be.upload(W.data(), {c.Wr, c.Wc}, be.weight_dtype());
+        DTensor y = be.upload(y0.data(), {T, c.yc}, be.act_dtype());
+        be.head_matmul(a, c.x_hs, c.k, Wt, c.w0, c.w_hs, c.trans, y, c.y_hs, c.n, c.H);
+        return be.to_host(y);
+      });
+    }
+}
+
+namespace {
+
+// One mla_latent_attention case: T queries at pos0 = S - T over S cache rows; K = 0: dense
+// causal, else a DSA-like selection [T, K] per query: distinct visible positions ascending, -1
+// padded (some rows shorter, one row all -1 when T > 2: zeros). The cache is a RowStore as the
+// model keeps it (pos0 rows appended, then T: capacities in whole pages of 64 rows).
+void run_mla_latent(int64_t R, int64_t DR, int64_t H, int64_t S, int64_t T, int64_t K, bool host_sel = false) {
+  Both& b = backends();
+  const int64_t Dk = R + DR, pos0 = S - T;
+  const float scale = 1.f / std::sqrt(float(Dk));
+  const auto q = rnd(size_t(T * H * Dk), uint32_t(201 + S + H)), kv = rnd(size_t(S * Dk), uint32_t(202 + S + R));
+  std::vector<int32_t> sel;
+  if (K > 0) {
+    std::mt19937 g(uint32_t(203 + T + K));
+    std::vector<int32_t> cand;
+    sel.assign(size_t(T * K), -1);
+    for (int64_t t = 0; t < T; ++t) {
+      const int64_t p = pos0 + t;
+      if (T > 2 && t == 2) continue;                                    // nothing selected: zeros
+      const int64_t m = std::min<int64_t>(p + 1, t % 3 == 1 ? K - K / 4 : K);  // some rows padded
+      cand.resize(size_t(p + 1));
+      std::iota(cand.begin(), cand.end(), 0);
+      for (int64_t j = 0; j < m; ++j) {  // partial Fisher-Yates: m distinct positions
+        std::uniform_int_distribution<int64_t> u(j, p);
+        std::swap(cand[size_t(j)], cand[size_t(u(g))]);
+      }
+      std::sort(cand.begin(), cand.begin() + m);
+      std::copy(cand.begin(), cand.begin() + m, sel.begin() + t * K);
+    }
+  }
+  auto run = [&](Backend& be) {
+    dz::RowStore cache;  // [c | k_pe] rows
+    cache.init(be, Dk, be.act_dtype());
+    const DTensor all = be.upload(kv.data(), {S, Dk}, be.act_dtype());
+    if (pos0 > 0) be.copy_rows(all, 0, cache.append(pos0), 0, pos0);
+    be.copy_rows(all, pos0, cache.append(T), 0, T);
+    REQUIRE(cache.buf.dim(0) % 64 == 0);
+    DTensor qt = be.upload(q.data(), {T, H * Dk}, be.act_dtype()), out = be.act({T, H * R}), st;
+    if (K > 0 && host_sel && &be == b.gpu.get()) {  // a host selection: the cuda backend uploads it
+      st.data = sel.data();
+      st.dtype = DType::I32;
+      st.device = dz::Device::Host;
+      st.shape = {T, K};
+    } else if (K > 0) {
+      st = be.upload_i32(sel.data(), {T, K});
+    }
+    be.mla_latent_attention(qt, cache.all(), st, pos0, H, R, DR, scale, out);
+    return be.to_host(out);
+  };
+  const std::vector<float> ref = run(*b.cpu), got = run(*b.gpu);
+  REQUIRE(got.size() == ref.size());
+  double max_err = 0, ref_max = 0, se = 0, sr = 0;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    REQUIRE(std::isfinite(got[i]));
+    const double d = std::fabs(double(got[i]) - double(ref[i]));
+    max_err = std::max(max_err, d);
+    ref_max = std::max(ref_max, double(std::fabs(ref[i])));
+    se += d * d;
+    sr += double(ref[i]) * ref[i];
+  }
+  const double rel_rms = std::sqrt(se / std::max(sr, 1e-30));
+  const bool fast = dz::cuda::sparse_mla_supports(int32_t(R), int32_t(DR));
+  const int64_t ns = fast ? dz::cuda::sparse_mla_scratch_elems(T, int32_t(H), int32_t(R), int32_t(K ? K : S)) : 0;
+  const int64_t parts = ns > 0 ? ns / (T * H * (R + 1)) : 1;
+  char what[160];
+  std::snprintf(what, sizeof what, "R=%lld DR=%lld H=%lld S=%lld T=%lld pos0=%lld %s%s", (long long)R, (long long)DR,
+                (long long)H, (long long)S, (long long)T, (long long)pos0, K ? "K=" : "dense",
+                K ? (std::to_string(K) + (host_sel ? " (host sel)" : "")).c_str() : "");
+  std::printf("  mla_latent_attn  %-52s %s (split-KV parts <= %lld): max abs err %.3g (ref max %.3g), rel rms %.3g\n",
+              what, fast ? "sparse_mla" : "generic   ", (long long)parts, max_err, ref_max, rel_rms);
+  INFO(what << " max abs err " << max_err << " ref max " << ref_max << " rel rms " << rel_rms);
+  CHECK(max_err <= 1e-2 * std::max(ref_max, 0.1));
+  CHECK(rel_rms <= 1e-2);
+}
+
+}  // namespace
+
+// The absorbed MLA's attention on the latent cache: (512, 64) and (128, 64) run kernels/sparse_mla
+// on the cache rows (dense causal or the selection; split-KV for T = 1 and small T), other sizes
+// the generic attention op. Prefill (pos0 = 0, T = S), decode (T = 1 at S - 1) and a few queries
+// at the end of the context (pos0 = S - T).
+TEST_CASE("backend ops: mla_latent_attention on cuda equals the cpu backend", "[gpu]") {
+  std::printf("mla_latent_attention (cuda vs cpu):\n");
+  struct Shape3 {
+    int64_t S, T;
+  };
+  const Shape3 kinds[] = {{160, 160}, {4099, 1}, {1000, 5}};  // prefill, decode, a few queries
+  for (int64_t H : {16, 32, 64, 128})
+    for (const Shape3& k : kinds)
+      for (int64_t K : {int64_t(0), k.T == 160 ? int64_t(64) : int64_t(256)}) run_mla_latent(512, 64, H, k.S, k.T, K);
+  for (const Shape3& k : kinds)
+    for (int64_t K : {int64_t(0), int64_t(64)}) {
+      run_mla_latent(128, 64, 20, k.S, k.T, K);
+      run_mla_latent(32, 16, 8, k.S, k.T, K);  // not a sparse_mla size: the generic attention op
+    }
+  // long decodes: split-KV over up to 128 parts (dense), the DeepSeek selection width, a host
+  // selection
+  run_mla_latent(512, 64, 16, 70001, 1, 0);
+  run_mla_latent(512, 64, 128, 70001, 1, 0);
+  run_mla_latent(512, 64, 128, 70001, 1, 2048);
+  run_mla_latent(512, 64, 64, 70001, 3, 2048, true);
+  run_mla_latent(128, 64, 20, 70001, 1, 0);
+  run_mla_latent(32, 16, 8, 70001, 1, 0);
 }
 
 TEST_CASE("backend ops: DSA indexer pieces (LayerNorm, quantisation round trips, Top-K) on cuda equal the cpu backend",

@@ -360,8 +360,9 @@ TEST_CASE("gpu sparse-attn: fused indexer Top-K equals the CPU reference (ties a
 
 namespace {
 
+// dense: no selection, the entries are positions 0 .. K-1 (K >= every context: dense causal).
 void run_mla_case(int R, int H, int K, bool fp8, const std::vector<int>& lens, const std::vector<int>& n_query,
-                  std::mt19937& rng, bool split_kv = false) {
+                  std::mt19937& rng, bool split_kv = false, bool dense = false) {
   const int DR = 64, DK = R + DR;
   const size_t nseq = lens.size();
   Pages pg(lens, 64, rng);
@@ -410,7 +411,7 @@ void run_mla_case(int R, int H, int K, bool fp8, const std::vector<int>& lens, c
   Dev<int32_t> dqs(qseq), dqp(qpos), dsel(sel);
   const int64_t ns = split_kv ? dz::cuda::sparse_mla_scratch_elems(nq, H, R, K) : 0;
   Dev<float> scratch(size_t(std::max<int64_t>(ns, 1)));
-  dz::cuda::sparse_mla(dq.p, dsel.p, K, dqs.p, dqp.p, nq, H, bt, cache, scale, dout.p, nullptr,
+  dz::cuda::sparse_mla(dq.p, dense ? nullptr : dsel.p, K, dqs.p, dqp.p, nq, H, bt, cache, scale, dout.p, nullptr,
                        split_kv ? scratch.p : nullptr, ns);
   CUDA_CHECK(cudaDeviceSynchronize());
   const auto out = dout.down();
@@ -428,7 +429,7 @@ void run_mla_case(int R, int H, int K, bool fp8, const std::vector<int>& lens, c
     }
     std::vector<float> ref(size_t(H) * R);
     dz::causal_attention(q.data() + i * H * DK, k.data(), lt.data(), ref.data(), 1, p, S, H, 1, DK, R, scale,
-                         sel.data() + i * K, K);
+                         dense ? nullptr : sel.data() + i * K, dense ? 0 : K);
     for (size_t j = 0; j < ref.size(); ++j) {
       const double d = std::fabs(double(bf(out[size_t(i) * H * R + j])) - ref[j]);
       max_err = std::max(max_err, d);
@@ -438,8 +439,11 @@ void run_mla_case(int R, int H, int K, bool fp8, const std::vector<int>& lens, c
     }
   }
   const double rel_rms = std::sqrt(se / std::max(sr, 1e-30));
-  std::printf("sparse_mla R=%d H=%d K=%d fp8=%d split_kv=%d nq=%lld: max abs err %.3g (ref max %.3g), rel rms %.3g\n",
-              R, H, K, int(fp8), int(split_kv), (long long)nq, max_err, ref_max, rel_rms);
+  const int64_t parts = ns > 0 ? ns / (nq * H * (R + 1)) : 1;
+  std::printf("sparse_mla R=%d H=%d K=%d%s fp8=%d split_kv=%d (parts <= %lld) nq=%lld: max abs err %.3g (ref max %.3g), "
+              "rel rms %.3g\n",
+              R, H, K, dense ? " dense" : "", int(fp8), int(split_kv), (long long)parts, (long long)nq, max_err,
+              ref_max, rel_rms);
   // Inputs are bf16 in both; the GPU rounds P and the output to bf16 (2^-9 relative each) and,
   // for FP8, the dequantized latent to bf16 (2^-9 relative): errors stay well under 1% of the
   // output scale; an indexing or masking bug gives O(1) errors.
@@ -461,4 +465,11 @@ TEST_CASE("gpu sparse-attn: sparse MLA equals the CPU reference within bf16 tole
   run_mla_case(512, 128, 2048, true, {3000}, {1}, rng, true);     // 32 parts of 64 entries
   run_mla_case(512, 16, 200, false, {150, 1000, 5}, {1, 4, 1}, rng, true);
   run_mla_case(128, 70, 300, true, {400, 20}, {2, 1}, rng, true);  // one query sees < K entries
+  // dense causal mode (no selection: entries 0 .. K-1, cut at each query's position; the shorter
+  // sequences see fewer than K), prefill-like and split-KV decode past the old 32-part cap
+  for (bool fp8 : {false, true}) run_mla_case(512, 128, 300, fp8, {300, 40}, {3, 2}, rng, false, true);
+  run_mla_case(128, 70, 400, false, {400, 20}, {2, 1}, rng, false, true);
+  run_mla_case(512, 16, 5000, true, {5000}, {1}, rng, true, true);  // 79 parts of 64 entries
+  run_mla_case(512, 128, 3000, false, {3000, 700}, {1, 1}, rng, true, true);
+  run_mla_case(128, 70, 400, true, {400, 20}, {2, 1}, rng, true, true);
 }

@@ -29,6 +29,7 @@
 #include "ops/moe.hpp"
 #include "ops/rope.hpp"
 #include "short_conv.cuh"
+#include "sparse_mla.cuh"
 
 #define CUBLAS_CHECK(call)                                                                   \
   do {                                                                                       \
@@ -608,6 +609,17 @@ class CudaBackend final : public Backend {
         int(trans_w ? k : n), w_hs, b16(x), CUDA_R_16BF, int(xc), x_hs, &zero, b16w(y), CUDA_R_16BF, int(yc), y_hs,
         int(H), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
   }
+  // Two production kernels, chosen by shape (not a fallback: each is the kernel for its sizes):
+  //  - (R, DR) in {(512, 64), (128, 64)} (sparse_mla_supports): kernels/sparse_mla.cu straight on
+  //    the cache rows, dense causal (entries = positions 0 .. S-1, each query cut at its own
+  //    position) or the DSA selection; the rows [S, R + DR] are one sequence's BF16 LatentCache
+  //    through the identity block table of row_pages (the kernel reads only rows <= a query's
+  //    position < S, so any contiguous rows work, a RowStore's included); split-KV for small
+  //    decode batches with per-call scratch;
+  //  - other sizes: the generic attention op (Hkv = 1, Dk = R + DR, Dv = R) over a copy of the
+  //    value columns (the flash kernel when dense with head dims <= 256, else the warp-per-query
+  //    kernel).
+  // The cache is BF16 here (--kv-cache fp8 stores FP8-rounded values in BF16 rows).
   void mla_latent_attention(const DTensor& q, const DTensor& kv, const DTensor& sel, int64_t pos0, int64_t H, int64_t R,
                             int64_t DR, float scale, const DTensor& out) override {
     const int64_t Dk = R + DR, T = q.numel() / (H * Dk), S = kv.rows();
@@ -615,6 +627,35 @@ class CudaBackend final : public Backend {
              "mla_latent_attention: q ", shape_str(q.shape), ", cache ", shape_str(kv.shape), ", out ",
              shape_str(out.shape), " for ", H, " heads of [", R, " + ", DR, "]");
     if (T == 0) return;
+    const bool sparse = sel.defined() && sel.numel() > 0;
+    if (cuda::sparse_mla_supports(int32_t(R), int32_t(DR))) {
+      DZ_CHECK(pos0 >= 0 && S >= pos0 + T && S < (int64_t(1) << 31), "mla_latent_attention: ", T,
+               " queries from position ", pos0, " over ", S, " cache rows");
+      DZ_CHECK(!sparse || (sel.dtype == DType::I32 && sel.rows() == T), "mla_latent_attention: selection ",
+               shape_str(sel.shape), " ", to_string(sel.dtype), " for ", T, " queries");
+      DZ_CHECK(reinterpret_cast<uintptr_t>(q.data) % 16 == 0 && reinterpret_cast<uintptr_t>(kv.data) % 16 == 0,
+               "mla_latent_attention: q and the cache rows must be 16-byte aligned");
+      DTensor dsel = sel;
+      if (sparse && sel.device == Device::Host) dsel = upload_i32(static_cast<const int32_t*>(sel.data), sel.shape);
+      const int64_t K = sparse ? sel.cols() : S;  // entries per query
+      const RowPages pg = row_pages(S, T);
+      const DTensor pos = positions(pos0, T);
+      cuda::LatentCache cache;
+      cache.R = int32_t(R);
+      cache.DR = int32_t(DR);
+      cache.fp8 = false;
+      cache.bf16 = b16w(kv);
+      constexpr int64_t kMaxQ = 32768;  // queries per launch (the kernel's grid.y < 65536)
+      for (int64_t t0 = 0; t0 < T; t0 += kMaxQ) {
+        const int64_t n = std::min(kMaxQ, T - t0);
+        const int64_t ns = cuda::sparse_mla_scratch_elems(n, int32_t(H), int32_t(R), int32_t(K));
+        const DTensor scratch = ns > 0 ? alloc({ns}, DType::F32) : DTensor{};
+        cuda::sparse_mla(b16(q) + t0 * H * Dk, sparse ? dsel.ptr<int32_t>() + t0 * K : nullptr, int32_t(K),
+                         pg.seq.ptr<int32_t>() + t0, pos.ptr<int32_t>() + t0, n, int32_t(H), pg.bt, cache, scale,
+                         b16w(out) + t0 * H * R, st(), ns > 0 ? scratch.ptr<float>() : nullptr, ns);
+      }
+      return;
+    }
     DTensor v = alloc({S, R}, kv.dtype);  // the values: the latent columns of the cache rows
     copy_cols(kv, 0, v, 0, R);
     AttnArgs a;
@@ -636,9 +677,9 @@ class CudaBackend final : public Backend {
     cuda::layer_norm(x.data, dt_of(x), optf(w), optf(b), y.data, dt_of(y), x.numel() / D, D, eps, st());
   }
   // D in {64, 128}, H <= 64: the fused indexer of kernels/indexer.cu on the key rows as a paged
-  // cache (pages of 64 consecutive rows, identity block table: RowStore capacities are multiples
-  // of 64); other head dims: indexer_scores_any + the same Top-K. Query rows go in blocks so the
-  // scratch score rows stay under ~1 GiB.
+  // cache (row_pages: pages of 64 consecutive rows, identity block table); other head dims:
+  // indexer_scores_any + the same Top-K. Query rows go in blocks so the scratch score rows stay
+  // under ~1 GiB.
   void indexer_topk(const DTensor& q, const DTensor& w, float wscale, const DTensor& keys, int64_t pos0, int64_t H,
                     int64_t K, const DTensor& sel) override {
     const int64_t T = w.rows(), D = keys.cols(), S = pos0 + T;
@@ -646,28 +687,16 @@ class CudaBackend final : public Backend {
     DTensor ws = alloc({T, H}, DType::F32);
     CUDA_CHECK(cudaMemcpyAsync(ws.data, w.data, size_t(T * H) * 4, cudaMemcpyDeviceToDevice, st()));
     cuda::scale(ws.ptr<float>(), wscale, T * H, st());
-    std::vector<int32_t> pos(static_cast<size_t>(T));
-    for (int64_t t = 0; t < T; ++t) pos[size_t(t)] = int32_t(pos0 + t);
-    const DTensor dpos = upload_i32(pos.data(), {T});
+    const DTensor dpos = positions(pos0, T);
     const int64_t block = std::max<int64_t>(1, std::min<int64_t>(T, (int64_t(1) << 28) / S));
     DTensor scratch = alloc({block, S}, DType::F32);
     const bool fused = (D == 64 || D == 128) && H <= 64;
-    constexpr int32_t kPage = 64;
-    DTensor table, seq;
-    cuda::BlockTable bt;
+    RowPages pg;
     cuda::IndexKeyCache kc;
     if (fused) {
-      const int64_t rows = keys.rows() + (keys.rows() % kPage ? kPage - keys.rows() % kPage : 0);
       DZ_CHECK(keys.mem && int64_t(static_cast<char*>(keys.data) - static_cast<char*>(keys.mem.get())) == 0,
                "indexer_topk: the key rows must start their allocation (a RowStore)");
-      std::vector<int32_t> tb(size_t(rows / kPage));
-      for (size_t i = 0; i < tb.size(); ++i) tb[i] = int32_t(i);
-      table = upload_i32(tb.data(), {int64_t(tb.size())});
-      const std::vector<int32_t> zeros(static_cast<size_t>(T), 0);
-      seq = upload_i32(zeros.data(), {T});
-      bt.table = table.ptr<int32_t>();
-      bt.max_pages = int32_t(tb.size());
-      bt.page_size = kPage;
+      pg = row_pages(keys.rows(), T);
       kc.D = int32_t(D);
       kc.bf16 = b16w(keys);
     }
@@ -676,8 +705,8 @@ class CudaBackend final : public Backend {
       const bf16* qb = b16(q) + t0 * H * D;
       int32_t* out = sel.ptr<int32_t>() + t0 * K;
       if (fused) {
-        cuda::indexer_topk(qb, ws.ptr<float>() + t0 * H, seq.ptr<int32_t>(), dpos.ptr<int32_t>() + t0, n, int32_t(H),
-                           pos0 + t0 + n, bt, kc, int32_t(K), out, scratch.ptr<float>(), st());
+        cuda::indexer_topk(qb, ws.ptr<float>() + t0 * H, pg.seq.ptr<int32_t>(), dpos.ptr<int32_t>() + t0, n,
+                           int32_t(H), pos0 + t0 + n, pg.bt, kc, int32_t(K), out, scratch.ptr<float>(), st());
       } else {
         cuda::indexer_scores_any(qb, ws.ptr<float>() + t0 * H, b16(keys), n, pos0 + t0, int(H), int(D),
                                  scratch.ptr<float>(), S, st());
@@ -766,6 +795,34 @@ class CudaBackend final : public Backend {
   cudaMemPool_t pool() const {
     cudaMemPool_t p;
     CUDA_CHECK(cudaDeviceGetDefaultMemPool(&p, device_));
+    return p;
+  }
+  // Rows [n, w] of one contiguous buffer (a RowStore's: lib/ops/attention.hpp) as the paged cache
+  // of one sequence for the kernels that read a BlockTable: pages of kRowPage consecutive rows
+  // with the identity table (page i = rows kRowPage*i ..), so slot = position = row; seq [nq]
+  // zeros (every query in sequence 0). The indexer and sparse MLA kernels read only rows of
+  // positions a query may see (< n), so the last page may be partial. Built on the stream.
+  static constexpr int32_t kRowPage = 64;
+  struct RowPages {
+    DTensor table, seq;  // [pages], [nq] I32
+    cuda::BlockTable bt;
+  };
+  RowPages row_pages(int64_t n, int64_t nq) {
+    RowPages r;
+    const int64_t pages = (n + kRowPage - 1) / kRowPage;
+    DZ_CHECK(pages < (int64_t(1) << 31), "row_pages: ", n, " rows");
+    r.table = alloc({std::max<int64_t>(pages, 1)}, DType::I32);
+    cuda::iota_i32(r.table.ptr<int32_t>(), pages, 0, st());
+    r.seq = zeros({nq}, DType::I32);
+    r.bt.table = r.table.ptr<int32_t>();
+    r.bt.max_pages = int32_t(pages);
+    r.bt.page_size = kRowPage;
+    return r;
+  }
+  // [T] I32 positions pos0 .. pos0+T-1 on the device (no host sync).
+  DTensor positions(int64_t pos0, int64_t T) {
+    DTensor p = alloc({T}, DType::I32);
+    cuda::iota_i32(p.ptr<int32_t>(), T, int32_t(pos0), st());
     return p;
   }
   uint64_t pool_attr(cudaMemPoolAttr a) const {
