@@ -3,7 +3,7 @@ set -euo pipefail
 DZ=$1
 SRC=$2
 source "$SRC/scripts/env.sh"
-source "$SRC/tests/h5_checks.sh"  # same
+source "$SRC/tests/h5_checks.sh"  # same, ndone
 W=$(mktemp -d /tmp/dz_mpi_XXXXXX)
 trap 'rm -rf "$W"' EXIT
 say() { echo "[$(basename "$0" .sh)] $*"; }

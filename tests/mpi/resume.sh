@@ -16,7 +16,7 @@ for mode in logprobs generate; do
   [ $rc -ne 0 ] || { echo "FAIL: killed run exited 0"; exit 1; }
   [ ! -e "$W/cut_$mode.h5" ] || { echo "FAIL: killed run left a final output"; exit 1; }
   [ -e "$W/cut_$mode.h5.part" ] || { echo "FAIL: no .part after the kill"; exit 1; }
-  ndone=$(h5dump -d /done -y -w 0 "$W/cut_$mode.h5.part" | grep -o '\b1\b' | wc -l)
+  ndone=$(ndone "$W/cut_$mode.h5.part")
   say "$mode: killed after $ndone durable documents (rc=$rc)"
   [ "$ndone" -ge 6 ] || { echo "FAIL: expected >= 6 done documents, got $ndone"; exit 1; }
   # without --resume the interrupted run is protected
