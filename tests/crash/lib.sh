@@ -4,6 +4,9 @@ DZ=$(readlink -f "$1")
 SRC=$(readlink -f "$2")
 source "$SRC/scripts/env.sh"
 source "$SRC/tests/h5_checks.sh"  # same, ndone, supports_stop
+for t in mpirun setsid python3; do
+  command -v "$t" >/dev/null || { echo "FAIL: $t is needed by the crash tests and not found"; exit 1; }
+done
 W=$(mktemp -d /tmp/dz_crash_XXXXXX)
 JOB=""  # pid of a background mpirun (its own process group), killed on exit if still there
 cleanup() {
@@ -30,13 +33,14 @@ start_job() {
   setsid mpirun -np "$np" --oversubscribe "$DZ" "$@" >"$W/job.out" 2>&1 &
   JOB=$!
 }
+ms_now() { echo $(($(date +%s%N) / 1000000)); }  # milliseconds (bash arithmetic: no bc needed)
 # wait_job SECONDS: waits for the background mpirun; sets RC and ELAPSED; fails (and kills the
 # whole process group) if it has not exited within SECONDS
 wait_job() {
-  local limit=$1 s
-  s=$(date +%s.%N)
+  local limit=$1 s ms
+  s=$(ms_now)
   while kill -0 "$JOB" 2>/dev/null; do
-    if [ "$(echo "$(date +%s.%N) - $s > $limit" | bc)" = 1 ]; then
+    if [ $(($(ms_now) - s)) -gt $((limit * 1000)) ]; then
       kill -KILL -- "-$JOB" 2>/dev/null
       cat "$W/job.out"
       fail "the job did not exit within ${limit}s (hang)"
@@ -47,13 +51,35 @@ wait_job() {
   wait "$JOB"
   RC=$?
   set -e
-  ELAPSED=$(echo "$(date +%s.%N) - $s" | bc | xargs printf '%.1f')
+  ms=$(($(ms_now) - s))
+  ELAPSED=$((ms / 1000)).$((ms % 1000 / 100))
   JOB=""
 }
-# rank_pid R OUTPUT: pid of MPI rank R of the dayzero run writing OUTPUT (found with pgrep -f)
+# procs REGEX: "pid command line" of every process whose command line (arguments joined by spaces)
+# matches the extended regex, as `pgrep -af` prints them; read from /proc in bash (procps need not
+# be installed; the scan runs no process of its own that could match)
+procs() {
+  local d a IFS=' '
+  for d in /proc/[0-9]*; do
+    { mapfile -d '' -t a <"$d/cmdline"; } 2>/dev/null || continue
+    ((${#a[@]})) && [[ "${a[*]}" =~ $1 ]] && echo "${d#/proc/} ${a[*]}"
+  done
+  return 0
+}
+# children PID: the pids of PID's child processes (what `pkill -P PID` signals)
+children() {
+  local d st f
+  for d in /proc/[0-9]*; do
+    { read -r st <"$d/stat"; } 2>/dev/null || continue
+    read -r -a f <<<"${st##*) }"  # after "pid (comm) ": state ppid ...
+    [ "${f[1]}" = "$1" ] && echo "${d#/proc/}"
+  done
+  return 0
+}
+# rank_pid R OUTPUT: pid of MPI rank R of the dayzero run writing OUTPUT (found by command line)
 rank_pid() {
   local p
-  for p in $(pgrep -f -- "$DZ run .*--output $2( |$)"); do
+  for p in $(procs "$DZ run .*--output $2( |$)" | cut -d' ' -f1); do
     [ "$(cat "/proc/$p/comm" 2>/dev/null)" = dayzero ] || continue
     if tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx "OMPI_COMM_WORLD_RANK=$1"; then echo "$p"; return; fi
   done
