@@ -1,9 +1,16 @@
 # Shared by the crash test scripts: $1 = dayzero binary, $2 = source dir.
+# Environment: DZ_TEST_BACKEND=cpu|cuda (default cpu) is passed as --backend to every `dayzero run`
+# of the tests, the uninterrupted reference included, so the bitwise checks compare a backend with
+# itself; DZ_TEST_DOCS (default 200) sizes the workload of setup_common; DZ_TEST_MIN_SECONDS (default
+# 0: off) makes setup_common grow the workload until the reference run lasts at least that long
+# (a fast GPU must not finish before the test's signal arrives); DZ_KEEP=1 keeps the work dir.
 set -euo pipefail
 DZ=$(readlink -f "$1")
 SRC=$(readlink -f "$2")
 source "$SRC/scripts/env.sh"
 source "$SRC/tests/h5_checks.sh"  # same, ndone, supports_stop
+BACKEND=${DZ_TEST_BACKEND:-cpu}
+[[ $BACKEND == cpu || $BACKEND == cuda ]] || { echo "FAIL: DZ_TEST_BACKEND must be cpu or cuda (got '$BACKEND')"; exit 1; }
 for t in mpirun setsid python3; do
   command -v "$t" >/dev/null || { echo "FAIL: $t is needed by the crash tests and not found"; exit 1; }
 done
@@ -84,13 +91,27 @@ rank_pid() {
     if tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx "OMPI_COMM_WORLD_RANK=$1"; then echo "$p"; return; fi
   done
 }
-# the demo model, ~25k tokens (several seconds on 2 cores) and an uninterrupted reference
+# the demo model, DZ_TEST_DOCS documents of 40..200 tokens (200: ~25k tokens, several seconds on 2
+# cores) and an uninterrupted reference on the test backend; with DZ_TEST_MIN_SECONDS the input
+# grows (up to three times) until the reference lasts that long
 setup_common() {
+  N=${DZ_TEST_DOCS:-200}
+  local min=${DZ_TEST_MIN_SECONDS:-0} t ms tries=0
+  [[ $N =~ ^[0-9]+$ ]] && [ "$N" -ge 10 ] || fail "DZ_TEST_DOCS must be an integer >= 10 (got '$N')"
+  [[ $min =~ ^[0-9]+$ ]] || fail "DZ_TEST_MIN_SECONDS must be a whole number of seconds (got '$min')"
   "$DZ" make-model --preset demo --out "$W/m" 2>/dev/null
-  "$DZ" make-input --model "$W/m" --docs 200 --min-len 40 --max-len 200 --seed 7 --out "$W/in.h5" 2>/dev/null
-  mpirun -np 2 --oversubscribe "$DZ" run --model "$W/m" --input "$W/in.h5" --output "$W/ref.h5" 2>/dev/null
-  ARGS=(--model "$W/m" --input "$W/in.h5")
-  N=200
+  ARGS=(--model "$W/m" --input "$W/in.h5" --backend "$BACKEND")
+  while :; do
+    rm -f "$W/in.h5" "$W/ref.h5"
+    "$DZ" make-input --model "$W/m" --docs "$N" --min-len 40 --max-len 200 --seed 7 --out "$W/in.h5" 2>/dev/null
+    t=$(ms_now)
+    mpirun -np 2 --oversubscribe "$DZ" run "${ARGS[@]}" --output "$W/ref.h5" 2>/dev/null
+    ms=$(($(ms_now) - t))
+    say "reference: $N documents on $BACKEND in $((ms / 1000)).$((ms % 1000 / 100))s"
+    if [ "$ms" -ge $((min * 1000)) ] || [ "$tries" -ge 3 ]; then break; fi
+    tries=$((tries + 1))
+    N=$(((N * min * 1000 * 5 / 4 + ms - 1) / ms))  # the time scaled to 1.25 x the minimum
+  done
 }
 # check_part OUT: no OUT, a .part with >= 1 and < N done documents; --resume completes it equal to ref
 check_resume() {

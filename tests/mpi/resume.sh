@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # A run killed mid-way (SIGKILL of the writer rank after a few documents) leaves no OUT, a
 # resumable OUT.part with those documents done; --resume completes it, and the result equals an
-# uninterrupted run.
+# uninterrupted run. Every run on DZ_TEST_BACKEND (default cpu).
 source "$(dirname "$0")/lib.sh"
 "$DZ" make-model --preset demo --out "$W/m"
 edge_tokens 512 "$W/t.txt" 20
 "$DZ" make-input --tokens-file "$W/t.txt" --out "$W/in.h5"
 for mode in logprobs generate; do
-  args=(--model "$W/m" --input "$W/in.h5" --mode $mode --max-new-tokens 5)
+  args=(--model "$W/m" --input "$W/in.h5" --mode $mode --max-new-tokens 5 "${BACKEND[@]}")
   mpi 2 run "${args[@]}" --output "$W/full_$mode.h5"
   set +e
   DAYZERO_FAULT_KILL_AFTER_DOCS=6 mpi 2 run "${args[@]}" --output "$W/cut_$mode.h5" 2>"$W/err.txt"
