@@ -5,7 +5,8 @@
 # --backend cpu and --backend cuda (one rank; two DP ranks; --cp 2, --tp 2 and --cp 2 --tp 2 with the
 # ranks sharing the GPU) and checks every cuda layout against the cpu run and the one-rank cuda
 # run within 1.5x transformers' own bf16-vs-fp32 drift on the same documents
-# (tests/golden/bf16_drift.json). Exit status: non-zero when anything failed.
+# (tests/golden/bf16_drift.json); then the crash-safety scripts (SIGTERM, SIGKILL of a rank,
+# --resume) on --backend cuda (log: LOG_DIR/crash.log). Exit status: non-zero when anything failed.
 #   bash scripts/gpu-tests.sh PREFIX BUILD_DIR LOG_DIR [test specs...]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -199,5 +200,25 @@ print(f"cli FP8 checkpoint: {kept} of 30 dense linear weights kept in FP8 on cud
       f"{dt.max():.3g}) {'ok' if ok else 'FAILED'}")
 sys.exit(0 if ok else 1)
 PY
+# Crash safety on the GPU: SIGTERM (to every rank, to mpirun), SIGKILL of a rank (a non-writer, the
+# writer) and the fault-injected kill + --resume, each with every `dayzero run` on --backend cuda,
+# the uninterrupted reference included (DZ_TEST_BACKEND), the 2-3 ranks sharing the GPU: the .part
+# keeps what was durable and --resume completes it bitwise equal to the cuda reference.
+# Workload size (DZ_TEST_DOCS; tests/mpi/resume.sh is deterministic, killed by
+# DAYZERO_FAULT_KILL_AFTER_DOCS, and needs none): the scripts wait until 3 documents are durable
+# (h5dump every 0.2 s, or python3 + h5py at ~0.3 s a look where hdf5-tools are missing), signal,
+# and require 1 <= done < N, so work must remain until the job is down; the longest case is SIGKILL
+# of a non-writer rank, where rank 0 keeps writing until mpirun ends the job (~2 s): >= ~3 s of work
+# must remain after the 3rd document. A demo document (4 layers, 40..200 tokens) is a launch-bound
+# forward of ~1-5 ms with the ranks time-sharing the GPU, and rank 0 writes each one to the .part
+# with two H5Fflush + fsync (results, then the done flag; ~0.1-2 ms each on a local disk, ~0 on a
+# tmpfs): ~1-5 ms a document in all, so 5000 documents (~600k tokens) take ~5-25 s.
+# DZ_TEST_MIN_SECONDS=15 grows the input when the reference run is shorter than 15 s (a fast disk
+# or tmpfs), keeping >= ~4x the ~3 s above. Cost: per script a reference and ~2 more full runs.
+for t in tests/crash/sigterm.sh tests/crash/sigkill_rank.sh tests/mpi/resume.sh; do
+  echo "== $t (DZ_TEST_BACKEND=cuda)" | tee -a "$L/crash.log"
+  DZ_TEST_BACKEND=cuda DZ_TEST_DOCS=5000 DZ_TEST_MIN_SECONDS=15 bash "$t" "$EXE" . 2>&1 | tee -a "$L/crash.log" ||
+    { echo "crash: $t FAILED" | tee -a "$L/crash.log"; rc=1; }
+done
 rm -rf "$W"
 exit "$rc"

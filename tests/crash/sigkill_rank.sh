@@ -10,12 +10,13 @@ for victim in 1 0; do
   start_job 3 run "${ARGS[@]}" --output "$out"
   wait_done "$out.part" 3 120
   pid=$(rank_pid $victim "$out")
-  [ -n "$pid" ] || fail "rank $victim not found with pgrep -f"
+  [ -n "$pid" ] || fail "rank $victim not found by its command line"
   kill -KILL "$pid"
   wait_job $LIMIT
   say "SIGKILL of rank $victim (pid $pid): job exit $RC after ${ELAPSED}s"
   [ "$RC" -ne 0 ] || fail "the job exited 0 after a rank was killed"
-  [ -z "$(pgrep -f -- "--output $out( |$)")" ] || fail "processes left behind: $(pgrep -af -- "--output $out")"
+  left=$(procs "--output $out( |$)")
+  [ -z "$left" ] || fail "processes left behind: $left"
   check_resume "$out"
   say "  $DONE_AT_STOP documents were durable; --resume equals the uninterrupted run"
 done

@@ -10,7 +10,9 @@ LIMIT=30  # seconds from the signal to the job's exit (mpirun's own kill path ta
 # (1) every rank gets SIGTERM
 start_job 2 run "${ARGS[@]}" --output "$W/a.h5"
 wait_done "$W/a.h5.part" 3 120
-pkill -TERM -P "$JOB"
+ranks=$(children "$JOB")
+[ -n "$ranks" ] || fail "mpirun (pid $JOB) has no child processes to signal"
+kill -TERM $ranks
 wait_job $LIMIT
 say "SIGTERM to every rank: exit $RC after ${ELAPSED}s"
 [ "$RC" -ne 0 ] || fail "the job exited 0 after SIGTERM"
@@ -32,5 +34,6 @@ say "SIGTERM to mpirun: exit $RC after ${ELAPSED}s"
 [ "$RC" -ne 0 ] || fail "the job exited 0 after SIGTERM"
 check_resume "$W/b.h5"
 say "  $DONE_AT_STOP documents were durable; --resume equals the uninterrupted run"
-[ -z "$(pgrep -f -- "--output $W/")" ] || fail "processes left behind: $(pgrep -af -- "--output $W/")"
+left=$(procs "--output $W/")
+[ -z "$left" ] || fail "processes left behind: $left"
 say "PASS"

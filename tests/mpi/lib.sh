@@ -3,7 +3,10 @@ set -euo pipefail
 DZ=$1
 SRC=$2
 source "$SRC/scripts/env.sh"
-source "$SRC/tests/h5_checks.sh"  # same
+source "$SRC/tests/h5_checks.sh"  # same, ndone
+# DZ_TEST_BACKEND=cpu|cuda (default cpu): "${BACKEND[@]}" is --backend for the scripts that honour it
+# (resume.sh); the others run on the CPU as before
+BACKEND=(--backend "${DZ_TEST_BACKEND:-cpu}")
 W=$(mktemp -d /tmp/dz_mpi_XXXXXX)
 trap 'rm -rf "$W"' EXIT
 say() { echo "[$(basename "$0" .sh)] $*"; }
