@@ -132,7 +132,7 @@ TEST_CASE("modules gpu: every mixer's prefill, decode, state and segmented prefi
       const auto oc = run(cpu, *mc, &sc, &segc, &kc), og = run(*gpu, *mg, &sg, &segg, &kg);
       std::vector<float> pc(oc.begin(), oc.begin() + L * D), pg(og.begin(), og.begin() + L * D);
       // DSA: the two backends score the keys in bf16 vs fp32, so a near-tie can swap a Top-K
-      // member and with it a row's attention. Sets are compared as sets (at least 95% of the rows
+      // member and with it a row's attention. Sets are compared as sets (at least 90% of the rows
       // identical), and the prefill output only over the rows whose sets agree.
       if (!kc.empty()) {
         REQUIRE(kc.size() == kg.size());
@@ -147,7 +147,9 @@ TEST_CASE("modules gpu: every mixer's prefill, decode, state and segmented prefi
           }
         std::printf("  %-30s L=%-4lld Top-K sets identical on %lld of %lld rows\n", c.name, (long long)L,
                     (long long)same_rows, (long long)L);
-        CHECK(double(same_rows) >= 0.95 * double(L));
+        // Measured on the H200: 126 of 130 rows (golden dims), 121 of 130 (index_head_dim 64, the
+        // K = 8th of 130 keys decided on bf16 vs fp32 scores); a broken indexer agrees on few.
+        CHECK(double(same_rows) >= 0.9 * double(L));
         pc = pc2, pg = pg2;
       }
       const std::vector<float> dc(oc.begin() + L * D, oc.end()), dg(og.begin() + L * D, og.end());
