@@ -16,17 +16,18 @@ import re
 import sys
 from collections import defaultdict
 
-GROUPS = [  # first match wins
+GROUPS = [  # first match wins (names as ncu prints them, e.g. "void la::<unnamed>::mma_rec_kernel<...>")
     ("model build (dummy fills)", r"fill_dummy"),
-    ("linear attention (KDA/GDN scan, chunked)", r"la_|linear_attn|kda|gdn|chunk_|scan|transition|recurrent|wy_|solve"),
-    ("short conv", r"short_conv|conv1d"),
+    ("MoE routing / dispatch / combine", r"moe_select|k_count|k_scan\b|k_scatter|gather_rows|moe_combine|shared_add|shared_expert"),
+    ("MoE expert GEMMs", r"moe_gemm|grouped_gemm"),
+    ("router GEMM (fp32, cuBLAS SIMT)", r"f32f32_f32f32|sgemm"),
+    ("linear attention (KDA/GDN chunked scan, decode)", r"la::|mma_prep|mma_rec|linear_attn|la_|recurrent|transition|base64_kernel"),
+    ("short conv", r"conv_prefill|conv_state|short_conv|conv_update"),
     ("sparse MLA / DSA indexer", r"sparse_mla|indexer|topk_from|mxfp8"),
     ("softmax attention (flash, warp)", r"flash|attention|attn_"),
-    ("MoE expert GEMMs", r"grouped_gemm|moe_gemm|swiglu_tc|gemm_tc"),
-    ("MoE routing / dispatch / combine", r"moe_|gather_rows|combine|route|dispatch|shared_expert"),
     ("dense GEMMs (cuBLAS / cuBLASLt)", r"nvjet|gemm|xmma|cutlass|sm90_|Kernel2|gemv|splitKreduce"),
     ("LM head reductions", r"row_max|softmax_parts|row_topk|logsumexp|lm_"),
-    ("norms, RoPE, elementwise, copies", r"norm|rope|add|mul|silu|sigmoid|convert|copy|scale|bias|gate|quant|set_i32|iota|fill"),
+    ("norms, RoPE, elementwise, copies", r"norm|rope|add|mul|silu|sigmoid|convert|copy|scale|bias|gate|quant|set_i32|iota|embed"),
 ]
 
 
@@ -66,7 +67,11 @@ def main():
         if v is None:
             continue
         if row["Metric Name"] == "gpu__time_duration.sum":  # to microseconds
-            v *= {"nsecond": 1e-3, "usecond": 1.0, "msecond": 1e3, "second": 1e6}.get(unit, 1.0)
+            scale = {"ns": 1e-3, "nsecond": 1e-3, "us": 1.0, "usecond": 1.0, "ms": 1e3, "msecond": 1e3, "s": 1e6,
+                     "second": 1e6}
+            if unit not in scale:
+                sys.exit(f"ncu_summary: unknown time unit {unit!r}")
+            v *= scale[unit]
         k["m"][row["Metric Name"]] = v
     g = defaultdict(lambda: {"us": 0.0, "n": 0, "sm": 0.0, "dram": 0.0, "tc": 0.0})
     names = defaultdict(lambda: {"us": 0.0, "n": 0, "group": ""})

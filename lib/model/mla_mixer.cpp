@@ -166,11 +166,11 @@ class MlaMixer : public Mixer {
     DTensor sel;
     if (indexer_) {
       const int64_t n_sel = indexer_->topk();
-      st->last_topk.assign(size_t(T * n_sel), -1);
       st->topk_width = n_sel;
       sel = be_->alloc({T, n_sel}, DType::I32);
       select_topk(x, q_resid, pos0, st->index_k.all(), sel);
-      if (T) be_->download_i32(sel, st->last_topk.data());
+      st->last_sel = {sel};
+      st->sel_be = be_;
     }
     DTensor o = be_->act({T, Hl_ * vd_});
     if (T > 0) attend(*st, S, q, pos0, sel, o);
@@ -238,7 +238,8 @@ class MlaMixer : public Mixer {
     // 3. Indexer and attention for the local queries only.
     const int64_t K = indexer_ ? indexer_->topk() : 0;
     st->topk_width = K;
-    st->last_topk.assign(size_t(Rl * K), -1);  // local rows, in layout order
+    st->last_sel.clear();  // local rows, in layout order
+    st->sel_be = be_;
     DTensor o = be_->act({Rl, Hl_ * vd_});
     int64_t r = 0;
     for (int j : segs) {
@@ -249,7 +250,7 @@ class MlaMixer : public Mixer {
         auto tm = ctx.time("indexer");
         sel = be_->alloc({T, K}, DType::I32);
         ctx.flops("indexer", select_topk(x.slab(r, r + T), q_resid.slab(r, r + T), pos0, st->index_k.all(), sel));
-        be_->download_i32(sel, st->last_topk.data() + r * K);
+        st->last_sel.push_back(sel);
       }
       {
         auto tm = ctx.time("attention");

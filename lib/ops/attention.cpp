@@ -173,6 +173,16 @@ RowStore RowStore::deep_copy() const {
   return c;
 }
 
+std::vector<int32_t> AttnCache::last_topk() const {
+  std::vector<int32_t> v;
+  for (const DTensor& s : last_sel) {
+    const size_t n = v.size();
+    v.resize(n + size_t(s.numel()));
+    if (s.numel()) sel_be->download_i32(s, v.data() + n);
+  }
+  return v;
+}
+
 std::unique_ptr<MixerState> AttnCache::clone() const {
   auto c = std::make_unique<AttnCache>();
   c->pos = pos;
@@ -180,7 +190,8 @@ std::unique_ptr<MixerState> AttnCache::clone() const {
   c->index_k = index_k.deep_copy();
   c->k = k.deep_copy();
   c->v = v.deep_copy();
-  c->last_topk = last_topk;
+  c->last_sel = last_sel;  // never written after the call that made them
+  c->sel_be = sel_be;
   c->topk_width = topk_width;
   return c;
 }

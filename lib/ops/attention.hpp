@@ -74,8 +74,12 @@ struct AttnCache : MixerState {
   RowStore k;  // [pos, Hkv * D] after k_norm + RoPE
   RowStore v;  // [pos, Hkv * D]
   // DSA: Top-K positions chosen in the last forward call, [T_last, topk_width], ascending, -1
-  // padded (diagnostics and tests; not needed for the next call).
-  std::vector<int32_t> last_topk;
+  // padded (diagnostics and tests; not needed for the next call). Kept as the call's selection
+  // tensors (in row order, on sel_be's device) and downloaded only when asked, so a decode step
+  // does not wait for the GPU once per DSA layer.
+  std::vector<DTensor> last_sel;
+  Backend* sel_be = nullptr;
+  std::vector<int32_t> last_topk() const;
   int64_t topk_width = 0;
 
   std::unique_ptr<MixerState> clone() const override;

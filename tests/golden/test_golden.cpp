@@ -95,8 +95,9 @@ void check_family(const std::string& family, Tol tol) {
         REQUIRE(c != nullptr);
         const int64_t K = c->topk_width, KG = int64_t(topk[size_t(i)].size()) / int64_t(tokens.size());
         REQUIRE(K == KG);
+        const std::vector<int32_t> sel = c->last_topk();
         for (int64_t t = 0; t < T; ++t) {
-          std::vector<int32_t> a(&c->last_topk[size_t(t * K)], &c->last_topk[size_t(t * K + K)]);
+          std::vector<int32_t> a(&sel[size_t(t * K)], &sel[size_t(t * K + K)]);
           std::vector<int32_t> b(&topk[size_t(i)][size_t((o + t) * K)], &topk[size_t(i)][size_t((o + t) * K + K)]);
           if (a != b) FAIL(family << " doc " << d << " layer " << i << " query " << t << ": Top-K set differs");
           ++topk_rows;

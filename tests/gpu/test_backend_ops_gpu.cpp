@@ -16,6 +16,8 @@
 //     bf16, 2^-9 relative each).
 #include <catch2/catch.hpp>
 
+#include <limits>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -630,6 +632,35 @@ TEST_CASE("backend ops: MoE routing and grouped experts on cuda equal the cpu ba
         return be.to_host(o);
       });
     }
+}
+
+TEST_CASE("backend ops: a non-finite router score stops at the next host read, named, and the backend goes on",
+          "[gpu]") {
+  Backend& be = *backends().gpu;
+  const int64_t D = 64, I = 40, E = 8, T = 5;
+  dz::RouterConfig rc;
+  rc.n_experts = E;
+  rc.top_k = 2;
+  rc.score_func = dz::ScoreFunc::Sigmoid;
+  rc.n_group = 1;
+  rc.topk_group = 1;
+  const auto g = rnd(size_t(E * I * D), 44, 0.15f), u = rnd(size_t(E * I * D), 45, 0.15f),
+             dn = rnd(size_t(E * D * I), 46, 0.15f), router = rnd(size_t(E * D), 42, 0.5f);
+  dz::MoeWeights w;
+  w.router = be.upload(router.data(), {E, D}, DType::F32);
+  w.experts = {be.upload(g.data(), {E, I, D}, be.weight_dtype()), be.upload(u.data(), {E, I, D}, be.weight_dtype()),
+               be.upload(dn.data(), {E, D, I}, be.weight_dtype())};
+  auto x = rnd(size_t(T * D), 41);
+  DTensor o = be.act({T, D});
+  const DTensor good = be.upload(x.data(), {T, D}, be.act_dtype());
+  x[size_t(3 * D + 7)] = std::numeric_limits<float>::quiet_NaN();  // token 3: NaN logits
+  const DTensor bad = be.upload(x.data(), {T, D}, be.act_dtype());
+  be.moe(rc, w, bad, o);  // no wait here: the flag is read at the next host wait
+  CHECK_THROWS_WITH(be.sync(), Catch::Contains("moe router: a selection score is not finite"));
+  be.moe(rc, w, good, o);
+  CHECK_NOTHROW(be.sync());  // the flag was cleared
+  const auto y = be.to_host(o);
+  CHECK(std::all_of(y.begin(), y.end(), [](float v) { return std::isfinite(v); }));
 }
 
 TEST_CASE("backend ops: LM-head reductions on cuda equal the cpu backend", "[gpu]") {

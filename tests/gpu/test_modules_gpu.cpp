@@ -114,7 +114,7 @@ TEST_CASE("modules gpu: every mixer's prefill, decode, state and segmented prefi
         DTensor out = be.act({L + 3, D});
         m.forward(xt.slab(0, L), *st, out.slab(0, L));
         if (state) *state = state_of(*st);
-        if (auto* a = dynamic_cast<const dz::AttnCache*>(st.get())) *topk = a->last_topk;
+        if (auto* a = dynamic_cast<const dz::AttnCache*>(st.get())) *topk = a->last_topk();
         for (int64_t t = L; t < L + 3; ++t) m.forward(xt.slab(t, t + 1), *st, out.slab(t, t + 1));
         if (seg) {  // the segmented (CP-path) prefill of the same L tokens, on a group of one
           const dz::Comm self;

@@ -99,11 +99,11 @@ TEST_CASE("attn_cp_tp: forward_cp of TP-sharded MLA / GQA equals the serial mixe
       s.st = full->make_state();
       s.out.resize(size_t(L * D));
       full->forward(x.data(), L, *s.st, s.out.data());
-      s.topk = cache(*s.st).last_topk;
+      s.topk = cache(*s.st).last_topk();
       auto st = s.st->clone();
       s.dec.resize(size_t(2 * D));
       for (int i = 0; i < 2; ++i) full->forward(x.data() + (L + i) * D, 1, *st, s.dec.data() + i * D);
-      s.topk_dec = cache(*st).last_topk;
+      s.topk_dec = cache(*st).last_topk();
       return serial.emplace(L, std::move(s)).first->second;
     };
 
@@ -150,9 +150,10 @@ TEST_CASE("attn_cp_tp: forward_cp of TP-sharded MLA / GQA equals the serial mixe
             const AttnCache& a = cache(*st);
             if (dsa) {
               CHECK(a.topk_width == K);
-              bool same = int64_t(a.last_topk.size()) == R * K;
+              const std::vector<int32_t> sel = a.last_topk();
+              bool same = int64_t(sel.size()) == R * K;
               for (int64_t r = 0; same && r < R; ++r)
-                same = std::equal(a.last_topk.begin() + r * K, a.last_topk.begin() + (r + 1) * K,
+                same = std::equal(sel.begin() + r * K, sel.begin() + (r + 1) * K,
                                   ref.topk.begin() + pos[size_t(r)] * K);
               CHECK(same);
             }
@@ -181,7 +182,7 @@ TEST_CASE("attn_cp_tp: forward_cp of TP-sharded MLA / GQA equals the serial mixe
               wd = std::max(wd, std::abs(double(dec[i]) - ref.dec[i]) / (1.0 + std::abs(double(ref.dec[i]))));
             if (T == 1) CHECK(wd == 0.0);
             CHECK(wd < 5e-6);
-            if (dsa) CHECK(cache(*st).last_topk == ref.topk_dec);
+            if (dsa) CHECK(cache(*st).last_topk() == ref.topk_dec);
 
             // The sharded mixer's plain forward() over the whole document (TP without CP; long
             // enough calls split the indexer's query rows over TP there too).
@@ -194,7 +195,7 @@ TEST_CASE("attn_cp_tp: forward_cp of TP-sharded MLA / GQA equals the serial mixe
                 w1 = std::max(w1, std::abs(double(o1[i]) - ref.out[i]) / (1.0 + std::abs(double(ref.out[i]))));
               if (T == 1) CHECK(w1 == 0.0);
               CHECK(w1 < 5e-6);
-              if (dsa) CHECK(cache(*st1).last_topk == ref.topk);
+              if (dsa) CHECK(cache(*st1).last_topk() == ref.topk);
             }
 
             // Work accounting: attention summed over the CP group is the whole document's count for

@@ -358,7 +358,8 @@ std::vector<float> run_split(const Mixer& m, const std::vector<float>& x, int64_
     if (topk) {
       auto* c = dynamic_cast<AttnCache*>(st.get());
       REQUIRE(c);
-      topk->insert(topk->end(), c->last_topk.begin(), c->last_topk.end());
+      const std::vector<int32_t> sel = c->last_topk();
+      topk->insert(topk->end(), sel.begin(), sel.end());
     }
     t0 += n;
   }

@@ -90,7 +90,7 @@ TEST_CASE("attn_parallel: forward_cp on one rank (1-3 segments) equals forward o
         auto ref = m->make_state();
         std::vector<float> out_ref(size_t(L * D)), dec_ref(size_t(3 * D));
         m->forward(x.data(), L, *ref, out_ref.data());
-        const std::vector<int32_t> topk_ref = cache(*ref).last_topk;
+        const std::vector<int32_t> topk_ref = cache(*ref).last_topk();
         // Context-parallel prefill over S segments of one rank.
         SeqLayout lay = SeqLayout::zigzag(L, 1, 0, S);
         WorkStats stats;
@@ -110,14 +110,14 @@ TEST_CASE("attn_parallel: forward_cp on one rank (1-3 segments) equals forward o
         CHECK(a.v == b.v);
         if (dsa) {
           CHECK(a.topk_width == c.cfg.index_topk);
-          CHECK(a.last_topk == topk_ref);  // local rows == all rows in order (C = 1)
+          CHECK(a.last_topk() == topk_ref);  // local rows == all rows in order (C = 1)
         }
         for (int i = 0; i < 3; ++i) {
           m->forward(x.data() + (L + i) * D, 1, *ref, dec_ref.data() + i * D);
           m->forward(x.data() + (L + i) * D, 1, *st, dec.data() + i * D);
         }
         CHECK(dec == dec_ref);
-        if (dsa) CHECK(cache(*st).last_topk == cache(*ref).last_topk);
+        if (dsa) CHECK(cache(*st).last_topk() == cache(*ref).last_topk());
 
         // Work counters, recomputed here from the documented formulas.
         double idx = 0, att = 0;
@@ -153,7 +153,7 @@ TEST_CASE("attn_parallel: TP head shards summed by hand equal the unsharded mixe
     auto ref = full->make_state();
     std::vector<float> out_ref(size_t((L + 2) * D));
     full->forward(x.data(), L, *ref, out_ref.data());
-    const std::vector<int32_t> topk_prefill = cache(*ref).last_topk;
+    const std::vector<int32_t> topk_prefill = cache(*ref).last_topk();
     full->forward(x.data() + L * D, 2, *ref, out_ref.data() + L * D);
     for (int T : {2}) {
       INFO(c.name << " tp=" << T);
@@ -166,9 +166,9 @@ TEST_CASE("attn_parallel: TP head shards summed by hand equal the unsharded mixe
         auto st = shard->make_state();
         std::vector<float> out(out_ref.size());
         shard->forward_cp(x.data(), ctx, *st, out.data());
-        if (dsa) CHECK(cache(*st).last_topk == topk_prefill);  // indexer replicated: identical sets
+        if (dsa) CHECK(cache(*st).last_topk() == topk_prefill);  // indexer replicated: identical sets
         shard->forward(x.data() + L * D, 2, *st, out.data() + L * D);
-        if (dsa) CHECK(cache(*st).last_topk == cache(*ref).last_topk);
+        if (dsa) CHECK(cache(*st).last_topk() == cache(*ref).last_topk());
         for (size_t i = 0; i < out.size(); ++i) sum[i] += out[i];
       }
       // TP changes only the order of the o_proj sum (per-shard partials, then across shards):

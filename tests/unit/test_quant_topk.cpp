@@ -37,9 +37,11 @@ double topk_overlap(const dz::ModelConfig& base, dz::Checkpoint* ck_gen, const s
     auto st = m->make_state();
     m->forward(tok.data(), L, st);
     for (auto& ms : st.mixers)
-      if (auto* c = dynamic_cast<dz::AttnCache*>(ms.get()); c && c->topk_width > 0)
+      if (auto* c = dynamic_cast<dz::AttnCache*>(ms.get()); c && c->topk_width > 0) {
+        const std::vector<int32_t> sel = c->last_topk();
         for (int64_t t = 0; t < L; ++t)
-          sets[q].emplace_back(c->last_topk.begin() + t * c->topk_width, c->last_topk.begin() + (t + 1) * c->topk_width);
+          sets[q].emplace_back(sel.begin() + t * c->topk_width, sel.begin() + (t + 1) * c->topk_width);
+      }
   }
   REQUIRE(sets[0].size() == sets[1].size());
   int64_t both = 0, total = 0;

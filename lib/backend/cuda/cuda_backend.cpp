@@ -88,9 +88,14 @@ class CudaBackend final : public Backend {
     CUBLAS_CHECK(cublasSetWorkspace(blas_, blas_ws_, kBlasWs));
     CUBLAS_CHECK(cublasLtCreate(&lt_));
     CUDA_CHECK(cudaDeviceGetAttribute(&sms_, cudaDevAttrMultiProcessorCount, device));
+    CUDA_CHECK(cudaMalloc(&route_bad_, sizeof(int32_t)));
+    CUDA_CHECK(cudaMemset(route_bad_, 0, sizeof(int32_t)));
+    CUDA_CHECK(cudaMallocHost(&route_bad_host_, sizeof(int32_t)));
   }
   ~CudaBackend() override {
     cudaStreamSynchronize(stream_->s);
+    if (route_bad_) cudaFree(route_bad_);
+    if (route_bad_host_) cudaFreeHost(route_bad_host_);
     if (pinned_) cudaFreeHost(pinned_);
     for (auto& kv : fp8_plans_) kv.second.destroy();
     if (lt_) cublasLtDestroy(lt_);
@@ -131,16 +136,17 @@ class CudaBackend final : public Backend {
       parallel_for(n, [&](int64_t i0, int64_t i1) {
         for (int64_t i = i0; i < i1; ++i) h[size_t(i)] = f32_to_bf16(src[i]);
       });
+      // From pageable memory the copy returns once the source is staged, so h may go.
       CUDA_CHECK(cudaMemcpyAsync(t.data, h.data(), t.bytes(), cudaMemcpyHostToDevice, st()));
-      CUDA_CHECK(cudaStreamSynchronize(st()));  // h goes out of scope
     }
     return t;
   }
   DTensor upload_i32(const int32_t* src, const Shape& s) override {
     DTensor t = alloc(s, DType::I32);
     if (t.numel()) {
+      // Pageable source: staged before the call returns, so the caller may free src; no wait
+      // (decode steps upload token ids and offsets: a wait each would drain the stream).
       CUDA_CHECK(cudaMemcpyAsync(t.data, src, t.bytes(), cudaMemcpyHostToDevice, st()));
-      CUDA_CHECK(cudaStreamSynchronize(st()));  // the caller may free src
     }
     return t;
   }
@@ -154,13 +160,13 @@ class CudaBackend final : public Backend {
       cuda::convert(t.data, dt_of(t), f.data, Dt::F32, n, st());
       CUDA_CHECK(cudaMemcpyAsync(dst, f.data, f.bytes(), cudaMemcpyDeviceToHost, st()));
     }
-    CUDA_CHECK(cudaStreamSynchronize(st()));
+    host_wait();
   }
   void download_i32(const DTensor& t, int32_t* dst) override {
     DZ_CHECK(t.dtype == DType::I32, "download_i32 of a ", to_string(t.dtype), " tensor");
     if (!t.numel()) return;
     CUDA_CHECK(cudaMemcpyAsync(dst, t.data, t.bytes(), cudaMemcpyDeviceToHost, st()));
-    CUDA_CHECK(cudaStreamSynchronize(st()));
+    host_wait();
   }
   void fill_zero(const DTensor& t) override {
     if (t.numel()) CUDA_CHECK(cudaMemsetAsync(t.data, 0, t.bytes(), st()));
@@ -193,7 +199,7 @@ class CudaBackend final : public Backend {
   void fill_dummy(const DTensor& t, uint64_t key, const DummyDist& d, int64_t ld, int64_t r0, int64_t c0) override {
     cuda::fill_dummy(t.data, dt_of(t), t.rows(), t.cols(), key, d, ld, r0, c0, st());
   }
-  void sync() override { CUDA_CHECK(cudaStreamSynchronize(st())); }
+  void sync() override { host_wait(); }
   void profile(bool on) override {
     sync();
     CUDA_CHECK(on ? cudaProfilerStart() : cudaProfilerStop());
@@ -208,11 +214,11 @@ class CudaBackend final : public Backend {
     DTensor f = t.dtype == DType::F32 ? t : alloc(t.shape, DType::F32);
     if (t.dtype != DType::F32) cuda::convert(t.data, dt_of(t), f.data, Dt::F32, n, st());
     CUDA_CHECK(cudaMemcpyAsync(h, f.data, size_t(n) * 4, cudaMemcpyDeviceToHost, st()));
-    CUDA_CHECK(cudaStreamSynchronize(st()));
+    host_wait();
     comm->allreduce_sum(h, n);
     CUDA_CHECK(cudaMemcpyAsync(f.data, h, size_t(n) * 4, cudaMemcpyHostToDevice, st()));
     if (t.dtype != DType::F32) cuda::convert(f.data, Dt::F32, t.data, dt_of(t), n, st());
-    CUDA_CHECK(cudaStreamSynchronize(st()));  // the pinned buffer is reused by the next call
+    host_wait();  // the pinned buffer is reused by the next call
   }
 
   void embed(const DTensor& table, const DTensor& ids, const DTensor& out) override {
@@ -289,7 +295,7 @@ class CudaBackend final : public Backend {
     CUDA_CHECK(cudaMemcpyAsync(w.data, codes.data(), codes.size(), cudaMemcpyHostToDevice, st()));
     auto s = std::make_shared<DTensor>(alloc({nb, ld}, DType::F32));
     CUDA_CHECK(cudaMemcpyAsync(s->data, spad.data(), spad.size() * 4, cudaMemcpyHostToDevice, st()));
-    CUDA_CHECK(cudaStreamSynchronize(st()));  // the host buffers go out of scope
+    host_wait();  // the host buffers go out of scope
     w.block_scales = std::move(s);
     ++fp8_kept_;
     return w;
@@ -401,9 +407,8 @@ class CudaBackend final : public Backend {
     rp.norm_topk_prob = rc.norm_topk_prob;
     rp.top2sum = rc.group_score == GroupScore::Top2Sum;
     rp.scaling = rc.routed_scaling_factor;
-    DTensor idx = alloc({T, k}, DType::I32), wt = alloc({T, k}, DType::F32), bad = zeros({1}, DType::I32);
-    cuda::moe_select(logits.ptr<float>(), optf(w.bias), T, rp, idx.ptr<int32_t>(), wt.ptr<float>(),
-                     bad.ptr<int32_t>(), st());
+    DTensor idx = alloc({T, k}, DType::I32), wt = alloc({T, k}, DType::F32);
+    cuda::moe_select(logits.ptr<float>(), optf(w.bias), T, rp, idx.ptr<int32_t>(), wt.ptr<float>(), route_bad_, st());
     // Dispatch: assignments grouped by expert, 64-row tiles per expert for the grouped GEMMs.
     const int64_t n = T * k, max_tiles = n / 64 + E + 1;
     DTensor counts = alloc({E}, DType::I32), offsets = alloc({E + 1}, DType::I32),
@@ -423,9 +428,6 @@ class CudaBackend final : public Backend {
       swiglu_mlp(x, w.shared, sh);
       cuda::shared_expert_add(b16(x), optf(w.shared_gate), b16(sh), T, D, b16w(y), st());
     }
-    int32_t flag = 0;
-    download_i32(bad, &flag);  // waits for the stream: routing errors surface here, named
-    DZ_CHECK(flag == 0, "moe router: a selection score is not finite");
   }
   void short_conv(const DTensor& x, const DTensor& w, const DTensor& state, const DTensor& y) override {
     const int64_t C = w.dim(0), W = w.dim(1), T = x.numel() / C;
@@ -525,7 +527,7 @@ class CudaBackend final : public Backend {
     for (int64_t h = 0; h < HV; ++h)
       for (int64_t i = 0; i < K; ++i) eye[size_t((h * K + i) * K + i)] = 1.f;
     CUDA_CHECK(cudaMemcpyAsync(A.data, eye.data(), eye.size() * sizeof(float), cudaMemcpyHostToDevice, st()));
-    CUDA_CHECK(cudaStreamSynchronize(st()));
+    host_wait();
     LaScanArgs t = s;
     t.V = K;
     t.v = zeros({T, HV * K}, DType::BF16);
@@ -755,7 +757,7 @@ class CudaBackend final : public Backend {
     cuda::softmax_parts(lg.ptr<float>(), m, lg.cols(), dmx.ptr<float>(), dt.ptr<int32_t>(), v0,
                         static_cast<double*>(dacc.data), st());
     CUDA_CHECK(cudaMemcpyAsync(acc.data(), dacc.data, size_t(2 * m) * sizeof(double), cudaMemcpyDeviceToHost, st()));
-    CUDA_CHECK(cudaStreamSynchronize(st()));
+    host_wait();
   }
   void row_topk(const DTensor& lg, int64_t k, std::vector<int32_t>& ids, std::vector<float>& vals) override {
     const int64_t m = lg.rows();
@@ -825,6 +827,20 @@ class CudaBackend final : public Backend {
     cuda::iota_i32(p.ptr<int32_t>(), T, int32_t(pos0), st());
     return p;
   }
+  // Every wait of the host for the stream (downloads, sync, the staged collectives) goes through
+  // here, and so does the MoE router's finiteness flag: the routing kernels raise it on the
+  // device and it is read at the next host wait (not with a wait of its own per MoE layer), so a
+  // non-finite score still stops the job with its name, at the first result the host reads.
+  void host_wait() {
+    CUDA_CHECK(cudaMemcpyAsync(route_bad_host_, route_bad_, sizeof(int32_t), cudaMemcpyDeviceToHost, st()));
+    CUDA_CHECK(cudaStreamSynchronize(st()));
+    if (*route_bad_host_) {
+      *route_bad_host_ = 0;
+      CUDA_CHECK(cudaMemsetAsync(route_bad_, 0, sizeof(int32_t), st()));
+      dz::fail("moe router: a selection score is not finite (raised by the routing kernel of a forward before this "
+               "host read)");
+    }
+  }
   uint64_t pool_attr(cudaMemPoolAttr a) const {
     uint64_t v = 0;
     CUDA_CHECK(cudaMemPoolGetAttribute(pool(), a, &v));
@@ -850,6 +866,8 @@ class CudaBackend final : public Backend {
   int64_t fp8_kept_ = 0;
   void* pinned_ = nullptr;
   size_t pinned_bytes_ = 0;
+  int32_t* route_bad_ = nullptr;       // [1] device: set by moe_select on a non-finite score
+  int32_t* route_bad_host_ = nullptr;  // [1] pinned: its copy at each host_wait
 };
 
 }  // namespace
