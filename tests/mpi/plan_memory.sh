@@ -21,7 +21,10 @@ assert 85 < a["weights_gib"] < 95, a
 assert a["weights_gib"] / 2 < b["weights_gib"] < 0.52 * a["weights_gib"], (a, b)
 assert abs(e["weights_gib"] - 2 * a["weights_gib"]) < 0.01 * a["weights_gib"], e  # fp32 on the CPU
 assert c["state_gib"] > 8 * a["state_gib"], (a, c)
-assert d["activations_gib"] < c["activations_gib"] / 4, (c, d)
+# in 16384-token forwards the per-row activations shrink 8x; the explicit MLA's expansion of the
+# whole cache ([S, ...] for the last chunk's S = 131072 positions) does not
+assert d["detail_gib"]["activations_ffn"] < c["detail_gib"]["activations_ffn"] / 4, (c, d)
+assert d["activations_gib"] < c["activations_gib"] / 2, (c, d)
 assert a["fits"] and c["fits"], (a, c)
 print("plan memory: weights", round(a["weights_gib"], 2), "GiB (TP 2:", round(b["weights_gib"], 2), "), 131072 tokens:",
       round(c["total_gib"], 2), "GiB, in 16384-token forwards:", round(d["total_gib"], 2), "GiB")
