@@ -144,8 +144,10 @@ class CudaBackend final : public Backend {
   DTensor upload_i32(const int32_t* src, const Shape& s) override {
     DTensor t = alloc(s, DType::I32);
     if (t.numel()) {
-      // Pageable source: staged before the call returns, so the caller may free src; no wait
-      // (decode steps upload token ids and offsets: a wait each would drain the stream).
+      // Pageable source: CUDA's API synchronization behaviour returns once the buffer is copied
+      // to its staging memory, so the caller may free src without a wait of ours. The driver may
+      // still synchronise with the stream to stage it; a pinned staging ring would avoid that
+      // (not done yet: decode steps upload token ids and offsets this way).
       CUDA_CHECK(cudaMemcpyAsync(t.data, src, t.bytes(), cudaMemcpyHostToDevice, st()));
     }
     return t;
