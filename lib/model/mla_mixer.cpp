@@ -313,13 +313,7 @@ class MlaMixer : public Mixer {
   // ((nope + vd) x R), the absorbed one folds W_uk into the T queries and W_uv into their outputs
   // (the same (nope + vd) x R per query).
   bool use_absorbed(int64_t T, int64_t pos0, int64_t K) const {
-    const double S = double(pos0 + T), expand = double(nope_ + vd_) * double(R_);
-    double keys = 0;
-    if (K > 0) {
-      for (int64_t p = pos0; p < pos0 + T; ++p) keys += double(std::min(K, p + 1));
-    } else {
-      keys = double(T) * double(pos0) + double(T) * double(T + 1) / 2;
-    }
+    const double S = double(pos0 + T), expand = double(nope_ + vd_) * double(R_), keys = attended_keys(pos0, T, K);
     const double explicit_flops = S * expand + keys * double(nope_ + rope_dim_ + vd_);
     const double absorbed_flops = double(T) * expand + keys * double(2 * R_ + rope_dim_);
     return absorbed_flops < explicit_flops;
@@ -426,14 +420,19 @@ class MlaMixer : public Mixer {
   // Work of T queries at pos0 .. pos0+T-1 (query at p sees p + 1 keys):
   //   indexer: visible keys × index heads × index_head_dim × 2 (the dense causal score matrix);
   //   attention: attended keys (min(topk, p + 1) with DSA, else p + 1) × local heads × (Dq + vd) × 2.
+  // Keys attended by T queries at pos0 .. pos0+T-1: min(K, p + 1) each with a DSA selection of K
+  // (K > 0), else p + 1 (exact in double for any realistic T, pos0).
+  static double attended_keys(int64_t pos0, int64_t T, int64_t K) {
+    if (K <= 0) return double(T) * double(pos0) + double(T) * double(T + 1) / 2;
+    double keys = 0;
+    for (int64_t p = pos0; p < pos0 + T; ++p) keys += double(std::min(K, p + 1));
+    return keys;
+  }
   double indexer_flops(int64_t pos0, int64_t T) const {
-    const double keys = double(T) * double(pos0) + double(T) * double(T + 1) / 2;
-    return keys * double(indexer_->n_heads()) * double(indexer_->head_dim()) * 2;
+    return attended_keys(pos0, T, 0) * double(indexer_->n_heads()) * double(indexer_->head_dim()) * 2;
   }
   double attention_flops(int64_t pos0, int64_t T, int64_t K) const {
-    double keys = 0;
-    for (int64_t p = pos0; p < pos0 + T; ++p) keys += double(K > 0 ? std::min(K, p + 1) : p + 1);
-    return keys * double(Hl_) * double(nope_ + rope_dim_ + vd_) * 2;
+    return attended_keys(pos0, T, K) * double(Hl_) * double(nope_ + rope_dim_ + vd_) * 2;
   }
 
   int64_t D_ = 0, H_ = 0, Hl_ = 0, q_lora_ = 0, R_ = 0, nope_ = 0, rope_dim_ = 0, vd_ = 0;
