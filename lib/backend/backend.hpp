@@ -238,6 +238,18 @@ class Backend {
   // Brackets what a profiler started with collection off records (CUDA: cudaProfilerStart/Stop,
   // for `ncu --profile-from-start off`); nothing on the host backend.
   virtual void profile(bool on) { (void)on; }
+
+ protected:
+  // The shape rules of head_matmul, the same on every backend (each adds its dtype rules).
+  static void check_head_matmul(const DTensor& x, int64_t x_hs, int64_t k, const DTensor& W, int64_t w0, int64_t w_hs,
+                                const DTensor& y, int64_t y_hs, int64_t n, int64_t H);
+  // The shape rules of mla_latent_attention; returns T, the number of queries.
+  static int64_t check_mla_latent(const DTensor& q, const DTensor& kv, const DTensor& out, int64_t H, int64_t R,
+                                  int64_t DR);
+  // mla_latent_attention as its definition: attention() with one KV head (Dk = R + DR, Dv = R) over
+  // a copy of the value columns. The CPU reference; on CUDA the path for sizes sparse_mla lacks.
+  void mla_latent_attention_generic(const DTensor& q, const DTensor& kv, const DTensor& sel, int64_t pos0, int64_t H,
+                                    int64_t R, int64_t DR, float scale, const DTensor& out);
 };
 
 std::unique_ptr<Backend> make_cpu_backend();

@@ -258,11 +258,9 @@ class CpuBackend final : public Backend {
   }
   void head_matmul(const DTensor& x, int64_t x_hs, int64_t k, const DTensor& W, int64_t w0, int64_t w_hs, bool trans_w,
                    const DTensor& y, int64_t y_hs, int64_t n, int64_t H) override {
+    check_head_matmul(x, x_hs, k, W, w0, w_hs, y, y_hs, n, H);
+    DZ_CHECK(!W.block_scales, "head_matmul: W ", shape_str(W.shape), " is FP8 block-scaled (a weight_dtype() copy is needed)");
     const int64_t T = x.rows(), xc = x.cols(), yc = y.cols();
-    DZ_CHECK(y.rows() == T && H >= 1 && k >= 0 && n >= 0 && (H - 1) * x_hs + k <= xc && (H - 1) * y_hs + n <= yc &&
-                 w0 >= 0 && w0 + (H - 1) * w_hs + k * n <= W.numel() && !W.block_scales,
-             "head_matmul: ", H, " heads of [", k, "] -> [", n, "] over x ", shape_str(x.shape), " (head stride ", x_hs,
-             "), y ", shape_str(y.shape), " (", y_hs, "), W ", shape_str(W.shape), " at ", w0, " (", w_hs, ")");
     const float *xs = x.f32(), *ws = W.f32();
     float* ys = y.f32();
     parallel_for(T * H, [&](int64_t i0, int64_t i1) {
@@ -283,16 +281,7 @@ class CpuBackend final : public Backend {
   }
   void mla_latent_attention(const DTensor& q, const DTensor& kv, const DTensor& sel, int64_t pos0, int64_t H, int64_t R,
                             int64_t DR, float scale, const DTensor& out) override {
-    const int64_t Dk = R + DR, T = q.numel() / (H * Dk), S = kv.rows();
-    DZ_CHECK(kv.cols() == Dk && q.numel() == T * H * Dk && out.numel() == T * H * R,
-             "mla_latent_attention: q ", shape_str(q.shape), ", cache ", shape_str(kv.shape), ", out ",
-             shape_str(out.shape), " for ", H, " heads of [", R, " + ", DR, "]");
-    if (T == 0) return;
-    std::vector<float> v(size_t(S * R));  // the values: the latent columns of the cache rows
-    for (int64_t s = 0; s < S; ++s) std::copy(kv.f32() + s * Dk, kv.f32() + s * Dk + R, v.begin() + s * R);
-    const bool sparse = sel.defined() && sel.numel() > 0;
-    causal_attention(q.f32(), kv.f32(), v.data(), out.f32(), T, pos0, S, H, 1, Dk, R, scale,
-                     sparse ? sel.i32() : nullptr, sparse ? sel.cols() : 0);
+    mla_latent_attention_generic(q, kv, sel, pos0, H, R, DR, scale, out);
   }
   void layer_norm(const DTensor& x, const DTensor& w, const DTensor& b, const DTensor& y, float eps) override {
     same_numel(x, y, "layer_norm");

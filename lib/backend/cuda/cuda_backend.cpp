@@ -599,13 +599,10 @@ class CudaBackend final : public Backend {
   // transposed).
   void head_matmul(const DTensor& x, int64_t x_hs, int64_t k, const DTensor& W, int64_t w0, int64_t w_hs, bool trans_w,
                    const DTensor& y, int64_t y_hs, int64_t n, int64_t H) override {
+    check_head_matmul(x, x_hs, k, W, w0, w_hs, y, y_hs, n, H);
+    DZ_CHECK(x.dtype == DType::BF16 && W.dtype == DType::BF16 && y.dtype == DType::BF16, "head_matmul: x ",
+             to_string(x.dtype), ", W ", to_string(W.dtype), ", y ", to_string(y.dtype), " (BF16 expected)");
     const int64_t T = x.rows(), xc = x.cols(), yc = y.cols();
-    DZ_CHECK(y.rows() == T && H >= 1 && k >= 0 && n >= 0 && (H - 1) * x_hs + k <= xc && (H - 1) * y_hs + n <= yc &&
-                 w0 >= 0 && w0 + (H - 1) * w_hs + k * n <= W.numel() && x.dtype == DType::BF16 &&
-                 W.dtype == DType::BF16 && y.dtype == DType::BF16,
-             "head_matmul: ", H, " heads of [", k, "] -> [", n, "] over x ", shape_str(x.shape), " ",
-             to_string(x.dtype), " (head stride ", x_hs, "), y ", shape_str(y.shape), " (", y_hs, "), W ",
-             shape_str(W.shape), " ", to_string(W.dtype), " at ", w0, " (", w_hs, ")");
     if (T == 0 || n == 0) return;
     const float one = 1.f, zero = 0.f;
     CUBLAS_CHECK(cublasGemmStridedBatchedEx(
@@ -626,55 +623,38 @@ class CudaBackend final : public Backend {
   // The cache is BF16 here (--kv-cache fp8 stores FP8-rounded values in BF16 rows).
   void mla_latent_attention(const DTensor& q, const DTensor& kv, const DTensor& sel, int64_t pos0, int64_t H, int64_t R,
                             int64_t DR, float scale, const DTensor& out) override {
-    const int64_t Dk = R + DR, T = q.numel() / (H * Dk), S = kv.rows();
-    DZ_CHECK(kv.cols() == Dk && q.numel() == T * H * Dk && out.numel() == T * H * R,
-             "mla_latent_attention: q ", shape_str(q.shape), ", cache ", shape_str(kv.shape), ", out ",
-             shape_str(out.shape), " for ", H, " heads of [", R, " + ", DR, "]");
-    if (T == 0) return;
-    const bool sparse = sel.defined() && sel.numel() > 0;
-    if (cuda::sparse_mla_supports(int32_t(R), int32_t(DR))) {
-      DZ_CHECK(pos0 >= 0 && S >= pos0 + T && S < (int64_t(1) << 31), "mla_latent_attention: ", T,
-               " queries from position ", pos0, " over ", S, " cache rows");
-      DZ_CHECK(!sparse || (sel.dtype == DType::I32 && sel.rows() == T), "mla_latent_attention: selection ",
-               shape_str(sel.shape), " ", to_string(sel.dtype), " for ", T, " queries");
-      DZ_CHECK(reinterpret_cast<uintptr_t>(q.data) % 16 == 0 && reinterpret_cast<uintptr_t>(kv.data) % 16 == 0,
-               "mla_latent_attention: q and the cache rows must be 16-byte aligned");
-      DTensor dsel = sel;
-      if (sparse && sel.device == Device::Host) dsel = upload_i32(static_cast<const int32_t*>(sel.data), sel.shape);
-      const int64_t K = sparse ? sel.cols() : S;  // entries per query
-      const RowPages pg = row_pages(S, T);
-      const DTensor pos = positions(pos0, T);
-      cuda::LatentCache cache;
-      cache.R = int32_t(R);
-      cache.DR = int32_t(DR);
-      cache.fp8 = false;
-      cache.bf16 = b16w(kv);
-      constexpr int64_t kMaxQ = 32768;  // queries per launch (the kernel's grid.y < 65536)
-      for (int64_t t0 = 0; t0 < T; t0 += kMaxQ) {
-        const int64_t n = std::min(kMaxQ, T - t0);
-        const int64_t ns = cuda::sparse_mla_scratch_elems(n, int32_t(H), int32_t(R), int32_t(K));
-        const DTensor scratch = ns > 0 ? alloc({ns}, DType::F32) : DTensor{};
-        cuda::sparse_mla(b16(q) + t0 * H * Dk, sparse ? dsel.ptr<int32_t>() + t0 * K : nullptr, int32_t(K),
-                         pg.seq.ptr<int32_t>() + t0, pos.ptr<int32_t>() + t0, n, int32_t(H), pg.bt, cache, scale,
-                         b16w(out) + t0 * H * R, st(), ns > 0 ? scratch.ptr<float>() : nullptr, ns);
-      }
+    if (!cuda::sparse_mla_supports(int32_t(R), int32_t(DR))) {
+      mla_latent_attention_generic(q, kv, sel, pos0, H, R, DR, scale, out);
       return;
     }
-    DTensor v = alloc({S, R}, kv.dtype);  // the values: the latent columns of the cache rows
-    copy_cols(kv, 0, v, 0, R);
-    AttnArgs a;
-    a.q = q;
-    a.k = kv;
-    a.v = v;
-    a.out = out;
-    a.sel = sel;
-    a.pos0 = pos0;
-    a.Hq = H;
-    a.Hkv = 1;
-    a.Dk = Dk;
-    a.Dv = R;
-    a.scale = scale;
-    attention(a);
+    const int64_t Dk = R + DR, T = check_mla_latent(q, kv, out, H, R, DR), S = kv.rows();
+    if (T == 0) return;
+    const bool sparse = sel.defined() && sel.numel() > 0;
+    DZ_CHECK(pos0 >= 0 && S >= pos0 + T && S < (int64_t(1) << 31), "mla_latent_attention: ", T,
+             " queries from position ", pos0, " over ", S, " cache rows");
+    DZ_CHECK(!sparse || (sel.dtype == DType::I32 && sel.rows() == T), "mla_latent_attention: selection ",
+             shape_str(sel.shape), " ", to_string(sel.dtype), " for ", T, " queries");
+    DZ_CHECK(reinterpret_cast<uintptr_t>(q.data) % 16 == 0 && reinterpret_cast<uintptr_t>(kv.data) % 16 == 0,
+             "mla_latent_attention: q and the cache rows must be 16-byte aligned");
+    DTensor dsel = sel;
+    if (sparse && sel.device == Device::Host) dsel = upload_i32(static_cast<const int32_t*>(sel.data), sel.shape);
+    const int64_t K = sparse ? sel.cols() : S;  // entries per query
+    const RowPages pg = row_pages(S, T);
+    const DTensor pos = positions(pos0, T);
+    cuda::LatentCache cache;
+    cache.R = int32_t(R);
+    cache.DR = int32_t(DR);
+    cache.fp8 = false;
+    cache.bf16 = b16w(kv);
+    constexpr int64_t kMaxQ = 32768;  // queries per launch (the kernel's grid.y < 65536)
+    for (int64_t t0 = 0; t0 < T; t0 += kMaxQ) {
+      const int64_t n = std::min(kMaxQ, T - t0);
+      const int64_t ns = cuda::sparse_mla_scratch_elems(n, int32_t(H), int32_t(R), int32_t(K));
+      const DTensor scratch = ns > 0 ? alloc({ns}, DType::F32) : DTensor{};
+      cuda::sparse_mla(b16(q) + t0 * H * Dk, sparse ? dsel.ptr<int32_t>() + t0 * K : nullptr, int32_t(K),
+                       pg.seq.ptr<int32_t>() + t0, pos.ptr<int32_t>() + t0, n, int32_t(H), pg.bt, cache, scale,
+                       b16w(out) + t0 * H * R, st(), ns > 0 ? scratch.ptr<float>() : nullptr, ns);
+    }
   }
   void layer_norm(const DTensor& x, const DTensor& w, const DTensor& b, const DTensor& y, float eps) override {
     const int64_t D = w.numel();
