@@ -682,7 +682,7 @@ void moe_dispatch(const int32_t* idx, int64_t T, int top_k, int E, int32_t* coun
 }
 // Rows of D bf16 can move as 16-byte vectors: D % 8 == 0 and both bases 16-byte aligned.
 static bool vec8(const void* a, const void* b, int64_t D) {
-  return D % 8 == 0 && reinterpret_cast<uintptr_t>(a) % 16 == 0 && reinterpret_cast<uintptr_t>(b) % 16 == 0;
+  return D % 8 == 0 && aligned16(a) && aligned16(b);
 }
 void gather_rows(const bf16* x, const int32_t* perm, int64_t n, int top_k, int64_t D, bf16* xs, cudaStream_t s) {
   if (n * D <= 0) return;

@@ -3,6 +3,7 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <cstdint>
 #include <string>
 
 #include "core/error.hpp"
@@ -18,6 +19,8 @@
 #define CUDA_CHECK_LAUNCH() CUDA_CHECK(cudaGetLastError())
 
 namespace dz::cuda {
+// 16-byte aligned (what vector loads and TMA need).
+inline bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
 // Multiprocessors of the current device, asked each time (a cheap driver query; no cached
 // global, so a process that switches devices gets the right count).
 inline int sm_count() {

@@ -356,8 +356,6 @@ using C128x128 = Cfg<128, 128, 8, 1, 128, true, 1>;
 using C192x128 = Cfg<192, 128, 8, 1, 128, true, 1>;
 using C256x256 = Cfg<256, 256, 8, 1, 64, false, 1>;
 
-bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
-
 }  // namespace
 
 bool flash_attention_supports(int Dk, int Dv) { return Dk >= 1 && Dk <= 256 && Dv >= 1 && Dv <= 256; }

@@ -491,8 +491,6 @@ void launch(const Args& a, const Maps& m, int64_t max_tiles, cudaStream_t s) {
   CUDA_CHECK_LAUNCH();
 }
 
-bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
-
 // The driver's tensor-map encoder through the runtime (no link against libcuda); null if absent.
 PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
   void* fn = nullptr;

@@ -634,7 +634,7 @@ class CudaBackend final : public Backend {
              " queries from position ", pos0, " over ", S, " cache rows");
     DZ_CHECK(!sparse || (sel.dtype == DType::I32 && sel.rows() == T), "mla_latent_attention: selection ",
              shape_str(sel.shape), " ", to_string(sel.dtype), " for ", T, " queries");
-    DZ_CHECK(reinterpret_cast<uintptr_t>(q.data) % 16 == 0 && reinterpret_cast<uintptr_t>(kv.data) % 16 == 0,
+    DZ_CHECK(cuda::aligned16(q.data) && cuda::aligned16(kv.data),
              "mla_latent_attention: q and the cache rows must be 16-byte aligned");
     DTensor dsel = sel;
     if (sparse && sel.device == Device::Host) dsel = upload_i32(static_cast<const int32_t*>(sel.data), sel.shape);
