@@ -195,39 +195,7 @@ int run_test(bool quick) {
 
 // ---- the bench: v3 against v4 (kernels/bench_linear_attn.cu's rows while v3 was in the library) ----
 
-// Deterministic pseudo-random fill on the device (uniform in [lo, hi)), as bench_linear_attn.cu.
-__global__ void fill_bf16(bf16* x, size_t n, uint32_t seed, float lo, float hi) {
-  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
-    uint32_t h = uint32_t(i) * 2654435761u ^ seed;
-    h ^= h >> 16, h *= 0x85ebca6bu, h ^= h >> 13, h *= 0xc2b2ae35u, h ^= h >> 16;
-    x[i] = __float2bfloat16(lo + (hi - lo) * (h >> 8) * (1.f / 16777216.f));
-  }
-}
-__global__ void fill_f32(float* x, size_t n, uint32_t seed, float lo, float hi) {
-  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
-    uint32_t h = uint32_t(i) * 2654435761u ^ seed;
-    h ^= h >> 16, h *= 0x85ebca6bu, h ^= h >> 13, h *= 0xc2b2ae35u, h ^= h >> 16;
-    x[i] = lo + (hi - lo) * (h >> 8) * (1.f / 16777216.f);
-  }
-}
-template <class T>
-T* alloc(size_t n) {
-  T* p = nullptr;
-  CUDA_CHECK(cudaMalloc(&p, std::max<size_t>(n, 1) * sizeof(T)));
-  return p;
-}
-bf16* rand_bf16(size_t n, uint32_t seed, float lo = -1.f, float hi = 1.f) {
-  bf16* p = alloc<bf16>(n);
-  fill_bf16<<<1024, 256>>>(p, n, seed, lo, hi);
-  CUDA_CHECK_LAUNCH();
-  return p;
-}
-float* rand_f32(size_t n, uint32_t seed, float lo, float hi) {
-  float* p = alloc<float>(n);
-  fill_f32<<<1024, 256>>>(p, n, seed, lo, hi);
-  CUDA_CHECK_LAUNCH();
-  return p;
-}
+using namespace benchrand;  // random device buffers (bench_util.cuh)
 
 int run_bench() {
   cudaDeviceProp prop;
