@@ -35,6 +35,7 @@
 #include "ops/attention.hpp"
 #include "ops/moe.hpp"
 #include "ops/rope.hpp"
+#include "linear_attn.cuh"
 #include "sparse_mla.cuh"
 
 namespace {
@@ -576,6 +577,44 @@ TEST_CASE("backend ops: short conv and the linear-attention scan on cuda equal t
       check("la_transition B", sh, 1e-4, [&](Backend& be) { return trans(be, 1); });
       check("la_merge", sh, 1e-4, [&](Backend& be) { return trans(be, 2); });
     }
+  // Varlen (a packed forward): N sequences, each from its own state [N, HV, K, V]; one token per
+  // sequence is a batched decode step (the recurrent decode kernel over N slots), mixed lengths
+  // the varlen chunked kernel. Same tolerances as one sequence.
+  for (const Case& c : cases) {
+    if (!dz::cuda::la_chunked_supports(int(c.K), int(c.V))) continue;  // small heads: per sequence
+    for (const std::vector<int64_t>& cu : {std::vector<int64_t>{0, 1, 2, 3, 4, 5, 6, 7},
+                                           std::vector<int64_t>{0, 1, 5, 6, 70, 71}}) {
+      const int64_t N = int64_t(cu.size()) - 1, T = cu.back();
+      const std::string sh = std::string(c.kda ? "KDA" : "GDN") + " K=" + std::to_string(c.K) + " varlen N=" +
+                             std::to_string(N) + " T=" + std::to_string(T);
+      const int64_t KD = c.HK * c.K, VD = c.HV * c.V, GK = c.kda ? c.HV * c.K : c.HV;
+      const auto q = rnd(size_t(T * KD), 51), k = rnd(size_t(T * KD), 52), v = rnd(size_t(T * VD), 53),
+                 b = rnd(size_t(T * c.HV), 54), f = rnd(size_t(T * GK), 55),
+                 h0 = rnd(size_t(N * c.HV * c.K * c.V), 56, 0.1f);
+      std::vector<float> A_log(static_cast<size_t>(c.HV)), dtb(static_cast<size_t>(GK));
+      for (int64_t h = 0; h < c.HV; ++h) A_log[size_t(h)] = 0.3f * float(h + 1);
+      for (int64_t i = 0; i < GK; ++i) dtb[size_t(i)] = -2.f + 0.01f * float(i % 50);
+      auto run = [&](Backend& be, bool want_state) {
+        dz::LaScanArgs a;
+        a.kda = c.kda;
+        a.HK = c.HK, a.HV = c.HV, a.K = c.K, a.V = c.V;
+        a.scale = 1.f / std::sqrt(float(c.K));
+        a.q = be.upload(q.data(), {T, KD}, be.act_dtype());
+        a.k = be.upload(k.data(), {T, KD}, be.act_dtype());
+        a.v = be.upload(v.data(), {T, VD}, be.act_dtype());
+        a.beta = be.upload(b.data(), {T, c.HV}, be.act_dtype());
+        a.gate = dz::LaGateArgs{be.upload(f.data(), {T, GK}, be.act_dtype()), be.upload(A_log.data(), {c.HV}, DType::F32),
+                                be.upload(dtb.data(), {GK}, DType::F32), c.lb};
+        a.state = be.upload(h0.data(), {N, c.HV, c.K, c.V}, DType::F32);
+        a.o = be.act({T, VD});
+        a.cu = cu;
+        be.la_scan(a);
+        return be.to_host(want_state ? a.state : a.o);
+      };
+      check("la_scan output", sh, 5e-4, [&](Backend& be) { return run(be, false); });
+      check("la_scan state", sh, 1e-4, [&](Backend& be) { return run(be, true); });
+    }
+  }
   for (int64_t T : {1, 3, 19, 733}) {
     const int64_t C = 96, W = 4;
     const auto x = rnd(size_t(T * C), 31), w = rnd(size_t(C * W), 32, 0.5f), s0 = rnd(size_t((W - 1) * C), 33);

@@ -466,6 +466,10 @@ class CudaBackend final : public Backend {
       const int64_t N = a.sequences();
       DZ_CHECK(a.cu.front() == 0 && a.cu.back() == T && a.state.numel() == N * a.HV * a.K * a.V,
                "la_scan: varlen offsets end at ", a.cu.back(), " for ", T, " rows, state ", shape_str(a.state.shape));
+      if (T == N) {  // one token per sequence (a batched decode step): the recurrent decode kernel
+        decode_step(a, N, a.state);
+        return;
+      }
       std::vector<int32_t> cu32(a.cu.begin(), a.cu.end());
       const DTensor dcu = upload_i32(cu32.data(), {N + 1});
       cuda::LaPrefill p = prefill_args(a);
@@ -487,19 +491,7 @@ class CudaBackend final : public Backend {
       return;
     }
     if (T == 1) {  // one token: the recurrent decode kernel on the state in place
-      cuda::LaDecode d;
-      d.kda = p.kda;
-      d.q = p.q, d.k = p.k, d.v = p.v, d.b = p.b;
-      d.gate = p.gate;
-      d.HK = p.HK, d.HV = p.HV, d.K = p.K, d.V = p.V;
-      d.scale = p.scale;
-      d.B = 1;
-      const int32_t slot0 = 0;
-      DTensor slot = upload_i32(&slot0, {1});
-      d.slot = slot.ptr<int32_t>();
-      d.states = a.state.ptr<float>();
-      d.o = p.o;
-      cuda::la_decode(d, st());
+      decode_step(a, 1, a.state);
       return;
     }
     const int32_t cu[2] = {0, int32_t(T)};
@@ -514,6 +506,23 @@ class CudaBackend final : public Backend {
     p.workspace = ws.data;
     cuda::la_chunk_prefill(p, st());
     copy_rows(ht.reshaped({1, ht.numel()}), 0, a.state.reshaped({1, ht.numel()}), 0, 1);
+  }
+  // One token of each of n sequences (rows 0..n of a's q / k / v / beta / gate) with the recurrent
+  // decode kernel, sequence b's state at slot b of states [n, HV, K, V] (in place).
+  void decode_step(const LaScanArgs& a, int64_t n, const DTensor& states) {
+    const cuda::LaPrefill p = prefill_args(a);
+    cuda::LaDecode d;
+    d.kda = p.kda;
+    d.q = p.q, d.k = p.k, d.v = p.v, d.b = p.b;
+    d.gate = p.gate;
+    d.HK = p.HK, d.HV = p.HV, d.K = p.K, d.V = p.V;
+    d.scale = p.scale;
+    d.B = int(n);
+    const DTensor slots = positions(0, n);  // slot b = b, made on the stream
+    d.slot = slots.ptr<int32_t>();
+    d.states = states.ptr<float>();
+    d.o = p.o;
+    cuda::la_decode(d, st());
   }
   // Through the scan itself: B is the state after the segment from S = 0; A is the state after it
   // from S = I with v = 0 (the update is linear in S, so that final state is A).
