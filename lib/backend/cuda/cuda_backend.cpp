@@ -96,6 +96,9 @@ class CudaBackend final : public Backend {
     cudaStreamSynchronize(stream_->s);
     if (route_bad_) cudaFree(route_bad_);
     if (route_bad_host_) cudaFreeHost(route_bad_host_);
+    if (ring_) cudaFreeHost(ring_);
+    for (auto& e : ring_done_)
+      if (e) cudaEventDestroy(e);
     if (pinned_) cudaFreeHost(pinned_);
     for (auto& kv : fp8_plans_) kv.second.destroy();
     if (lt_) cublasLtDestroy(lt_);
@@ -129,7 +132,7 @@ class CudaBackend final : public Backend {
     const int64_t n = t.numel();
     if (n == 0) return t;
     if (dt == DType::F32) {
-      CUDA_CHECK(cudaMemcpyAsync(t.data, src, t.bytes(), cudaMemcpyHostToDevice, st()));
+      h2d(t.data, src, t.bytes());
     } else {
       DZ_CHECK(dt == DType::BF16, "cuda backend: upload as ", to_string(dt));
       std::vector<uint16_t> h(static_cast<size_t>(n));
@@ -143,13 +146,7 @@ class CudaBackend final : public Backend {
   }
   DTensor upload_i32(const int32_t* src, const Shape& s) override {
     DTensor t = alloc(s, DType::I32);
-    if (t.numel()) {
-      // Pageable source: CUDA's API synchronization behaviour returns once the buffer is copied
-      // to its staging memory, so the caller may free src without a wait of ours. The driver may
-      // still synchronise with the stream to stage it; a pinned staging ring would avoid that
-      // (not done yet: decode steps upload token ids and offsets this way).
-      CUDA_CHECK(cudaMemcpyAsync(t.data, src, t.bytes(), cudaMemcpyHostToDevice, st()));
-    }
+    if (t.numel()) h2d(t.data, src, t.bytes());
     return t;
   }
   void download(const DTensor& t, float* dst) override {
@@ -852,6 +849,32 @@ class CudaBackend final : public Backend {
                "host read)");
     }
   }
+  // Host -> device without a wait: small copies go through a pinned staging ring (two halves;
+  // a half is reused only after the event recorded when it filled up, so a copy never reads
+  // bytes that a later upload overwrote), larger ones from the caller's pageable memory (CUDA
+  // returns once that is staged; the driver may synchronise with the stream to stage it).
+  void h2d(void* dst, const void* src, size_t n) {
+    constexpr size_t kHalf = kRing / 2;
+    if (n > kHalf / 4) {
+      CUDA_CHECK(cudaMemcpyAsync(dst, src, n, cudaMemcpyHostToDevice, st()));
+      return;
+    }
+    if (!ring_) {
+      CUDA_CHECK(cudaMallocHost(&ring_, kRing));
+      for (auto& e : ring_done_) CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    }
+    const size_t at = (ring_head_ + 15) / 16 * 16;  // 16-byte aligned sources
+    if (at + n > (ring_half_ + 1) * kHalf) {  // this half is full: fence it, move to the other
+      CUDA_CHECK(cudaEventRecord(ring_done_[ring_half_], st()));
+      ring_half_ ^= 1;
+      CUDA_CHECK(cudaEventSynchronize(ring_done_[ring_half_]));  // its last copies are done (long ago, usually)
+      ring_head_ = ring_half_ * kHalf;
+      return h2d(dst, src, n);
+    }
+    std::memcpy(static_cast<char*>(ring_) + at, src, n);
+    CUDA_CHECK(cudaMemcpyAsync(dst, static_cast<char*>(ring_) + at, n, cudaMemcpyHostToDevice, st()));
+    ring_head_ = at + n;
+  }
   uint64_t pool_attr(cudaMemPoolAttr a) const {
     uint64_t v = 0;
     CUDA_CHECK(cudaMemPoolGetAttribute(pool(), a, &v));
@@ -877,6 +900,11 @@ class CudaBackend final : public Backend {
   int64_t fp8_kept_ = 0;
   void* pinned_ = nullptr;
   size_t pinned_bytes_ = 0;
+  static constexpr size_t kRing = size_t(4) << 20;
+  void* ring_ = nullptr;               // pinned staging for small uploads, two halves of kRing / 2
+  size_t ring_head_ = 0;
+  int ring_half_ = 0;
+  cudaEvent_t ring_done_[2] = {nullptr, nullptr};  // recorded when a half filled up
   int32_t* route_bad_ = nullptr;       // [1] device: set by moe_select on a non-finite score
   int32_t* route_bad_host_ = nullptr;  // [1] pinned: its copy at each host_wait
 };
