@@ -144,13 +144,13 @@ class GqaMixer : public Mixer {
   // RoPE and the attention varlen (each document from position 0 over its own keys, one call),
   // each document's k / v rows appended to its cache. Equal to forward() per document, bitwise on
   // the CPU (every op there is per row, the attention per document). Any state with history (decode
-  // steps, continuations): the per-document default.
+  // steps, continuations) or a single document: the per-document default.
   void forward_packed(const DTensor& x, const std::vector<int64_t>& cu, const std::vector<MixerState*>& sts,
                       const DTensor& out) const override {
     const int64_t N = int64_t(cu.size()) - 1, T = x.rows(), kvw = Hkvl_ * Dh_;
     bool fresh = false;
     const std::vector<AttnCache*> st = packed_caches(cu, sts, T, "GQA", &fresh);
-    if (!fresh) {
+    if (!fresh || st.size() == 1) {  // history, or one document: forward() itself
       Mixer::forward_packed(x, cu, sts, out);
       return;
     }

@@ -185,12 +185,13 @@ class MlaMixer : public Mixer {
   // for each document: explicit -> the kv_b expansion of all rows at once and one varlen
   // attention call; absorbed (at pos0 = 0 only for dims with 2R < nope + vd) -> per document.
   // Equal to forward() per document, bitwise on the CPU (every op there is per row, the
-  // indexer and the attention per document). Any state with history: the per-document default.
+  // indexer and the attention per document). Any state with history, or a single document: the
+  // per-document default.
   void forward_packed(const DTensor& x, const std::vector<int64_t>& cu, const std::vector<MixerState*>& sts,
                       const DTensor& out) const override {
     bool fresh = false;
     const std::vector<AttnCache*> st = packed_caches(cu, sts, x.rows(), "MLA", &fresh);
-    if (!fresh) {
+    if (!fresh || st.size() == 1) {  // history, or one document: forward() itself
       Mixer::forward_packed(x, cu, sts, out);
       return;
     }

@@ -301,6 +301,20 @@ TEST_CASE("attn packed: forward_packed of documents {1, 7, 30, 2} equals one for
     if (!c.absorbed && dsa) CHECK(cb.varlen_attention_calls == 1);  // the backend attends per document
     if (c.absorbed) CHECK(cb.attention_calls == N);
 
+    {  // a batch of one document (how the job runs a whole document): forward() itself
+      const std::vector<int64_t> cu1 = {0, 30};
+      const std::vector<float> x1(x.begin() + 8 * D, x.begin() + 38 * D);
+      std::vector<std::unique_ptr<MixerState>> a1, b1;
+      a1.push_back(m->make_state()), b1.push_back(m->make_state());
+      Run r1, p1;
+      run(*m, x1, cu1, false, a1, r1);
+      cb.reset();
+      run(*m, x1, cu1, true, b1, p1);
+      CHECK(cb.varlen_rope_calls + cb.varlen_attention_calls == 0);
+      CHECK(p1.out == r1.out);
+      CHECK(p1.out == std::vector<float>(one.out.begin() + 8 * D, one.out.begin() + 38 * D));
+      CHECK(p1.st[0] == r1.st[0]);
+    }
     // One more token per document (states with history: the per-document path), then a packed
     // continuation of 3 / 1 / 2 / 4 tokens: equal to the same steps per document.
     for (const std::vector<int64_t>& cu2 : {std::vector<int64_t>{0, 1, 2, 3, 4}, std::vector<int64_t>{0, 3, 4, 6, 10}}) {
