@@ -289,6 +289,99 @@ TEST_CASE("backend ops: copies, RoPE, attention and AttnRes on cuda equal the cp
   }
 }
 
+// Varlen attention (AttnArgs::cu) and rope_varlen over packed sequences (an empty one among them):
+// on cuda equal to one call per sequence bitwise -- the flash kernel's blocks each read one
+// (sequence, head, query tile) and its own keys, with the same arithmetic whatever the batch; the
+// RoPE kernel rotates every row by the same code, only the position comes from the offsets; the
+// warp-per-query kernel (DSA selection, head dims over 256) runs per sequence either way -- and to
+// the cpu backend within the attention's 1e-4 / RoPE's 1e-5 NMSE. Offsets of up to 8 values are
+// written by a kernel, longer ones uploaded: both are covered.
+TEST_CASE("backend ops: varlen attention and RoPE on cuda equal per-sequence calls bitwise and the cpu backend",
+          "[gpu]") {
+  Both& bk = backends();
+  const std::vector<std::vector<int64_t>> lens = {{1, 7, 130}, {1, 0, 7, 130, 19, 300, 3, 5, 64, 2}};
+  struct Dims {
+    const char* name;
+    int64_t Hq, Hkv, Dk, Dv;
+    bool sparse;
+  };
+  const Dims dims[] = {
+      {"gqa 4/2 x 64 (flash)", 4, 2, 64, 64, false},   {"mla 4 x 192/128 (flash)", 4, 4, 192, 128, false},
+      {"3 x 40/24 (flash)", 3, 3, 40, 24, false},       {"2/1 x 9/7 (flash, scalar loads)", 2, 1, 9, 7, false},
+      {"4 x 40/24 DSA (per sequence)", 4, 4, 40, 24, true}, {"2/1 x 288/32 (per sequence)", 2, 1, 288, 32, false},
+  };
+  for (const auto& L : lens) {
+    std::vector<int64_t> cu = {0};
+    for (int64_t n : L) cu.push_back(cu.back() + n);
+    const int64_t T = cu.back(), N = int64_t(L.size());
+    const std::string sh = "N=" + std::to_string(N) + " T=" + std::to_string(T);
+    for (const Dims& d : dims) {
+      const int64_t n_sel = 6;
+      const auto q = rnd(size_t(T * d.Hq * d.Dk), 21), k = rnd(size_t(T * d.Hkv * d.Dk), 22),
+                 v = rnd(size_t(T * d.Hkv * d.Dv), 23);
+      std::vector<int32_t> sel(size_t(T * n_sel), -1);  // distinct positions within each sequence
+      for (int64_t b = 0; b < N; ++b)
+        for (int64_t t = cu[size_t(b)]; t < cu[size_t(b) + 1]; ++t) {
+          const int64_t p = t - cu[size_t(b)];
+          for (int64_t j = 0; j < n_sel && j <= p; ++j) sel[size_t(t * n_sel + j)] = int32_t((p * 7 + j * (p + 1) / n_sel) % (p + 1));
+          for (int64_t j = 0; j < n_sel; ++j)
+            for (int64_t i = 0; i < j; ++i)
+              if (sel[size_t(t * n_sel + j)] == sel[size_t(t * n_sel + i)]) sel[size_t(t * n_sel + j)] = -1;
+        }
+      // varlen: one call with the offsets; else one call per sequence on the same tensors
+      auto run = [&](Backend& be, bool varlen) {
+        dz::AttnArgs a;
+        a.q = be.upload(q.data(), {T, d.Hq * d.Dk}, be.act_dtype());
+        a.k = be.upload(k.data(), {T, d.Hkv * d.Dk}, be.act_dtype());
+        a.v = be.upload(v.data(), {T, d.Hkv * d.Dv}, be.act_dtype());
+        a.out = be.zeros({T, d.Hq * d.Dv}, be.act_dtype());
+        if (d.sparse) a.sel = be.upload_i32(sel.data(), {T, n_sel});
+        a.Hq = d.Hq, a.Hkv = d.Hkv, a.Dk = d.Dk, a.Dv = d.Dv, a.scale = 0.125f;
+        a.cu = cu;
+        if (varlen) {
+          be.attention(a);
+        } else {
+          for (int64_t b = 0; b < N; ++b) be.attention(a.sequence(b));
+        }
+        return be.to_host(a.out);
+      };
+      const std::vector<float> gv = run(*bk.gpu, true), gs = run(*bk.gpu, false), cv = run(*bk.cpu, true);
+      const double e = nmse(gv, cv);
+      const bool same = gv == gs;
+      std::printf("  %-34s %-16s varlen == per sequence (cuda): %s; vs cpu nmse %.2e (tol 1e-4)\n", d.name,
+                  sh.c_str(), same ? "bitwise" : "DIFFERENT", e);
+      INFO(d.name << " " << sh);
+      CHECK(same);
+      CHECK(e <= 1e-4);
+    }
+    for (bool inter : {false, true}) {
+      dz::RopeConfig rc;
+      rc.theta = 10000.f;
+      rc.style = inter ? dz::RopeStyle::Interleaved : dz::RopeStyle::NeoX;
+      const int64_t H = 3, hs = 24, rot = 16, off = inter ? 8 : 0;
+      const dz::Rope rope(rc, rot);
+      const auto x = rnd(size_t(T * H * hs), 24);
+      auto run = [&](Backend& be, bool varlen) {
+        DTensor a = be.upload(x.data(), {T, H * hs}, be.act_dtype());
+        if (varlen) {
+          be.rope_varlen(rope, a, H, hs, off, cu);
+        } else {
+          for (int64_t b = 0; b < N; ++b)
+            if (cu[size_t(b) + 1] > cu[size_t(b)]) be.rope(rope, a.slab(cu[size_t(b)], cu[size_t(b) + 1]), H, hs, off, 0);
+        }
+        return be.to_host(a);
+      };
+      const std::vector<float> gv = run(*bk.gpu, true), gs = run(*bk.gpu, false), cv = run(*bk.cpu, true);
+      const double e = nmse(gv, cv);
+      std::printf("  %-34s %-16s varlen == per sequence (cuda): %s; vs cpu nmse %.2e (tol 1e-5)\n",
+                  inter ? "rope_varlen interleaved" : "rope_varlen neox partial", sh.c_str(),
+                  gv == gs ? "bitwise" : "DIFFERENT", e);
+      CHECK(gv == gs);
+      CHECK(e <= 1e-5);
+    }
+  }
+}
+
 // head_matmul: y[t, h*y_hs ..+n) = x[t, h*x_hs ..+k) · M_h, M_h a block of W (or its transpose).
 // One GEMM per head in fp32 (cuBLAS: its own order, maybe split-K) and one bf16 rounding of the
 // output (~3e-6 NMSE): the linear's 1e-4. y starts random and is compared whole, so the columns

@@ -559,7 +559,7 @@ class CudaBackend final : public Backend {
     }
     CUDA_CHECK(cudaMemcpyAsync(S_final.data, S.data, size_t(nB) * 4, cudaMemcpyDeviceToDevice, st()));
   }
-  void rope(const Rope& r, const DTensor& x, int64_t H, int64_t hs, int64_t offset, int64_t pos0) override {
+  static cuda::RopeParams rope_params(const Rope& r) {
     cuda::RopeParams p;
     const auto& f = r.inv_freq();
     DZ_CHECK(f.size() <= 256, "rope: ", f.size(), " frequencies (at most 256 on the GPU)");
@@ -567,30 +567,80 @@ class CudaBackend final : public Backend {
     p.interleaved = r.interleaved();
     p.cos_sin_mult = r.cos_sin_mult();
     std::copy(f.begin(), f.end(), p.inv_freq);
-    cuda::rope(x.data, dt_of(x), x.numel() / (H * hs), H, hs, offset, pos0, p, st());
+    return p;
+  }
+  void rope(const Rope& r, const DTensor& x, int64_t H, int64_t hs, int64_t offset, int64_t pos0) override {
+    cuda::rope(x.data, dt_of(x), x.numel() / (H * hs), H, hs, offset, pos0, rope_params(r), st());
+  }
+  // One launch for every row (positions from the device offsets), not one per sequence.
+  void rope_varlen(const Rope& r, const DTensor& x, int64_t H, int64_t hs, int64_t offset,
+                   const std::vector<int64_t>& cu) override {
+    const int64_t T = x.numel() / (H * hs);
+    check_offsets(cu, T, "rope_varlen");
+    if (T == 0) return;
+    const DTensor dcu = device_offsets(cu);
+    cuda::rope_varlen(x.data, dt_of(x), T, H, hs, offset, dcu.ptr<int32_t>(), int(cu.size()) - 1, rope_params(r), st());
+  }
+  static void check_offsets(const std::vector<int64_t>& cu, int64_t T, const char* op) {
+    DZ_CHECK(cu.size() >= 2 && cu.front() == 0 && cu.back() == T && T < (int64_t(1) << 31) &&
+                 cu.size() < (size_t(1) << 31),
+             op, ": ", cu.size(), " varlen offsets ending at ", cu.empty() ? -1 : cu.back(), " for ", T, " rows");
+    for (size_t b = 0; b + 1 < cu.size(); ++b) DZ_CHECK(cu[b] <= cu[b + 1], op, ": offsets decrease at sequence ", b);
+  }
+  // Host row offsets -> I32 [N + 1] on the device without a host wait: one tiny kernel for up to 8
+  // values, else an upload from pageable memory (staged before the call returns).
+  DTensor device_offsets(const std::vector<int64_t>& cu) {
+    const int64_t n = int64_t(cu.size());
+    if (n <= 8) {
+      DTensor t = alloc({n}, DType::I32);
+      cuda::SmallI32 v{};
+      for (int64_t i = 0; i < n; ++i) v.v[i] = int32_t(cu[size_t(i)]);
+      cuda::set_i32(t.ptr<int32_t>(), int(n), v, st());
+      return t;
+    }
+    const std::vector<int32_t> h(cu.begin(), cu.end());
+    return upload_i32(h.data(), {n});
   }
   void attention(const AttnArgs& a) override {
     const int64_t T = a.q.numel() / (a.Hq * a.Dk), S = a.k.numel() / (a.Hkv * a.Dk);
     const bool sparse = a.sel.defined() && a.sel.numel() > 0;
+    if (!a.cu.empty()) {
+      a.check_varlen(T, S);
+      check_offsets(a.cu, T, "attention");
+      if (!sparse && cuda::flash_attention_supports(int(a.Dk), int(a.Dv))) {
+        // Dense causal: the flash kernel takes the varlen batch as it is (cu_q = cu_k; each query
+        // tile reads only its own sequence's keys, so this equals the per-sequence launches
+        // bitwise); grid.z <= 65535 sequences per launch, the offsets pointer advanced per group.
+        const int64_t N = a.sequences();
+        int64_t max_q = 0;
+        for (int64_t b = 0; b < N; ++b) max_q = std::max(max_q, a.cu[size_t(b) + 1] - a.cu[size_t(b)]);
+        if (max_q == 0) return;
+        const DTensor dcu = device_offsets(a.cu);
+        cuda::FlashAttnArgs f = flash_args(a);
+        f.max_q = max_q;
+        constexpr int64_t kMaxB = 65535;
+        for (int64_t b0 = 0; b0 < N; b0 += kMaxB) {
+          f.cu_q = f.cu_k = dcu.ptr<int32_t>() + b0;
+          f.B = int(std::min(kMaxB, N - b0));
+          cuda::flash_attention(f, st());
+        }
+        return;
+      }
+      // Shape dispatch, not a fallback: the warp-per-query kernel (a DSA selection, head dims over
+      // 256) takes one sequence per launch.
+      for (int64_t b = 0; b < a.sequences(); ++b) attention(a.sequence(b));
+      return;
+    }
     if (T == 0) return;
     if (!sparse && cuda::flash_attention_supports(int(a.Dk), int(a.Dv))) {
       // Dense causal: the tensor-core flash kernel, one sequence (queries at pos0.., keys 0..pos0+T-1).
       DTensor cu = alloc({4}, DType::I32);
       cuda::set_i32(cu.ptr<int32_t>(), 4, cuda::SmallI32{{0, int32_t(T), 0, int32_t(a.pos0 + T)}}, st());
-      cuda::FlashAttnArgs f;
-      f.q = b16(a.q);
-      f.k = b16(a.k);
-      f.v = b16(a.v);
-      f.out = b16w(a.out);
+      cuda::FlashAttnArgs f = flash_args(a);
       f.cu_q = cu.ptr<int32_t>();
       f.cu_k = cu.ptr<int32_t>() + 2;
       f.B = 1;
       f.max_q = T;
-      f.Hq = int(a.Hq);
-      f.Hkv = int(a.Hkv);
-      f.Dk = int(a.Dk);
-      f.Dv = int(a.Dv);
-      f.scale = a.scale;
       cuda::flash_attention(f, st());
       return;
     }
@@ -599,6 +649,20 @@ class CudaBackend final : public Backend {
     if (sparse && sel.device == Device::Host) sel = upload_i32(static_cast<const int32_t*>(a.sel.data), a.sel.shape);
     cuda::attention(b16(a.q), b16(a.k), b16(a.v), b16w(a.out), T, a.pos0, S, int(a.Hq), int(a.Hkv), int(a.Dk),
                     int(a.Dv), a.scale, sparse ? sel.ptr<int32_t>() : nullptr, sparse ? sel.cols() : 0, st());
+  }
+  // The flash kernel's view of a's tensors and dims (offsets and batch set by the caller).
+  static cuda::FlashAttnArgs flash_args(const AttnArgs& a) {
+    cuda::FlashAttnArgs f;
+    f.q = b16(a.q);
+    f.k = b16(a.k);
+    f.v = b16(a.v);
+    f.out = b16w(a.out);
+    f.Hq = int(a.Hq);
+    f.Hkv = int(a.Hkv);
+    f.Dk = int(a.Dk);
+    f.Dv = int(a.Dv);
+    f.scale = a.scale;
+    return f;
   }
   // Row-major Y_h [T, n] = X_h [T, k] · M_h, in cuBLAS's column-major terms Y_h^T = M_h^T · X_h^T,
   // one strided batch over the heads (M_h^T is M_h's row-major block read as is, or W_h's
