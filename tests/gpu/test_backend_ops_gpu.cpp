@@ -708,11 +708,14 @@ TEST_CASE("backend ops: short conv and the linear-attention scan on cuda equal t
       check("la_scan state", sh, 1e-4, [&](Backend& be) { return run(be, true); });
     }
   }
+  // C = 96: the 8-channel vector kernel; C = 100: the scalar one (rows not 16-byte multiples).
+  for (int64_t C : {96, 100})
   for (int64_t T : {1, 3, 19, 733}) {
-    const int64_t C = 96, W = 4;
+    const int64_t W = 4;
     const auto x = rnd(size_t(T * C), 31), w = rnd(size_t(C * W), 32, 0.5f), s0 = rnd(size_t((W - 1) * C), 33);
     for (int part = 0; part < 2; ++part)
-      check(part ? "short_conv state" : "short_conv", "T=" + std::to_string(T), 1e-5, [&](Backend& be) {
+      check(part ? "short_conv state" : "short_conv", "C=" + std::to_string(C) + " T=" + std::to_string(T), 1e-5,
+            [&](Backend& be) {
         DTensor xt = be.upload(x.data(), {T, C}, be.act_dtype()), y = be.act({T, C});
         DTensor st = be.upload(s0.data(), {W - 1, C}, be.act_dtype());
         be.short_conv(xt, be.upload(w.data(), {C, W}, be.weight_dtype()), st, y);
