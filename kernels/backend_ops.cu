@@ -172,11 +172,24 @@ __global__ void k_gated_rmsnorm(const void* x, Dt xdt, const void* gate, Dt gdt,
 }
 
 // ---- RoPE: one thread per (t, h, pair) ----
-__global__ void k_rope(void* x, Dt dt, int64_t T, int64_t H, int64_t hs, int64_t offset, int64_t pos0, RopeParams p) {
+// Row t at position pos0 + t, or (cu set: varlen, n_seq sequences) at t - cu[b] in the sequence b
+// holding it; one rotation code for both, so a varlen call equals per-sequence calls bitwise.
+__global__ void k_rope(void* x, Dt dt, int64_t T, int64_t H, int64_t hs, int64_t offset, int64_t pos0,
+                       const int32_t* cu, int n_seq, RopeParams p) {
   const int64_t n = T * H * p.half;
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
     const int64_t j = i % p.half, th = i / p.half, t = th / H;
-    const float ang = float(pos0 + t) * p.inv_freq[j];
+    int64_t pos = pos0 + t;
+    if (cu) {  // the last b with cu[b] <= t (skips empty sequences; cu[0] = 0)
+      int lo = 0, hi = n_seq - 1;
+      while (lo < hi) {
+        const int mid = (lo + hi + 1) >> 1;
+        if (cu[mid] <= t) lo = mid;
+        else hi = mid - 1;
+      }
+      pos = t - cu[lo];
+    }
+    const float ang = float(pos) * p.inv_freq[j];
     const float c = float(cos(double(ang))) * p.cos_sin_mult, s = float(sin(double(ang))) * p.cos_sin_mult;
     const int64_t base = th * hs + offset;
     const int64_t a = base + (p.interleaved ? 2 * j : j), b = base + (p.interleaved ? 2 * j + 1 : j + p.half);
@@ -636,7 +649,15 @@ void rope(void* x, Dt dt, int64_t T, int64_t H, int64_t hs, int64_t offset, int6
           cudaStream_t s) {
   DZ_CHECK(p.half > 0 && p.half <= 256, "rope: ", p.half, " rotated pairs (at most 256)");
   if (T * H <= 0) return;
-  k_rope<<<grid_for(T * H * p.half, 256), 256, 0, s>>>(x, dt, T, H, hs, offset, pos0, p);
+  k_rope<<<grid_for(T * H * p.half, 256), 256, 0, s>>>(x, dt, T, H, hs, offset, pos0, nullptr, 0, p);
+  CUDA_CHECK_LAUNCH();
+}
+void rope_varlen(void* x, Dt dt, int64_t T, int64_t H, int64_t hs, int64_t offset, const int32_t* cu, int n_seq,
+                 const RopeParams& p, cudaStream_t s) {
+  DZ_CHECK(p.half > 0 && p.half <= 256, "rope: ", p.half, " rotated pairs (at most 256)");
+  DZ_CHECK(cu && n_seq >= 1 && T < (int64_t(1) << 31), "rope_varlen: ", n_seq, " sequences of ", T, " rows");
+  if (T * H <= 0) return;
+  k_rope<<<grid_for(T * H * p.half, 256), 256, 0, s>>>(x, dt, T, H, hs, offset, 0, cu, n_seq, p);
   CUDA_CHECK_LAUNCH();
 }
 void attention(const bf16* q, const bf16* k, const bf16* v, bf16* out, int64_t T, int64_t pos0, int64_t S, int Hq,

@@ -54,6 +54,10 @@ struct RopeParams {
 };
 void rope(void* x, Dt dt, int64_t T, int64_t H, int64_t hs, int64_t offset, int64_t pos0, const RopeParams& p,
           cudaStream_t s);
+// The same over a packed batch: rows cu[b] .. cu[b+1] (cu on the device, n_seq + 1 offsets from 0,
+// cu[n_seq] = T) at positions 0, 1, .. each; bitwise equal to rope() per sequence with pos0 = 0.
+void rope_varlen(void* x, Dt dt, int64_t T, int64_t H, int64_t hs, int64_t offset, const int32_t* cu, int n_seq,
+                 const RopeParams& p, cudaStream_t s);
 
 // Softmax attention (ops/attention causal_attention): q [T, Hq, Dk], k [S, Hkv, Dk], v [S, Hkv, Dv],
 // out [T, Hq, Dv], all bf16; sel [T, n_sel] positions or nullptr (dense causal). Dk, Dv <= 512.

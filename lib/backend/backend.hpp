@@ -90,6 +90,32 @@ struct AttnArgs {
   DTensor q, k, v, out, sel;
   int64_t pos0 = 0, Hq = 0, Hkv = 0, Dk = 0, Dv = 0;
   float scale = 1.f;
+  // Varlen (a packed prefill): N + 1 row offsets (as LaScanArgs::cu) shared by q / out / sel and
+  // k / v: sequence b's queries, rows cu[b] .. cu[b+1], attend its own key rows cu[b] .. cu[b+1]
+  // causally from position 0 (pos0 must be 0; a selection holds positions within the sequence).
+  // Equal to one call per sequence. Empty: one sequence.
+  std::vector<int64_t> cu;
+  int64_t sequences() const { return cu.empty() ? 1 : int64_t(cu.size()) - 1; }
+  // Sequence b alone (its rows of q, k, v, out and sel).
+  AttnArgs sequence(int64_t b) const {
+    if (cu.empty()) return *this;
+    AttnArgs s = *this;
+    const int64_t r0 = cu[size_t(b)], r1 = cu[size_t(b) + 1];
+    s.q = q.slab(r0, r1), s.k = k.slab(r0, r1), s.v = v.slab(r0, r1), s.out = out.slab(r0, r1);
+    if (sel.defined() && sel.numel() > 0) s.sel = sel.slab(r0, r1);
+    s.cu.clear();
+    return s;
+  }
+  // Throws unless cu is a varlen description of q's T rows (and as many key rows) from pos0 = 0.
+  void check_varlen(int64_t T, int64_t S) const {
+    DZ_CHECK(cu.size() >= 2 && cu.front() == 0 && cu.back() == T && S == T && pos0 == 0, "attention: varlen offsets ",
+             cu.size(), " ending at ", cu.empty() ? -1 : cu.back(), " for ", T, " query and ", S, " key rows, pos0 ",
+             pos0);
+    for (size_t b = 0; b + 1 < cu.size(); ++b)
+      DZ_CHECK(cu[b] <= cu[b + 1], "attention: varlen offsets decrease at sequence ", b);
+    DZ_CHECK(!(sel.defined() && sel.numel() > 0) || sel.rows() == T, "attention: selection ", shape_str(sel.shape),
+             " for ", T, " queries");
+  }
 };
 
 class Backend {
@@ -180,6 +206,15 @@ class Backend {
   // Rotate dims [offset, offset + rope.rot_dim()) of every head of x [T, H, head_stride] for
   // positions pos0 .. pos0+T-1.
   virtual void rope(const Rope& rope, const DTensor& x, int64_t H, int64_t head_stride, int64_t offset, int64_t pos0) = 0;
+  // RoPE of a packed batch: rows cu[b] .. cu[b+1] of x are sequence b at positions 0, 1, .. (each
+  // restarts at 0; cu as LaScanArgs::cu). Equal to rope() on each slab from pos0 = 0 (this
+  // default); a backend may rotate every row in one pass.
+  virtual void rope_varlen(const Rope& r, const DTensor& x, int64_t H, int64_t head_stride, int64_t offset,
+                           const std::vector<int64_t>& cu) {
+    for (size_t b = 0; b + 1 < cu.size(); ++b)
+      if (cu[b + 1] > cu[b]) rope(r, x.slab(cu[b], cu[b + 1]), H, head_stride, offset, 0);
+  }
+  // Dense causal or DSA-selected attention (AttnArgs), one sequence or varlen (a.cu).
   virtual void attention(const AttnArgs& a) = 0;
   // Per-head matrix products (the absorbed MLA's W_uk / W_uv, cuBLAS strided-batched on CUDA):
   // for h < H and every row t of x and y,

@@ -251,6 +251,11 @@ class CpuBackend final : public Backend {
   }
   void attention(const AttnArgs& a) override {
     const int64_t T = a.q.numel() / (a.Hq * a.Dk), S = a.k.numel() / (a.Hkv * a.Dk);
+    if (!a.cu.empty()) {  // varlen: each sequence on its own, exactly the one-sequence call
+      a.check_varlen(T, S);
+      for (int64_t b = 0; b < a.sequences(); ++b) attention(a.sequence(b));
+      return;
+    }
     if (T == 0) return;
     const bool sparse = a.sel.defined() && a.sel.numel() > 0;
     causal_attention(a.q.f32(), a.k.f32(), a.v.f32(), a.out.f32(), T, a.pos0, S, a.Hq, a.Hkv, a.Dk, a.Dv, a.scale,

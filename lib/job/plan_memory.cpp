@@ -78,8 +78,10 @@ MemoryPlan plan_memory(const ModelConfig& cfg, const MemoryQuery& q) {
         p.state += cap * (kv + ik);
         // explicit form (the larger one: forward() takes the absorbed form only when it is
         // cheaper, i.e. for few queries): the cached latent copied out, expanded through kv_b
-        // and split into keys / values of every cached position; queries, output
-        const double S = L, R = double(cfg.kv_lora_rank), nv = double(cfg.qk_nope_head_dim) + dv;
+        // and split into keys / values of every cached position -- in a packed prefill of every
+        // packed document's rows at once (forward_packed); queries, output
+        const double S = std::max(L, std::min(T, double(q.docs) * L)), R = double(cfg.kv_lora_rank),
+                     nv = double(cfg.qk_nope_head_dim) + dv;
         double a = S * (R + H * nv + H * (dqk + dv)) * act + T * H * (2 * dqk + 2 * dv) * act;
         if (ls.has_indexer) a += T * double(cfg.index_n_heads) * double(cfg.index_head_dim) * act +
                                  std::min(T, 4096.0) * S * 4 + T * double(cfg.index_topk) * 4;

@@ -140,6 +140,40 @@ class GqaMixer : public Mixer {
     st->pos = S;
   }
 
+  // A packed prefill (every state fresh): projections, norms, gate and o_proj once over all rows,
+  // RoPE and the attention varlen (each document from position 0 over its own keys, one call),
+  // each document's k / v rows appended to its cache. Equal to forward() per document, bitwise on
+  // the CPU (every op there is per row, the attention per document). Any state with history (decode
+  // steps, continuations) or a single document: the per-document default.
+  void forward_packed(const DTensor& x, const std::vector<int64_t>& cu, const std::vector<MixerState*>& sts,
+                      const DTensor& out) const override {
+    const int64_t N = int64_t(cu.size()) - 1, T = x.rows(), kvw = Hkvl_ * Dh_;
+    bool fresh = false;
+    const std::vector<AttnCache*> st = packed_caches(cu, sts, T, "GQA", &fresh);
+    if (!fresh || st.size() == 1) {  // history, or one document: forward() itself
+      Mixer::forward_packed(x, cu, sts, out);
+      return;
+    }
+    DTensor q = be_->act({T, Hl_ * Dh_}), gate = gated_ ? be_->act({T, Hl_ * Dh_}) : DTensor{};
+    DTensor k = be_->act({T, kvw}), v = be_->act({T, kvw});  // [T, Hkvl, Dh] of every document
+    project_rows(x, q, gate, k, v);
+    if (rope_ && T > 0) {
+      be_->rope_varlen(*rope_, q, Hl_, Dh_, 0, cu);
+      be_->rope_varlen(*rope_, k, Hkvl_, Dh_, 0, cu);
+    }
+    for (int64_t b = 0; b < N; ++b) {
+      const int64_t r0 = cu[size_t(b)], n = cu[size_t(b) + 1] - r0;
+      if (n > 0) {
+        be_->copy_rows(k, r0, st[size_t(b)]->k.append(n), 0, n);
+        be_->copy_rows(v, r0, st[size_t(b)]->v.append(n), 0, n);
+      }
+      st[size_t(b)]->pos = n;
+    }
+    DTensor o = be_->act({T, Hl_ * Dh_});  // [T, Hl, Dh]
+    if (T > 0) attend(q, k, v, 0, o, cu);
+    finish(o, gate, out);
+  }
+
   void forward_cp(const DTensor& x, const CpCtx& ctx, MixerState& st_base, const DTensor& out) const override {
     auto* st = dynamic_cast<AttnCache*>(&st_base);
     DZ_CHECK(st, "GQA mixer: state is not an attention cache");
@@ -207,6 +241,15 @@ class GqaMixer : public Mixer {
   // x [T, D] at positions pos0 .. -> q [T, Hl*Dh] (normed, rotated), gate [T, Hl*Dh] (when
   // gated), k [T, Hkvl*Dh] (normed, rotated), v [T, Hkvl*Dh].
   void project(const DTensor& x, int64_t pos0, const DTensor& q, const DTensor& gate, const DTensor& k, const DTensor& v) const {
+    if (x.rows() == 0) return;
+    project_rows(x, q, gate, k, v);
+    if (rope_) {
+      be_->rope(*rope_, q, Hl_, Dh_, 0, pos0);
+      be_->rope(*rope_, k, Hkvl_, Dh_, 0, pos0);
+    }
+  }
+  // The same before RoPE: every op per row.
+  void project_rows(const DTensor& x, const DTensor& q, const DTensor& gate, const DTensor& k, const DTensor& v) const {
     const int64_t T = x.rows();
     if (T == 0) return;
     Backend& be = *be_;
@@ -217,14 +260,13 @@ class GqaMixer : public Mixer {
     be.linear(x, k_, k_bias_, k);
     be.linear(x, v_, v_bias_, v);
     be.rmsnorm(kh, k_norm_, kh, eps_, zero_centered_);
-    if (rope_) {
-      be.rope(*rope_, q, Hl_, Dh_, 0, pos0);
-      be.rope(*rope_, k, Hkvl_, Dh_, 0, pos0);
-    }
   }
 
-  void attend(const DTensor& q, const DTensor& k, const DTensor& v, int64_t pos0, DTensor& o) const {
+  // cu: varlen offsets (AttnArgs::cu; pos0 0), or empty.
+  void attend(const DTensor& q, const DTensor& k, const DTensor& v, int64_t pos0, DTensor& o,
+              const std::vector<int64_t>& cu = {}) const {
     AttnArgs a;
+    a.cu = cu;
     a.q = q;
     a.k = k;
     a.v = v;

@@ -178,6 +178,73 @@ class MlaMixer : public Mixer {
     st->pos = S;
   }
 
+  // A packed prefill (every state fresh): the q / q_a / q_b / kv_a projections, norms, indexer keys,
+  // output gate and o_proj once over all rows, RoPE varlen (each document from position 0), each
+  // document's cache rows appended to its own cache. DSA: each document's Top-K from its own keys
+  // (per document, as forward()), the selections packed. Attention in the form forward() takes
+  // for each document: explicit -> the kv_b expansion of all rows at once and one varlen
+  // attention call; absorbed (at pos0 = 0 only for dims with 2R < nope + vd) -> per document.
+  // Equal to forward() per document, bitwise on the CPU (every op there is per row, the
+  // indexer and the attention per document). Any state with history, or a single document: the
+  // per-document default.
+  void forward_packed(const DTensor& x, const std::vector<int64_t>& cu, const std::vector<MixerState*>& sts,
+                      const DTensor& out) const override {
+    bool fresh = false;
+    const std::vector<AttnCache*> st = packed_caches(cu, sts, x.rows(), "MLA", &fresh);
+    if (!fresh || st.size() == 1) {  // history, or one document: forward() itself
+      Mixer::forward_packed(x, cu, sts, out);
+      return;
+    }
+    const int64_t N = int64_t(cu.size()) - 1, T = x.rows(), Dq = nope_ + rope_dim_;
+    DTensor q = be_->act({T, Hl_ * Dq}), q_resid = be_->act({T, q_lora_});
+    DTensor c = be_->act({T, R_}), kr = be_->act({T, rope_dim_});
+    DTensor ki = indexer_ ? be_->act({T, idx_dim()}) : DTensor{};
+    project(x, Positions{0, &cu}, q, q_resid, c, kr, ki);
+    DTensor e = be_->act({T, R_ + rope_dim_});  // [T, R + rope]: the cache rows of every document
+    store(c, kr, e);
+    auto rows = [&](int64_t b) { return std::make_pair(cu[size_t(b)], cu[size_t(b) + 1]); };
+    for (int64_t b = 0; b < N; ++b) {
+      const auto [r0, r1] = rows(b);
+      if (r1 > r0) {
+        be_->copy_rows(e, r0, st[size_t(b)]->latent.append(r1 - r0), 0, r1 - r0);
+        if (indexer_) be_->copy_rows(ki, r0, st[size_t(b)]->index_k.append(r1 - r0), 0, r1 - r0);
+      }
+      st[size_t(b)]->pos = r1 - r0;
+    }
+
+    DTensor sel;  // [T, topk]: document b's rows hold positions within document b
+    const int64_t K = indexer_ ? indexer_->topk() : 0;
+    if (indexer_) {
+      sel = be_->alloc({T, K}, DType::I32);
+      for (int64_t b = 0; b < N; ++b) {
+        const auto [r0, r1] = rows(b);
+        AttnCache& s = *st[size_t(b)];
+        const DTensor sb = sel.slab(r0, r1);
+        if (r1 > r0) select_topk(x.slab(r0, r1), q_resid.slab(r0, r1), 0, s.index_k.all(), sb);
+        s.topk_width = K;
+        s.last_sel = {sb};
+        s.sel_be = be_;
+      }
+    }
+    DTensor o = be_->act({T, Hl_ * vd_});  // [T, Hl, vd]
+    bool any_absorbed = false;
+    for (int64_t b = 0; b < N; ++b) {
+      const auto [r0, r1] = rows(b);
+      any_absorbed = any_absorbed || (r1 > r0 && use_absorbed(r1 - r0, 0, K));
+    }
+    if (!any_absorbed) {
+      if (T > 0) attend_expanded(e, q, 0, sel, o, cu);
+    } else {
+      for (int64_t b = 0; b < N; ++b) {
+        const auto [r0, r1] = rows(b);
+        if (r1 == r0) continue;
+        DTensor ob = o.slab(r0, r1);
+        attend(*st[size_t(b)], r1 - r0, q.slab(r0, r1), 0, indexer_ ? sel.slab(r0, r1) : DTensor{}, ob);
+      }
+    }
+    finish(x, o, out);
+  }
+
   void forward_cp(const DTensor& x, const CpCtx& ctx, MixerState& st_base, const DTensor& out) const override {
     auto* st = dynamic_cast<AttnCache*>(&st_base);
     DZ_CHECK(st, "MLA mixer: state is not an attention cache");
@@ -268,10 +335,26 @@ class MlaMixer : public Mixer {
  private:
   int64_t idx_dim() const { return indexer_ ? indexer_->head_dim() : 0; }
 
-  // Rows x [T, D] at positions pos0 .. pos0+T-1 -> q [T, Hl*Dq] (rope part rotated), q_resid
+  // Positions of a forward's rows: pos0 .. (one document), or with cu each packed document's
+  // rows from 0 (Backend::rope_varlen).
+  struct Positions {
+    int64_t pos0 = 0;
+    const std::vector<int64_t>* cu = nullptr;
+  };
+  void rotate(const DTensor& t, int64_t H, int64_t hs, int64_t offset, const Positions& p) const {
+    if (p.cu)
+      be_->rope_varlen(*rope_, t, H, hs, offset, *p.cu);
+    else
+      be_->rope(*rope_, t, H, hs, offset, p.pos0);
+  }
+  void project(const DTensor& x, int64_t pos0, const DTensor& q, const DTensor& q_resid, const DTensor& c,
+               const DTensor& kr, const DTensor& ki) const {
+    project(x, Positions{pos0, nullptr}, q, q_resid, c, kr, ki);
+  }
+  // Rows x [T, D] at positions p -> q [T, Hl*Dq] (rope part rotated), q_resid
   // [T, q_lora] (the indexer's input; untouched without q_lora), the cache entries c [T, R]
   // (after kv_a_layernorm), kr [T, rope] (rotated) and the indexer keys ki [T, Di].
-  void project(const DTensor& x, int64_t pos0, const DTensor& q, const DTensor& q_resid, const DTensor& c,
+  void project(const DTensor& x, const Positions& p, const DTensor& q, const DTensor& q_resid, const DTensor& c,
                const DTensor& kr, const DTensor& ki) const {
     const int64_t T = x.rows();
     if (T == 0) return;
@@ -290,14 +373,19 @@ class MlaMixer : public Mixer {
     be.copy_cols(kv, R_, kr, 0, rope_dim_);
     be.rmsnorm(c, kv_a_norm_, c, kLatentNormEps, false);
     if (rope_) {
-      be.rope(*rope_, q, Hl_, Dq, nope_, pos0);
-      be.rope(*rope_, kr, 1, rope_dim_, 0, pos0);
+      rotate(q, Hl_, Dq, nope_, p);
+      rotate(kr, 1, rope_dim_, 0, p);
     }
     if (kv_fp8_) {  // --kv-cache fp8: what the cache would hold (latent per 128-tile FP8, RoPE part BF16)
       be.quant_round(c, Backend::Round::KvFp8);
       be.quant_round(kr, Backend::Round::Bf16);
     }
-    if (indexer_) indexer_->keys(x, pos0, ki);
+    if (indexer_) {
+      if (p.cu)
+        indexer_->keys(x, *p.cu, ki);
+      else
+        indexer_->keys(x, p.pos0, ki);
+    }
   }
 
   // c [T, R], kr [T, rope] -> the cache rows e [T, R + rope].
@@ -348,9 +436,14 @@ class MlaMixer : public Mixer {
   // latent.
   void attend_explicit(const AttnCache& st, int64_t S, const DTensor& q, int64_t pos0, const DTensor& sel,
                        DTensor& o) const {
+    attend_expanded(st.latent.view(0, S), q, pos0, sel, o, {});
+  }
+  // The same from cache rows [S, R + rope]: one document's first S, or (cu: varlen offsets, pos0 0)
+  // the packed documents' rows, expanded at once and attended in one varlen call.
+  void attend_expanded(const DTensor& cache, const DTensor& q, int64_t pos0, const DTensor& sel, DTensor& o,
+                       const std::vector<int64_t>& cu) const {
     Backend& be = *be_;
-    const int64_t Dq = nope_ + rope_dim_, w = nope_ + vd_;
-    const DTensor cache = st.latent.view(0, S);  // [S, R + rope]
+    const int64_t Dq = nope_ + rope_dim_, w = nope_ + vd_, S = cache.rows();
     DTensor c = be.act({S, R_});
     be.copy_cols(cache, 0, c, 0, R_);
     DTensor kvb = be.act({S, Hl_ * w});  // [S, Hl, nope + vd]
@@ -362,6 +455,7 @@ class MlaMixer : public Mixer {
       be.copy_cols(kvb, h * w + nope_, v, h * vd_, vd_);
     }
     AttnArgs a;
+    a.cu = cu;
     a.q = q;
     a.k = k;
     a.v = v;

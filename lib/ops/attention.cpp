@@ -183,6 +183,28 @@ std::vector<int32_t> AttnCache::last_topk() const {
   return v;
 }
 
+std::vector<AttnCache*> packed_caches(const std::vector<int64_t>& cu, const std::vector<MixerState*>& sts, int64_t rows,
+                                      const char* who, bool* fresh) {
+  const int64_t N = int64_t(cu.size()) - 1;
+  DZ_CHECK(N >= 1 && int64_t(sts.size()) == N && cu.front() == 0 && cu.back() == rows, who, " forward_packed: ", N,
+           " documents, ", sts.size(), " states, offsets to ", cu.empty() ? -1 : cu.back(), " of ", rows, " rows");
+  std::vector<AttnCache*> st(static_cast<size_t>(N));
+  *fresh = true;
+  for (int64_t b = 0; b < N; ++b) {
+    DZ_CHECK(cu[size_t(b)] <= cu[size_t(b) + 1], who, " forward_packed: offsets decrease at document ", b);
+    AttnCache* c = dynamic_cast<AttnCache*>(sts[size_t(b)]);
+    DZ_CHECK(c, who, " mixer: state of document ", b, " is not an attention cache");
+    if (c->pos == 0) {
+      DZ_CHECK(c->latent.rows() == 0 && c->index_k.rows() == 0 && c->k.rows() == 0 && c->v.rows() == 0, who,
+               " mixer: document ", b, " at position 0 has a non-empty cache");
+    } else {
+      *fresh = false;
+    }
+    st[size_t(b)] = c;
+  }
+  return st;
+}
+
 std::unique_ptr<MixerState> AttnCache::clone() const {
   auto c = std::make_unique<AttnCache>();
   c->pos = pos;

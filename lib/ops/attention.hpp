@@ -85,4 +85,10 @@ struct AttnCache : MixerState {
   std::unique_ptr<MixerState> clone() const override;
 };
 
+// The caches of a packed forward's documents (Mixer::forward_packed of an attention mixer): checks
+// the offsets (N + 1 from 0 to rows, non-decreasing) and that every state is an AttnCache (`who`
+// names the mixer); *fresh = every document at position 0 with empty caches (a packed prefill).
+std::vector<AttnCache*> packed_caches(const std::vector<int64_t>& cu, const std::vector<MixerState*>& sts, int64_t rows,
+                                      const char* who, bool* fresh);
+
 }  // namespace dz

@@ -115,13 +115,26 @@ DsaIndexer::DsaIndexer(const ModelConfig& cfg, Checkpoint& ck, const std::string
   weights_proj_ = be.weight(wp);
 }
 
-void DsaIndexer::keys(const DTensor& x, int64_t pos0, const DTensor& k) const {
-  const int64_t T = x.rows();
-  if (T == 0) return;
+void DsaIndexer::key_rows(const DTensor& x, const DTensor& k) const {
   be_->linear(x, wk_, DTensor{}, k);
   be_->layer_norm(k, k_norm_w_, k_norm_b_, k, 1e-6f);
-  if (rope_) be_->rope(*rope_, k, 1, D_, 0, pos0);
+}
+void DsaIndexer::key_round(const DTensor& k) const {
   if (mxfp8_) be_->quant_round(k, Backend::Round::Mxfp8);  // each key: D/32 groups with one E8M0 scale each
+}
+
+void DsaIndexer::keys(const DTensor& x, int64_t pos0, const DTensor& k) const {
+  if (x.rows() == 0) return;
+  key_rows(x, k);
+  if (rope_) be_->rope(*rope_, k, 1, D_, 0, pos0);
+  key_round(k);
+}
+
+void DsaIndexer::keys(const DTensor& x, const std::vector<int64_t>& cu, const DTensor& k) const {
+  if (x.rows() == 0) return;
+  key_rows(x, k);
+  if (rope_) be_->rope_varlen(*rope_, k, 1, D_, 0, cu);
+  key_round(k);
 }
 
 void DsaIndexer::select(const DTensor& x, const DTensor& q_resid, int64_t pos0, const DTensor& index_k,

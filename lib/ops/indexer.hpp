@@ -52,6 +52,9 @@ class DsaIndexer {
   // keys: k [T, Di] (act dtype) for x [T, hidden] at positions pos0 .. pos0+T-1 (LayerNorm + RoPE,
   // MXFP8-rounded under --index-quant mxfp8).
   void keys(const DTensor& x, int64_t pos0, const DTensor& k) const;
+  // The same for packed documents: rows cu[b] .. cu[b+1] of x are document b from position 0
+  // (Backend::rope_varlen); every other step is per row.
+  void keys(const DTensor& x, const std::vector<int64_t>& cu, const DTensor& k) const;
   // select: Top-K sel [T, topk()] I32 (on the backend) for queries x / q_resid [T, ..] at
   // pos0 .. pos0+T-1 over index_k [>= pos0+T, Di].
   void select(const DTensor& x, const DTensor& q_resid, int64_t pos0, const DTensor& index_k, const DTensor& sel) const;
@@ -64,6 +67,9 @@ class DsaIndexer {
   DTensor k_norm_w_;      // [D] F32
   DTensor k_norm_b_;      // [D] F32
   DTensor weights_proj_;  // [H, hidden]
+  // keys() before / after the RoPE (per row).
+  void key_rows(const DTensor& x, const DTensor& k) const;
+  void key_round(const DTensor& k) const;
   std::unique_ptr<Rope> rope_;  // NeoX over rope_dim (null when rope_dim == 0)
   bool mxfp8_ = false;          // --index-quant mxfp8: queries and keys rounded to MXFP8
 };

@@ -35,6 +35,7 @@
 #include "ops/attention.hpp"
 #include "ops/moe.hpp"
 #include "ops/rope.hpp"
+#include "linear_attn.cuh"
 #include "sparse_mla.cuh"
 
 namespace {
@@ -284,6 +285,99 @@ TEST_CASE("backend ops: copies, RoPE, attention and AttnRes on cuda equal the cp
         be.attn_res_mix(bl.slab(0, n), n, p, be.upload(qv.data(), {D}, DType::F32), 1e-6f, o);
         return be.to_host(o);
       });
+    }
+  }
+}
+
+// Varlen attention (AttnArgs::cu) and rope_varlen over packed sequences (an empty one among them):
+// on cuda equal to one call per sequence bitwise -- the flash kernel's blocks each read one
+// (sequence, head, query tile) and its own keys, with the same arithmetic whatever the batch; the
+// RoPE kernel rotates every row by the same code, only the position comes from the offsets; the
+// warp-per-query kernel (DSA selection, head dims over 256) runs per sequence either way -- and to
+// the cpu backend within the attention's 1e-4 / RoPE's 1e-5 NMSE. Offsets of up to 8 values are
+// written by a kernel, longer ones uploaded: both are covered.
+TEST_CASE("backend ops: varlen attention and RoPE on cuda equal per-sequence calls bitwise and the cpu backend",
+          "[gpu]") {
+  Both& bk = backends();
+  const std::vector<std::vector<int64_t>> lens = {{1, 7, 130}, {1, 0, 7, 130, 19, 300, 3, 5, 64, 2}};
+  struct Dims {
+    const char* name;
+    int64_t Hq, Hkv, Dk, Dv;
+    bool sparse;
+  };
+  const Dims dims[] = {
+      {"gqa 4/2 x 64 (flash)", 4, 2, 64, 64, false},   {"mla 4 x 192/128 (flash)", 4, 4, 192, 128, false},
+      {"3 x 40/24 (flash)", 3, 3, 40, 24, false},       {"2/1 x 9/7 (flash, scalar loads)", 2, 1, 9, 7, false},
+      {"4 x 40/24 DSA (per sequence)", 4, 4, 40, 24, true}, {"2/1 x 288/32 (per sequence)", 2, 1, 288, 32, false},
+  };
+  for (const auto& L : lens) {
+    std::vector<int64_t> cu = {0};
+    for (int64_t n : L) cu.push_back(cu.back() + n);
+    const int64_t T = cu.back(), N = int64_t(L.size());
+    const std::string sh = "N=" + std::to_string(N) + " T=" + std::to_string(T);
+    for (const Dims& d : dims) {
+      const int64_t n_sel = 6;
+      const auto q = rnd(size_t(T * d.Hq * d.Dk), 21), k = rnd(size_t(T * d.Hkv * d.Dk), 22),
+                 v = rnd(size_t(T * d.Hkv * d.Dv), 23);
+      std::vector<int32_t> sel(size_t(T * n_sel), -1);  // distinct positions within each sequence
+      for (int64_t b = 0; b < N; ++b)
+        for (int64_t t = cu[size_t(b)]; t < cu[size_t(b) + 1]; ++t) {
+          const int64_t p = t - cu[size_t(b)];
+          for (int64_t j = 0; j < n_sel && j <= p; ++j) sel[size_t(t * n_sel + j)] = int32_t((p * 7 + j * (p + 1) / n_sel) % (p + 1));
+          for (int64_t j = 0; j < n_sel; ++j)
+            for (int64_t i = 0; i < j; ++i)
+              if (sel[size_t(t * n_sel + j)] == sel[size_t(t * n_sel + i)]) sel[size_t(t * n_sel + j)] = -1;
+        }
+      // varlen: one call with the offsets; else one call per sequence on the same tensors
+      auto run = [&](Backend& be, bool varlen) {
+        dz::AttnArgs a;
+        a.q = be.upload(q.data(), {T, d.Hq * d.Dk}, be.act_dtype());
+        a.k = be.upload(k.data(), {T, d.Hkv * d.Dk}, be.act_dtype());
+        a.v = be.upload(v.data(), {T, d.Hkv * d.Dv}, be.act_dtype());
+        a.out = be.zeros({T, d.Hq * d.Dv}, be.act_dtype());
+        if (d.sparse) a.sel = be.upload_i32(sel.data(), {T, n_sel});
+        a.Hq = d.Hq, a.Hkv = d.Hkv, a.Dk = d.Dk, a.Dv = d.Dv, a.scale = 0.125f;
+        a.cu = cu;
+        if (varlen) {
+          be.attention(a);
+        } else {
+          for (int64_t b = 0; b < N; ++b) be.attention(a.sequence(b));
+        }
+        return be.to_host(a.out);
+      };
+      const std::vector<float> gv = run(*bk.gpu, true), gs = run(*bk.gpu, false), cv = run(*bk.cpu, true);
+      const double e = nmse(gv, cv);
+      const bool same = gv == gs;
+      std::printf("  %-34s %-16s varlen == per sequence (cuda): %s; vs cpu nmse %.2e (tol 1e-4)\n", d.name,
+                  sh.c_str(), same ? "bitwise" : "DIFFERENT", e);
+      INFO(d.name << " " << sh);
+      CHECK(same);
+      CHECK(e <= 1e-4);
+    }
+    for (bool inter : {false, true}) {
+      dz::RopeConfig rc;
+      rc.theta = 10000.f;
+      rc.style = inter ? dz::RopeStyle::Interleaved : dz::RopeStyle::NeoX;
+      const int64_t H = 3, hs = 24, rot = 16, off = inter ? 8 : 0;
+      const dz::Rope rope(rc, rot);
+      const auto x = rnd(size_t(T * H * hs), 24);
+      auto run = [&](Backend& be, bool varlen) {
+        DTensor a = be.upload(x.data(), {T, H * hs}, be.act_dtype());
+        if (varlen) {
+          be.rope_varlen(rope, a, H, hs, off, cu);
+        } else {
+          for (int64_t b = 0; b < N; ++b)
+            if (cu[size_t(b) + 1] > cu[size_t(b)]) be.rope(rope, a.slab(cu[size_t(b)], cu[size_t(b) + 1]), H, hs, off, 0);
+        }
+        return be.to_host(a);
+      };
+      const std::vector<float> gv = run(*bk.gpu, true), gs = run(*bk.gpu, false), cv = run(*bk.cpu, true);
+      const double e = nmse(gv, cv);
+      std::printf("  %-34s %-16s varlen == per sequence (cuda): %s; vs cpu nmse %.2e (tol 1e-5)\n",
+                  inter ? "rope_varlen interleaved" : "rope_varlen neox partial", sh.c_str(),
+                  gv == gs ? "bitwise" : "DIFFERENT", e);
+      CHECK(gv == gs);
+      CHECK(e <= 1e-5);
     }
   }
 }
@@ -576,11 +670,52 @@ TEST_CASE("backend ops: short conv and the linear-attention scan on cuda equal t
       check("la_transition B", sh, 1e-4, [&](Backend& be) { return trans(be, 1); });
       check("la_merge", sh, 1e-4, [&](Backend& be) { return trans(be, 2); });
     }
+  // Varlen (a packed forward): N sequences, each from its own state [N, HV, K, V]; one token per
+  // sequence is a batched decode step (the recurrent decode kernel over N slots), mixed lengths
+  // the varlen chunked kernel. Same tolerances as one sequence.
+  for (const Case& c : cases) {
+    if (!dz::cuda::la_chunked_supports(int(c.K), int(c.V))) continue;  // small heads: per sequence
+    for (const std::vector<int64_t>& cu : {std::vector<int64_t>{0, 1, 2, 3, 4, 5, 6, 7},
+                                           std::vector<int64_t>{0, 1, 5, 6, 70, 71}}) {
+      const int64_t N = int64_t(cu.size()) - 1, T = cu.back();
+      const std::string sh = std::string(c.kda ? "KDA" : "GDN") + " K=" + std::to_string(c.K) + " varlen N=" +
+                             std::to_string(N) + " T=" + std::to_string(T);
+      const int64_t KD = c.HK * c.K, VD = c.HV * c.V, GK = c.kda ? c.HV * c.K : c.HV;
+      const auto q = rnd(size_t(T * KD), 51), k = rnd(size_t(T * KD), 52), v = rnd(size_t(T * VD), 53),
+                 b = rnd(size_t(T * c.HV), 54), f = rnd(size_t(T * GK), 55),
+                 h0 = rnd(size_t(N * c.HV * c.K * c.V), 56, 0.1f);
+      std::vector<float> A_log(static_cast<size_t>(c.HV)), dtb(static_cast<size_t>(GK));
+      for (int64_t h = 0; h < c.HV; ++h) A_log[size_t(h)] = 0.3f * float(h + 1);
+      for (int64_t i = 0; i < GK; ++i) dtb[size_t(i)] = -2.f + 0.01f * float(i % 50);
+      auto run = [&](Backend& be, bool want_state) {
+        dz::LaScanArgs a;
+        a.kda = c.kda;
+        a.HK = c.HK, a.HV = c.HV, a.K = c.K, a.V = c.V;
+        a.scale = 1.f / std::sqrt(float(c.K));
+        a.q = be.upload(q.data(), {T, KD}, be.act_dtype());
+        a.k = be.upload(k.data(), {T, KD}, be.act_dtype());
+        a.v = be.upload(v.data(), {T, VD}, be.act_dtype());
+        a.beta = be.upload(b.data(), {T, c.HV}, be.act_dtype());
+        a.gate = dz::LaGateArgs{be.upload(f.data(), {T, GK}, be.act_dtype()), be.upload(A_log.data(), {c.HV}, DType::F32),
+                                be.upload(dtb.data(), {GK}, DType::F32), c.lb};
+        a.state = be.upload(h0.data(), {N, c.HV, c.K, c.V}, DType::F32);
+        a.o = be.act({T, VD});
+        a.cu = cu;
+        be.la_scan(a);
+        return be.to_host(want_state ? a.state : a.o);
+      };
+      check("la_scan output", sh, 5e-4, [&](Backend& be) { return run(be, false); });
+      check("la_scan state", sh, 1e-4, [&](Backend& be) { return run(be, true); });
+    }
+  }
+  // C = 96: the 8-channel vector kernel; C = 100: the scalar one (rows not 16-byte multiples).
+  for (int64_t C : {96, 100})
   for (int64_t T : {1, 3, 19, 733}) {
-    const int64_t C = 96, W = 4;
+    const int64_t W = 4;
     const auto x = rnd(size_t(T * C), 31), w = rnd(size_t(C * W), 32, 0.5f), s0 = rnd(size_t((W - 1) * C), 33);
     for (int part = 0; part < 2; ++part)
-      check(part ? "short_conv state" : "short_conv", "T=" + std::to_string(T), 1e-5, [&](Backend& be) {
+      check(part ? "short_conv state" : "short_conv", "C=" + std::to_string(C) + " T=" + std::to_string(T), 1e-5,
+            [&](Backend& be) {
         DTensor xt = be.upload(x.data(), {T, C}, be.act_dtype()), y = be.act({T, C});
         DTensor st = be.upload(s0.data(), {W - 1, C}, be.act_dtype());
         be.short_conv(xt, be.upload(w.data(), {C, W}, be.weight_dtype()), st, y);

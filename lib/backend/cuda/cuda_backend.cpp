@@ -96,6 +96,9 @@ class CudaBackend final : public Backend {
     cudaStreamSynchronize(stream_->s);
     if (route_bad_) cudaFree(route_bad_);
     if (route_bad_host_) cudaFreeHost(route_bad_host_);
+    if (ring_) cudaFreeHost(ring_);
+    for (auto& e : ring_done_)
+      if (e) cudaEventDestroy(e);
     if (pinned_) cudaFreeHost(pinned_);
     for (auto& kv : fp8_plans_) kv.second.destroy();
     if (lt_) cublasLtDestroy(lt_);
@@ -129,7 +132,7 @@ class CudaBackend final : public Backend {
     const int64_t n = t.numel();
     if (n == 0) return t;
     if (dt == DType::F32) {
-      CUDA_CHECK(cudaMemcpyAsync(t.data, src, t.bytes(), cudaMemcpyHostToDevice, st()));
+      h2d(t.data, src, t.bytes());
     } else {
       DZ_CHECK(dt == DType::BF16, "cuda backend: upload as ", to_string(dt));
       std::vector<uint16_t> h(static_cast<size_t>(n));
@@ -143,13 +146,7 @@ class CudaBackend final : public Backend {
   }
   DTensor upload_i32(const int32_t* src, const Shape& s) override {
     DTensor t = alloc(s, DType::I32);
-    if (t.numel()) {
-      // Pageable source: CUDA's API synchronization behaviour returns once the buffer is copied
-      // to its staging memory, so the caller may free src without a wait of ours. The driver may
-      // still synchronise with the stream to stage it; a pinned staging ring would avoid that
-      // (not done yet: decode steps upload token ids and offsets this way).
-      CUDA_CHECK(cudaMemcpyAsync(t.data, src, t.bytes(), cudaMemcpyHostToDevice, st()));
-    }
+    if (t.numel()) h2d(t.data, src, t.bytes());
     return t;
   }
   void download(const DTensor& t, float* dst) override {
@@ -466,6 +463,10 @@ class CudaBackend final : public Backend {
       const int64_t N = a.sequences();
       DZ_CHECK(a.cu.front() == 0 && a.cu.back() == T && a.state.numel() == N * a.HV * a.K * a.V,
                "la_scan: varlen offsets end at ", a.cu.back(), " for ", T, " rows, state ", shape_str(a.state.shape));
+      if (T == N) {  // one token per sequence (a batched decode step): the recurrent decode kernel
+        decode_step(a, N, a.state);
+        return;
+      }
       std::vector<int32_t> cu32(a.cu.begin(), a.cu.end());
       const DTensor dcu = upload_i32(cu32.data(), {N + 1});
       cuda::LaPrefill p = prefill_args(a);
@@ -487,19 +488,7 @@ class CudaBackend final : public Backend {
       return;
     }
     if (T == 1) {  // one token: the recurrent decode kernel on the state in place
-      cuda::LaDecode d;
-      d.kda = p.kda;
-      d.q = p.q, d.k = p.k, d.v = p.v, d.b = p.b;
-      d.gate = p.gate;
-      d.HK = p.HK, d.HV = p.HV, d.K = p.K, d.V = p.V;
-      d.scale = p.scale;
-      d.B = 1;
-      const int32_t slot0 = 0;
-      DTensor slot = upload_i32(&slot0, {1});
-      d.slot = slot.ptr<int32_t>();
-      d.states = a.state.ptr<float>();
-      d.o = p.o;
-      cuda::la_decode(d, st());
+      decode_step(a, 1, a.state);
       return;
     }
     const int32_t cu[2] = {0, int32_t(T)};
@@ -514,6 +503,23 @@ class CudaBackend final : public Backend {
     p.workspace = ws.data;
     cuda::la_chunk_prefill(p, st());
     copy_rows(ht.reshaped({1, ht.numel()}), 0, a.state.reshaped({1, ht.numel()}), 0, 1);
+  }
+  // One token of each of n sequences (rows 0..n of a's q / k / v / beta / gate) with the recurrent
+  // decode kernel, sequence b's state at slot b of states [n, HV, K, V] (in place).
+  void decode_step(const LaScanArgs& a, int64_t n, const DTensor& states) {
+    const cuda::LaPrefill p = prefill_args(a);
+    cuda::LaDecode d;
+    d.kda = p.kda;
+    d.q = p.q, d.k = p.k, d.v = p.v, d.b = p.b;
+    d.gate = p.gate;
+    d.HK = p.HK, d.HV = p.HV, d.K = p.K, d.V = p.V;
+    d.scale = p.scale;
+    d.B = int(n);
+    const DTensor slots = positions(0, n);  // slot b = b, made on the stream
+    d.slot = slots.ptr<int32_t>();
+    d.states = states.ptr<float>();
+    d.o = p.o;
+    cuda::la_decode(d, st());
   }
   // Through the scan itself: B is the state after the segment from S = 0; A is the state after it
   // from S = I with v = 0 (the update is linear in S, so that final state is A).
@@ -553,7 +559,7 @@ class CudaBackend final : public Backend {
     }
     CUDA_CHECK(cudaMemcpyAsync(S_final.data, S.data, size_t(nB) * 4, cudaMemcpyDeviceToDevice, st()));
   }
-  void rope(const Rope& r, const DTensor& x, int64_t H, int64_t hs, int64_t offset, int64_t pos0) override {
+  static cuda::RopeParams rope_params(const Rope& r) {
     cuda::RopeParams p;
     const auto& f = r.inv_freq();
     DZ_CHECK(f.size() <= 256, "rope: ", f.size(), " frequencies (at most 256 on the GPU)");
@@ -561,30 +567,80 @@ class CudaBackend final : public Backend {
     p.interleaved = r.interleaved();
     p.cos_sin_mult = r.cos_sin_mult();
     std::copy(f.begin(), f.end(), p.inv_freq);
-    cuda::rope(x.data, dt_of(x), x.numel() / (H * hs), H, hs, offset, pos0, p, st());
+    return p;
+  }
+  void rope(const Rope& r, const DTensor& x, int64_t H, int64_t hs, int64_t offset, int64_t pos0) override {
+    cuda::rope(x.data, dt_of(x), x.numel() / (H * hs), H, hs, offset, pos0, rope_params(r), st());
+  }
+  // One launch for every row (positions from the device offsets), not one per sequence.
+  void rope_varlen(const Rope& r, const DTensor& x, int64_t H, int64_t hs, int64_t offset,
+                   const std::vector<int64_t>& cu) override {
+    const int64_t T = x.numel() / (H * hs);
+    check_offsets(cu, T, "rope_varlen");
+    if (T == 0) return;
+    const DTensor dcu = device_offsets(cu);
+    cuda::rope_varlen(x.data, dt_of(x), T, H, hs, offset, dcu.ptr<int32_t>(), int(cu.size()) - 1, rope_params(r), st());
+  }
+  static void check_offsets(const std::vector<int64_t>& cu, int64_t T, const char* op) {
+    DZ_CHECK(cu.size() >= 2 && cu.front() == 0 && cu.back() == T && T < (int64_t(1) << 31) &&
+                 cu.size() < (size_t(1) << 31),
+             op, ": ", cu.size(), " varlen offsets ending at ", cu.empty() ? -1 : cu.back(), " for ", T, " rows");
+    for (size_t b = 0; b + 1 < cu.size(); ++b) DZ_CHECK(cu[b] <= cu[b + 1], op, ": offsets decrease at sequence ", b);
+  }
+  // Host row offsets -> I32 [N + 1] on the device without a host wait: one tiny kernel for up to 8
+  // values, else an upload from pageable memory (staged before the call returns).
+  DTensor device_offsets(const std::vector<int64_t>& cu) {
+    const int64_t n = int64_t(cu.size());
+    if (n <= 8) {
+      DTensor t = alloc({n}, DType::I32);
+      cuda::SmallI32 v{};
+      for (int64_t i = 0; i < n; ++i) v.v[i] = int32_t(cu[size_t(i)]);
+      cuda::set_i32(t.ptr<int32_t>(), int(n), v, st());
+      return t;
+    }
+    const std::vector<int32_t> h(cu.begin(), cu.end());
+    return upload_i32(h.data(), {n});
   }
   void attention(const AttnArgs& a) override {
     const int64_t T = a.q.numel() / (a.Hq * a.Dk), S = a.k.numel() / (a.Hkv * a.Dk);
     const bool sparse = a.sel.defined() && a.sel.numel() > 0;
+    if (!a.cu.empty()) {
+      a.check_varlen(T, S);
+      check_offsets(a.cu, T, "attention");
+      if (!sparse && cuda::flash_attention_supports(int(a.Dk), int(a.Dv))) {
+        // Dense causal: the flash kernel takes the varlen batch as it is (cu_q = cu_k; each query
+        // tile reads only its own sequence's keys, so this equals the per-sequence launches
+        // bitwise); grid.z <= 65535 sequences per launch, the offsets pointer advanced per group.
+        const int64_t N = a.sequences();
+        int64_t max_q = 0;
+        for (int64_t b = 0; b < N; ++b) max_q = std::max(max_q, a.cu[size_t(b) + 1] - a.cu[size_t(b)]);
+        if (max_q == 0) return;
+        const DTensor dcu = device_offsets(a.cu);
+        cuda::FlashAttnArgs f = flash_args(a);
+        f.max_q = max_q;
+        constexpr int64_t kMaxB = 65535;
+        for (int64_t b0 = 0; b0 < N; b0 += kMaxB) {
+          f.cu_q = f.cu_k = dcu.ptr<int32_t>() + b0;
+          f.B = int(std::min(kMaxB, N - b0));
+          cuda::flash_attention(f, st());
+        }
+        return;
+      }
+      // Shape dispatch, not a fallback: the warp-per-query kernel (a DSA selection, head dims over
+      // 256) takes one sequence per launch.
+      for (int64_t b = 0; b < a.sequences(); ++b) attention(a.sequence(b));
+      return;
+    }
     if (T == 0) return;
     if (!sparse && cuda::flash_attention_supports(int(a.Dk), int(a.Dv))) {
       // Dense causal: the tensor-core flash kernel, one sequence (queries at pos0.., keys 0..pos0+T-1).
       DTensor cu = alloc({4}, DType::I32);
       cuda::set_i32(cu.ptr<int32_t>(), 4, cuda::SmallI32{{0, int32_t(T), 0, int32_t(a.pos0 + T)}}, st());
-      cuda::FlashAttnArgs f;
-      f.q = b16(a.q);
-      f.k = b16(a.k);
-      f.v = b16(a.v);
-      f.out = b16w(a.out);
+      cuda::FlashAttnArgs f = flash_args(a);
       f.cu_q = cu.ptr<int32_t>();
       f.cu_k = cu.ptr<int32_t>() + 2;
       f.B = 1;
       f.max_q = T;
-      f.Hq = int(a.Hq);
-      f.Hkv = int(a.Hkv);
-      f.Dk = int(a.Dk);
-      f.Dv = int(a.Dv);
-      f.scale = a.scale;
       cuda::flash_attention(f, st());
       return;
     }
@@ -593,6 +649,20 @@ class CudaBackend final : public Backend {
     if (sparse && sel.device == Device::Host) sel = upload_i32(static_cast<const int32_t*>(a.sel.data), a.sel.shape);
     cuda::attention(b16(a.q), b16(a.k), b16(a.v), b16w(a.out), T, a.pos0, S, int(a.Hq), int(a.Hkv), int(a.Dk),
                     int(a.Dv), a.scale, sparse ? sel.ptr<int32_t>() : nullptr, sparse ? sel.cols() : 0, st());
+  }
+  // The flash kernel's view of a's tensors and dims (offsets and batch set by the caller).
+  static cuda::FlashAttnArgs flash_args(const AttnArgs& a) {
+    cuda::FlashAttnArgs f;
+    f.q = b16(a.q);
+    f.k = b16(a.k);
+    f.v = b16(a.v);
+    f.out = b16w(a.out);
+    f.Hq = int(a.Hq);
+    f.Hkv = int(a.Hkv);
+    f.Dk = int(a.Dk);
+    f.Dv = int(a.Dv);
+    f.scale = a.scale;
+    return f;
   }
   // Row-major Y_h [T, n] = X_h [T, k] · M_h, in cuBLAS's column-major terms Y_h^T = M_h^T · X_h^T,
   // one strided batch over the heads (M_h^T is M_h's row-major block read as is, or W_h's
@@ -823,6 +893,32 @@ class CudaBackend final : public Backend {
                "host read)");
     }
   }
+  // Host -> device without a wait: small copies go through a pinned staging ring (two halves;
+  // a half is reused only after the event recorded when it filled up, so a copy never reads
+  // bytes that a later upload overwrote), larger ones from the caller's pageable memory (CUDA
+  // returns once that is staged; the driver may synchronise with the stream to stage it).
+  void h2d(void* dst, const void* src, size_t n) {
+    constexpr size_t kHalf = kRing / 2;
+    if (n > kHalf / 4) {
+      CUDA_CHECK(cudaMemcpyAsync(dst, src, n, cudaMemcpyHostToDevice, st()));
+      return;
+    }
+    if (!ring_) {
+      CUDA_CHECK(cudaMallocHost(&ring_, kRing));
+      for (auto& e : ring_done_) CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    }
+    const size_t at = (ring_head_ + 15) / 16 * 16;  // 16-byte aligned sources
+    if (at + n > (ring_half_ + 1) * kHalf) {  // this half is full: fence it, move to the other
+      CUDA_CHECK(cudaEventRecord(ring_done_[ring_half_], st()));
+      ring_half_ ^= 1;
+      CUDA_CHECK(cudaEventSynchronize(ring_done_[ring_half_]));  // its last copies are done (long ago, usually)
+      ring_head_ = ring_half_ * kHalf;
+      return h2d(dst, src, n);
+    }
+    std::memcpy(static_cast<char*>(ring_) + at, src, n);
+    CUDA_CHECK(cudaMemcpyAsync(dst, static_cast<char*>(ring_) + at, n, cudaMemcpyHostToDevice, st()));
+    ring_head_ = at + n;
+  }
   uint64_t pool_attr(cudaMemPoolAttr a) const {
     uint64_t v = 0;
     CUDA_CHECK(cudaMemPoolGetAttribute(pool(), a, &v));
@@ -848,6 +944,11 @@ class CudaBackend final : public Backend {
   int64_t fp8_kept_ = 0;
   void* pinned_ = nullptr;
   size_t pinned_bytes_ = 0;
+  static constexpr size_t kRing = size_t(4) << 20;
+  void* ring_ = nullptr;               // pinned staging for small uploads, two halves of kRing / 2
+  size_t ring_head_ = 0;
+  int ring_half_ = 0;
+  cudaEvent_t ring_done_[2] = {nullptr, nullptr};  // recorded when a half filled up
   int32_t* route_bad_ = nullptr;       // [1] device: set by moe_select on a non-finite score
   int32_t* route_bad_host_ = nullptr;  // [1] pinned: its copy at each host_wait
 };
