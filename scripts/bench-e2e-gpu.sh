@@ -7,7 +7,8 @@
 # without packing. JSON into LOG_DIR; a summary of the ratios on stdout.
 #   bash scripts/bench-e2e-gpu.sh PREFIX BUILD_DIR LOG_DIR FLA_SRC ANCHOR_PY [parts...]
 # parts: anchor e2e decode ncu k131k docs256 (default: all)
-#   decode: generate mode, 33 new tokens after the 8192 / 32768-token prompt (ms per decode step)
+#   decode: generate mode, 33 new tokens after the 8192 / 32768-token prompt (ms per decode step),
+#           with CUDA graphs (the default) and --eager-decode
 #   ncu:    Nsight Compute (--clock-control none) over one timed last-logits forward at T=32768 of
 #           each 8-layer shape: kernel time by group (scripts/ncu_summary.py)
 set -euo pipefail
@@ -32,6 +33,9 @@ fi
 if has decode; then
   "$DZ" bench e2e --model configs/bench/kimi_linear_48b_a3b_8l --model configs/bench/qwen3_next_80b_a3b_8l \
     --tokens 8192,32768 --modes generate --new-tokens 33 --repeats 3 --json "$L/decode_dayzero.json" 2>&1 | grep -v '^{'
+  "$DZ" bench e2e --model configs/bench/kimi_linear_48b_a3b_8l --model configs/bench/qwen3_next_80b_a3b_8l \
+    --tokens 8192,32768 --modes generate --new-tokens 33 --repeats 3 --eager-decode \
+    --json "$L/decode_dayzero_eager.json" 2>&1 | grep -v '^{'
 fi
 if has ncu; then
   for m in kimi_linear_48b_a3b_8l qwen3_next_80b_a3b_8l; do
@@ -75,10 +79,13 @@ if d:
         print(f"dayzero {r['model']} T={r['T']} {r['mode']}: {r['ms']:.1f} ms, {r['tok_s']:.0f} tok/s, MFU {100 * r['mfu_dense']:.1f} % "
               f"({100 * r['mfu_with_attention']:.1f} % with attention), peak {r['peak_gib']:.2f} GiB (plan {r['plan_peak_gib']:.2f}, "
               f"{'ok' if ok else 'PLAN OFF'}) {ratio}")
+eager = {(r["model"], r["T"]): r for r in (load("decode_dayzero_eager.json") or {}).get("results", [])}
 for r in (load("decode_dayzero.json") or {}).get("results", []):
     if "decode_ms_per_token" in r:
-        print(f"decode {r['model']} after T={r['T']}: {r['decode_ms_per_token']:.2f} ms per token ({r['new_tokens']} new tokens, "
-              f"whole call {r['ms']:.1f} ms)")
+        e = eager.get((r["model"], r["T"]), {})
+        vs = f"; eager {e['decode_ms_per_token']:.2f} ms ({e['decode_ms_per_token'] / r['decode_ms_per_token']:.2f}x)" if "decode_ms_per_token" in e else ""
+        print(f"decode {r['model']} after T={r['T']}: {r['decode_ms_per_token']:.2f} ms per token with CUDA graphs "
+              f"({r['new_tokens']} new tokens, whole call {r['ms']:.1f} ms){vs}")
 for n in ("kimi48b_131k_logprobs_report.json", "kimi48b_256x2048_mbt32768.json", "kimi48b_256x2048_mbt0.json"):
     r = load(n)
     if r:

@@ -45,6 +45,8 @@ for fam in kimi_linear qwen3_next deepseek_v32; do
         --topk 5 --max-new-tokens 8 >/dev/null
     done
   done
+  "$EXE" run --model "$M" --input "$W/$fam.in.h5" --output "$W/$fam.generate.eager.h5" --backend cuda --mode generate \
+    --max-new-tokens 8 --eager-decode >/dev/null  # decode without CUDA graphs: the same tokens
   if [[ $fam == deepseek_v32 ]]; then  # the quantised caches, on both backends
     q=(--kv-cache fp8 --index-quant mxfp8)
     "$EXE" run --model "$M" --input "$W/$fam.in.h5" --output "$W/$fam.q.cpu.h5" --backend cpu "${q[@]}" >/dev/null
@@ -92,6 +94,10 @@ gsame = float((ga == gb).mean()) if ga.shape == gb.shape else 0.0
 print(f"cli {fam} modes on cuda vs cpu: topk top-1 ids equal {top1:.3f}, top-1 log-prob max diff {elp:.3g}; "
       f"last-logits max diff {ll:.3g}; generate tokens equal {gsame:.3f} of {ga.size}; every /done set: {done}")
 ok = ok and done and elp <= tx
+ge = h5py.File(f"{w}/{fam}.generate.eager.h5", "r")["/generated"][:]
+good = ge.shape == gb.shape and bool(np.array_equal(ge, gb))
+ok = ok and good
+print(f"cli {fam} generate on cuda: CUDA-graph decode == --eager-decode ({gb.size} tokens): {good}")
 if os.path.exists(f"{w}/{fam}.q.cpu.h5"):
     e = np.abs(lp(f"{w}/{fam}.q.cuda.h5") - lp(f"{w}/{fam}.q.cpu.h5"))
     good = e.mean() <= tm and e.max() <= tx
@@ -138,6 +144,8 @@ for mbt in 0 4096; do
     >/dev/null 2>&1
   "$EXE" run --model "$W/hs" --input "$W/hs_in.h5" --output "$W/hs_gen.$mbt.h5" --backend cuda --mode generate \
     --max-new-tokens 8 --max-batch-tokens $mbt >/dev/null 2>&1
+  "$EXE" run --model "$W/hs" --input "$W/hs_in.h5" --output "$W/hs_gen_eager.$mbt.h5" --backend cuda --mode generate \
+    --max-new-tokens 8 --max-batch-tokens $mbt --eager-decode >/dev/null 2>&1
 done
 python3 - "$W" <<'PY' | tee -a "$L/cli.log" || rc=1
 import sys, h5py, numpy as np
@@ -168,6 +176,12 @@ good = same >= 0.9
 ok &= good
 print(f"cli hybrid-small packed vs one per forward (cuda): mean |dlp| {d.mean():.3g} max {d.max():.3g}; batched decode "
       f"tokens equal {same:.3f} of {ga.size} {'ok' if good else 'FAILED'}")
+for mbt in (0, 4096):  # CUDA-graph decode (batched over 24 documents at 4096) vs eager: the same tokens
+    g, e = f(f"hs_gen.{mbt}.h5", "/generated"), f(f"hs_gen_eager.{mbt}.h5", "/generated")
+    good = g.shape == e.shape and bool(np.array_equal(g, e))
+    ok &= good
+    print(f"cli hybrid-small generate --max-batch-tokens {mbt}: CUDA-graph decode == --eager-decode ({g.size} tokens): "
+          f"{good}")
 sys.exit(0 if ok else 1)
 PY
 # A DeepSeek FP8 checkpoint (E4M3 weights, 128x128 block scales; scripts/fp8_checkpoint.py): the

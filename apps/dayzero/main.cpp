@@ -54,6 +54,9 @@ int main(int argc, char** argv) {
   run->add_option("--index-quant", ro.index_quant, "none | mxfp8")
       ->check(CLI::IsMember({"none", "mxfp8"}))
       ->capture_default_str();
+  run->add_flag("--eager-decode", ro.eager_decode,
+                "Generate mode on the GPU: issue every decode op one by one instead of replaying CUDA graphs of the "
+                "linear-attention, FFN and norm runs (the same results; for debugging and timing)");
   run->add_flag("--resume", ro.resume, "Continue OUT (or OUT.part), skipping documents already done");
   run->add_flag("--overwrite", ro.overwrite, "Replace an existing OUT when the new run completes");
   run->add_option("--report", ro.report, "Write a JSON report (documents, tokens, tokens/s, per-document times)");
@@ -131,6 +134,7 @@ int main(int argc, char** argv) {
                                                  "time per token reported)")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
+  be->add_flag("--eager-decode", eo.eager_decode, "e2e generate mode: decode without CUDA graphs");
   be->add_flag("--real-weights", bench_real_weights, "e2e: load the checkpoint's weights instead of dummy ones");
 
   // Parse before MPI_Init so --help works without a launcher; MPI starts only for `run`.

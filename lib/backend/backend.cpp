@@ -43,4 +43,7 @@ void Backend::mla_latent_attention_generic(const DTensor& q, const DTensor& kv, 
   attention(a);
 }
 
+void Backend::capture_begin() { fail(str("the ", name(), " backend has no graphs (capture_begin)")); }
+std::unique_ptr<DeviceGraph> Backend::capture_end() { fail(str("the ", name(), " backend has no graphs (capture_end)")); }
+
 }  // namespace dz

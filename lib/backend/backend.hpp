@@ -118,6 +118,14 @@ struct AttnArgs {
   }
 };
 
+// A captured run of ops (Backend::capture_end): replaying it runs the recorded kernels again on
+// the same buffers, with the arguments they had when captured.
+class DeviceGraph {
+ public:
+  virtual ~DeviceGraph() = default;
+  virtual void launch() = 0;  // on the backend's stream, in order with the ops around it
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -262,6 +270,17 @@ class Backend {
   virtual void row_topk(const DTensor& logits, int64_t k, std::vector<int32_t>& ids, std::vector<float>& vals) = 0;
   // Rows of logits computed per LM-head chunk (memory of rows × n fp32 logits).
   virtual int64_t lm_rows_per_chunk(int64_t n) const = 0;
+
+  // ---- graphs (decode: model/decode_runner.hpp is the one place that captures) ----
+  // Between capture_begin and capture_end the ops issued are recorded, not run; capture_end
+  // returns them as a graph. Nothing in between may upload, download or wait for the device (each
+  // is refused), and memory allocated before the capture and released during it is released
+  // after it. A backend without graphs (the CPU) refuses capture_begin.
+  virtual bool supports_graphs() const { return false; }
+  virtual void capture_begin();
+  virtual std::unique_ptr<DeviceGraph> capture_end();
+  // Ends an open capture without a graph (the error path); nothing when none is open.
+  virtual void capture_abort() {}
 
   // ---- reporting ----
   virtual std::string describe() const = 0;   // "cpu" / "cuda:0 NVIDIA H200"

@@ -124,6 +124,7 @@ int bench_e2e(const BenchE2eOptions& opt) {
         mp.mode = mode;
         mp.chunk_tokens = opt.max_batch_tokens;
         mp.max_new_tokens = opt.new_tokens;
+        mp.decode_graphs = !opt.eager_decode;
         json r;
         r["model"] = basename_of(dir);
         r["layers"] = cfg.num_layers;
@@ -157,6 +158,7 @@ int bench_e2e(const BenchE2eOptions& opt) {
             std::sort(decode_ms.begin(), decode_ms.end());
             r["new_tokens"] = opt.new_tokens;
             r["decode_ms_per_token"] = decode_ms[decode_ms.size() / 2];
+            r["decode_graphs"] = mp.decode_graphs && be->supports_graphs();
           }
           const double dense = 2.0 * pc.active_nonembed * double(T), attn = attention_flops(cfg, T);
           r["ms"] = med;

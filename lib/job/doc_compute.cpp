@@ -10,6 +10,7 @@
 #include "core/hash.hpp"
 #include "core/log.hpp"
 #include "dist/seq_layout.hpp"
+#include "model/decode_runner.hpp"
 
 namespace dz {
 
@@ -65,12 +66,13 @@ void generate(const Model& model, int64_t doc, const ModeParams& p, Model::State
   WorkStats::Timer timer(stats, "decode");
   // Every CP rank holds the whole document's state after the prefill, so all of them decode
   // the same tokens (TP collectives run inside each CP rank's TP group).
+  DecodeRunner runner(model, p.decode_graphs && model.backend().supports_graphs());
+  const std::vector<Model::State*> one{&st};
   for (int64_t s = 0; s < p.max_new_tokens; ++s) {
     int32_t tok = choose_token(last.data(), V, p.temperature, p.seed, doc, s);
     r.ids.push_back(tok);
     if (tok == model.config().eos_token_id || s + 1 == p.max_new_tokens) break;
-    DTensor hn = model.forward(&tok, 1, st, tick);
-    model.logits(hn, last.data());
+    model.logits(runner.step(&tok, one, tick), last.data());
   }
 }
 
@@ -319,6 +321,7 @@ std::vector<DocResult> compute_packed(const Model& model, const std::vector<int6
       // step is generate()'s (choose from the last logits, stop at EOS or the limit, else forward
       // the token), so every document's tokens equal its own decode.
       WorkStats::Timer timer(stats, "decode");
+      DecodeRunner runner(model, p.decode_graphs && be.supports_graphs());
       std::vector<size_t> active(B);
       for (size_t b = 0; b < B; ++b) active[b] = b;
       for (int64_t s = 0; s < p.max_new_tokens && !active.empty(); ++s) {
@@ -333,11 +336,9 @@ std::vector<DocResult> compute_packed(const Model& model, const std::vector<int6
         }
         active = next;
         if (active.empty()) break;
-        std::vector<int64_t> cu1(active.size() + 1);
         std::vector<Model::State*> st1;
-        for (size_t i = 0; i <= active.size(); ++i) cu1[i] = int64_t(i);
         for (size_t b : active) st1.push_back(&states[b]);
-        const DTensor h = model.forward_packed(toks.data(), cu1, st1, tick);
+        const DTensor h = runner.step(toks.data(), st1, tick);
         std::vector<float> l1(active.size() * size_t(V));
         model.logits(h, l1.data());
         for (size_t i = 0; i < active.size(); ++i)

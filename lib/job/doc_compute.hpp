@@ -19,6 +19,9 @@ struct ModeParams {
   // activations and LM-head work stay bounded by the chunk; the state carries across chunks.
   // Applies to the serial prefill (a CP prefill splits the document over the group already).
   int64_t chunk_tokens = 0;
+  // Generate mode: decode steps replay CUDA graphs where the backend has them
+  // (model/decode_runner.hpp); false (--eager-decode): every step issues its ops one by one.
+  bool decode_graphs = true;
 };
 
 struct DocResult {

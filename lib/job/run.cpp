@@ -208,6 +208,7 @@ int run_job(const RunOptions& opt) {
     mp.seed = opt.seed;
     DZ_CHECK(opt.max_batch_tokens >= 0, "--max-batch-tokens must be >= 0 (got ", opt.max_batch_tokens, ")");
     mp.chunk_tokens = opt.max_batch_tokens;
+    mp.decode_graphs = !opt.eager_decode;
     DZ_CHECK(mp.mode != OutputMode::TopK || opt.topk >= 1, "--topk must be >= 1 (got ", opt.topk, ")");
     DZ_CHECK(mp.mode != OutputMode::Generate || opt.max_new_tokens >= 1, "--max-new-tokens must be >= 1 (got ",
              opt.max_new_tokens, ")");

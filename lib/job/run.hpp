@@ -21,6 +21,7 @@ struct RunOptions {
   int segments = 1;  // linear-attention segments per zigzag segment (intra-rank parallel scan)
   int64_t max_batch_tokens = 0;  // > 0: prefill a document in forwards of at most this many tokens
   bool dummy_weights = false;  // config.json alone, deterministic random weights (benchmarks, planning)
+  bool eager_decode = false;   // generate: no CUDA graphs (every decode op issued one by one)
   bool resume = false;
   bool overwrite = false;
   double progress_seconds = 30.0;  // rank 0 prints a progress line this often

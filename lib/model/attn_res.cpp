@@ -85,6 +85,14 @@ AttnRes::Stream AttnRes::begin(Backend& be, const DTensor& embed) const {
   return s;
 }
 
+void AttnRes::restart(Backend& be, Stream& s, const DTensor& embed) const {
+  DZ_CHECK(s.partial.defined() && embed.rows() == s.T, "AttnRes::restart: a stream of ", s.T, " rows for ",
+           embed.rows());
+  s.n_blocks = 0;
+  s.next_site = 0;
+  be.copy_rows(embed, 0, s.partial, 0, s.T);
+}
+
 // out[t] = sum_i softmax_i(score_i) v_i over V = [blocks..., partial], per token t.
 void AttnRes::mix(Backend& be, const Stream& s, int site, const DTensor& out) const {
   be.attn_res_mix(s.blocks.slab(0, s.n_blocks), s.n_blocks, s.partial, s.query.slab(site, site + 1).reshaped({D_}),

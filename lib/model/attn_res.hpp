@@ -62,6 +62,8 @@ class AttnRes {
   // backend reads them where they are).
   void upload(Backend& be);
   Stream begin(Backend& be, const DTensor& embed /*[T, D] F32*/) const;
+  // begin() again on s's buffers (the same T): a decode graph keeps its addresses from step to step.
+  void restart(Backend& be, Stream& s, const DTensor& embed) const;
   // out [T, D]: the input of sub-layer (layer, which), which = 0 mixer, 1 FFN (before its pre-norm).
   void sublayer_input(Backend& be, const Stream& s, int layer, int which, const DTensor& out) const;
   // Accumulates the sub-layer's output f [T, D]; closes the block at the mixer of a block's first layer.

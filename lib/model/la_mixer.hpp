@@ -26,6 +26,8 @@ class LinearAttnMixer : public Mixer {
   void forward_packed(const DTensor& x, const std::vector<int64_t>& cu, const std::vector<MixerState*>& st,
                       const DTensor& out) const override;
   int64_t hidden() const override { return D_; }
+  // A decode step is the recurrent kernel on the states in place and the conv on its tail.
+  bool graph_safe_decode() const override { return tp_.size == 1; }
   using Mixer::forward;
   using Mixer::forward_cp;
 

@@ -22,6 +22,7 @@ class MlpFfn : public Ffn {
     tp_.allreduce(*be_, out);
   }
   int64_t hidden() const override { return D_; }
+  bool graph_safe() const override { return tp_.size == 1; }
 
  private:
   Backend* be_;

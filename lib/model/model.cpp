@@ -138,18 +138,69 @@ DTensor Model::forward_cp(const int32_t* tokens, const CpCtx& ctx, State& st, co
 }
 
 // The layer stack, once for every backend: residual stream h [T, D] F32; sub-layer inputs and
-// outputs in the backend's activation dtype.
-DTensor Model::run(const int32_t* tokens, int64_t T, const MixFn& mix, const std::function<void()>& tick,
-                   std::vector<Tensor>* layer_hidden, WorkStats* stats) const {
+// outputs in the backend's activation dtype. run() is the whole pass; DecodeRunner issues the
+// same pieces (pass buffers, embed, sub-layers, finish) with its graphs around them.
+Model::Pass Model::make_pass(int64_t T) const {
   Backend& be = *be_;
-  const int64_t D = cfg_.hidden_size, V = cfg_.vocab_size;
-  const float eps = cfg_.rms_norm_eps;
-  const bool zc = cfg_.norm_zero_centered;
+  const int64_t D = cfg_.hidden_size;
+  Pass p;
+  p.h = be.alloc({T, D}, DType::F32);
+  p.normed = be.act({T, D});
+  p.out = be.act({T, D});
+  if (attn_res_) p.input = be.alloc({T, D}, DType::F32);
+  return p;
+}
+
+void Model::embed_into(const int32_t* tokens, Pass& p) const {
+  Backend& be = *be_;
+  const int64_t T = p.h.rows(), V = cfg_.vocab_size;
   for (int64_t t = 0; t < T; ++t)
     DZ_CHECK(tokens[t] >= 0 && tokens[t] < V, "token id ", tokens[t], " outside the vocabulary of ", V);
   const DTensor ids = be.upload_i32(tokens, {T});
-  DTensor h = be.alloc({T, D}, DType::F32);  // residual stream
-  be.embed(embed_, ids, h);
+  be.embed(embed_, ids, p.h);
+  if (!attn_res_) return;
+  if (p.ar)
+    attn_res_->restart(be, *p.ar, p.h);
+  else
+    p.ar = std::make_shared<AttnRes::Stream>(attn_res_->begin(be, p.h));
+}
+
+// Sub-layer k = 2 * layer + which (which 0: the token mixer, 1: the FFN) with its pre-norm and
+// residual (or AttnRes mixture).
+void Model::sublayer(int64_t k, const MixFn& mix, Pass& p, WorkStats* stats) const {
+  Backend& be = *be_;
+  const size_t i = size_t(k / 2);
+  const int which = int(k % 2);
+  const Layer& L = layers_[i];
+  AttnRes::Stream* ar = p.ar.get();
+  if (ar) attn_res_->sublayer_input(be, *ar, int(i), which, p.input);
+  be.rmsnorm(ar ? p.input : p.h, which == 0 ? L.attn_norm : L.ffn_norm, p.normed, cfg_.rms_norm_eps,
+             cfg_.norm_zero_centered);
+  {
+    WorkStats::Timer t(stats, which == 0 ? L.mixer_key : L.ffn_key);
+    if (which == 0)
+      mix(i, *L.mixer, p.normed, p.out);
+    else
+      L.ffn->forward(p.normed, p.out);
+  }
+  if (ar) attn_res_->add_output(be, *ar, int(i), which, p.out);
+  be.add(p.h, p.out);
+}
+
+DTensor Model::finish(Pass& p) const {
+  Backend& be = *be_;
+  if (p.ar) attn_res_->final_output(be, *p.ar, p.h);
+  DTensor y = be.act(p.h.shape);
+  be.rmsnorm(p.h, final_norm_, y, cfg_.rms_norm_eps, cfg_.norm_zero_centered);
+  return y;
+}
+
+DTensor Model::run(const int32_t* tokens, int64_t T, const MixFn& mix, const std::function<void()>& tick,
+                   std::vector<Tensor>* layer_hidden, WorkStats* stats) const {
+  Backend& be = *be_;
+  const int64_t D = cfg_.hidden_size;
+  Pass p = make_pass(T);
+  embed_into(tokens, p);
   auto snapshot = [&](const DTensor& t) {
     Tensor c({T, D});
     if (T) be.download(t, c.ptr());
@@ -157,39 +208,15 @@ DTensor Model::run(const int32_t* tokens, int64_t T, const MixFn& mix, const std
   };
   if (layer_hidden) {
     layer_hidden->clear();
-    snapshot(h);
+    snapshot(p.h);
   }
-  DTensor normed = be.act({T, D}), out = be.act({T, D});
-  std::unique_ptr<AttnRes::Stream> ar;
-  if (attn_res_) ar = std::make_unique<AttnRes::Stream>(attn_res_->begin(be, h));
-  DTensor input = ar ? be.alloc({T, D}, DType::F32) : DTensor{};
   for (size_t i = 0; i < layers_.size(); ++i) {
-    const Layer& L = layers_[i];
-    // token mixer
-    if (ar) attn_res_->sublayer_input(be, *ar, int(i), 0, input);
-    be.rmsnorm(ar ? input : h, L.attn_norm, normed, eps, zc);
-    {
-      WorkStats::Timer t(stats, L.mixer_key);
-      mix(i, *L.mixer, normed, out);
-    }
-    if (ar) attn_res_->add_output(be, *ar, int(i), 0, out);
-    be.add(h, out);
-    // FFN
-    if (ar) attn_res_->sublayer_input(be, *ar, int(i), 1, input);
-    be.rmsnorm(ar ? input : h, L.ffn_norm, normed, eps, zc);
-    {
-      WorkStats::Timer t(stats, L.ffn_key);
-      L.ffn->forward(normed, out);
-    }
-    if (ar) attn_res_->add_output(be, *ar, int(i), 1, out);
-    be.add(h, out);
-    if (layer_hidden) snapshot(h);
+    sublayer(2 * int64_t(i), mix, p, stats);
+    sublayer(2 * int64_t(i) + 1, mix, p, stats);
+    if (layer_hidden) snapshot(p.h);
     if (tick) tick();
   }
-  if (ar) attn_res_->final_output(be, *ar, h);
-  DTensor y = be.act({T, D});
-  be.rmsnorm(h, final_norm_, y, eps, zc);
-  return y;
+  return finish(p);
 }
 
 void Model::logits(const float* hidden, int64_t rows, float* out) const { head_.logits_full(hidden, rows, out); }

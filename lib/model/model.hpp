@@ -9,14 +9,13 @@
 #include "config/model_config.hpp"
 #include "core/tensor.hpp"
 #include "io/checkpoint.hpp"
+#include "model/attn_res.hpp"
 #include "model/lm_head.hpp"
 #include "model/module.hpp"
 #include "model/parallel.hpp"
 #include "backend/backend.hpp"
 
 namespace dz {
-
-class AttnRes;
 
 class Model {
  public:
@@ -72,10 +71,26 @@ class Model {
 
  private:
   Model() = default;
+  friend class DecodeRunner;
   // The layer stack shared by forward and forward_cp; `mix` runs one layer's token mixer.
   using MixFn = std::function<void(size_t layer, const Mixer&, const DTensor& x, const DTensor& out)>;
   DTensor run(const int32_t* tokens, int64_t T, const MixFn& mix, const std::function<void()>& tick,
               std::vector<Tensor>* layer_hidden, WorkStats* stats) const;
+  // The buffers of one pass over T rows: residual stream h [T, D] F32, the sub-layers' normed
+  // input and output [T, D] act, the AttnRes sub-layer input [T, D] F32 and depth stream.
+  struct Pass {
+    DTensor h, normed, out, input;
+    std::shared_ptr<AttnRes::Stream> ar;  // AttnRes models, from the first embed_into
+  };
+  Pass make_pass(int64_t T) const;
+  void embed_into(const int32_t* tokens, Pass& p) const;  // tokens [T] (host) -> p.h; (re)starts p.ar
+  void sublayer(int64_t k, const MixFn& mix, Pass& p, WorkStats* stats) const;  // k = 2 * layer + (0 mixer | 1 FFN)
+  DTensor finish(Pass& p) const;  // the AttnRes output mixture and the final norm -> [T, D] act
+  int64_t sublayers() const { return 2 * int64_t(layers_.size()); }
+  bool graph_safe(int64_t k) const {
+    const Layer& L = layers_[size_t(k / 2)];
+    return k % 2 == 0 ? L.mixer->graph_safe_decode() : L.ffn->graph_safe();
+  }
 
   ModelConfig cfg_;
   Backend* be_ = nullptr;

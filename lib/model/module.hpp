@@ -37,6 +37,12 @@ class Mixer {
     for (size_t b = 0; b + 1 < cu.size(); ++b) forward(x.slab(cu[b], cu[b + 1]), *st[b], out.slab(cu[b], cu[b + 1]));
   }
   virtual int64_t hidden() const = 0;
+  // True when a decode step of this mixer (forward_packed of one token per document on states
+  // with history) may be captured in a CUDA graph and replayed (model/decode_runner.hpp): no
+  // uploads, downloads or collectives through the host, no kernel argument that changes from step
+  // to step, and no host-side effect but each state's pos += 1. Attention mixers are not (their
+  // positions and cache lengths are kernel arguments).
+  virtual bool graph_safe_decode() const { return false; }
 
   // Host fp32 conveniences for mixers on the CPU backend (tools, tests).
   void forward(const float* x, int64_t T, MixerState& st, float* out) const {
@@ -56,6 +62,9 @@ class Ffn {
   // x [T, D] -> out [T, D] (act dtype)
   virtual void forward(const DTensor& x, const DTensor& out) const = 0;
   virtual int64_t hidden() const = 0;
+  // True when forward may be captured in a CUDA graph (no host round trip: no TP all-reduce
+  // through MPI, no upload).
+  virtual bool graph_safe() const { return false; }
   void forward(const float* x, int64_t T, float* out) const {
     DTensor o = host_view(out, {T, hidden()});
     forward(host_view(const_cast<float*>(x), {T, hidden()}), o);

@@ -91,6 +91,7 @@ class MoeFfn : public Ffn {
     tp_.allreduce(*be_, out);  // width shards: partial sums of every expert
   }
   int64_t hidden() const override { return D_; }
+  bool graph_safe() const override { return tp_.size == 1; }
 
   // Uploads the (sharded) host views: experts stacked [E, I, D] / [E, D, I].
   void upload_experts(const std::vector<SwigluView>& ex) {

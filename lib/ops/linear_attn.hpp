@@ -104,6 +104,7 @@ struct LaState : MixerState {
   DTensor conv;
   Backend* be = nullptr;  // where S and conv live (clone copies through it)
   std::unique_ptr<MixerState> clone() const override;
+  std::vector<const void*> device_buffers() const override { return {S.data, conv.data}; }
 };
 
 }  // namespace dz

@@ -4,6 +4,7 @@
 #pragma once
 #include <cstdint>
 #include <memory>
+#include <vector>
 
 namespace dz {
 
@@ -11,6 +12,9 @@ struct MixerState {
   virtual ~MixerState() = default;
   virtual std::unique_ptr<MixerState> clone() const = 0;  // snapshot (speculative decode, tests)
   int64_t pos = 0;                                        // tokens already consumed
+  // The device buffers a captured decode step reads and writes in place (a replayed graph is valid
+  // only while they stay where they were at capture).
+  virtual std::vector<const void*> device_buffers() const { return {}; }
 };
 
 }  // namespace dz

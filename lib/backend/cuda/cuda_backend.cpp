@@ -13,6 +13,7 @@
 #include <cstring>
 #include <map>
 #include <tuple>
+#include <unordered_set>
 
 #include "backend/backend.hpp"
 #include "backend_ops.cuh"
@@ -61,12 +62,42 @@ const bf16* b16(const DTensor& t) {
 }
 bf16* b16w(const DTensor& t) { return const_cast<bf16*>(b16(t)); }
 
-// The stream outlives every allocation made on it: deleters hold it.
+// The stream outlives every allocation made on it: deleters hold it. During a graph capture a
+// release of memory allocated before the capture is held back until the capture ends: recorded
+// as a free node, it would run again at every replay, on whatever then lives at that address.
 struct StreamHolder {
   cudaStream_t s = nullptr;
+  bool capturing = false;
+  std::unordered_set<void*> captured;  // allocated during the open capture (graph memory)
+  std::vector<void*> held;             // released during the capture, allocated before it
+  void release(void* p) {
+    if (capturing && !captured.count(p)) {
+      held.push_back(p);
+      return;
+    }
+    cudaFreeAsync(p, s);
+  }
   ~StreamHolder() {
     if (s) cudaStreamDestroy(s);
   }
+};
+
+// A captured decode run (cudaGraphExec); destroyed only once its last launch has finished.
+class CudaGraph final : public DeviceGraph {
+ public:
+  CudaGraph(cudaGraphExec_t x, std::shared_ptr<StreamHolder> s) : x_(x), s_(std::move(s)) {}
+  ~CudaGraph() override {
+    cudaStreamSynchronize(s_->s);
+    cudaGraphExecDestroy(x_);
+  }
+  void launch() override {
+    DZ_CHECK(!s_->capturing, "graph launch during a capture");
+    CUDA_CHECK(cudaGraphLaunch(x_, s_->s));
+  }
+
+ private:
+  cudaGraphExec_t x_;
+  std::shared_ptr<StreamHolder> s_;
 };
 
 class CudaBackend final : public Backend {
@@ -122,8 +153,9 @@ class CudaBackend final : public Backend {
     const cudaError_t e = cudaMallocAsync(&p, n, st());
     DZ_CHECK(e == cudaSuccess, "cuda backend: cannot allocate ", n, " bytes on GPU ", device_, " (",
              cudaGetErrorString(e), ")");
+    if (stream_->capturing) stream_->captured.insert(p);
     auto hold = stream_;
-    t.mem = std::shared_ptr<void>(p, [hold](void* q) { cudaFreeAsync(q, hold->s); });
+    t.mem = std::shared_ptr<void>(p, [hold](void* q) { hold->release(q); });
     t.data = p;
     return t;
   }
@@ -135,6 +167,7 @@ class CudaBackend final : public Backend {
       h2d(t.data, src, t.bytes());
     } else {
       DZ_CHECK(dt == DType::BF16, "cuda backend: upload as ", to_string(dt));
+      no_capture("an upload");
       std::vector<uint16_t> h(static_cast<size_t>(n));
       parallel_for(n, [&](int64_t i0, int64_t i1) {
         for (int64_t i = i0; i < i1; ++i) h[size_t(i)] = f32_to_bf16(src[i]);
@@ -430,8 +463,7 @@ class CudaBackend final : public Backend {
   }
   void short_conv(const DTensor& x, const DTensor& w, const DTensor& state, const DTensor& y) override {
     const int64_t C = w.dim(0), W = w.dim(1), T = x.numel() / C;
-    const int32_t cu[2] = {0, int32_t(T)};
-    DTensor dcu = upload_i32(cu, {2});
+    const DTensor dcu = device_offsets({0, T});  // a kernel, not an upload: decode graphs capture this
     cuda::short_conv_prefill(b16(x), b16(w), nullptr, dcu.ptr<int32_t>(), 1, T, int(C), int(W), b16w(state), b16w(y),
                              st());
   }
@@ -824,6 +856,38 @@ class CudaBackend final : public Backend {
   }
   int device_index() const override { return device_; }
   void* native_stream() const override { return stream_->s; }
+  bool supports_graphs() const override { return true; }
+  void capture_begin() override {
+    DZ_CHECK(!stream_->capturing, "capture_begin: a capture is already open");
+    CUDA_CHECK(cudaStreamBeginCapture(st(), cudaStreamCaptureModeThreadLocal));
+    stream_->capturing = true;
+  }
+  std::unique_ptr<DeviceGraph> capture_end() override {
+    DZ_CHECK(stream_->capturing, "capture_end without capture_begin");
+    cudaGraph_t g = nullptr;
+    const cudaError_t e = cudaStreamEndCapture(st(), &g);
+    end_capture_bookkeeping();
+    CUDA_CHECK(e);
+    cudaGraphExec_t x = nullptr;
+    const cudaError_t ie = cudaGraphInstantiateWithFlags(&x, g, 0);
+    cudaGraphDestroy(g);
+    CUDA_CHECK(ie);
+    return std::make_unique<CudaGraph>(x, stream_);
+  }
+  void capture_abort() override {
+    if (!stream_->capturing) return;
+    cudaGraph_t g = nullptr;
+    cudaStreamEndCapture(st(), &g);
+    if (g) cudaGraphDestroy(g);
+    cudaGetLastError();  // the capture's error, if any, was reported by whatever failed in it
+    end_capture_bookkeeping();
+  }
+  void end_capture_bookkeeping() {
+    stream_->capturing = false;
+    stream_->captured.clear();
+    for (void* p : stream_->held) cudaFreeAsync(p, st());
+    stream_->held.clear();
+  }
   std::string describe() const override {
     cudaDeviceProp prop;
     CUDA_CHECK(cudaGetDeviceProperties(&prop, device_));
@@ -884,6 +948,7 @@ class CudaBackend final : public Backend {
   // device and it is read at the next host wait (not with a wait of its own per MoE layer), so a
   // non-finite score still stops the job with its name, at the first result the host reads.
   void host_wait() {
+    no_capture("a host wait (download, sync or staged collective)");
     CUDA_CHECK(cudaMemcpyAsync(route_bad_host_, route_bad_, sizeof(int32_t), cudaMemcpyDeviceToHost, st()));
     CUDA_CHECK(cudaStreamSynchronize(st()));
     if (*route_bad_host_) {
@@ -898,6 +963,7 @@ class CudaBackend final : public Backend {
   // bytes that a later upload overwrote), larger ones from the caller's pageable memory (CUDA
   // returns once that is staged; the driver may synchronise with the stream to stage it).
   void h2d(void* dst, const void* src, size_t n) {
+    no_capture("an upload");  // a recorded copy would replay whatever the source holds then
     constexpr size_t kHalf = kRing / 2;
     if (n > kHalf / 4) {
       CUDA_CHECK(cudaMemcpyAsync(dst, src, n, cudaMemcpyHostToDevice, st()));
@@ -918,6 +984,10 @@ class CudaBackend final : public Backend {
     std::memcpy(static_cast<char*>(ring_) + at, src, n);
     CUDA_CHECK(cudaMemcpyAsync(dst, static_cast<char*>(ring_) + at, n, cudaMemcpyHostToDevice, st()));
     ring_head_ = at + n;
+  }
+  void no_capture(const char* what) const {
+    DZ_CHECK(!stream_->capturing, "cuda backend: ", what, " inside a graph capture (a graph replays kernels on "
+             "fixed buffers; host data must be on the device before the capture)");
   }
   uint64_t pool_attr(cudaMemPoolAttr a) const {
     uint64_t v = 0;
