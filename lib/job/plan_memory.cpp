@@ -1,6 +1,7 @@
 #include "job/plan_memory.hpp"
 
 #include <algorithm>
+#include <filesystem>
 
 #include "core/error.hpp"
 #include "io/checkpoint.hpp"
@@ -25,6 +26,22 @@ bool fp32_param(const std::string& n, const Shape& s) {
          n.find("shared_expert_gate") != std::string::npos;
 }
 
+// On the GPU an FP8 block-scaled weight stays FP8 (CudaBackend::weight) when it is a 2-D linear
+// weight with in-features a multiple of 128 and not one of the stacked routed experts; under TP
+// the rank's slice must keep whole 128 x 128 blocks (conservatively here: both dimensions divide
+// by 128 x tp). Bytes: the codes plus the block scales [ceil(N / 128), ceil(K / 128) padded to 4]
+// fp32. cuBLASLt refuses a few small shapes at load (those go BF16 and are counted here at 1 byte:
+// tiny weights, e.g. 64 x 128).
+bool kept_fp8(const std::string& n, const Shape& s, const MemoryQuery& q, bool repl) {
+  if (!q.cuda || !q.fp8_block.count(n) || s.size() != 2 || s[1] % 128 != 0) return false;
+  if (n.find(".experts.") != std::string::npos && n.find("shared") == std::string::npos) return false;
+  return repl || q.tp == 1 || (s[0] % (128 * q.tp) == 0 && s[1] % (128 * q.tp) == 0);
+}
+double fp8_bytes(const Shape& s) {
+  const double nb = double((s[0] + 127) / 128), kb = double((s[1] / 128 + 3) / 4 * 4);
+  return double(numel(s)) + nb * kb * 4;
+}
+
 // RowStore capacity after n appends: 64, doubling.
 int64_t row_capacity(int64_t n) {
   int64_t c = 64;
@@ -33,6 +50,17 @@ int64_t row_capacity(int64_t n) {
 }
 
 }  // namespace
+
+std::set<std::string> fp8_block_weights(const std::string& dir) {
+  std::set<std::string> out;
+  namespace fs = std::filesystem;
+  if (!fs::exists(fs::path(dir) / "model.safetensors") && !fs::exists(fs::path(dir) / "model.safetensors.index.json"))
+    return out;
+  auto ck = Checkpoint::open(dir);  // headers only: the tensors stay mapped, unread
+  for (const auto& n : ck->names())
+    if (ck->info(n).dtype == DType::F8_E4M3 && ck->has(n + "_scale_inv")) out.insert(n);
+  return out;
+}
 
 MemoryPlan plan_memory(const ModelConfig& cfg, const MemoryQuery& q) {
   DZ_CHECK(q.tp >= 1 && q.doc_tokens >= 1 && q.forward_tokens >= 1, "plan: bad memory query");
@@ -44,9 +72,12 @@ MemoryPlan plan_memory(const ModelConfig& cfg, const MemoryQuery& q) {
   Model::build(cfg, *ck);
   for (const auto& n : ck->names()) {
     const Shape& s = ck->info(n).shape;
-    double b = double(numel(s)) * (fp32_param(n, s) ? 4 : wt);
-    if (!replicated(n)) b = n.find("lm_head") != std::string::npos ? double((s[0] + q.tp - 1) / q.tp) * double(s[1]) * wt
-                                                                    : b / t;
+    const bool repl = replicated(n);
+    const bool f8 = kept_fp8(n, s, q, repl);
+    p.fp8_weights += f8;
+    double b = f8 ? fp8_bytes(s) : double(numel(s)) * (fp32_param(n, s) ? 4 : wt);
+    if (!repl) b = n.find("lm_head") != std::string::npos ? double((s[0] + q.tp - 1) / q.tp) * double(s[1]) * wt
+                                                          : b / t;
     p.weights += b;
     p.detail[n.find(".experts.") != std::string::npos && n.find("shared") == std::string::npos ? "weights_experts"
                                                                                                : "weights_other"] += b;

@@ -7,6 +7,7 @@
 #pragma once
 #include <cstdint>
 #include <map>
+#include <set>
 #include <string>
 
 #include "config/model_config.hpp"
@@ -20,10 +21,18 @@ struct MemoryQuery {
   int64_t docs = 1;           // documents whose state is alive at once (packed into one forward)
   bool cuda = true;           // bf16 weights / activations (else the fp32 CPU reference)
   bool kv_fp8 = false;
+  // Weights the checkpoint stores in FP8 E4M3 with 128 x 128 block scales (NAME + NAME_scale_inv;
+  // empty for BF16 / fp32 checkpoints and --dummy-weights): on the GPU the dense linear ones stay
+  // FP8 (1 byte + the padded block scales), stacked experts go up in BF16.
+  std::set<std::string> fp8_block;
 };
+
+// The FP8 block-scaled weights of the checkpoint in DIR (none when DIR holds no safetensors).
+std::set<std::string> fp8_block_weights(const std::string& dir);
 
 struct MemoryPlan {
   double weights = 0, state = 0, activations = 0, workspace = 0;
+  int64_t fp8_weights = 0;  // weights counted in FP8 (MemoryQuery::fp8_block)
   std::map<std::string, double> detail;  // weights by kind, activations by sub-layer
   double total() const { return weights + state + activations + workspace; }
 };

@@ -164,6 +164,7 @@ int plan(const std::string& model, int64_t length, int cp, int segments, bool as
   q.docs = mo.max_batch_tokens > length && cp == 1 ? mo.max_batch_tokens / length : 1;
   q.cuda = mo.backend == "cuda";
   q.kv_fp8 = mo.kv_fp8;
+  if (it == presets().end()) q.fp8_block = fp8_block_weights(model);
   const MemoryPlan mp = plan_memory(cfg, q);
   const double gib = double(int64_t(1) << 30);
   out["memory"] = {{"tp", mo.tp},
@@ -173,6 +174,8 @@ int plan(const std::string& model, int64_t length, int cp, int segments, bool as
                    {"state_gib", mp.state / gib},
                    {"activations_gib", mp.activations / gib},
                    {"workspace_gib", mp.workspace / gib},
+                   {"fp8_block_weights", q.fp8_block.size()},
+                   {"fp8_weights_kept", mp.fp8_weights},
                    {"total_gib", mp.total() / gib},
                    {"device_gib", mo.device_gib},
                    {"fits", mp.total() <= mo.device_gib * gib}};
@@ -199,6 +202,10 @@ int plan(const std::string& model, int64_t length, int cp, int segments, bool as
               mo.tp, mo.backend.c_str(), (long long)q.forward_tokens, mp.weights / gib, mp.state / gib,
               mp.activations / gib, mp.workspace / gib, mp.total() / gib, mo.device_gib,
               fits ? "fits" : "DOES NOT FIT (raise --tp, lower --max-batch-tokens, or add --cp)");
+  if (mp.fp8_weights > 0)
+    std::printf("weights: %lld of the checkpoint's %zu FP8 block-scaled tensors counted in FP8 (the dense linear "
+                "ones; stacked experts go up in BF16)\n",
+                (long long)mp.fp8_weights, q.fp8_block.size());
   return fits ? 0 : 3;
 }
 
