@@ -733,7 +733,9 @@ TEST_CASE("backend ops: MoE routing and grouped experts on cuda equal the cpu ba
   };
   const Case cases[] = {{"softmax top-2", 8, 2, 1, 1, dz::ScoreFunc::Softmax, false, false, false, false},
                         {"sigmoid+bias groups", 16, 4, 4, 2, dz::ScoreFunc::Sigmoid, true, true, false, true},
-                        {"qwen gated shared", 32, 8, 1, 1, dz::ScoreFunc::Softmax, false, true, true, true}};
+                        {"qwen gated shared", 32, 8, 1, 1, dz::ScoreFunc::Softmax, false, true, true, true},
+                        // more experts than the dispatch scan's block of 1024 threads: two chunks
+                        {"1100 experts", 1100, 8, 1, 1, dz::ScoreFunc::Softmax, false, false, false, true}};
   for (const Case& c : cases)
     for (int64_t T : kRows) {
       const int64_t D = 64, I = 40;
