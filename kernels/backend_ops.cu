@@ -617,9 +617,9 @@ void fill_dummy(void* y, Dt dt, int64_t R, int64_t C, uint64_t key, DummyDist d,
   CUDA_CHECK_LAUNCH();
 }
 void set_i32(int32_t* dst, int n, SmallI32 v, cudaStream_t s) {
-  DZ_CHECK(n >= 0 && n <= 8, "set_i32: ", n, " values (at most 8)");
+  DZ_CHECK(n >= 0 && n <= kSmallI32, "set_i32: ", n, " values (at most ", kSmallI32, ")");
   if (n == 0) return;
-  k_set_i32<<<1, 32, 0, s>>>(dst, n, v);
+  k_set_i32<<<1, kSmallI32, 0, s>>>(dst, n, v);
   CUDA_CHECK_LAUNCH();
 }
 void iota_i32(int32_t* dst, int64_t n, int32_t start, cudaStream_t s) {

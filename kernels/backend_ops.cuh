@@ -20,9 +20,11 @@ void convert(const void* src, Dt sdt, void* dst, Dt ddt, int64_t n, cudaStream_t
 // --dummy-weights in place (core/dummy_values.hpp): y [R, C] = dummy_value(key, (r0 + r) * ld + c0 + c, d).
 void fill_dummy(void* y, Dt dt, int64_t R, int64_t C, uint64_t key, DummyDist d, int64_t ld, int64_t r0, int64_t c0,
                 cudaStream_t s);
-// dst[0..n) = v[0..n), n <= 8: small index arrays (cu_seqlens) written on the stream, no host sync.
+// dst[0..n) = v[0..n), n <= kSmallI32: small index arrays (cu_seqlens, state slots) written on the
+// stream from a kernel argument: no host sync, and capturable in a CUDA graph (no upload).
+constexpr int kSmallI32 = 256;
 struct SmallI32 {
-  int32_t v[8];
+  int32_t v[kSmallI32];
 };
 void set_i32(int32_t* dst, int n, SmallI32 v, cudaStream_t s);
 // dst[i] = start + i for i < n (positions, identity block tables), on the stream, no host sync.

@@ -205,6 +205,15 @@ class Backend {
   virtual void short_conv(const DTensor& x, const DTensor& w, const DTensor& state, const DTensor& y) = 0;
   // Delta-rule scan of one sequence from a.state, advancing it (ops/linear_attn.hpp).
   virtual void la_scan(const LaScanArgs& a) = 0;
+  // One token of each of N sequences whose states live in a pool (ops/linear_attn.hpp LaPool):
+  // row b of a's q / k / v / beta / gate / o is sequence b, its state row slots[b] of states
+  // [cap, HV, K, V] F32, advanced in place (a.state, a.cu unused). This default is la_scan per
+  // sequence on the slot; a backend may run one kernel over the slots.
+  virtual void la_decode_slots(const LaScanArgs& a, const DTensor& states, const std::vector<int32_t>& slots);
+  // The short conv of one token of each of N sequences: x, y [N, C]; sequence b's tail is row
+  // slots[b] of states [cap, W-1, C] (act), updated in place. Default: short_conv per sequence.
+  virtual void short_conv_slots(const DTensor& x, const DTensor& w, const DTensor& states,
+                                const std::vector<int32_t>& slots, const DTensor& y);
   // The segment's transition (ops/linear_attn.hpp LaTransition): S_end = A · S_begin + B, per value
   // head A [HV, K, K], B [HV, K, V] F32, from a's k, v, beta and gate (a.q, a.state, a.o unused).
   virtual void la_transition(const LaScanArgs& a, const DTensor& A, const DTensor& B) = 0;

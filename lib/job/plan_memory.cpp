@@ -91,13 +91,13 @@ MemoryPlan plan_memory(const ModelConfig& cfg, const MemoryQuery& q) {
   const double K = double(cfg.la_head_k_dim), V = double(cfg.la_head_v_dim), W = double(cfg.la_conv_kernel);
   const double H = double(cfg.num_heads) / t;
   const double dqk = double(cfg.qk_nope_head_dim + cfg.qk_rope_head_dim), dv = double(cfg.v_head_dim);
-  double mixer_act = 0;
+  double mixer_act = 0, la_state = 0;  // la_state: one document's linear-attention states (pooled)
   for (const auto& ls : cfg.layers) {
     switch (ls.mixer) {
       case MixerKind::KDA:
       case MixerKind::GDN: {
         const double C = 2 * HK * K + HV * V;  // conv channels (q, k, v)
-        p.state += HV * K * V * 4 + (W - 1) * C * act;
+        la_state += HV * K * V * 4 + (W - 1) * C * act;
         // projections before and after the conv, gates, output; the chunked scan's per-chunk states
         const double a = T * (2 * C + 3 * HV * V + 2 * HV * K) * act + (T / 64 + 1) * HV * K * V * 4;
         mixer_act = std::max(mixer_act, a);
@@ -154,7 +154,11 @@ MemoryPlan plan_memory(const ModelConfig& cfg, const MemoryQuery& q) {
   // x1.3: the stream-ordered pool's high-water mark sits above the sum of the live temporaries
   // (measured on the H200, Kimi-Linear-48B cut to 8 layers, T = 8192: 1.45 GiB vs 1.18 estimated).
   p.activations = 1.3 * (stream + std::max({mixer_act, ffn_act, lm}));
-  p.state *= double(std::max<int64_t>(q.docs, 1));
+  // Linear-attention states live in per-layer pools that double (ops/linear_attn.hpp LaPool):
+  // room for the next power of two of documents; caches are per document.
+  int64_t slots = 1;
+  while (slots < q.docs) slots *= 2;
+  p.state = p.state * double(std::max<int64_t>(q.docs, 1)) + la_state * double(slots);
   p.workspace = q.cuda ? double(size_t(32) << 20) : 0;  // cuBLAS workspace
   return p;
 }

@@ -11,28 +11,15 @@
 
 namespace dz {
 
-std::unique_ptr<MixerState> LaState::clone() const {
-  auto c = std::make_unique<LaState>();
-  c->pos = pos;
-  c->be = be;
-  c->S = be->alloc(S.shape, S.dtype);
-  be->copy_rows(S.reshaped({1, S.numel()}), 0, c->S.reshaped({1, S.numel()}), 0, 1);
-  c->conv = be->alloc(conv.shape, conv.dtype);
-  if (conv.numel()) be->copy_rows(conv, 0, c->conv, 0, conv.rows());
-  return c;
-}
-
 std::unique_ptr<MixerState> LinearAttnMixer::make_state() const {
-  auto st = std::make_unique<LaState>();
-  st->be = be_;
-  st->S = be_->zeros({HV_, K_, V_}, DType::F32);
-  st->conv = be_->zeros({W_ - 1, conv_dim()}, be_->act_dtype());
-  return st;
+  if (!pool_) pool_ = std::make_shared<LaPool>(*be_, Shape{HV_, K_, V_}, Shape{W_ - 1, conv_dim()}, be_->act_dtype());
+  return std::make_unique<LaState>(pool_);
 }
 
 LaState& LinearAttnMixer::state_of(MixerState& base) const {
   auto* st = dynamic_cast<LaState*>(&base);
-  DZ_CHECK(st && st->be == be_ && st->conv.cols() == conv_dim(), name_, " mixer: state of another mixer kind");
+  DZ_CHECK(st && st->pool && st->pool == pool_, name_, " mixer: a state of another mixer (each layer's states live in "
+           "its own pool)");
   return *st;
 }
 
@@ -67,9 +54,9 @@ void LinearAttnMixer::forward(const DTensor& x, MixerState& base, const DTensor&
   const int64_t T = x.rows(), VD = HV_ * V_;
   Tok tk = project(x);
   DTensor c = be_->act({T, conv_dim()});
-  be_->short_conv(tk.pre, conv_, st.conv, c);
+  be_->short_conv(tk.pre, conv_, st.conv(), c);
   LaScanArgs a = scan_args(tk, c);
-  a.state = st.S;
+  a.state = st.S();
   a.o = be_->act({T, VD});
   be_->la_scan(a);
   finish(a.o, tk.gate, out);
@@ -85,18 +72,31 @@ void LinearAttnMixer::forward_packed(const DTensor& x, const std::vector<int64_t
   for (int64_t b = 0; b < N; ++b) st[size_t(b)] = &state_of(*sts[size_t(b)]);
   Tok tk = project(x);
   DTensor c = be_->act({T, conv_dim()});
+  if (T == N) {  // one token per document (a batched decode step): the conv and the scan on the slots
+    std::vector<int32_t> slots(static_cast<size_t>(N));
+    for (int64_t b = 0; b < N; ++b) slots[size_t(b)] = st[size_t(b)]->slot;
+    be_->short_conv_slots(tk.pre, conv_, pool_->convs(), slots, c);
+    LaScanArgs a = scan_args(tk, c);
+    a.o = be_->act({T, VD});
+    be_->la_decode_slots(a, pool_->states(), slots);
+    for (LaState* s : st) s->pos += 1;
+    finish(a.o, tk.gate, out);
+    return;
+  }
   for (int64_t b = 0; b < N; ++b)
-    be_->short_conv(tk.pre.slab(cu[size_t(b)], cu[size_t(b) + 1]), conv_, st[size_t(b)]->conv,
+    be_->short_conv(tk.pre.slab(cu[size_t(b)], cu[size_t(b) + 1]), conv_, st[size_t(b)]->conv(),
                     c.slab(cu[size_t(b)], cu[size_t(b) + 1]));
+  // The varlen chunked scan reads and writes the states [N, ...] in document order: gathered from
+  // the slots and back.
   LaScanArgs a = scan_args(tk, c);
   a.cu = cu;
   a.state = be_->alloc({N, HV_, K_, V_}, DType::F32);
   const DTensor flat = a.state.reshaped({N, nS});
-  for (int64_t b = 0; b < N; ++b) be_->copy_rows(st[size_t(b)]->S.reshaped({1, nS}), 0, flat, b, 1);
+  for (int64_t b = 0; b < N; ++b) be_->copy_rows(st[size_t(b)]->S().reshaped({1, nS}), 0, flat, b, 1);
   a.o = be_->act({T, VD});
   be_->la_scan(a);
   for (int64_t b = 0; b < N; ++b) {
-    be_->copy_rows(flat, b, st[size_t(b)]->S.reshaped({1, nS}), 0, 1);
+    be_->copy_rows(flat, b, st[size_t(b)]->S().reshaped({1, nS}), 0, 1);
     st[size_t(b)]->pos += cu[size_t(b) + 1] - cu[size_t(b)];
   }
   finish(a.o, tk.gate, out);
@@ -157,7 +157,7 @@ void LinearAttnMixer::forward_cp(const DTensor& x, const CpCtx& ctx, MixerState&
       be.short_conv(tk.pre.slab(off[i], off[i + 1]), conv_, hs, c.slab(off[i], off[i + 1]));
     }
     const DTensor last = halo_before(lay.n_seg());  // the document's last W-1 inputs: decode's conv state
-    be.copy_rows(last, 0, st.conv, 0, P);
+    be.copy_rows(last, 0, st.conv(), 0, P);
     be.copy_cols(c, 0, q, 0, KD);
     be.copy_cols(c, KD, k, 0, KD);
     be.copy_cols(c, 2 * KD, v, 0, VD);
@@ -206,9 +206,9 @@ void LinearAttnMixer::forward_cp(const DTensor& x, const CpCtx& ctx, MixerState&
     S_init = be.alloc({std::max<int64_t>(n, 1), HV_, K_, V_}, DType::F32);
     if (n > 0)
       be.la_merge(be.upload(hA.data(), {n, HV_, K_, K_}, DType::F32), be.upload(hB.data(), {n, HV_, K_, V_}, DType::F32),
-                  n, S_init, st.S);
+                  n, S_init, st.S());
     else
-      be.fill_zero(st.S);
+      be.fill_zero(st.S());
   }
 
   // Stage 2: each local segment's outputs from its initial state.

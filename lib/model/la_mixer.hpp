@@ -21,8 +21,9 @@ class LinearAttnMixer : public Mixer {
   std::unique_ptr<MixerState> make_state() const override;
   void forward(const DTensor& x, MixerState& state, const DTensor& out) const override;
   void forward_cp(const DTensor& x, const CpCtx& ctx, MixerState& state, const DTensor& out) const override;
-  // Projections, output norm and projection over all packed rows at once; the conv per document;
-  // one varlen scan over every document (states gathered into [N, HV, K, V] and back).
+  // Projections, output norm and projection over all packed rows at once. One token per document
+  // (a decode step): the conv and the recurrent kernel over the documents' pool slots in place;
+  // else the conv per document and one varlen scan (states gathered into [N, HV, K, V] and back).
   void forward_packed(const DTensor& x, const std::vector<int64_t>& cu, const std::vector<MixerState*>& st,
                       const DTensor& out) const override;
   int64_t hidden() const override { return D_; }
@@ -55,6 +56,8 @@ class LinearAttnMixer : public Mixer {
   DTensor dt_bias_;   // [HV*K] (KDA) / [HV] (GDN) F32
   DTensor out_norm_;  // [V] F32
   DTensor wo_;        // [D, HV*V]: this rank's columns
+  // This layer's state pool (made with the first state; shared with the states it holds).
+  mutable std::shared_ptr<LaPool> pool_;
 
  private:
   LaState& state_of(MixerState& base) const;

@@ -708,6 +708,51 @@ TEST_CASE("backend ops: short conv and the linear-attention scan on cuda equal t
       check("la_scan state", sh, 1e-4, [&](Backend& be) { return run(be, true); });
     }
   }
+  // A decode step on pool slots (la_decode_slots, short_conv_slots): N = 5 sequences at slots
+  // {6, 0, 3, 7, 2} of a pool of 8 (the others must stay as they were). Decode kernel for heads of
+  // 64 / 128, per-sequence token-by-token kernel for small heads. Same tolerances as la_scan.
+  for (const Case& c : cases) {
+    const std::vector<int32_t> slots{6, 0, 3, 7, 2};
+    const int64_t N = 5, cap = 8, KD = c.HK * c.K, VD = c.HV * c.V, GK = c.kda ? c.HV * c.K : c.HV;
+    const std::string sh = std::string(c.kda ? "KDA" : "GDN") + " K=" + std::to_string(c.K) + " slots N=5 of 8";
+    const auto q = rnd(size_t(N * KD), 61), k = rnd(size_t(N * KD), 62), v = rnd(size_t(N * VD), 63),
+               b = rnd(size_t(N * c.HV), 64), f = rnd(size_t(N * GK), 65),
+               pool = rnd(size_t(cap * c.HV * c.K * c.V), 66, 0.1f);
+    std::vector<float> A_log(static_cast<size_t>(c.HV)), dtb(static_cast<size_t>(GK));
+    for (int64_t h = 0; h < c.HV; ++h) A_log[size_t(h)] = 0.3f * float(h + 1);
+    for (int64_t i = 0; i < GK; ++i) dtb[size_t(i)] = -2.f + 0.01f * float(i % 50);
+    auto run = [&](Backend& be, bool want_state) {
+      dz::LaScanArgs a;
+      a.kda = c.kda;
+      a.HK = c.HK, a.HV = c.HV, a.K = c.K, a.V = c.V;
+      a.scale = 1.f / std::sqrt(float(c.K));
+      a.q = be.upload(q.data(), {N, KD}, be.act_dtype());
+      a.k = be.upload(k.data(), {N, KD}, be.act_dtype());
+      a.v = be.upload(v.data(), {N, VD}, be.act_dtype());
+      a.beta = be.upload(b.data(), {N, c.HV}, be.act_dtype());
+      a.gate = dz::LaGateArgs{be.upload(f.data(), {N, GK}, be.act_dtype()), be.upload(A_log.data(), {c.HV}, DType::F32),
+                              be.upload(dtb.data(), {GK}, DType::F32), c.lb};
+      DTensor states = be.upload(pool.data(), {cap, c.HV, c.K, c.V}, DType::F32);
+      a.o = be.act({N, VD});
+      be.la_decode_slots(a, states, slots);
+      return be.to_host(want_state ? states : a.o);
+    };
+    check("la_decode_slots output", sh, 5e-4, [&](Backend& be) { return run(be, false); });
+    check("la_decode_slots pool", sh, 1e-4, [&](Backend& be) { return run(be, true); });
+  }
+  for (int64_t C : {96, 100}) {
+    const int64_t W = 4, N = 5, cap = 8;
+    const std::vector<int32_t> slots{6, 0, 3, 7, 2};
+    const auto x = rnd(size_t(N * C), 71), w = rnd(size_t(C * W), 72, 0.5f), s0 = rnd(size_t(cap * (W - 1) * C), 73);
+    for (int part = 0; part < 2; ++part)
+      check(part ? "short_conv_slots pool" : "short_conv_slots", "C=" + std::to_string(C) + " N=5 of 8", 1e-5,
+            [&](Backend& be) {
+        DTensor xt = be.upload(x.data(), {N, C}, be.act_dtype()), y = be.act({N, C});
+        DTensor st = be.upload(s0.data(), {cap, W - 1, C}, be.act_dtype());
+        be.short_conv_slots(xt, be.upload(w.data(), {C, W}, be.weight_dtype()), st, slots, y);
+        return be.to_host(part ? st : y);
+      });
+  }
   // C = 96: the 8-channel vector kernel; C = 100: the scalar one (rows not 16-byte multiples).
   for (int64_t C : {96, 100})
   for (int64_t T : {1, 3, 19, 733}) {

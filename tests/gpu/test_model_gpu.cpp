@@ -264,8 +264,8 @@ TEST_CASE("e2e gpu: decode steps replayed from CUDA graphs equal eager steps bit
         if (auto* a = dynamic_cast<const dz::LaState*>(ge[d].mixers[l].get())) {
           const auto* b = dynamic_cast<const dz::LaState*>(ee[d].mixers[l].get());
           REQUIRE(b);
-          CHECK(gpu->to_host(a->S) == gpu->to_host(b->S));
-          CHECK(gpu->to_host(a->conv) == gpu->to_host(b->conv));
+          CHECK(gpu->to_host(a->S()) == gpu->to_host(b->S()));
+          CHECK(gpu->to_host(a->conv()) == gpu->to_host(b->conv()));
         }
     std::printf("decode graphs %-14s %lld graph runs per step; %lld captures, %lld replays; %lld of 8 steps bitwise "
                 "equal to eager\n",

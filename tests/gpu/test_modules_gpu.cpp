@@ -51,7 +51,7 @@ dz::ModelConfig golden_cfg(const std::string& fam, bool wide) {
 // What a mixer state holds, on the host, for comparison.
 std::vector<float> state_of(const dz::MixerState& s) {
   if (auto* la = dynamic_cast<const dz::LaState*>(&s)) {
-    std::vector<float> v = la->be->to_host(la->S), c = la->be->to_host(la->conv);
+    std::vector<float> v = la->pool->backend().to_host(la->S()), c = la->pool->backend().to_host(la->conv());
     v.insert(v.end(), c.begin(), c.end());
     return v;
   }

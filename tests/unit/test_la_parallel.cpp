@@ -119,8 +119,8 @@ TEST_CASE("la_parallel: segmented prefill equals one forward over the document, 
         auto* b = dynamic_cast<dz::LaState*>(st2.get());
         REQUIRE(a);
         REQUIRE(b);
-        CHECK(rel_err(b->be->to_host(b->S), a->be->to_host(a->S)) < 2e-5);
-        CHECK(b->be->to_host(b->conv) == a->be->to_host(a->conv));
+        CHECK(rel_err(b->pool->backend().to_host(b->S()), a->pool->backend().to_host(a->S())) < 2e-5);
+        CHECK(b->pool->backend().to_host(b->conv()) == a->pool->backend().to_host(a->conv()));
         for (int64_t t = L; t < L + 3; ++t) m->forward(x.data() + t * D, 1, *st2, got.data() + t * D);
         const double ed = rel_err(got.data() + L * D, ref.data() + L * D, size_t(3 * D));
         worst = std::max(worst, ed);
@@ -198,7 +198,7 @@ TEST_CASE("la_parallel: head shards sum to the full mixer", "[unit]") {
         for (size_t i = 0; i < sum.size(); ++i) sum_cp[i] += part[i];
         // the shard's state holds only its heads
         const int64_t HV = cfg.la_num_v_heads / T;
-        CHECK(dynamic_cast<dz::LaState*>(s1.get())->S.shape == dz::Shape{HV, cfg.la_head_k_dim, cfg.la_head_v_dim});
+        CHECK(dynamic_cast<dz::LaState*>(s1.get())->S().shape == dz::Shape{HV, cfg.la_head_k_dim, cfg.la_head_v_dim});
       }
       CHECK(rel_err(sum, ref) < 1e-5);
       CHECK(rel_err(sum_cp, ref) < 2e-5);

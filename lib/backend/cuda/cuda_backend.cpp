@@ -536,9 +536,56 @@ class CudaBackend final : public Backend {
     cuda::la_chunk_prefill(p, st());
     copy_rows(ht.reshaped({1, ht.numel()}), 0, a.state.reshaped({1, ht.numel()}), 0, 1);
   }
+  // A decode step over pool slots: the recurrent decode kernel reads and writes each sequence's
+  // slot in place (slots from a kernel argument, so a graph can capture it). Small heads (no
+  // decode kernel): la_scan per sequence, the token-by-token kernel, as la_scan itself does.
+  void la_decode_slots(const LaScanArgs& a, const DTensor& states, const std::vector<int32_t>& slots) override {
+    if (!cuda::la_chunked_supports(int(a.K), int(a.V))) {
+      Backend::la_decode_slots(a, states, slots);
+      return;
+    }
+    const int64_t N = int64_t(slots.size());
+    DZ_CHECK(states.shape.size() == 4 && states.dim(1) == a.HV && states.dim(2) == a.K && states.dim(3) == a.V &&
+                 states.dtype == DType::F32 && a.v.numel() == N * a.HV * a.V,
+             "la_decode_slots: states ", shape_str(states.shape), ", ", N, " slots for ", shape_str(a.v.shape));
+    for (int32_t sl : slots) DZ_CHECK(sl >= 0 && sl < states.dim(0), "la_decode_slots: slot ", sl, " of ", states.dim(0));
+    if (N == 0) return;
+    const DTensor ds = device_i32(slots);
+    decode_kernel(a, N, ds, states);
+  }
+  void short_conv_slots(const DTensor& x, const DTensor& w, const DTensor& states, const std::vector<int32_t>& slots,
+                        const DTensor& y) override {
+    const int64_t C = w.dim(0), W = w.dim(1), N = int64_t(slots.size());
+    DZ_CHECK(states.shape.size() == 3 && states.dim(1) == W - 1 && states.dim(2) == C && x.numel() == N * C &&
+                 y.numel() == N * C,
+             "short_conv_slots: x ", shape_str(x.shape), ", states ", shape_str(states.shape), ", ", N, " slots");
+    for (int32_t sl : slots) DZ_CHECK(sl >= 0 && sl < states.dim(0), "short_conv_slots: slot ", sl, " of ", states.dim(0));
+    if (N == 0) return;
+    const DTensor ds = device_i32(slots);
+    cuda::short_conv_update(b16(x), b16(w), nullptr, ds.ptr<int32_t>(), int(N), int(C), int(W), b16w(states), b16w(y),
+                            st());
+  }
+  // Host values -> I32 on the device from kernel arguments (kSmallI32 per launch): no upload, so
+  // a graph capture may record it.
+  DTensor device_i32(const std::vector<int32_t>& v) {
+    const int64_t n = int64_t(v.size());
+    DTensor t = alloc({n}, DType::I32);
+    for (int64_t i0 = 0; i0 < n; i0 += cuda::kSmallI32) {
+      const int m = int(std::min<int64_t>(cuda::kSmallI32, n - i0));
+      cuda::SmallI32 c{};
+      std::copy(v.begin() + i0, v.begin() + i0 + m, c.v);
+      cuda::set_i32(t.ptr<int32_t>() + i0, m, c, st());
+    }
+    return t;
+  }
   // One token of each of n sequences (rows 0..n of a's q / k / v / beta / gate) with the recurrent
   // decode kernel, sequence b's state at slot b of states [n, HV, K, V] (in place).
   void decode_step(const LaScanArgs& a, int64_t n, const DTensor& states) {
+    const DTensor slots = positions(0, n);  // slot b = b, made on the stream
+    decode_kernel(a, n, slots, states);
+  }
+  // The decode kernel for n sequences, sequence b at slot slots[b] (device I32) of states.
+  void decode_kernel(const LaScanArgs& a, int64_t n, const DTensor& slots, const DTensor& states) {
     const cuda::LaPrefill p = prefill_args(a);
     cuda::LaDecode d;
     d.kda = p.kda;
@@ -547,7 +594,6 @@ class CudaBackend final : public Backend {
     d.HK = p.HK, d.HV = p.HV, d.K = p.K, d.V = p.V;
     d.scale = p.scale;
     d.B = int(n);
-    const DTensor slots = positions(0, n);  // slot b = b, made on the stream
     d.slot = slots.ptr<int32_t>();
     d.states = states.ptr<float>();
     d.o = p.o;
@@ -619,11 +665,11 @@ class CudaBackend final : public Backend {
              op, ": ", cu.size(), " varlen offsets ending at ", cu.empty() ? -1 : cu.back(), " for ", T, " rows");
     for (size_t b = 0; b + 1 < cu.size(); ++b) DZ_CHECK(cu[b] <= cu[b + 1], op, ": offsets decrease at sequence ", b);
   }
-  // Host row offsets -> I32 [N + 1] on the device without a host wait: one tiny kernel for up to 8
-  // values, else an upload from pageable memory (staged before the call returns).
+  // Host row offsets -> I32 [N + 1] on the device without a host wait: one tiny kernel for up to
+  // kSmallI32 values (capturable), else an upload.
   DTensor device_offsets(const std::vector<int64_t>& cu) {
     const int64_t n = int64_t(cu.size());
-    if (n <= 8) {
+    if (n <= cuda::kSmallI32) {
       DTensor t = alloc({n}, DType::I32);
       cuda::SmallI32 v{};
       for (int64_t i = 0; i < n; ++i) v.v[i] = int32_t(cu[size_t(i)]);
