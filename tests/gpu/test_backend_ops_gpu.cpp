@@ -775,15 +775,19 @@ TEST_CASE("backend ops: MoE routing and grouped experts on cuda equal the cpu ba
     int64_t E, k, groups, topk_group;
     dz::ScoreFunc f;
     bool bias, shared, shared_gate, renorm;
+    int64_t D = 64, I = 40;  // I = 36: rows not whole 16-byte chunks (the element paths)
   };
   const Case cases[] = {{"softmax top-2", 8, 2, 1, 1, dz::ScoreFunc::Softmax, false, false, false, false},
                         {"sigmoid+bias groups", 16, 4, 4, 2, dz::ScoreFunc::Sigmoid, true, true, false, true},
                         {"qwen gated shared", 32, 8, 1, 1, dz::ScoreFunc::Softmax, false, true, true, true},
                         // more experts than the dispatch scan's block of 1024 threads: two chunks
-                        {"1100 experts", 1100, 8, 1, 1, dz::ScoreFunc::Softmax, false, false, false, true}};
+                        {"1100 experts", 1100, 8, 1, 1, dz::ScoreFunc::Softmax, false, false, false, true},
+                        {"odd widths", 8, 2, 1, 1, dz::ScoreFunc::Softmax, false, true, false, true, 60, 36}};
+  // T = 1 and 3 with top-k <= 4 are at most 16 assignments: the few-rows (GEMV) expert kernels;
+  // the rest the tensor-core grouped GEMMs.
   for (const Case& c : cases)
     for (int64_t T : kRows) {
-      const int64_t D = 64, I = 40;
+      const int64_t D = c.D, I = c.I;
       dz::RouterConfig rc;
       rc.n_experts = c.E;
       rc.top_k = c.k;

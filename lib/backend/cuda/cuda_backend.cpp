@@ -449,11 +449,18 @@ class CudaBackend final : public Backend {
                        tile_off.ptr<int32_t>(), perm.ptr<int32_t>(), pos_of.ptr<int32_t>(), st());
     DTensor xs = alloc({n, D}, DType::BF16), hg = alloc({n, I}, DType::BF16), ys = alloc({n, D}, DType::BF16);
     cuda::gather_rows(b16(x), perm.ptr<int32_t>(), n, int(k), D, b16w(xs), st());
-    // Tensor-core grouped GEMMs over each expert's rows: gate and up fused with the SiLU product.
-    cuda::grouped_gemm_swiglu_tc(b16(xs), b16(w.experts.gate), b16(w.experts.up), offsets.ptr<int32_t>(),
-                                 tile_off.ptr<int32_t>(), int(E), max_tiles, I, D, b16w(hg), st());
-    cuda::grouped_gemm_tc(b16(hg), b16(w.experts.down), offsets.ptr<int32_t>(), tile_off.ptr<int32_t>(), int(E),
-                          max_tiles, D, I, b16w(ys), st());
+    // Grouped products over each expert's rows, gate and up fused with the SiLU product: GEMVs for
+    // a decode step's few rows (the weights streamed once), tensor-core GEMMs otherwise.
+    if (n <= cuda::kMoeGemvMaxRows) {
+      cuda::grouped_gemv_swiglu(b16(xs), b16(w.experts.gate), b16(w.experts.up), offsets.ptr<int32_t>(), int(E), int(n),
+                                I, D, b16w(hg), st());
+      cuda::grouped_gemv(b16(hg), b16(w.experts.down), offsets.ptr<int32_t>(), int(E), int(n), D, I, b16w(ys), st());
+    } else {
+      cuda::grouped_gemm_swiglu_tc(b16(xs), b16(w.experts.gate), b16(w.experts.up), offsets.ptr<int32_t>(),
+                                   tile_off.ptr<int32_t>(), int(E), max_tiles, I, D, b16w(hg), st());
+      cuda::grouped_gemm_tc(b16(hg), b16(w.experts.down), offsets.ptr<int32_t>(), tile_off.ptr<int32_t>(), int(E),
+                            max_tiles, D, I, b16w(ys), st());
+    }
     cuda::moe_combine(b16(ys), pos_of.ptr<int32_t>(), wt.ptr<float>(), T, int(k), D, b16w(y), st());
     if (w.has_shared) {
       DTensor sh = alloc({T, D}, DType::BF16);
