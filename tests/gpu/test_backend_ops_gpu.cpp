@@ -602,12 +602,44 @@ TEST_CASE("backend ops: DSA indexer pieces (LayerNorm, quantisation round trips,
   }
 }
 
+namespace {
+struct LaCase {
+  bool kda;
+  int64_t HK, HV, K, V;
+  float lb;
+};
+// Random scan inputs for T rows of case c (seeds from s0) and the scan's arguments on a backend
+// (q / k / v / beta / gate uploaded; state and output left to the caller).
+struct LaInputs {
+  std::vector<float> q, k, v, b, f, A_log, dtb;
+};
+LaInputs la_inputs(const LaCase& c, int64_t T, uint32_t s0) {
+  const int64_t KD = c.HK * c.K, VD = c.HV * c.V, GK = c.kda ? c.HV * c.K : c.HV;
+  LaInputs in{rnd(size_t(T * KD), s0), rnd(size_t(T * KD), s0 + 1), rnd(size_t(T * VD), s0 + 2),
+              rnd(size_t(T * c.HV), s0 + 3), rnd(size_t(T * GK), s0 + 4), std::vector<float>(size_t(c.HV)),
+              std::vector<float>(size_t(GK))};
+  for (int64_t h = 0; h < c.HV; ++h) in.A_log[size_t(h)] = 0.3f * float(h + 1);
+  for (int64_t i = 0; i < GK; ++i) in.dtb[size_t(i)] = -2.f + 0.01f * float(i % 50);
+  return in;
+}
+dz::LaScanArgs la_args(Backend& be, const LaCase& c, const LaInputs& in, int64_t T) {
+  const int64_t KD = c.HK * c.K, VD = c.HV * c.V, GK = c.kda ? c.HV * c.K : c.HV;
+  dz::LaScanArgs a;
+  a.kda = c.kda;
+  a.HK = c.HK, a.HV = c.HV, a.K = c.K, a.V = c.V;
+  a.scale = 1.f / std::sqrt(float(c.K));
+  a.q = be.upload(in.q.data(), {T, KD}, be.act_dtype());
+  a.k = be.upload(in.k.data(), {T, KD}, be.act_dtype());
+  a.v = be.upload(in.v.data(), {T, VD}, be.act_dtype());
+  a.beta = be.upload(in.b.data(), {T, c.HV}, be.act_dtype());
+  a.gate = dz::LaGateArgs{be.upload(in.f.data(), {T, GK}, be.act_dtype()), be.upload(in.A_log.data(), {c.HV}, DType::F32),
+                          be.upload(in.dtb.data(), {GK}, DType::F32), c.lb};
+  return a;
+}
+}  // namespace
+
 TEST_CASE("backend ops: short conv and the linear-attention scan on cuda equal the cpu backend", "[gpu]") {
-  struct Case {
-    bool kda;
-    int64_t HK, HV, K, V;
-    float lb;
-  };
+  using Case = LaCase;
   // K = V = 16 / 32: the token-by-token kernel; 64 / 128: the chunked (and, at T = 1, decode) kernels.
   const Case cases[] = {{true, 2, 2, 16, 16, 0.f}, {true, 2, 2, 32, 32, -5.f}, {false, 1, 2, 16, 16, 0.f},
                         {true, 2, 2, 64, 64, 0.f},  {true, 1, 1, 128, 128, -5.f}, {false, 2, 4, 128, 128, 0.f}};
@@ -615,24 +647,11 @@ TEST_CASE("backend ops: short conv and the linear-attention scan on cuda equal t
     for (int64_t T : {int64_t(1), int64_t(3), int64_t(19), int64_t(64), int64_t(200), int64_t(733)}) {
       const std::string sh = std::string(c.kda ? "KDA" : "GDN") + " K=" + std::to_string(c.K) + " HV=" +
                              std::to_string(c.HV) + " T=" + std::to_string(T) + (c.lb < 0 ? " lb" : "");
-      const int64_t KD = c.HK * c.K, VD = c.HV * c.V, GK = c.kda ? c.HV * c.K : c.HV;
-      const auto q = rnd(size_t(T * KD), 21), k = rnd(size_t(T * KD), 22), v = rnd(size_t(T * VD), 23),
-                 b = rnd(size_t(T * c.HV), 24), f = rnd(size_t(T * GK), 25), h0 = rnd(size_t(c.HV * c.K * c.V), 26, 0.1f);
-      std::vector<float> A_log(static_cast<size_t>(c.HV)), dtb(static_cast<size_t>(GK));
-      for (int64_t h = 0; h < c.HV; ++h) A_log[size_t(h)] = 0.3f * float(h + 1);
-      for (int64_t i = 0; i < GK; ++i) dtb[size_t(i)] = -2.f + 0.01f * float(i % 50);
-      std::vector<float> state_ref;
+      const int64_t VD = c.HV * c.V;
+      const LaInputs in = la_inputs(c, T, 21);
+      const auto h0 = rnd(size_t(c.HV * c.K * c.V), 26, 0.1f);
       auto run = [&](Backend& be, bool want_state) {
-        dz::LaScanArgs a;
-        a.kda = c.kda;
-        a.HK = c.HK, a.HV = c.HV, a.K = c.K, a.V = c.V;
-        a.scale = 1.f / std::sqrt(float(c.K));
-        a.q = be.upload(q.data(), {T, KD}, be.act_dtype());
-        a.k = be.upload(k.data(), {T, KD}, be.act_dtype());
-        a.v = be.upload(v.data(), {T, VD}, be.act_dtype());
-        a.beta = be.upload(b.data(), {T, c.HV}, be.act_dtype());
-        a.gate = dz::LaGateArgs{be.upload(f.data(), {T, GK}, be.act_dtype()), be.upload(A_log.data(), {c.HV}, DType::F32),
-                                be.upload(dtb.data(), {GK}, DType::F32), c.lb};
+        dz::LaScanArgs a = la_args(be, c, in, T);
         a.state = be.upload(h0.data(), {c.HV, c.K, c.V}, DType::F32);
         a.o = be.act({T, VD});
         be.la_scan(a);
@@ -644,15 +663,8 @@ TEST_CASE("backend ops: short conv and the linear-attention scan on cuda equal t
       // own transition): fp32 state math, held to the state's 1e-4.
       if (T != 19) continue;
       auto trans = [&](Backend& be, int part) {
-        dz::LaScanArgs a;
-        a.kda = c.kda;
-        a.HK = c.HK, a.HV = c.HV, a.K = c.K, a.V = c.V;
-        a.k = be.upload(k.data(), {T, KD}, be.act_dtype());
+        dz::LaScanArgs a = la_args(be, c, in, T);
         a.q = a.k;
-        a.v = be.upload(v.data(), {T, VD}, be.act_dtype());
-        a.beta = be.upload(b.data(), {T, c.HV}, be.act_dtype());
-        a.gate = dz::LaGateArgs{be.upload(f.data(), {T, GK}, be.act_dtype()), be.upload(A_log.data(), {c.HV}, DType::F32),
-                                be.upload(dtb.data(), {GK}, DType::F32), c.lb};
         DTensor A = be.alloc({c.HV, c.K, c.K}, DType::F32), B = be.alloc({c.HV, c.K, c.V}, DType::F32);
         be.la_transition(a, A, B);
         if (part < 2) return be.to_host(part == 0 ? A : B);
@@ -680,24 +692,11 @@ TEST_CASE("backend ops: short conv and the linear-attention scan on cuda equal t
       const int64_t N = int64_t(cu.size()) - 1, T = cu.back();
       const std::string sh = std::string(c.kda ? "KDA" : "GDN") + " K=" + std::to_string(c.K) + " varlen N=" +
                              std::to_string(N) + " T=" + std::to_string(T);
-      const int64_t KD = c.HK * c.K, VD = c.HV * c.V, GK = c.kda ? c.HV * c.K : c.HV;
-      const auto q = rnd(size_t(T * KD), 51), k = rnd(size_t(T * KD), 52), v = rnd(size_t(T * VD), 53),
-                 b = rnd(size_t(T * c.HV), 54), f = rnd(size_t(T * GK), 55),
-                 h0 = rnd(size_t(N * c.HV * c.K * c.V), 56, 0.1f);
-      std::vector<float> A_log(static_cast<size_t>(c.HV)), dtb(static_cast<size_t>(GK));
-      for (int64_t h = 0; h < c.HV; ++h) A_log[size_t(h)] = 0.3f * float(h + 1);
-      for (int64_t i = 0; i < GK; ++i) dtb[size_t(i)] = -2.f + 0.01f * float(i % 50);
+      const int64_t VD = c.HV * c.V;
+      const LaInputs in = la_inputs(c, T, 51);
+      const auto h0 = rnd(size_t(N * c.HV * c.K * c.V), 56, 0.1f);
       auto run = [&](Backend& be, bool want_state) {
-        dz::LaScanArgs a;
-        a.kda = c.kda;
-        a.HK = c.HK, a.HV = c.HV, a.K = c.K, a.V = c.V;
-        a.scale = 1.f / std::sqrt(float(c.K));
-        a.q = be.upload(q.data(), {T, KD}, be.act_dtype());
-        a.k = be.upload(k.data(), {T, KD}, be.act_dtype());
-        a.v = be.upload(v.data(), {T, VD}, be.act_dtype());
-        a.beta = be.upload(b.data(), {T, c.HV}, be.act_dtype());
-        a.gate = dz::LaGateArgs{be.upload(f.data(), {T, GK}, be.act_dtype()), be.upload(A_log.data(), {c.HV}, DType::F32),
-                                be.upload(dtb.data(), {GK}, DType::F32), c.lb};
+        dz::LaScanArgs a = la_args(be, c, in, T);
         a.state = be.upload(h0.data(), {N, c.HV, c.K, c.V}, DType::F32);
         a.o = be.act({T, VD});
         a.cu = cu;
@@ -713,25 +712,12 @@ TEST_CASE("backend ops: short conv and the linear-attention scan on cuda equal t
   // 64 / 128, per-sequence token-by-token kernel for small heads. Same tolerances as la_scan.
   for (const Case& c : cases) {
     const std::vector<int32_t> slots{6, 0, 3, 7, 2};
-    const int64_t N = 5, cap = 8, KD = c.HK * c.K, VD = c.HV * c.V, GK = c.kda ? c.HV * c.K : c.HV;
+    const int64_t N = 5, cap = 8, VD = c.HV * c.V;
     const std::string sh = std::string(c.kda ? "KDA" : "GDN") + " K=" + std::to_string(c.K) + " slots N=5 of 8";
-    const auto q = rnd(size_t(N * KD), 61), k = rnd(size_t(N * KD), 62), v = rnd(size_t(N * VD), 63),
-               b = rnd(size_t(N * c.HV), 64), f = rnd(size_t(N * GK), 65),
-               pool = rnd(size_t(cap * c.HV * c.K * c.V), 66, 0.1f);
-    std::vector<float> A_log(static_cast<size_t>(c.HV)), dtb(static_cast<size_t>(GK));
-    for (int64_t h = 0; h < c.HV; ++h) A_log[size_t(h)] = 0.3f * float(h + 1);
-    for (int64_t i = 0; i < GK; ++i) dtb[size_t(i)] = -2.f + 0.01f * float(i % 50);
+    const LaInputs in = la_inputs(c, N, 61);
+    const auto pool = rnd(size_t(cap * c.HV * c.K * c.V), 66, 0.1f);
     auto run = [&](Backend& be, bool want_state) {
-      dz::LaScanArgs a;
-      a.kda = c.kda;
-      a.HK = c.HK, a.HV = c.HV, a.K = c.K, a.V = c.V;
-      a.scale = 1.f / std::sqrt(float(c.K));
-      a.q = be.upload(q.data(), {N, KD}, be.act_dtype());
-      a.k = be.upload(k.data(), {N, KD}, be.act_dtype());
-      a.v = be.upload(v.data(), {N, VD}, be.act_dtype());
-      a.beta = be.upload(b.data(), {N, c.HV}, be.act_dtype());
-      a.gate = dz::LaGateArgs{be.upload(f.data(), {N, GK}, be.act_dtype()), be.upload(A_log.data(), {c.HV}, DType::F32),
-                              be.upload(dtb.data(), {GK}, DType::F32), c.lb};
+      dz::LaScanArgs a = la_args(be, c, in, N);
       DTensor states = be.upload(pool.data(), {cap, c.HV, c.K, c.V}, DType::F32);
       a.o = be.act({N, VD});
       be.la_decode_slots(a, states, slots);
