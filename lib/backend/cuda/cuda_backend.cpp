@@ -946,15 +946,25 @@ class CudaBackend final : public Backend {
     CUDA_CHECK(cudaGetDeviceProperties(&prop, device_));
     return str("cuda:", device_, " ", prop.name);
   }
+  // The stream-ordered pool plus the decode graphs' own memory (graph allocations come from the
+  // device's graph memory, not the pool; both high-water marks are added: an upper bound).
   int64_t peak_memory_bytes() const override {
-    return int64_t(pool_attr(cudaMemPoolAttrUsedMemHigh)) + int64_t(kBlasWs);
+    return int64_t(pool_attr(cudaMemPoolAttrUsedMemHigh)) + graph_mem_attr(cudaGraphMemAttrUsedMemHigh) +
+           int64_t(kBlasWs);
   }
   int64_t memory_in_use_bytes() const override {
-    return int64_t(pool_attr(cudaMemPoolAttrUsedMemCurrent)) + int64_t(kBlasWs);
+    return int64_t(pool_attr(cudaMemPoolAttrUsedMemCurrent)) + graph_mem_attr(cudaGraphMemAttrUsedMemCurrent) +
+           int64_t(kBlasWs);
   }
   void reset_peak_memory() override {
-    uint64_t zero = 0;  // resets the high-water mark to the current use
+    uint64_t zero = 0;  // resets the high-water marks to the current use
     CUDA_CHECK(cudaMemPoolSetAttribute(pool(), cudaMemPoolAttrUsedMemHigh, &zero));
+    CUDA_CHECK(cudaDeviceSetGraphMemAttribute(device_, cudaGraphMemAttrUsedMemHigh, &zero));
+  }
+  int64_t graph_mem_attr(cudaGraphMemAttributeType a) const {
+    uint64_t v = 0;
+    CUDA_CHECK(cudaDeviceGetGraphMemAttribute(device_, a, &v));
+    return int64_t(v);
   }
   // ~1 GiB of fp32 logits per chunk (the T × V logits tensor is never materialised).
   int64_t lm_rows_per_chunk(int64_t n) const override {
