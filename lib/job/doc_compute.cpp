@@ -319,30 +319,44 @@ std::vector<DocResult> compute_packed(const Model& model, const std::vector<int6
       }
       // Batched decode: every document still generating gives one token to the same forward; each
       // step is generate()'s (choose from the last logits, stop at EOS or the limit, else forward
-      // the token), so every document's tokens equal its own decode.
+      // the token), so every document's tokens equal its own decode. A finished document stays in
+      // the step's batch (its rows are computed and dropped) until half the batch has finished:
+      // the decode graphs are captured again only when the batch shrinks, log2(B) times at most,
+      // not once per finished document.
       WorkStats::Timer timer(stats, "decode");
       DecodeRunner runner(model, p.decode_graphs && be.supports_graphs());
-      std::vector<size_t> active(B);
-      for (size_t b = 0; b < B; ++b) active[b] = b;
-      for (int64_t s = 0; s < p.max_new_tokens && !active.empty(); ++s) {
-        std::vector<size_t> next;
-        std::vector<int32_t> toks;
-        for (size_t b : active) {
+      std::vector<size_t> batch(B);  // the documents of the step's forward
+      for (size_t b = 0; b < B; ++b) batch[b] = b;
+      std::vector<char> live(B, 1);
+      std::vector<int32_t> last(B, 0);  // a finished document's filler token: its last one
+      size_t n_live = B;
+      for (int64_t s = 0; s < p.max_new_tokens && n_live > 0; ++s) {
+        for (size_t b : batch) {
+          if (!live[b]) continue;
           const int32_t tok = choose_token(lg.data() + int64_t(b) * V, V, p.temperature, p.seed, docs[b], s);
           res[b].ids.push_back(tok);
-          if (tok == model.config().eos_token_id || s + 1 == p.max_new_tokens) continue;
-          next.push_back(b);
-          toks.push_back(tok);
+          last[b] = tok;
+          if (tok == model.config().eos_token_id || s + 1 == p.max_new_tokens) live[b] = 0, --n_live;
         }
-        active = next;
-        if (active.empty()) break;
+        if (n_live == 0) break;
+        if (2 * n_live <= batch.size()) {
+          std::vector<size_t> keep;
+          for (size_t b : batch)
+            if (live[b]) keep.push_back(b);
+          batch = keep;
+        }
+        std::vector<int32_t> toks;
         std::vector<Model::State*> st1;
-        for (size_t b : active) st1.push_back(&states[b]);
+        for (size_t b : batch) {
+          toks.push_back(last[b]);
+          st1.push_back(&states[b]);
+        }
         const DTensor h = runner.step(toks.data(), st1, tick);
-        std::vector<float> l1(active.size() * size_t(V));
+        std::vector<float> l1(batch.size() * size_t(V));
         model.logits(h, l1.data());
-        for (size_t i = 0; i < active.size(); ++i)
-          std::copy(l1.begin() + int64_t(i) * V, l1.begin() + int64_t(i + 1) * V, lg.begin() + int64_t(active[i]) * V);
+        for (size_t i = 0; i < batch.size(); ++i)
+          if (live[batch[i]])
+            std::copy(l1.begin() + int64_t(i) * V, l1.begin() + int64_t(i + 1) * V, lg.begin() + int64_t(batch[i]) * V);
       }
       break;
     }

@@ -7,6 +7,7 @@
 // (tests/gpu/test_model_gpu.cpp: replayed steps equal eager ones bitwise).
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <fstream>
 #include <memory>
 #include <string>
@@ -15,6 +16,7 @@
 #include <nlohmann/json.hpp>
 
 #include "io/checkpoint.hpp"
+#include "job/doc_compute.hpp"
 #include "job/tools.hpp"  // presets()
 #include "model/decode_runner.hpp"
 #include "model/model.hpp"
@@ -94,4 +96,60 @@ TEST_CASE("decode runner: graphs on a backend without them are refused by name",
   auto m = Model::build(config_of("kimi_linear"), *ck);
   CHECK_THROWS_WITH(DecodeRunner(*m, true), Catch::Contains("cpu backend has no graphs"));
   CHECK_THROWS_WITH(m->backend().capture_begin(), Catch::Contains("no graphs"));
+}
+
+// Generate mode's batched decode (compute_packed) when documents finish at different steps: a
+// finished document stays in the step's batch until half of it has finished, and every document's
+// tokens must still equal its own decode (compute_packed of it alone; bitwise on the CPU). The EOS
+// id is chosen from a first run so that several documents stop early, at different steps.
+TEST_CASE("decode runner: batched generation with documents finishing at different steps equals each alone",
+          "[unit]") {
+  ModelConfig cfg = config_of("kimi_linear");
+  cfg.eos_token_id = -1;
+  ModeParams p;
+  p.mode = OutputMode::Generate;
+  p.max_new_tokens = 12;
+  const int64_t V = cfg.vocab_size;
+  std::vector<int64_t> docs;
+  std::vector<std::vector<int32_t>> toks;
+  for (int64_t d = 0; d < 6; ++d) {
+    docs.push_back(d);
+    std::vector<int32_t> t(static_cast<size_t>(3 + 5 * d));
+    for (size_t i = 0; i < t.size(); ++i) t[i] = int32_t((int64_t(i) * 29 + d * 17 + 3) % V);
+    toks.push_back(t);
+  }
+  std::vector<std::vector<int32_t>> free_run;
+  {
+    auto ck = Checkpoint::random(9);
+    auto m = Model::build(cfg, *ck);
+    for (const DocResult& r : compute_packed(*m, docs, toks, p, {}, nullptr)) free_run.push_back(r.ids);
+  }
+  // The token whose first appearances end the most documents early, at the most distinct steps.
+  int32_t eos = -1;
+  size_t best = 0;
+  for (int32_t t = 0; t < int32_t(V); ++t) {
+    std::vector<int64_t> first;
+    for (const auto& ids : free_run)
+      for (size_t i = 0; i + 1 < ids.size(); ++i)
+        if (ids[i] == t) {
+          first.push_back(int64_t(i));
+          break;
+        }
+    std::sort(first.begin(), first.end());
+    const size_t distinct = size_t(std::unique(first.begin(), first.end()) - first.begin());
+    if (first.size() >= 3 && first.size() < free_run.size() && distinct >= 2 && first.size() + distinct > best)
+      best = first.size() + distinct, eos = t;
+  }
+  REQUIRE(eos >= 0);  // this seed's documents share a token that stops some of them early
+  cfg.eos_token_id = eos;
+  auto ck = Checkpoint::random(9);
+  auto m = Model::build(cfg, *ck);
+  const std::vector<DocResult> all = compute_packed(*m, docs, toks, p, {}, nullptr);
+  size_t early = 0;
+  for (size_t d = 0; d < docs.size(); ++d) {
+    const DocResult one = compute_packed(*m, {docs[d]}, {toks[d]}, p, {}, nullptr)[0];
+    CHECK(all[d].ids == one.ids);
+    early += int64_t(all[d].ids.size()) < p.max_new_tokens;
+  }
+  CHECK(early >= 3);
 }
