@@ -6,16 +6,18 @@
 # --dummy-weights scoring one 131072-token document, and 256 documents of 2048 tokens with and
 # without packing. JSON into LOG_DIR; a summary of the ratios on stdout.
 #   bash scripts/bench-e2e-gpu.sh PREFIX BUILD_DIR LOG_DIR FLA_SRC ANCHOR_PY [parts...]
-# parts: anchor e2e decode ncu k131k docs256 (default: all)
+# parts: anchor e2e decode decodeb ncu k131k docs256 (default: all)
 #   decode: generate mode, 33 new tokens after the 8192 / 32768-token prompt (ms per decode step),
 #           with CUDA graphs (the default) and --eager-decode
+#   decodeb: 32 documents of 2048 tokens prefilled in one packed forward and decoded together
+#           (generate, 17 new tokens: decode tokens/s of the batch)
 #   ncu:    Nsight Compute (--clock-control none) over one timed last-logits forward at T=32768 of
 #           each 8-layer shape: kernel time by group (scripts/ncu_summary.py)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 P=${1:?prefix}; B=${2:?build dir}; L=${3:?log dir}; FLA=${4:?fla source dir}; ANCHOR=${5:?e2e_transformers.py}
 shift 5
-parts=${*:-anchor e2e decode ncu k131k docs256}
+parts=${*:-anchor e2e decode decodeb ncu k131k docs256}
 mkdir -p "$L"
 [[ -x $B/dayzero ]] || DZ_TARGETS="dayzero" bash scripts/offline-prefix.sh build "$P" "$B" 2>&1 | grep -E '^\[offline-prefix\]|error'
 eval "$(bash scripts/offline-prefix.sh env "$P")"
@@ -36,6 +38,11 @@ if has decode; then
   "$DZ" bench e2e --model configs/bench/kimi_linear_48b_a3b_8l --model configs/bench/qwen3_next_80b_a3b_8l \
     --tokens 8192,32768 --modes generate --new-tokens 33 --repeats 3 --eager-decode \
     --json "$L/decode_dayzero_eager.json" 2>&1 | grep -v '^{'
+fi
+if has decodeb; then
+  "$DZ" bench e2e --model configs/bench/kimi_linear_48b_a3b_8l --model configs/bench/qwen3_next_80b_a3b_8l \
+    --tokens 2048 --batch 32 --modes generate --new-tokens 17 --repeats 2 --json "$L/decode_batch32_dayzero.json" 2>&1 |
+    grep -v '^{'
 fi
 if has ncu; then
   for m in kimi_linear_48b_a3b_8l qwen3_next_80b_a3b_8l; do
@@ -86,6 +93,10 @@ for r in (load("decode_dayzero.json") or {}).get("results", []):
         vs = f"; eager {e['decode_ms_per_token']:.2f} ms ({e['decode_ms_per_token'] / r['decode_ms_per_token']:.2f}x)" if "decode_ms_per_token" in e else ""
         print(f"decode {r['model']} after T={r['T']}: {r['decode_ms_per_token']:.2f} ms per token with CUDA graphs "
               f"({r['new_tokens']} new tokens, whole call {r['ms']:.1f} ms){vs}")
+for r in (load("decode_batch32_dayzero.json") or {}).get("results", []):
+    if "decode_tok_s" in r:
+        print(f"decode {r['model']} {r['batch']} documents of {r['T']} together: {r['decode_ms_per_token']:.2f} ms per step, "
+              f"{r['decode_tok_s']:.0f} tokens/s (prefill of all {r['batch'] * r['T']} tokens in the call: {r['ms']:.0f} ms)")
 for n in ("kimi48b_131k_logprobs_report.json", "kimi48b_256x2048_mbt32768.json", "kimi48b_256x2048_mbt0.json"):
     r = load(n)
     if r:

@@ -135,6 +135,10 @@ int main(int argc, char** argv) {
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
   be->add_flag("--eager-decode", eo.eager_decode, "e2e generate mode: decode without CUDA graphs");
+  be->add_option("--batch", eo.batch, "e2e: documents of each length per forward (packed; generate mode decodes "
+                                      "them together: decode_tok_s)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
   be->add_flag("--real-weights", bench_real_weights, "e2e: load the checkpoint's weights instead of dummy ones");
 
   // Parse before MPI_Init so --help works without a launcher; MPI starts only for `run`.

@@ -80,6 +80,7 @@ int bench_e2e(const BenchE2eOptions& opt) {
   DZ_CHECK(opt.repeats >= 1, "bench e2e: --repeats must be >= 1");
   DZ_CHECK(opt.backend == "cpu" || opt.backend == "cuda", "bench e2e: --backend must be cpu or cuda");
   for (int64_t T : opt.tokens) DZ_CHECK(T >= 2, "bench e2e: --tokens must be >= 2 (got ", T, ")");
+  DZ_CHECK(opt.batch >= 1, "bench e2e: --batch must be >= 1 (got ", opt.batch, ")");
   std::vector<OutputMode> modes;
   for (const auto& m : opt.modes) modes.push_back(parse_output_mode(m));
   std::unique_ptr<Backend> own;
@@ -107,16 +108,26 @@ int bench_e2e(const BenchE2eOptions& opt) {
     log_root(str("bench e2e: ", basename_of(dir), " loaded in ", load_s, " s (", pc.total / 1e9, " B params, ",
                  weight_bytes / double(1 << 30), " GiB on ", be->describe(), ")"));
     for (int64_t T : opt.tokens) {
-      // One random document (fixed seed), token ids below the vocabulary.
-      std::vector<int32_t> tokens(static_cast<size_t>(T));
-      uint64_t x = 0x2545F4914F6CDD1Dull ^ uint64_t(T);
-      for (auto& t : tokens) {
-        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
-        t = int32_t(x % uint64_t(cfg.vocab_size));
+      // --batch random documents (fixed seeds; the first is the one-document run's), token ids
+      // below the vocabulary.
+      const int64_t NB = opt.batch;
+      std::vector<std::vector<int32_t>> docs_tokens(static_cast<size_t>(NB));
+      std::vector<int64_t> doc_ids(static_cast<size_t>(NB));
+      for (int64_t d = 0; d < NB; ++d) {
+        doc_ids[size_t(d)] = d;
+        std::vector<int32_t>& tokens = docs_tokens[size_t(d)];
+        tokens.resize(static_cast<size_t>(T));
+        uint64_t x = 0x2545F4914F6CDD1Dull ^ uint64_t(T) ^ (uint64_t(d) << 40);
+        for (auto& t : tokens) {
+          x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+          t = int32_t(x % uint64_t(cfg.vocab_size));
+        }
       }
+      const std::vector<int32_t>& tokens = docs_tokens[0];
       MemoryQuery q;  // what `dayzero plan` predicts for these runs (held to the measurements)
       q.doc_tokens = T;
-      q.forward_tokens = opt.max_batch_tokens > 0 ? std::min(T, opt.max_batch_tokens) : T;
+      q.docs = NB;
+      q.forward_tokens = NB > 1 ? NB * T : opt.max_batch_tokens > 0 ? std::min(T, opt.max_batch_tokens) : T;
       q.cuda = opt.backend == "cuda";
       const MemoryPlan mpl = plan_memory(cfg, q);
       for (OutputMode mode : modes) {
@@ -131,6 +142,7 @@ int bench_e2e(const BenchE2eOptions& opt) {
         r["T"] = T;
         r["mode"] = to_string(mode);
         r["max_batch_tokens"] = opt.max_batch_tokens;
+        r["batch"] = NB;
         try {
           be->reset_peak_memory();
           std::vector<double> ms, decode_ms;  // decode: per generated token after the first
@@ -143,7 +155,10 @@ int bench_e2e(const BenchE2eOptions& opt) {
             const bool prof = rep == opt.repeats;  // the last timed run (ncu --profile-from-start off)
             if (prof) be->profile(true);
             const auto ts = Clock::now();
-            DocResult res = compute_document(*model, 0, tokens, mp, {}, par);
+            // One document: the job's per-document path; several: one packed forward of all of
+            // them (as `run --max-batch-tokens` packs them), decoded together in generate mode.
+            DocResult res = NB == 1 ? compute_document(*model, 0, tokens, mp, {}, par)
+                                    : compute_packed(*model, doc_ids, docs_tokens, mp, {}, par.stats)[0];
             be->sync();
             const double el = std::chrono::duration<double, std::milli>(Clock::now() - ts).count();
             if (prof) be->profile(false);
@@ -157,13 +172,14 @@ int bench_e2e(const BenchE2eOptions& opt) {
           if (!decode_ms.empty()) {
             std::sort(decode_ms.begin(), decode_ms.end());
             r["new_tokens"] = opt.new_tokens;
-            r["decode_ms_per_token"] = decode_ms[decode_ms.size() / 2];
+            r["decode_ms_per_token"] = decode_ms[decode_ms.size() / 2];  // per step (NB tokens)
+            r["decode_tok_s"] = double(NB) / decode_ms[decode_ms.size() / 2] * 1e3;
             r["decode_graphs"] = mp.decode_graphs && be->supports_graphs();
           }
-          const double dense = 2.0 * pc.active_nonembed * double(T), attn = attention_flops(cfg, T);
+          const double dense = 2.0 * pc.active_nonembed * double(NB * T), attn = double(NB) * attention_flops(cfg, T);
           r["ms"] = med;
           r["ms_all"] = ms;
-          r["tok_s"] = double(T) / med * 1e3;
+          r["tok_s"] = double(NB * T) / med * 1e3;
           r["mfu_dense"] = dense / (med * 1e-3) / kPeakBf16;
           r["mfu_with_attention"] = (dense + attn) / (med * 1e-3) / kPeakBf16;
           r["params"] = pc.total;

@@ -17,6 +17,7 @@ struct BenchE2eOptions {
   bool dummy_weights = true;
   int64_t max_batch_tokens = 0;             // as `run --max-batch-tokens` (chunked prefill)
   int64_t new_tokens = 1;                   // generate mode: tokens generated after the prefill
+  int64_t batch = 1;                        // documents of T tokens per forward (packed; generate: decoded together)
   bool eager_decode = false;                // generate mode: decode without CUDA graphs
   std::string json;                         // report path (commit from $DZ_COMMIT)
 };

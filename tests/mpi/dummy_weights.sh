@@ -44,4 +44,19 @@ for x in r:
     assert "error" not in x and x["ms"] > 0 and x["T"] == 40 and x["params"] > 0, x
     assert 0 < x["active_nonembed"] < x["params"], x
 PY
-say "dummy weights: deterministic, TP 2 within $d, refused without the flag, bench e2e ok"
+# --batch: three documents per packed forward, generate mode decoding them together
+"$DZ" bench e2e --model "$W/cfg" --backend cpu --tokens 40 --repeats 1 --batch 3 --modes generate,logprobs \
+  --new-tokens 4 --json "$W/bench3.json" >/dev/null 2>&1
+python3 - "$W/bench3.json" "$W/bench.json" <<'PY'
+import json, sys
+r = json.load(open(sys.argv[1]))["results"]
+one = {x["mode"]: x for x in json.load(open(sys.argv[2]))["results"]}
+assert [x["mode"] for x in r] == ["generate", "logprobs"], r
+for x in r:
+    assert "error" not in x and x["batch"] == 3 and x["ms"] > 0, x
+g = r[0]
+assert g["new_tokens"] == 4 and g["decode_ms_per_token"] > 0 and abs(g["decode_tok_s"] - 3e3 / g["decode_ms_per_token"]) < 1e-6 * g["decode_tok_s"], g
+lp = r[1]
+assert abs(lp["tok_s"] - 120 / lp["ms"] * 1e3) < 1e-6 * lp["tok_s"], lp  # 3 x 40 tokens per call
+PY
+say "dummy weights: deterministic, TP 2 within $d, refused without the flag, bench e2e (one and three documents) ok"
