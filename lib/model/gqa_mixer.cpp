@@ -143,13 +143,18 @@ class GqaMixer : public Mixer {
   // A packed prefill (every state fresh): projections, norms, gate and o_proj once over all rows,
   // RoPE and the attention varlen (each document from position 0 over its own keys, one call),
   // each document's k / v rows appended to its cache. Equal to forward() per document, bitwise on
-  // the CPU (every op there is per row, the attention per document). Any state with history (decode
-  // steps, continuations) or a single document: the per-document default.
+  // the CPU (every op there is per row, the attention per document). One token per document (a
+  // decode step): decode_packed. Other states with history (continuations) or a single document:
+  // the per-document default.
   void forward_packed(const DTensor& x, const std::vector<int64_t>& cu, const std::vector<MixerState*>& sts,
                       const DTensor& out) const override {
     const int64_t N = int64_t(cu.size()) - 1, T = x.rows(), kvw = Hkvl_ * Dh_;
     bool fresh = false;
     const std::vector<AttnCache*> st = packed_caches(cu, sts, T, "GQA", &fresh);
+    if (N > 1 && T == N) {  // one token per document (a batched decode step)
+      decode_packed(x, st, out);
+      return;
+    }
     if (!fresh || st.size() == 1) {  // history, or one document: forward() itself
       Mixer::forward_packed(x, cu, sts, out);
       return;
@@ -171,6 +176,32 @@ class GqaMixer : public Mixer {
     }
     DTensor o = be_->act({T, Hl_ * Dh_});  // [T, Hl, Dh]
     if (T > 0) attend(q, k, v, 0, o, cu);
+    finish(o, gate, out);
+  }
+
+  // One token of each of N documents: projections, norms, gate and o_proj once over the N rows;
+  // RoPE at each row's own position; per document the cache append and the attention over its
+  // keys. Equal to forward() per document (bitwise on the CPU: every op there is per row).
+  void decode_packed(const DTensor& x, const std::vector<AttnCache*>& st, const DTensor& out) const {
+    const int64_t N = x.rows(), kvw = Hkvl_ * Dh_;
+    DTensor q = be_->act({N, Hl_ * Dh_}), gate = gated_ ? be_->act({N, Hl_ * Dh_}) : DTensor{};
+    DTensor k = be_->act({N, kvw}), v = be_->act({N, kvw});
+    project_rows(x, q, gate, k, v);
+    DTensor o = be_->act({N, Hl_ * Dh_});  // [N, Hl, Dh]
+    for (int64_t b = 0; b < N; ++b) {
+      AttnCache& c = *st[size_t(b)];
+      const int64_t pos0 = c.pos, S = pos0 + 1;
+      DZ_CHECK(c.k.rows() == pos0 && c.v.rows() == pos0, "GQA mixer: cache size does not match position ", pos0);
+      DTensor qb = q.slab(b, b + 1), kb = k.slab(b, b + 1), ob = o.slab(b, b + 1);
+      if (rope_) {
+        be_->rope(*rope_, qb, Hl_, Dh_, 0, pos0);
+        be_->rope(*rope_, kb, Hkvl_, Dh_, 0, pos0);
+      }
+      be_->copy_rows(kb, 0, c.k.append(1), 0, 1);
+      be_->copy_rows(v, b, c.v.append(1), 0, 1);
+      attend(qb, c.k.view(0, S), c.v.view(0, S), pos0, ob);
+      c.pos = S;
+    }
     finish(o, gate, out);
   }
 
