@@ -185,12 +185,17 @@ class MlaMixer : public Mixer {
   // for each document: explicit -> the kv_b expansion of all rows at once and one varlen
   // attention call; absorbed (at pos0 = 0 only for dims with 2R < nope + vd) -> per document.
   // Equal to forward() per document, bitwise on the CPU (every op there is per row, the
-  // indexer and the attention per document). Any state with history, or a single document: the
+  // indexer and the attention per document). One token per document (a decode step):
+  // decode_packed. Other states with history (continuations), or a single document: the
   // per-document default.
   void forward_packed(const DTensor& x, const std::vector<int64_t>& cu, const std::vector<MixerState*>& sts,
                       const DTensor& out) const override {
     bool fresh = false;
     const std::vector<AttnCache*> st = packed_caches(cu, sts, x.rows(), "MLA", &fresh);
+    if (st.size() > 1 && x.rows() == int64_t(st.size())) {  // one token per document (a batched decode step)
+      decode_packed(x, st, out);
+      return;
+    }
     if (!fresh || st.size() == 1) {  // history, or one document: forward() itself
       Mixer::forward_packed(x, cu, sts, out);
       return;
@@ -241,6 +246,48 @@ class MlaMixer : public Mixer {
         DTensor ob = o.slab(r0, r1);
         attend(*st[size_t(b)], r1 - r0, q.slab(r0, r1), 0, indexer_ ? sel.slab(r0, r1) : DTensor{}, ob);
       }
+    }
+    finish(x, o, out);
+  }
+
+  // One token of each of N documents: the projections, norms, output gate and o_proj once over the
+  // N rows; RoPE and the indexer keys at each row's own position; per document the cache appends,
+  // the Top-K and the attention (the form forward() takes for one query). Equal to forward() per
+  // document (bitwise on the CPU: every op there is per row).
+  void decode_packed(const DTensor& x, const std::vector<AttnCache*>& st, const DTensor& out) const {
+    const int64_t N = x.rows(), Dq = nope_ + rope_dim_;
+    std::vector<int64_t> pos(static_cast<size_t>(N));
+    for (int64_t b = 0; b < N; ++b) {
+      const AttnCache& s = *st[size_t(b)];
+      pos[size_t(b)] = s.pos;
+      DZ_CHECK(s.latent.rows() == s.pos && s.index_k.rows() == (indexer_ ? s.pos : 0),
+               "MLA mixer: cache size does not match position ", s.pos);
+    }
+    DTensor q = be_->act({N, Hl_ * Dq}), q_resid = be_->act({N, q_lora_});
+    DTensor c = be_->act({N, R_}), kr = be_->act({N, rope_dim_});
+    DTensor ki = indexer_ ? be_->act({N, idx_dim()}) : DTensor{};
+    project(x, Positions{0, nullptr, &pos}, q, q_resid, c, kr, ki);
+    DTensor e = be_->act({N, R_ + rope_dim_});
+    store(c, kr, e);
+    const int64_t K = indexer_ ? indexer_->topk() : 0;
+    DTensor sel = indexer_ ? be_->alloc({N, K}, DType::I32) : DTensor{};
+    DTensor o = be_->act({N, Hl_ * vd_});  // [N, Hl, vd]
+    for (int64_t b = 0; b < N; ++b) {
+      AttnCache& s = *st[size_t(b)];
+      const int64_t p = pos[size_t(b)];
+      be_->copy_rows(e, b, s.latent.append(1), 0, 1);
+      DTensor sb;
+      if (indexer_) {
+        be_->copy_rows(ki, b, s.index_k.append(1), 0, 1);
+        sb = sel.slab(b, b + 1);
+        s.topk_width = K;
+        select_topk(x.slab(b, b + 1), q_resid.slab(b, b + 1), p, s.index_k.all(), sb);
+        s.last_sel = {sb};
+        s.sel_be = be_;
+      }
+      DTensor ob = o.slab(b, b + 1);
+      attend(s, p + 1, q.slab(b, b + 1), p, sb, ob);
+      s.pos = p + 1;
     }
     finish(x, o, out);
   }
@@ -337,15 +384,22 @@ class MlaMixer : public Mixer {
 
   // Positions of a forward's rows: pos0 .. (one document), or with cu each packed document's
   // rows from 0 (Backend::rope_varlen).
+  // Where the rows are: pos0 .. (one document), documents packed from 0 (cu), or one row per
+  // document at its own position (row_pos, a decode step).
   struct Positions {
     int64_t pos0 = 0;
     const std::vector<int64_t>* cu = nullptr;
+    const std::vector<int64_t>* row_pos = nullptr;
   };
   void rotate(const DTensor& t, int64_t H, int64_t hs, int64_t offset, const Positions& p) const {
-    if (p.cu)
+    if (p.row_pos) {
+      for (size_t b = 0; b < p.row_pos->size(); ++b)
+        be_->rope(*rope_, t.slab(int64_t(b), int64_t(b) + 1), H, hs, offset, (*p.row_pos)[b]);
+    } else if (p.cu) {
       be_->rope_varlen(*rope_, t, H, hs, offset, *p.cu);
-    else
+    } else {
       be_->rope(*rope_, t, H, hs, offset, p.pos0);
+    }
   }
   void project(const DTensor& x, int64_t pos0, const DTensor& q, const DTensor& q_resid, const DTensor& c,
                const DTensor& kr, const DTensor& ki) const {
@@ -381,10 +435,14 @@ class MlaMixer : public Mixer {
       be.quant_round(kr, Backend::Round::Bf16);
     }
     if (indexer_) {
-      if (p.cu)
+      if (p.row_pos) {
+        for (size_t b = 0; b < p.row_pos->size(); ++b)
+          indexer_->keys(x.slab(int64_t(b), int64_t(b) + 1), (*p.row_pos)[b], ki.slab(int64_t(b), int64_t(b) + 1));
+      } else if (p.cu) {
         indexer_->keys(x, *p.cu, ki);
-      else
+      } else {
         indexer_->keys(x, p.pos0, ki);
+      }
     }
   }
 
