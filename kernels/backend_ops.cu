@@ -173,13 +173,14 @@ __global__ void k_gated_rmsnorm(const void* x, Dt xdt, const void* gate, Dt gdt,
 
 // ---- RoPE: one thread per (t, h, pair) ----
 // Row t at position pos0 + t, or (cu set: varlen, n_seq sequences) at t - cu[b] in the sequence b
-// holding it; one rotation code for both, so a varlen call equals per-sequence calls bitwise.
+// holding it, or (rowpos set) at rowpos[t]; one rotation code for all, so a varlen or per-row call
+// equals per-sequence calls bitwise.
 __global__ void k_rope(void* x, Dt dt, int64_t T, int64_t H, int64_t hs, int64_t offset, int64_t pos0,
-                       const int32_t* cu, int n_seq, RopeParams p) {
+                       const int32_t* cu, int n_seq, const int32_t* rowpos, RopeParams p) {
   const int64_t n = T * H * p.half;
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
     const int64_t j = i % p.half, th = i / p.half, t = th / H;
-    int64_t pos = pos0 + t;
+    int64_t pos = rowpos ? int64_t(rowpos[t]) : pos0 + t;
     if (cu) {  // the last b with cu[b] <= t (skips empty sequences; cu[0] = 0)
       int lo = 0, hi = n_seq - 1;
       while (lo < hi) {
@@ -670,7 +671,7 @@ void rope(void* x, Dt dt, int64_t T, int64_t H, int64_t hs, int64_t offset, int6
           cudaStream_t s) {
   DZ_CHECK(p.half > 0 && p.half <= 256, "rope: ", p.half, " rotated pairs (at most 256)");
   if (T * H <= 0) return;
-  k_rope<<<grid_for(T * H * p.half, 256), 256, 0, s>>>(x, dt, T, H, hs, offset, pos0, nullptr, 0, p);
+  k_rope<<<grid_for(T * H * p.half, 256), 256, 0, s>>>(x, dt, T, H, hs, offset, pos0, nullptr, 0, nullptr, p);
   CUDA_CHECK_LAUNCH();
 }
 void rope_varlen(void* x, Dt dt, int64_t T, int64_t H, int64_t hs, int64_t offset, const int32_t* cu, int n_seq,
@@ -678,7 +679,15 @@ void rope_varlen(void* x, Dt dt, int64_t T, int64_t H, int64_t hs, int64_t offse
   DZ_CHECK(p.half > 0 && p.half <= 256, "rope: ", p.half, " rotated pairs (at most 256)");
   DZ_CHECK(cu && n_seq >= 1 && T < (int64_t(1) << 31), "rope_varlen: ", n_seq, " sequences of ", T, " rows");
   if (T * H <= 0) return;
-  k_rope<<<grid_for(T * H * p.half, 256), 256, 0, s>>>(x, dt, T, H, hs, offset, 0, cu, n_seq, p);
+  k_rope<<<grid_for(T * H * p.half, 256), 256, 0, s>>>(x, dt, T, H, hs, offset, 0, cu, n_seq, nullptr, p);
+  CUDA_CHECK_LAUNCH();
+}
+void rope_rows(void* x, Dt dt, int64_t T, int64_t H, int64_t hs, int64_t offset, const int32_t* pos,
+               const RopeParams& p, cudaStream_t s) {
+  DZ_CHECK(p.half > 0 && p.half <= 256, "rope: ", p.half, " rotated pairs (at most 256)");
+  DZ_CHECK(pos && T < (int64_t(1) << 31), "rope_rows: ", T, " rows");
+  if (T * H <= 0) return;
+  k_rope<<<grid_for(T * H * p.half, 256), 256, 0, s>>>(x, dt, T, H, hs, offset, 0, nullptr, 0, pos, p);
   CUDA_CHECK_LAUNCH();
 }
 void attention(const bf16* q, const bf16* k, const bf16* v, bf16* out, int64_t T, int64_t pos0, int64_t S, int Hq,

@@ -60,6 +60,10 @@ void rope(void* x, Dt dt, int64_t T, int64_t H, int64_t hs, int64_t offset, int6
 // cu[n_seq] = T) at positions 0, 1, .. each; bitwise equal to rope() per sequence with pos0 = 0.
 void rope_varlen(void* x, Dt dt, int64_t T, int64_t H, int64_t hs, int64_t offset, const int32_t* cu, int n_seq,
                  const RopeParams& p, cudaStream_t s);
+// Row t at position pos[t] (device, T values): a decode step of several documents; bitwise equal
+// to rope() per row.
+void rope_rows(void* x, Dt dt, int64_t T, int64_t H, int64_t hs, int64_t offset, const int32_t* pos,
+               const RopeParams& p, cudaStream_t s);
 
 // Softmax attention (ops/attention causal_attention): q [T, Hq, Dk], k [S, Hkv, Dk], v [S, Hkv, Dv],
 // out [T, Hq, Dv], all bf16; sel [T, n_sel] positions or nullptr (dense causal). Dk, Dv <= 512.

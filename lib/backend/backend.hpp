@@ -231,6 +231,13 @@ class Backend {
     for (size_t b = 0; b + 1 < cu.size(); ++b)
       if (cu[b + 1] > cu[b]) rope(r, x.slab(cu[b], cu[b + 1]), H, head_stride, offset, 0);
   }
+  // RoPE of rows at their own positions: row t of x at pos[t] (a decode step of several
+  // documents). Equal to rope() on each row (this default); a backend may rotate every row in one
+  // pass.
+  virtual void rope_rows(const Rope& r, const DTensor& x, int64_t H, int64_t head_stride, int64_t offset,
+                         const std::vector<int64_t>& pos) {
+    for (size_t t = 0; t < pos.size(); ++t) rope(r, x.slab(int64_t(t), int64_t(t) + 1), H, head_stride, offset, pos[t]);
+  }
   // Dense causal or DSA-selected attention (AttnArgs), one sequence or varlen (a.cu).
   virtual void attention(const AttnArgs& a) = 0;
   // Per-head matrix products (the absorbed MLA's W_uk / W_uv, cuBLAS strided-batched on CUDA):

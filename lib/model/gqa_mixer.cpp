@@ -180,23 +180,28 @@ class GqaMixer : public Mixer {
   }
 
   // One token of each of N documents: projections, norms, gate and o_proj once over the N rows;
-  // RoPE at each row's own position; per document the cache append and the attention over its
-  // keys. Equal to forward() per document (bitwise on the CPU: every op there is per row).
+  // RoPE once, each row at its own position (rope_rows); per document the cache append and the
+  // attention over its keys. Equal to forward() per document (bitwise on the CPU: every op there is per row).
   void decode_packed(const DTensor& x, const std::vector<AttnCache*>& st, const DTensor& out) const {
     const int64_t N = x.rows(), kvw = Hkvl_ * Dh_;
     DTensor q = be_->act({N, Hl_ * Dh_}), gate = gated_ ? be_->act({N, Hl_ * Dh_}) : DTensor{};
     DTensor k = be_->act({N, kvw}), v = be_->act({N, kvw});
     project_rows(x, q, gate, k, v);
+    std::vector<int64_t> pos(static_cast<size_t>(N));
+    for (int64_t b = 0; b < N; ++b) {
+      pos[size_t(b)] = st[size_t(b)]->pos;
+      DZ_CHECK(st[size_t(b)]->k.rows() == pos[size_t(b)] && st[size_t(b)]->v.rows() == pos[size_t(b)],
+               "GQA mixer: cache size does not match position ", pos[size_t(b)]);
+    }
+    if (rope_) {
+      be_->rope_rows(*rope_, q, Hl_, Dh_, 0, pos);
+      be_->rope_rows(*rope_, k, Hkvl_, Dh_, 0, pos);
+    }
     DTensor o = be_->act({N, Hl_ * Dh_});  // [N, Hl, Dh]
     for (int64_t b = 0; b < N; ++b) {
       AttnCache& c = *st[size_t(b)];
       const int64_t pos0 = c.pos, S = pos0 + 1;
-      DZ_CHECK(c.k.rows() == pos0 && c.v.rows() == pos0, "GQA mixer: cache size does not match position ", pos0);
       DTensor qb = q.slab(b, b + 1), kb = k.slab(b, b + 1), ob = o.slab(b, b + 1);
-      if (rope_) {
-        be_->rope(*rope_, qb, Hl_, Dh_, 0, pos0);
-        be_->rope(*rope_, kb, Hkvl_, Dh_, 0, pos0);
-      }
       be_->copy_rows(kb, 0, c.k.append(1), 0, 1);
       be_->copy_rows(v, b, c.v.append(1), 0, 1);
       attend(qb, c.k.view(0, S), c.v.view(0, S), pos0, ob);

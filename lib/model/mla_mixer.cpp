@@ -393,8 +393,7 @@ class MlaMixer : public Mixer {
   };
   void rotate(const DTensor& t, int64_t H, int64_t hs, int64_t offset, const Positions& p) const {
     if (p.row_pos) {
-      for (size_t b = 0; b < p.row_pos->size(); ++b)
-        be_->rope(*rope_, t.slab(int64_t(b), int64_t(b) + 1), H, hs, offset, (*p.row_pos)[b]);
+      be_->rope_rows(*rope_, t, H, hs, offset, *p.row_pos);
     } else if (p.cu) {
       be_->rope_varlen(*rope_, t, H, hs, offset, *p.cu);
     } else {
@@ -436,8 +435,7 @@ class MlaMixer : public Mixer {
     }
     if (indexer_) {
       if (p.row_pos) {
-        for (size_t b = 0; b < p.row_pos->size(); ++b)
-          indexer_->keys(x.slab(int64_t(b), int64_t(b) + 1), (*p.row_pos)[b], ki.slab(int64_t(b), int64_t(b) + 1));
+        indexer_->keys_rows(x, *p.row_pos, ki);
       } else if (p.cu) {
         indexer_->keys(x, *p.cu, ki);
       } else {

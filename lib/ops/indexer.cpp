@@ -137,6 +137,13 @@ void DsaIndexer::keys(const DTensor& x, const std::vector<int64_t>& cu, const DT
   key_round(k);
 }
 
+void DsaIndexer::keys_rows(const DTensor& x, const std::vector<int64_t>& pos, const DTensor& k) const {
+  if (x.rows() == 0) return;
+  key_rows(x, k);
+  if (rope_) be_->rope_rows(*rope_, k, 1, D_, 0, pos);
+  key_round(k);
+}
+
 void DsaIndexer::select(const DTensor& x, const DTensor& q_resid, int64_t pos0, const DTensor& index_k,
                         const DTensor& sel) const {
   const int64_t T = x.rows();

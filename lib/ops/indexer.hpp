@@ -55,6 +55,8 @@ class DsaIndexer {
   // The same for packed documents: rows cu[b] .. cu[b+1] of x are document b from position 0
   // (Backend::rope_varlen); every other step is per row.
   void keys(const DTensor& x, const std::vector<int64_t>& cu, const DTensor& k) const;
+  // The same for one row per document at its own position (a decode step): row t at pos[t].
+  void keys_rows(const DTensor& x, const std::vector<int64_t>& pos, const DTensor& k) const;
   // select: Top-K sel [T, topk()] I32 (on the backend) for queries x / q_resid [T, ..] at
   // pos0 .. pos0+T-1 over index_k [>= pos0+T, Di].
   void select(const DTensor& x, const DTensor& q_resid, int64_t pos0, const DTensor& index_k, const DTensor& sel) const;

@@ -666,6 +666,20 @@ class CudaBackend final : public Backend {
     const DTensor dcu = device_offsets(cu);
     cuda::rope_varlen(x.data, dt_of(x), T, H, hs, offset, dcu.ptr<int32_t>(), int(cu.size()) - 1, rope_params(r), st());
   }
+  // One launch for every row, positions written by a kernel from its arguments (capturable).
+  void rope_rows(const Rope& r, const DTensor& x, int64_t H, int64_t hs, int64_t offset,
+                 const std::vector<int64_t>& pos) override {
+    const int64_t T = x.numel() / (H * hs);
+    DZ_CHECK(int64_t(pos.size()) == T, "rope_rows: ", pos.size(), " positions for ", T, " rows");
+    if (T == 0) return;
+    std::vector<int32_t> p32(pos.size());
+    for (size_t i = 0; i < pos.size(); ++i) {
+      DZ_CHECK(pos[i] >= 0 && pos[i] < (int64_t(1) << 31), "rope_rows: position ", pos[i]);
+      p32[i] = int32_t(pos[i]);
+    }
+    const DTensor dp = device_i32(p32);
+    cuda::rope_rows(x.data, dt_of(x), T, H, hs, offset, dp.ptr<int32_t>(), rope_params(r), st());
+  }
   static void check_offsets(const std::vector<int64_t>& cu, int64_t T, const char* op) {
     DZ_CHECK(cu.size() >= 2 && cu.front() == 0 && cu.back() == T && T < (int64_t(1) << 31) &&
                  cu.size() < (size_t(1) << 31),
