@@ -42,7 +42,7 @@ for fam in kimi_linear qwen3_next deepseek_v32; do
   for mode in topk last-logits generate; do  # the other output modes, on both backends
     for bk in cpu cuda; do
       "$EXE" run --model "$M" --input "$W/$fam.in.h5" --output "$W/$fam.$mode.$bk.h5" --backend "$bk" --mode "$mode" \
-        --topk 5 --max-new-tokens 8 >/dev/null
+        --topk 5 --max-new-tokens 8 --report "$W/$fam.$mode.$bk.report.json" >/dev/null
     done
   done
   "$EXE" run --model "$M" --input "$W/$fam.in.h5" --output "$W/$fam.generate.eager.h5" --backend cuda --mode generate \
@@ -98,6 +98,11 @@ ge = h5py.File(f"{w}/{fam}.generate.eager.h5", "r")["/generated"][:]
 good = ge.shape == gb.shape and bool(np.array_equal(ge, gb))
 ok = ok and good
 print(f"cli {fam} generate on cuda: CUDA-graph decode == --eager-decode ({gb.size} tokens): {good}")
+cnt = [p["counts"] for p in json.load(open(f"{w}/{fam}.generate.cuda.report.json"))["per_rank"]]
+cap, rep = (sum(c.get(k, 0) for c in cnt) for k in ("decode_graph_captures", "decode_graph_replays"))
+good = cap > 0 and rep > 0
+ok = ok and good
+print(f"cli {fam} generate on cuda: report counts {cap} graph captures, {rep} replays {'ok' if good else 'FAILED'}")
 if os.path.exists(f"{w}/{fam}.q.cpu.h5"):
     e = np.abs(lp(f"{w}/{fam}.q.cuda.h5") - lp(f"{w}/{fam}.q.cpu.h5"))
     good = e.mean() <= tm and e.max() <= tx

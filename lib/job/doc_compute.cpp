@@ -59,6 +59,14 @@ std::vector<T> gather_rows(const Collectives& cp, const std::vector<int64_t>& po
 
 namespace {
 
+// The report's decode counters (per rank): forwards of one step each, graphs captured and replayed.
+void count_decode(WorkStats* stats, const DecodeRunner& runner, int64_t steps) {
+  if (!stats) return;
+  stats->counts["decode_steps"] += steps;
+  stats->counts["decode_graph_captures"] += runner.captures();
+  stats->counts["decode_graph_replays"] += runner.replays();
+}
+
 // Greedy / sampled continuation from the state after the prompt and the logits of its last token.
 void generate(const Model& model, int64_t doc, const ModeParams& p, Model::State& st, std::vector<float>& last,
               const std::function<void()>& tick, DocResult& r, WorkStats* stats) {
@@ -68,12 +76,15 @@ void generate(const Model& model, int64_t doc, const ModeParams& p, Model::State
   // the same tokens (TP collectives run inside each CP rank's TP group).
   DecodeRunner runner(model, p.decode_graphs && model.backend().supports_graphs());
   const std::vector<Model::State*> one{&st};
+  int64_t steps = 0;
   for (int64_t s = 0; s < p.max_new_tokens; ++s) {
     int32_t tok = choose_token(last.data(), V, p.temperature, p.seed, doc, s);
     r.ids.push_back(tok);
     if (tok == model.config().eos_token_id || s + 1 == p.max_new_tokens) break;
     model.logits(runner.step(&tok, one, tick), last.data());
+    ++steps;
   }
+  count_decode(stats, runner, steps);
 }
 
 // The serial prefill in chunks of p.chunk_tokens: each chunk's rows go through the LM head as
@@ -330,6 +341,7 @@ std::vector<DocResult> compute_packed(const Model& model, const std::vector<int6
       std::vector<char> live(B, 1);
       std::vector<int32_t> last(B, 0);  // a finished document's filler token: its last one
       size_t n_live = B;
+      int64_t steps = 0;
       for (int64_t s = 0; s < p.max_new_tokens && n_live > 0; ++s) {
         for (size_t b : batch) {
           if (!live[b]) continue;
@@ -352,12 +364,14 @@ std::vector<DocResult> compute_packed(const Model& model, const std::vector<int6
           st1.push_back(&states[b]);
         }
         const DTensor h = runner.step(toks.data(), st1, tick);
+        ++steps;
         std::vector<float> l1(batch.size() * size_t(V));
         model.logits(h, l1.data());
         for (size_t i = 0; i < batch.size(); ++i)
           if (live[batch[i]])
             std::copy(l1.begin() + int64_t(i) * V, l1.begin() + int64_t(i + 1) * V, lg.begin() + int64_t(batch[i]) * V);
       }
+      count_decode(stats, runner, steps);
       break;
     }
   }

@@ -453,6 +453,7 @@ int run_job(const RunOptions& opt) {
     j["documents"] = my_docs.size();
     j["flops"] = stats.flops;
     j["seconds"] = stats.seconds;
+    j["counts"] = stats.counts;
     j["device"] = be->describe();
     j["peak_device_memory_bytes"] = be->peak_memory_bytes();
     std::string s = j.dump();

@@ -60,6 +60,7 @@ struct TpShard {
 struct WorkStats {
   std::map<std::string, double> flops;
   std::map<std::string, double> seconds;
+  std::map<std::string, int64_t> counts;  // decode_steps, decode_graph_captures, decode_graph_replays
   Backend* device = nullptr;
   void add_flops(const std::string& k, double v) { flops[k] += v; }
   struct Timer {
