@@ -1,4 +1,5 @@
-// Grouped MoE expert products for few rows (a decode step), see moe_gemm.cuh.
+// Grouped MoE expert products for few rows (a decode step), and the same for one dense weight (a
+// linear layer at a decode step), see moe_gemm.cuh.
 //
 // The tensor-core kernels multiply 128-row tiles: with a handful of rows (one token's top-k
 // experts) most of each tile is padding, and the column tiles of 256 leave half the SMs idle
@@ -26,9 +27,13 @@ namespace {
 using bf16 = __nv_bfloat16;
 
 constexpr int kThreads = 256;
-constexpr int kCols = 8;             // columns per warp
-constexpr int kBlockCols = 8 * kCols;  // per block
-constexpr int kRows = 4;             // rows per chunk
+constexpr int kRows = 4;  // rows per chunk
+// Columns per warp: 8 for the experts (the grid has a block per expert and slab already); 2 for a
+// dense layer (no expert axis: 16-column slabs give N / 16 blocks, e.g. 144 at N = 2304).
+constexpr int kExpertCols = 8, kDenseCols = 2;
+
+__device__ __forceinline__ void store_out(bf16* y, int64_t i, float v) { y[i] = __float2bfloat16(v); }
+__device__ __forceinline__ void store_out(float* y, int64_t i, float v) { y[i] = v; }
 
 __device__ __forceinline__ float silu_f(float g) { return __fdividef(g, 1.f + __expf(-g)); }
 
@@ -66,14 +71,19 @@ __device__ __forceinline__ bool first_row_of(const int32_t* offsets, int E, int 
 }
 
 // NW weight matrices (1: plain, 2: gate and up) per output; VEC: K % 8 == 0 and 16-byte aligned
-// rows (chunks of 8), else single elements.
-template <int NW, bool VEC>
+// rows (chunks of 8), else single elements; kCols columns per warp. offsets nullptr: one dense
+// weight [N, K] for all n rows (grid.x = 1).
+template <int NW, bool VEC, int kCols, typename OutT>
 __global__ void __launch_bounds__(kThreads) k_moe_gemv(const bf16* __restrict__ xs, const bf16* __restrict__ w0,
                                                        const bf16* __restrict__ w1, const int32_t* __restrict__ offsets,
-                                                       int E, int N, int K, bf16* __restrict__ y) {
-  int e;
-  if (!first_row_of(offsets, E, int(blockIdx.x), e)) return;
-  const int r0 = offsets[e], R = offsets[e + 1] - r0;
+                                                       int E, int n, int N, int K, OutT* __restrict__ y) {
+  constexpr int kBlockCols = 8 * kCols;
+  int e = 0, r0 = 0, R = n;
+  if (offsets) {
+    if (!first_row_of(offsets, E, int(blockIdx.x), e)) return;
+    r0 = offsets[e];
+    R = offsets[e + 1] - r0;
+  }
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int c0 = int(blockIdx.y) * kBlockCols + warp * kCols;
   if (c0 >= N) return;
@@ -88,6 +98,9 @@ __global__ void __launch_bounds__(kThreads) k_moe_gemv(const bf16* __restrict__ 
         for (int j = 0; j < kCols; ++j) acc[m][r][j] = 0.f;
     if (VEC) {
       const int K8 = K / 8;
+      // Dense (2 columns per warp): 4 steps unrolled, so several 16-byte loads are in flight per
+      // lane; the expert kernels have 8 columns' loads per step already.
+#pragma unroll(kCols <= 2 ? 4 : 1)
       for (int k8 = lane; k8 < K8; k8 += 32) {
         uint4 xv[kRows];
 #pragma unroll
@@ -127,24 +140,25 @@ __global__ void __launch_bounds__(kThreads) k_moe_gemv(const bf16* __restrict__ 
         const float g = warp_sum(acc[0][r][j]);
         const float u = NW == 2 ? warp_sum(acc[NW - 1][r][j]) : 0.f;
         if (lane == j && rc + r < R && c0 + j < N)
-          y[int64_t(r0 + rc + r) * N + c0 + j] = __float2bfloat16(NW == 2 ? silu_f(g) * u : g);
+          store_out(y, int64_t(r0 + rc + r) * N + c0 + j, NW == 2 ? silu_f(g) * u : g);
       }
   }
 }
 
-template <int NW>
+template <int NW, int kCols, typename OutT>
 void launch(const bf16* xs, const bf16* w0, const bf16* w1, const int32_t* offsets, int E, int n, int64_t N, int64_t K,
-            bf16* y, cudaStream_t s) {
+            OutT* y, cudaStream_t s) {
   DZ_CHECK(n >= 0 && n <= kMoeGemvMaxRows && E >= 1 && N >= 1 && K >= 1 && N < (int64_t(1) << 31) &&
                K < (int64_t(1) << 31),
-           "grouped_gemv: n ", n, " (at most ", kMoeGemvMaxRows, "), E ", E, ", N ", N, ", K ", K);
+           "gemv: n ", n, " (at most ", kMoeGemvMaxRows, "), E ", E, ", N ", N, ", K ", K);
   if (n == 0) return;
-  const dim3 grid(unsigned(n), unsigned((N + kBlockCols - 1) / kBlockCols));
+  constexpr int kBlockCols = 8 * kCols;
+  const dim3 grid(offsets ? unsigned(n) : 1u, unsigned((N + kBlockCols - 1) / kBlockCols));
   const bool vec = K % 8 == 0 && aligned16(xs) && aligned16(w0) && aligned16(w1);
   if (vec)
-    k_moe_gemv<NW, true><<<grid, kThreads, 0, s>>>(xs, w0, w1, offsets, E, int(N), int(K), y);
+    k_moe_gemv<NW, true, kCols, OutT><<<grid, kThreads, 0, s>>>(xs, w0, w1, offsets, E, n, int(N), int(K), y);
   else
-    k_moe_gemv<NW, false><<<grid, kThreads, 0, s>>>(xs, w0, w1, offsets, E, int(N), int(K), y);
+    k_moe_gemv<NW, false, kCols, OutT><<<grid, kThreads, 0, s>>>(xs, w0, w1, offsets, E, n, int(N), int(K), y);
   CUDA_CHECK_LAUNCH();
 }
 
@@ -152,12 +166,21 @@ void launch(const bf16* xs, const bf16* w0, const bf16* w1, const int32_t* offse
 
 void grouped_gemv(const bf16* xs, const bf16* W, const int32_t* offsets, int E, int n, int64_t N, int64_t K, bf16* y,
                   cudaStream_t s) {
-  launch<1>(xs, W, W, offsets, E, n, N, K, y, s);
+  DZ_CHECK(offsets, "grouped_gemv: no offsets");
+  launch<1, kExpertCols>(xs, W, W, offsets, E, n, N, K, y, s);
 }
 
 void grouped_gemv_swiglu(const bf16* xs, const bf16* Wg, const bf16* Wu, const int32_t* offsets, int E, int n,
                          int64_t N, int64_t K, bf16* h, cudaStream_t s) {
-  launch<2>(xs, Wg, Wu, offsets, E, n, N, K, h, s);
+  DZ_CHECK(offsets, "grouped_gemv_swiglu: no offsets");
+  launch<2, kExpertCols>(xs, Wg, Wu, offsets, E, n, N, K, h, s);
+}
+
+void gemv_rows(const bf16* x, const bf16* W, int T, int64_t N, int64_t K, void* y, bool y_f32, cudaStream_t s) {
+  if (y_f32)
+    launch<1, kDenseCols>(x, W, W, nullptr, 1, T, N, K, static_cast<float*>(y), s);
+  else
+    launch<1, kDenseCols>(x, W, W, nullptr, 1, T, N, K, static_cast<bf16*>(y), s);
 }
 
 }  // namespace dz::cuda

@@ -112,6 +112,19 @@ TEST_CASE("backend ops: elementwise, norms, linear, SwiGLU on cuda equal the cpu
           return be.to_host(o);
         });
       }
+      // bf16 output, and in-features not a multiple of 8 (D - 4): at T <= 16 the GEMV path's vector
+      // and element loads, else cuBLAS
+      for (int64_t K : {D, D - 4}) {
+        const int64_t N = 37;
+        const auto xk = rnd(size_t(T * K), 10), W = rnd(size_t(N * K), 11, 0.1f);
+        check("linear bf16 out", "T=" + std::to_string(T) + " K=" + std::to_string(K) + " N=37", 1e-4,
+              [&](Backend& be) {
+          DTensor a = be.upload(xk.data(), {T, K}, be.act_dtype()), Wt = be.upload(W.data(), {N, K}, be.weight_dtype());
+          DTensor o = be.act({T, N});
+          be.linear(a, Wt, DTensor{}, o);
+          return be.to_host(o);
+        });
+      }
       const int64_t I = 48;
       const auto g = rnd(size_t(I * D), 6, 0.2f), u = rnd(size_t(I * D), 7, 0.2f), dn = rnd(size_t(D * I), 8, 0.2f);
       check("swiglu_mlp", sh, 1e-4, [&](Backend& be) {
