@@ -1,6 +1,6 @@
 // Decode-step preprocessing of the DSA lightning indexer on the GPU (issue 6, item 5): for B new
 // tokens (one per sequence) it produces what indexer_topk (indexer.cuh) consumes. CPU reference:
-// lib/ops/indexer.cpp (DsaIndexer::keys / select).
+// lib/model/dsa_indexer.cpp (DsaIndexer::keys / select).
 //
 //   q  = RoPE(wq_b · q_resid)                      [B, H, D] bf16   (MXFP8 cache: rounded to MXFP8)
 //   k  = RoPE(LayerNorm(wk · x)) -> store_index_k  into the paged IndexKeyCache at (seq[b], pos[b])

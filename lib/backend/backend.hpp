@@ -205,7 +205,7 @@ class Backend {
   virtual void short_conv(const DTensor& x, const DTensor& w, const DTensor& state, const DTensor& y) = 0;
   // Delta-rule scan of one sequence from a.state, advancing it (ops/linear_attn.hpp).
   virtual void la_scan(const LaScanArgs& a) = 0;
-  // One token of each of N sequences whose states live in a pool (ops/linear_attn.hpp LaPool):
+  // One token of each of N sequences whose states live in a pool (model/la_state.hpp LaPool):
   // row b of a's q / k / v / beta / gate / o is sequence b, its state row slots[b] of states
   // [cap, HV, K, V] F32, advanced in place (a.state, a.cu unused). This default is la_scan per
   // sequence on the slot; a backend may run one kernel over the slots.

@@ -154,7 +154,7 @@ MemoryPlan plan_memory(const ModelConfig& cfg, const MemoryQuery& q) {
   // x1.3: the stream-ordered pool's high-water mark sits above the sum of the live temporaries
   // (measured on the H200, Kimi-Linear-48B cut to 8 layers, T = 8192: 1.45 GiB vs 1.18 estimated).
   p.activations = 1.3 * (stream + std::max({mixer_act, ffn_act, lm}));
-  // Linear-attention states live in per-layer pools that double (ops/linear_attn.hpp LaPool):
+  // Linear-attention states live in per-layer pools that double (model/la_state.hpp LaPool):
   // room for the next power of two of documents; caches are per document.
   int64_t slots = 1;
   while (slots < q.docs) slots *= 2;

@@ -27,6 +27,7 @@
 #include "ops/attention.hpp"
 #include "ops/norm.hpp"
 #include "ops/rope.hpp"
+#include "model/attn_cache.hpp"
 
 namespace dz {
 

@@ -8,6 +8,7 @@
 #include "ops/norm.hpp"
 #include "ops/linear_attn.hpp"
 #include "ops/short_conv.hpp"
+#include "model/la_state.hpp"
 
 namespace dz {
 

@@ -11,8 +11,9 @@
 
 #include "core/tensor.hpp"
 #include "model/module.hpp"
-#include "ops/linear_attn.hpp"  // LaState
+#include "ops/linear_attn.hpp"
 #include "ops/norm.hpp"
+#include "model/la_state.hpp"
 
 namespace dz {
 

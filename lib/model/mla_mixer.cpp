@@ -53,6 +53,8 @@
 #include "ops/indexer.hpp"
 #include "ops/norm.hpp"
 #include "ops/rope.hpp"
+#include "model/attn_cache.hpp"
+#include "model/dsa_indexer.hpp"
 
 namespace dz {
 

@@ -1,4 +1,5 @@
-// DeepSeek-V3.2 DSA lightning indexer (CPU reference, fp32) and its Top-K selection.
+// DeepSeek-V3.2 DSA lightning indexer (CPU reference, fp32) and its Top-K selection. The indexer
+// module of a layer (weights, run on a backend) is model/dsa_indexer.hpp.
 //
 // Follows transformers' deepseek_v32 (what the golden references are made with):
 //   q_idx = wq_b(q_resid)                      [T, Hi, Di]   q_resid = q_a_layernorm(q_a_proj(x))
@@ -13,15 +14,8 @@
 // separately).
 #pragma once
 #include <cstdint>
-#include <memory>
-#include <string>
 #include <vector>
 
-#include "backend/backend.hpp"
-#include "config/model_config.hpp"
-#include "core/tensor.hpp"
-#include "io/checkpoint.hpp"
-#include "ops/rope.hpp"
 
 namespace dz {
 
@@ -40,40 +34,5 @@ void indexer_scores(const float* q, const float* w, const float* k, float* score
 // (torch.topk leaves tie order unspecified; with fp32 scores exact ties are rare except all-zero
 // ReLU sums). NaN scores rank lowest.
 void topk_positions(const float* scores, int32_t* sel, int64_t T, int64_t pos0, int64_t S, int64_t K);
-
-// The indexer module of one layer: weights under `prefix` ("model.layers.N.self_attn.indexer."),
-// uploaded to `be`, run with its ops (the same code on both backends).
-class DsaIndexer {
- public:
-  DsaIndexer(const ModelConfig& cfg, Checkpoint& ck, const std::string& prefix, Backend& be);
-  int64_t topk() const { return topk_; }
-  int64_t head_dim() const { return D_; }
-  int64_t n_heads() const { return H_; }
-  // keys: k [T, Di] (act dtype) for x [T, hidden] at positions pos0 .. pos0+T-1 (LayerNorm + RoPE,
-  // MXFP8-rounded under --index-quant mxfp8).
-  void keys(const DTensor& x, int64_t pos0, const DTensor& k) const;
-  // The same for packed documents: rows cu[b] .. cu[b+1] of x are document b from position 0
-  // (Backend::rope_varlen); every other step is per row.
-  void keys(const DTensor& x, const std::vector<int64_t>& cu, const DTensor& k) const;
-  // The same for one row per document at its own position (a decode step): row t at pos[t].
-  void keys_rows(const DTensor& x, const std::vector<int64_t>& pos, const DTensor& k) const;
-  // select: Top-K sel [T, topk()] I32 (on the backend) for queries x / q_resid [T, ..] at
-  // pos0 .. pos0+T-1 over index_k [>= pos0+T, Di].
-  void select(const DTensor& x, const DTensor& q_resid, int64_t pos0, const DTensor& index_k, const DTensor& sel) const;
-
- private:
-  Backend* be_;
-  int64_t hidden_, q_lora_, H_, D_, rope_dim_, topk_;
-  DTensor wq_b_;          // [H*D, q_lora]
-  DTensor wk_;            // [D, hidden]
-  DTensor k_norm_w_;      // [D] F32
-  DTensor k_norm_b_;      // [D] F32
-  DTensor weights_proj_;  // [H, hidden]
-  // keys() before / after the RoPE (per row).
-  void key_rows(const DTensor& x, const DTensor& k) const;
-  void key_round(const DTensor& k) const;
-  std::unique_ptr<Rope> rope_;  // NeoX over rope_dim (null when rope_dim == 0)
-  bool mxfp8_ = false;          // --index-quant mxfp8: queries and keys rounded to MXFP8
-};
 
 }  // namespace dz

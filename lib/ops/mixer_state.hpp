@@ -1,6 +1,6 @@
 // The base of every token mixer's per-sequence state (linear-attention state + conv tail, KV /
-// latent caches): here, below the model layer, so the ops that own such states (ops/attention.hpp
-// AttnCache, ops/linear_attn.hpp LaState) need not include the model's interfaces.
+// latent caches): here, below the backend, so the states (model/attn_cache.hpp AttnCache,
+// model/la_state.hpp LaState) and the modules' interfaces share it without a cycle.
 #pragma once
 #include <cstdint>
 #include <memory>

@@ -12,6 +12,7 @@
 
 #include "model/model.hpp"
 #include "ops/attention.hpp"
+#include "model/attn_cache.hpp"
 
 namespace {
 

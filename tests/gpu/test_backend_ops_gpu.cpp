@@ -37,6 +37,7 @@
 #include "ops/rope.hpp"
 #include "linear_attn.cuh"
 #include "sparse_mla.cuh"
+#include "model/attn_cache.hpp"
 
 namespace {
 

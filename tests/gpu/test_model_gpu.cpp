@@ -30,7 +30,8 @@
 #include "job/tools.hpp"  // presets()
 #include "model/decode_runner.hpp"
 #include "model/model.hpp"
-#include "ops/linear_attn.hpp"  // LaState
+#include "ops/linear_attn.hpp"
+#include "model/la_state.hpp"
 
 namespace {
 

@@ -27,6 +27,8 @@
 #include "model/module.hpp"
 #include "ops/attention.hpp"
 #include "ops/linear_attn.hpp"
+#include "model/attn_cache.hpp"
+#include "model/la_state.hpp"
 
 namespace {
 

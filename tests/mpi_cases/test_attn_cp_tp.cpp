@@ -25,6 +25,7 @@
 #include "model/module.hpp"
 #include "attn_fixtures.hpp"
 #include "ops/attention.hpp"
+#include "model/attn_cache.hpp"
 
 namespace fs = std::filesystem;
 using namespace dz;

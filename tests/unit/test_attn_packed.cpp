@@ -21,6 +21,7 @@
 #include "model/module.hpp"
 #include "ops/attention.hpp"
 #include "ops/rope.hpp"
+#include "model/attn_cache.hpp"
 
 namespace fs = std::filesystem;
 using namespace dz;

@@ -19,6 +19,7 @@
 #include "model/module.hpp"
 #include "attn_fixtures.hpp"
 #include "ops/attention.hpp"
+#include "model/attn_cache.hpp"
 
 namespace fs = std::filesystem;
 using namespace dz;

@@ -18,6 +18,7 @@
 #include "model/module.hpp"
 #include "ops/linear_attn.hpp"
 #include "ops/short_conv.hpp"
+#include "model/la_state.hpp"
 
 namespace {
 

@@ -1,4 +1,4 @@
-// The linear-attention state pool (ops/linear_attn.hpp LaPool) on the CPU backend: slots are
+// The linear-attention state pool (model/la_state.hpp LaPool) on the CPU backend: slots are
 // zeroed, the lowest free one is reused, growth keeps every slot's contents (and moves the base),
 // clones copy into a new slot, the memory goes when the last state does; a layer's mixer refuses a
 // state of another layer's pool.
@@ -13,6 +13,7 @@
 #include "io/checkpoint.hpp"
 #include "model/model.hpp"
 #include "ops/linear_attn.hpp"
+#include "model/la_state.hpp"
 
 using namespace dz;
 

@@ -16,6 +16,7 @@
 #include "job/tools.hpp"
 #include "model/model.hpp"
 #include "ops/attention.hpp"
+#include "model/attn_cache.hpp"
 
 namespace {
 

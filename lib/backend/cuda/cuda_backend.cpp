@@ -996,7 +996,7 @@ class CudaBackend final : public Backend {
     CUDA_CHECK(cudaDeviceGetDefaultMemPool(&p, device_));
     return p;
   }
-  // Rows [n, w] of one contiguous buffer (a RowStore's: lib/ops/attention.hpp) as the paged cache
+  // Rows [n, w] of one contiguous buffer (a RowStore's: lib/model/attn_cache.hpp) as the paged cache
   // of one sequence for the kernels that read a BlockTable: pages of kRowPage consecutive rows
   // with the identity table (page i = rows kRowPage*i ..), so slot = position = row; seq [nq]
   // zeros (every query in sequence 0). The indexer and sparse MLA kernels read only rows of

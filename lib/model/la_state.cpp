@@ -1,6 +1,6 @@
-// The linear-attention state pool (ops/linear_attn.hpp LaPool) and the slot handle LaState.
+// The linear-attention state pool (model/la_state.hpp) and the slot handle LaState.
 #include "core/error.hpp"
-#include "ops/linear_attn.hpp"
+#include "model/la_state.hpp"
 
 namespace dz {
 
