@@ -76,37 +76,53 @@ struct MixerCase {
 using Factory = std::unique_ptr<dz::Mixer> (*)(const dz::ModelConfig&, int, dz::Checkpoint&, const std::string&,
                                                const dz::TpShard&, Backend&);
 
+// Every mixer kind of the golden families, at their tiny and wide head dims.
+const MixerCase kMixerCases[] = {
+    {"KDA (K=16, recurrent kernel)", "kimi_linear", false, dz::MixerKind::KDA},
+    {"KDA (K=128, chunked kernel)", "kimi_linear", true, dz::MixerKind::KDA},
+    {"GDN (K=16)", "qwen3_next", false, dz::MixerKind::GDN},
+    {"GDN (K=64, chunked kernel)", "qwen3_next", true, dz::MixerKind::GDN},
+    {"MLA NoPE + gate (kimi)", "kimi_linear", false, dz::MixerKind::MLA},
+    {"MLA + DSA (deepseek)", "deepseek_v32", false, dz::MixerKind::MLA},
+    {"MLA NoPE R=512 (kimi)", "kimi_linear", true, dz::MixerKind::MLA},
+    {"MLA + DSA R=512 (deepseek)", "deepseek_v32", true, dz::MixerKind::MLA},
+    {"gated GQA (qwen3_next)", "qwen3_next", false, dz::MixerKind::GQA},
+};
+
+// The case's mixer (the first layer of its kind) on the cpu and the cuda backend, from the same
+// generated weights (Checkpoint::random(seed) twice).
+struct MixerPair {
+  dz::ModelConfig cfg;
+  int layer = -1;
+  std::unique_ptr<dz::Mixer> cpu, gpu;
+};
+MixerPair make_pair_of(const MixerCase& c, uint64_t seed, Backend& cpu, Backend& gpu) {
+  MixerPair p;
+  p.cfg = golden_cfg(c.fam, c.wide);
+  for (size_t i = 0; i < p.cfg.layers.size(); ++i)
+    if (p.cfg.layers[i].mixer == c.kind && p.layer < 0) p.layer = int(i);
+  REQUIRE(p.layer >= 0);
+  const std::string prefix = "model.layers." + std::to_string(p.layer) + ".";
+  Factory make = c.kind == dz::MixerKind::KDA   ? &dz::make_kda_mixer
+                 : c.kind == dz::MixerKind::GDN ? &dz::make_gdn_mixer
+                 : c.kind == dz::MixerKind::MLA ? &dz::make_mla_mixer
+                                                : &dz::make_gqa_mixer;
+  auto ck1 = dz::Checkpoint::random(seed), ck2 = dz::Checkpoint::random(seed);
+  p.cpu = make(p.cfg, p.layer, *ck1, prefix, dz::TpShard{}, cpu);
+  p.gpu = make(p.cfg, p.layer, *ck2, prefix, dz::TpShard{}, gpu);
+  return p;
+}
+
 }  // namespace
 
 TEST_CASE("modules gpu: every mixer's prefill, decode, state and segmented prefill on cuda equal the cpu backend",
           "[gpu]") {
   auto gpu = dz::make_cuda_backend(0);
   Backend& cpu = dz::cpu_backend();
-  const MixerCase cases[] = {
-      {"KDA (K=16, recurrent kernel)", "kimi_linear", false, dz::MixerKind::KDA},
-      {"KDA (K=128, chunked kernel)", "kimi_linear", true, dz::MixerKind::KDA},
-      {"GDN (K=16)", "qwen3_next", false, dz::MixerKind::GDN},
-      {"GDN (K=64, chunked kernel)", "qwen3_next", true, dz::MixerKind::GDN},
-      {"MLA NoPE + gate (kimi)", "kimi_linear", false, dz::MixerKind::MLA},
-      {"MLA + DSA (deepseek)", "deepseek_v32", false, dz::MixerKind::MLA},
-      {"MLA NoPE R=512 (kimi)", "kimi_linear", true, dz::MixerKind::MLA},
-      {"MLA + DSA R=512 (deepseek)", "deepseek_v32", true, dz::MixerKind::MLA},
-      {"gated GQA (qwen3_next)", "qwen3_next", false, dz::MixerKind::GQA},
-  };
-  for (const MixerCase& c : cases) {
-    const dz::ModelConfig cfg = golden_cfg(c.fam, c.wide);
-    int layer = -1;
-    for (size_t i = 0; i < cfg.layers.size(); ++i)
-      if (cfg.layers[i].mixer == c.kind && layer < 0) layer = int(i);
-    REQUIRE(layer >= 0);
-    const std::string prefix = "model.layers." + std::to_string(layer) + ".";
-    Factory make = c.kind == dz::MixerKind::KDA   ? &dz::make_kda_mixer
-                   : c.kind == dz::MixerKind::GDN ? &dz::make_gdn_mixer
-                   : c.kind == dz::MixerKind::MLA ? &dz::make_mla_mixer
-                                                  : &dz::make_gqa_mixer;
-    auto ck1 = dz::Checkpoint::random(5), ck2 = dz::Checkpoint::random(5);
-    auto mc = make(cfg, layer, *ck1, prefix, dz::TpShard{}, cpu);
-    auto mg = make(cfg, layer, *ck2, prefix, dz::TpShard{}, *gpu);
+  for (const MixerCase& c : kMixerCases) {
+    const MixerPair mp = make_pair_of(c, 5, cpu, *gpu);
+    const dz::ModelConfig& cfg = mp.cfg;
+    const dz::Mixer &mc = *mp.cpu, &mg = *mp.gpu;
     const int64_t D = cfg.hidden_size;
     for (int64_t L : {1, 7, 130}) {
       const auto x = rnd(size_t((L + 3) * D), uint32_t(L));
@@ -132,7 +148,7 @@ TEST_CASE("modules gpu: every mixer's prefill, decode, state and segmented prefi
       };
       std::vector<float> sc, sg, segc, segg;
       std::vector<int32_t> kc, kg;
-      const auto oc = run(cpu, *mc, &sc, &segc, &kc), og = run(*gpu, *mg, &sg, &segg, &kg);
+      const auto oc = run(cpu, mc, &sc, &segc, &kc), og = run(*gpu, mg, &sg, &segg, &kg);
       std::vector<float> pc(oc.begin(), oc.begin() + L * D), pg(og.begin(), og.begin() + L * D);
       // DSA: the two backends score the keys in bf16 vs fp32, so a near-tie can swap a Top-K
       // member and with it a row's attention. Sets are compared as sets (at least 90% of the rows
@@ -235,28 +251,15 @@ TEST_CASE("modules gpu: packed prefill of several documents on cuda equals the c
           "[gpu]") {
   auto gpu = dz::make_cuda_backend(0);
   Backend& cpu = dz::cpu_backend();
-  const MixerCase cases[] = {
-      {"MLA NoPE + gate (kimi)", "kimi_linear", false, dz::MixerKind::MLA},
-      {"MLA + DSA (deepseek)", "deepseek_v32", false, dz::MixerKind::MLA},
-      {"MLA NoPE R=512 (kimi)", "kimi_linear", true, dz::MixerKind::MLA},
-      {"MLA + DSA R=512 (deepseek)", "deepseek_v32", true, dz::MixerKind::MLA},
-      {"gated GQA (qwen3_next)", "qwen3_next", false, dz::MixerKind::GQA},
-  };
   const std::vector<int64_t> cu = {0, 1, 8, 138, 140, 440};
   const int64_t N = int64_t(cu.size()) - 1, T = cu.back();
   std::vector<int64_t> cu1(size_t(N) + 1);  // the decode step: one row per document
   for (int64_t b = 0; b <= N; ++b) cu1[size_t(b)] = b;
-  for (const MixerCase& c : cases) {
-    const dz::ModelConfig cfg = golden_cfg(c.fam, c.wide);
-    int layer = -1;
-    for (size_t i = 0; i < cfg.layers.size(); ++i)
-      if (cfg.layers[i].mixer == c.kind && layer < 0) layer = int(i);
-    REQUIRE(layer >= 0);
-    const std::string prefix = "model.layers." + std::to_string(layer) + ".";
-    Factory make = c.kind == dz::MixerKind::MLA ? &dz::make_mla_mixer : &dz::make_gqa_mixer;
-    auto ck1 = dz::Checkpoint::random(6), ck2 = dz::Checkpoint::random(6);
-    auto mc = make(cfg, layer, *ck1, prefix, dz::TpShard{}, cpu);
-    auto mg = make(cfg, layer, *ck2, prefix, dz::TpShard{}, *gpu);
+  for (const MixerCase& c : kMixerCases) {
+    if (c.kind != dz::MixerKind::MLA && c.kind != dz::MixerKind::GQA) continue;  // the softmax-attention mixers
+    const MixerPair mp = make_pair_of(c, 6, cpu, *gpu);
+    const dz::ModelConfig& cfg = mp.cfg;
+    const dz::Mixer &mc = *mp.cpu, &mg = *mp.gpu;
     const int64_t D = cfg.hidden_size;
     const auto x = rnd(size_t((T + N) * D), 31);  // T prefill rows, then one decode row per document
     struct Out {
@@ -295,7 +298,7 @@ TEST_CASE("modules gpu: packed prefill of several documents on cuda equals the c
       o.step.assign(all.begin() + T * D, all.end());
       return o;
     };
-    const Out gp = run(*gpu, *mg, true), gd = run(*gpu, *mg, false), cp = run(cpu, *mc, true), cd = run(cpu, *mc, false);
+    const Out gp = run(*gpu, mg, true), gd = run(*gpu, mg, false), cp = run(cpu, mc, true), cd = run(cpu, mc, false);
     INFO(c.name);
     CHECK(cp.prefill == cd.prefill);
     CHECK(cp.step == cd.step);
