@@ -59,32 +59,67 @@ std::vector<T> gather_rows(const Collectives& cp, const std::vector<int64_t>& po
 
 namespace {
 
-// The report's decode counters (per rank): forwards of one step each, graphs captured and replayed.
-void count_decode(WorkStats* stats, const DecodeRunner& runner, int64_t steps) {
-  if (!stats) return;
-  stats->counts["decode_steps"] += steps;
-  stats->counts["decode_graph_captures"] += runner.captures();
-  stats->counts["decode_graph_replays"] += runner.replays();
+// Greedy / sampled continuation of B documents (docs[b], state *st[b] after its prompt, lg [B, V]
+// the logits of its last token; tokens appended to *ids[b]). Every document still generating gives
+// one token to the same forward; each step chooses from the last logits, stops a document at EOS or
+// the limit, else forwards its token, so every document's tokens equal its own decode. A finished
+// document stays in the step's batch (its rows are computed and dropped) until half the batch has
+// finished: the decode graphs are captured again only when the batch shrinks, log2(B) times at
+// most, not once per finished document.
+void decode_batch(const Model& model, const std::vector<int64_t>& docs, const std::vector<Model::State*>& st,
+                  std::vector<float>& lg, const ModeParams& p, const std::function<void()>& tick,
+                  const std::vector<std::vector<int32_t>*>& ids, WorkStats* stats) {
+  const int64_t V = model.config().vocab_size;
+  const size_t B = docs.size();
+  WorkStats::Timer timer(stats, "decode");
+  DecodeRunner runner(model, p.decode_graphs && model.backend().supports_graphs());
+  std::vector<size_t> batch(B);  // the documents of the step's forward
+  for (size_t b = 0; b < B; ++b) batch[b] = b;
+  std::vector<char> live(B, 1);
+  std::vector<int32_t> last(B, 0);  // a finished document's filler token: its last one
+  size_t n_live = B;
+  int64_t steps = 0;
+  for (int64_t s = 0; s < p.max_new_tokens && n_live > 0; ++s) {
+    for (size_t b : batch) {
+      if (!live[b]) continue;
+      const int32_t tok = choose_token(lg.data() + int64_t(b) * V, V, p.temperature, p.seed, docs[b], s);
+      ids[b]->push_back(tok);
+      last[b] = tok;
+      if (tok == model.config().eos_token_id || s + 1 == p.max_new_tokens) live[b] = 0, --n_live;
+    }
+    if (n_live == 0) break;
+    if (2 * n_live <= batch.size()) {
+      std::vector<size_t> keep;
+      for (size_t b : batch)
+        if (live[b]) keep.push_back(b);
+      batch = keep;
+    }
+    std::vector<int32_t> toks;
+    std::vector<Model::State*> st1;
+    for (size_t b : batch) {
+      toks.push_back(last[b]);
+      st1.push_back(st[b]);
+    }
+    const DTensor h = runner.step(toks.data(), st1, tick);
+    ++steps;
+    std::vector<float> l1(batch.size() * size_t(V));
+    model.logits(h, l1.data());
+    for (size_t i = 0; i < batch.size(); ++i)
+      if (live[batch[i]])
+        std::copy(l1.begin() + int64_t(i) * V, l1.begin() + int64_t(i + 1) * V, lg.begin() + int64_t(batch[i]) * V);
+  }
+  if (stats) {  // the report's decode counters (per rank)
+    stats->counts["decode_steps"] += steps;
+    stats->counts["decode_graph_captures"] += runner.captures();
+    stats->counts["decode_graph_replays"] += runner.replays();
+  }
 }
 
-// Greedy / sampled continuation from the state after the prompt and the logits of its last token.
+// One document's continuation. Every CP rank holds the whole document's state after the prefill,
+// so all of them decode the same tokens (TP collectives run inside each CP rank's TP group).
 void generate(const Model& model, int64_t doc, const ModeParams& p, Model::State& st, std::vector<float>& last,
               const std::function<void()>& tick, DocResult& r, WorkStats* stats) {
-  const int64_t V = model.config().vocab_size;
-  WorkStats::Timer timer(stats, "decode");
-  // Every CP rank holds the whole document's state after the prefill, so all of them decode
-  // the same tokens (TP collectives run inside each CP rank's TP group).
-  DecodeRunner runner(model, p.decode_graphs && model.backend().supports_graphs());
-  const std::vector<Model::State*> one{&st};
-  int64_t steps = 0;
-  for (int64_t s = 0; s < p.max_new_tokens; ++s) {
-    int32_t tok = choose_token(last.data(), V, p.temperature, p.seed, doc, s);
-    r.ids.push_back(tok);
-    if (tok == model.config().eos_token_id || s + 1 == p.max_new_tokens) break;
-    model.logits(runner.step(&tok, one, tick), last.data());
-    ++steps;
-  }
-  count_decode(stats, runner, steps);
+  decode_batch(model, {doc}, {&st}, last, p, tick, {&r.ids}, stats);
 }
 
 // The serial prefill in chunks of p.chunk_tokens: each chunk's rows go through the LM head as
@@ -328,50 +363,9 @@ std::vector<DocResult> compute_packed(const Model& model, const std::vector<int6
         for (size_t b = 0; b < B; ++b) res[b].values.assign(lg.begin() + int64_t(b) * V, lg.begin() + int64_t(b + 1) * V);
         break;
       }
-      // Batched decode: every document still generating gives one token to the same forward; each
-      // step is generate()'s (choose from the last logits, stop at EOS or the limit, else forward
-      // the token), so every document's tokens equal its own decode. A finished document stays in
-      // the step's batch (its rows are computed and dropped) until half the batch has finished:
-      // the decode graphs are captured again only when the batch shrinks, log2(B) times at most,
-      // not once per finished document.
-      WorkStats::Timer timer(stats, "decode");
-      DecodeRunner runner(model, p.decode_graphs && be.supports_graphs());
-      std::vector<size_t> batch(B);  // the documents of the step's forward
-      for (size_t b = 0; b < B; ++b) batch[b] = b;
-      std::vector<char> live(B, 1);
-      std::vector<int32_t> last(B, 0);  // a finished document's filler token: its last one
-      size_t n_live = B;
-      int64_t steps = 0;
-      for (int64_t s = 0; s < p.max_new_tokens && n_live > 0; ++s) {
-        for (size_t b : batch) {
-          if (!live[b]) continue;
-          const int32_t tok = choose_token(lg.data() + int64_t(b) * V, V, p.temperature, p.seed, docs[b], s);
-          res[b].ids.push_back(tok);
-          last[b] = tok;
-          if (tok == model.config().eos_token_id || s + 1 == p.max_new_tokens) live[b] = 0, --n_live;
-        }
-        if (n_live == 0) break;
-        if (2 * n_live <= batch.size()) {
-          std::vector<size_t> keep;
-          for (size_t b : batch)
-            if (live[b]) keep.push_back(b);
-          batch = keep;
-        }
-        std::vector<int32_t> toks;
-        std::vector<Model::State*> st1;
-        for (size_t b : batch) {
-          toks.push_back(last[b]);
-          st1.push_back(&states[b]);
-        }
-        const DTensor h = runner.step(toks.data(), st1, tick);
-        ++steps;
-        std::vector<float> l1(batch.size() * size_t(V));
-        model.logits(h, l1.data());
-        for (size_t i = 0; i < batch.size(); ++i)
-          if (live[batch[i]])
-            std::copy(l1.begin() + int64_t(i) * V, l1.begin() + int64_t(i + 1) * V, lg.begin() + int64_t(batch[i]) * V);
-      }
-      count_decode(stats, runner, steps);
+      std::vector<std::vector<int32_t>*> ids;
+      for (auto& r : res) ids.push_back(&r.ids);
+      decode_batch(model, docs, sp, lg, p, tick, ids, stats);  // sp: the states of the prefill
       break;
     }
   }
