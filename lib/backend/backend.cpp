@@ -43,18 +43,29 @@ void Backend::mla_latent_attention_generic(const DTensor& q, const DTensor& kv, 
   attention(a);
 }
 
-static void check_slots(const std::vector<int32_t>& slots, int64_t rows, int64_t cap, const char* op) {
-  DZ_CHECK(int64_t(slots.size()) == rows, op, ": ", slots.size(), " slots for ", rows, " rows");
-  for (int32_t s : slots) DZ_CHECK(s >= 0 && s < cap, op, ": slot ", s, " outside the pool of ", cap);
+void Backend::check_la_slots(const LaScanArgs& a, const DTensor& states, const std::vector<int32_t>& slots) {
+  const int64_t N = int64_t(slots.size());
+  DZ_CHECK(states.shape.size() == 4 && states.dim(1) == a.HV && states.dim(2) == a.K && states.dim(3) == a.V &&
+               states.dtype == DType::F32 && a.v.numel() == N * a.HV * a.V,
+           "la_decode_slots: states ", shape_str(states.shape), ", ", N, " slots for ", shape_str(a.v.shape));
+  for (int32_t s : slots)
+    DZ_CHECK(s >= 0 && s < states.dim(0), "la_decode_slots: slot ", s, " outside the pool of ", states.dim(0));
+}
+
+void Backend::check_conv_slots(const DTensor& x, const DTensor& w, const DTensor& states,
+                               const std::vector<int32_t>& slots, const DTensor& y) {
+  const int64_t C = w.dim(0), W = w.dim(1), N = int64_t(slots.size());
+  DZ_CHECK(states.shape.size() == 3 && states.dim(1) == W - 1 && states.dim(2) == C && x.numel() == N * C &&
+               y.numel() == N * C,
+           "short_conv_slots: x ", shape_str(x.shape), ", states ", shape_str(states.shape), " for conv weights ",
+           shape_str(w.shape), ", ", N, " slots");
+  for (int32_t s : slots)
+    DZ_CHECK(s >= 0 && s < states.dim(0), "short_conv_slots: slot ", s, " outside the pool of ", states.dim(0));
 }
 
 void Backend::la_decode_slots(const LaScanArgs& a, const DTensor& states, const std::vector<int32_t>& slots) {
-  const int64_t N = int64_t(slots.size());
-  DZ_CHECK(states.shape.size() == 4 && states.dim(1) == a.HV && states.dim(2) == a.K && states.dim(3) == a.V &&
-               states.dtype == DType::F32,
-           "la_decode_slots: states ", shape_str(states.shape), " for HV ", a.HV, ", K ", a.K, ", V ", a.V);
-  check_slots(slots, a.v.numel() / (a.HV * a.V), states.dim(0), "la_decode_slots");
-  for (int64_t b = 0; b < N; ++b) {
+  check_la_slots(a, states, slots);
+  for (int64_t b = 0; b < int64_t(slots.size()); ++b) {
     LaScanArgs s = a;
     s.q = a.q.slab(b, b + 1), s.k = a.k.slab(b, b + 1), s.v = a.v.slab(b, b + 1), s.beta = a.beta.slab(b, b + 1);
     s.gate.f = a.gate.f.slab(b, b + 1);
@@ -67,9 +78,7 @@ void Backend::la_decode_slots(const LaScanArgs& a, const DTensor& states, const 
 
 void Backend::short_conv_slots(const DTensor& x, const DTensor& w, const DTensor& states,
                                const std::vector<int32_t>& slots, const DTensor& y) {
-  DZ_CHECK(states.shape.size() == 3 && states.dim(2) == w.dim(0) && states.dim(1) == w.dim(1) - 1,
-           "short_conv_slots: states ", shape_str(states.shape), " for conv weights ", shape_str(w.shape));
-  check_slots(slots, x.rows(), states.dim(0), "short_conv_slots");
+  check_conv_slots(x, w, states, slots, y);
   for (size_t b = 0; b < slots.size(); ++b)
     short_conv(x.slab(int64_t(b), int64_t(b) + 1), w,
                states.slab(slots[b], slots[b] + 1).reshaped({states.dim(1), states.dim(2)}),

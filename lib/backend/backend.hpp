@@ -313,6 +313,10 @@ class Backend {
   // The shape rules of head_matmul, the same on every backend (each adds its dtype rules).
   static void check_head_matmul(const DTensor& x, int64_t x_hs, int64_t k, const DTensor& W, int64_t w0, int64_t w_hs,
                                 const DTensor& y, int64_t y_hs, int64_t n, int64_t H);
+  // The shape and slot rules of la_decode_slots / short_conv_slots (slots inside the pool).
+  static void check_la_slots(const LaScanArgs& a, const DTensor& states, const std::vector<int32_t>& slots);
+  static void check_conv_slots(const DTensor& x, const DTensor& w, const DTensor& states,
+                               const std::vector<int32_t>& slots, const DTensor& y);
   // The shape rules of mla_latent_attention; returns T, the number of queries.
   static int64_t check_mla_latent(const DTensor& q, const DTensor& kv, const DTensor& out, int64_t H, int64_t R,
                                   int64_t DR);

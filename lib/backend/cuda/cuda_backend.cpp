@@ -555,22 +555,16 @@ class CudaBackend final : public Backend {
       Backend::la_decode_slots(a, states, slots);
       return;
     }
+    check_la_slots(a, states, slots);
     const int64_t N = int64_t(slots.size());
-    DZ_CHECK(states.shape.size() == 4 && states.dim(1) == a.HV && states.dim(2) == a.K && states.dim(3) == a.V &&
-                 states.dtype == DType::F32 && a.v.numel() == N * a.HV * a.V,
-             "la_decode_slots: states ", shape_str(states.shape), ", ", N, " slots for ", shape_str(a.v.shape));
-    for (int32_t sl : slots) DZ_CHECK(sl >= 0 && sl < states.dim(0), "la_decode_slots: slot ", sl, " of ", states.dim(0));
     if (N == 0) return;
     const DTensor ds = device_i32(slots);
     decode_kernel(a, N, ds, states);
   }
   void short_conv_slots(const DTensor& x, const DTensor& w, const DTensor& states, const std::vector<int32_t>& slots,
                         const DTensor& y) override {
+    check_conv_slots(x, w, states, slots, y);
     const int64_t C = w.dim(0), W = w.dim(1), N = int64_t(slots.size());
-    DZ_CHECK(states.shape.size() == 3 && states.dim(1) == W - 1 && states.dim(2) == C && x.numel() == N * C &&
-                 y.numel() == N * C,
-             "short_conv_slots: x ", shape_str(x.shape), ", states ", shape_str(states.shape), ", ", N, " slots");
-    for (int32_t sl : slots) DZ_CHECK(sl >= 0 && sl < states.dim(0), "short_conv_slots: slot ", sl, " of ", states.dim(0));
     if (N == 0) return;
     const DTensor ds = device_i32(slots);
     cuda::short_conv_update(b16(x), b16(w), nullptr, ds.ptr<int32_t>(), int(N), int(C), int(W), b16w(states), b16w(y),
