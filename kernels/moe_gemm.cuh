@@ -29,18 +29,4 @@ void grouped_gemm_swiglu_tc(const __nv_bfloat16* xs, const __nv_bfloat16* Wg, co
                             const int32_t* offsets, const int32_t* tile_off, int E, int64_t max_tiles,
                             int64_t N, int64_t K, __nv_bfloat16* h, cudaStream_t s);
 
-// Few rows (a decode step: n = T x top_k <= kMoeGemvMaxRows rows in all, n host-known): the same
-// products as grouped_gemm_tc / grouped_gemm_swiglu_tc as GEMVs, each expert's weights streamed
-// once per 4 of its rows (kernels/moe_gemv.cu). Same contract on offsets; tile_off not needed.
-// Deterministic, but another fp32 order than the tensor-core kernels (within their rounding).
-constexpr int kMoeGemvMaxRows = 16;
-void grouped_gemv(const __nv_bfloat16* xs, const __nv_bfloat16* W, const int32_t* offsets, int E, int n, int64_t N,
-                  int64_t K, __nv_bfloat16* y, cudaStream_t s);
-void grouped_gemv_swiglu(const __nv_bfloat16* xs, const __nv_bfloat16* Wg, const __nv_bfloat16* Wu,
-                         const int32_t* offsets, int E, int n, int64_t N, int64_t K, __nv_bfloat16* h, cudaStream_t s);
-// A dense linear layer for T <= kMoeGemvMaxRows rows: y [T, N] (bf16, or fp32 when y_f32) =
-// x [T, K] . W [N, K]^T, fp32 dots in the same fixed order, 16-column slabs per block.
-void gemv_rows(const __nv_bfloat16* x, const __nv_bfloat16* W, int T, int64_t N, int64_t K, void* y, bool y_f32,
-               cudaStream_t s);
-
 }  // namespace dz::cuda

@@ -113,8 +113,7 @@ TEST_CASE("backend ops: elementwise, norms, linear, SwiGLU on cuda equal the cpu
           return be.to_host(o);
         });
       }
-      // bf16 output, and in-features not a multiple of 8 (D - 4): at T <= 16 the GEMV path's vector
-      // and element loads, else cuBLAS
+      // bf16 output, and in-features not a multiple of 8 (D - 4)
       for (int64_t K : {D, D - 4}) {
         const int64_t N = 37;
         const auto xk = rnd(size_t(T * K), 10), W = rnd(size_t(N * K), 11, 0.1f);
@@ -793,7 +792,7 @@ TEST_CASE("backend ops: MoE routing and grouped experts on cuda equal the cpu ba
     int64_t E, k, groups, topk_group;
     dz::ScoreFunc f;
     bool bias, shared, shared_gate, renorm;
-    int64_t D = 64, I = 40;  // I = 36: rows not whole 16-byte chunks (the element paths)
+    int64_t D = 64, I = 40;  // D = 60, I = 36: rows not whole 16-byte chunks (the element loads)
   };
   const Case cases[] = {{"softmax top-2", 8, 2, 1, 1, dz::ScoreFunc::Softmax, false, false, false, false},
                         {"sigmoid+bias groups", 16, 4, 4, 2, dz::ScoreFunc::Sigmoid, true, true, false, true},
@@ -801,8 +800,7 @@ TEST_CASE("backend ops: MoE routing and grouped experts on cuda equal the cpu ba
                         // more experts than the dispatch scan's block of 1024 threads: two chunks
                         {"1100 experts", 1100, 8, 1, 1, dz::ScoreFunc::Softmax, false, false, false, true},
                         {"odd widths", 8, 2, 1, 1, dz::ScoreFunc::Softmax, false, true, false, true, 60, 36}};
-  // T = 1 and 3 with top-k <= 4 are at most 16 assignments: the few-rows (GEMV) expert kernels;
-  // the rest the tensor-core grouped GEMMs.
+  // T = 1 and 3: a decode step's few rows per expert (mostly padding in the 64-row tiles).
   for (const Case& c : cases)
     for (int64_t T : kRows) {
       const int64_t D = c.D, I = c.I;

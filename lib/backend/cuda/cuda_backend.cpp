@@ -297,10 +297,6 @@ class CudaBackend final : public Backend {
              to_string(W.dtype), " y ", shape_str(y.shape));
     if (fp8)
       fp8_gemm(x, W, y, T, in, out);
-    else if (x.dtype == DType::BF16 && T >= 1 && T <= cuda::kMoeGemvMaxRows &&
-             (y.dtype == DType::BF16 || y.dtype == DType::F32))
-      // a decode step's few rows: GEMVs streaming W once (cuBLAS ran these at ~1.3 TB/s, ~15 us each)
-      cuda::gemv_rows(b16(x), b16(W), int(T), out, in, y.data, y.dtype == DType::F32, st());
     else
       gemm(x.data, W.data, y.data, x.dtype, y.dtype, T, in, out);
     if (bias.defined() && bias.numel()) cuda::add_bias(y.data, dt_of(y), optf(bias), T, out, st());
@@ -453,18 +449,12 @@ class CudaBackend final : public Backend {
                        tile_off.ptr<int32_t>(), perm.ptr<int32_t>(), pos_of.ptr<int32_t>(), st());
     DTensor xs = alloc({n, D}, DType::BF16), hg = alloc({n, I}, DType::BF16), ys = alloc({n, D}, DType::BF16);
     cuda::gather_rows(b16(x), perm.ptr<int32_t>(), n, int(k), D, b16w(xs), st());
-    // Grouped products over each expert's rows, gate and up fused with the SiLU product: GEMVs for
-    // a decode step's few rows (the weights streamed once), tensor-core GEMMs otherwise.
-    if (n <= cuda::kMoeGemvMaxRows) {
-      cuda::grouped_gemv_swiglu(b16(xs), b16(w.experts.gate), b16(w.experts.up), offsets.ptr<int32_t>(), int(E), int(n),
-                                I, D, b16w(hg), st());
-      cuda::grouped_gemv(b16(hg), b16(w.experts.down), offsets.ptr<int32_t>(), int(E), int(n), D, I, b16w(ys), st());
-    } else {
-      cuda::grouped_gemm_swiglu_tc(b16(xs), b16(w.experts.gate), b16(w.experts.up), offsets.ptr<int32_t>(),
-                                   tile_off.ptr<int32_t>(), int(E), max_tiles, I, D, b16w(hg), st());
-      cuda::grouped_gemm_tc(b16(hg), b16(w.experts.down), offsets.ptr<int32_t>(), tile_off.ptr<int32_t>(), int(E),
-                            max_tiles, D, I, b16w(ys), st());
-    }
+    // Tensor-core grouped GEMMs over each expert's rows: gate and up fused with the SiLU product.
+    // (At a decode step's few rows a GEMV version ran slower than these: docs/cuda_backend.md.)
+    cuda::grouped_gemm_swiglu_tc(b16(xs), b16(w.experts.gate), b16(w.experts.up), offsets.ptr<int32_t>(),
+                                 tile_off.ptr<int32_t>(), int(E), max_tiles, I, D, b16w(hg), st());
+    cuda::grouped_gemm_tc(b16(hg), b16(w.experts.down), offsets.ptr<int32_t>(), tile_off.ptr<int32_t>(), int(E),
+                          max_tiles, D, I, b16w(ys), st());
     cuda::moe_combine(b16(ys), pos_of.ptr<int32_t>(), wt.ptr<float>(), T, int(k), D, b16w(y), st());
     if (w.has_shared) {
       DTensor sh = alloc({T, D}, DType::BF16);
