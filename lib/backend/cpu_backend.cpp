@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <numeric>
 
 #include "backend/backend.hpp"
@@ -351,8 +352,12 @@ class CpuBackend final : public Backend {
     for (int64_t r = 0; r < m; ++r) {
       const float* x = lg.f32() + r * n;
       std::iota(idx.begin(), idx.end(), 0);
+      // NaN ranks below every number (as in the CUDA kernel, where it never wins a comparison),
+      // which also keeps the order strict and weak
+      auto key = [&](int32_t a) { return std::isnan(x[a]) ? -std::numeric_limits<float>::infinity() : x[a]; };
       std::partial_sort(idx.begin(), idx.begin() + k, idx.end(), [&](int32_t a, int32_t b) {
-        return x[a] > x[b] || (x[a] == x[b] && a < b);
+        const float ka = key(a), kb = key(b);
+        return ka > kb || (ka == kb && a < b);
       });
       for (int64_t j = 0; j < k; ++j) {
         ids[size_t(r * k + j)] = idx[size_t(j)];

@@ -62,27 +62,35 @@ namespace {
 // Greedy / sampled continuation of B documents (docs[b], state *st[b] after its prompt, lg [B, V]
 // the logits of its last token; tokens appended to *ids[b]). Every document still generating gives
 // one token to the same forward; each step chooses from the last logits, stops a document at EOS or
-// the limit, else forwards its token, so every document's tokens equal its own decode. A finished
-// document stays in the step's batch (its rows are computed and dropped) until half the batch has
-// finished: the decode graphs are captured again only when the batch shrinks, log2(B) times at
-// most, not once per finished document.
+// the limit, else forwards its token, so every document's tokens equal its own decode. Greedy steps
+// take the argmax on the backend (Model::greedy: the same choice as choose_token, but only the ids
+// leave the device, not B x V logits); sampling downloads each row. A finished document stays in
+// the step's batch (its rows are computed and dropped) until half the batch has finished: the
+// decode graphs are captured again only when the batch shrinks, log2(B) times at most, not once per
+// finished document.
 void decode_batch(const Model& model, const std::vector<int64_t>& docs, const std::vector<Model::State*>& st,
                   std::vector<float>& lg, const ModeParams& p, const std::function<void()>& tick,
                   const std::vector<std::vector<int32_t>*>& ids, WorkStats* stats) {
   const int64_t V = model.config().vocab_size;
   const size_t B = docs.size();
+  const bool greedy = p.temperature <= 0.0;
   WorkStats::Timer timer(stats, "decode");
   DecodeRunner runner(model, p.decode_graphs && model.backend().supports_graphs());
   std::vector<size_t> batch(B);  // the documents of the step's forward
   for (size_t b = 0; b < B; ++b) batch[b] = b;
   std::vector<char> live(B, 1);
   std::vector<int32_t> last(B, 0);  // a finished document's filler token: its last one
+  std::vector<int32_t> next(B, -1);  // greedy: the token the last step's logits chose per document
+  std::vector<int32_t> step_ids;     // [batch]
+  std::vector<float> step_lg;        // sampling: [batch, V], allocated once (the batch only shrinks)
   size_t n_live = B;
   int64_t steps = 0;
   for (int64_t s = 0; s < p.max_new_tokens && n_live > 0; ++s) {
     for (size_t b : batch) {
       if (!live[b]) continue;
-      const int32_t tok = choose_token(lg.data() + int64_t(b) * V, V, p.temperature, p.seed, docs[b], s);
+      // the first token from the prompt's last logits (on the host); later greedy ones from the step
+      const int32_t tok = greedy && s > 0 ? next[b]
+                                          : choose_token(lg.data() + int64_t(b) * V, V, p.temperature, p.seed, docs[b], s);
       ids[b]->push_back(tok);
       last[b] = tok;
       if (tok == model.config().eos_token_id || s + 1 == p.max_new_tokens) live[b] = 0, --n_live;
@@ -102,11 +110,18 @@ void decode_batch(const Model& model, const std::vector<int64_t>& docs, const st
     }
     const DTensor h = runner.step(toks.data(), st1, tick);
     ++steps;
-    std::vector<float> l1(batch.size() * size_t(V));
-    model.logits(h, l1.data());
-    for (size_t i = 0; i < batch.size(); ++i)
-      if (live[batch[i]])
-        std::copy(l1.begin() + int64_t(i) * V, l1.begin() + int64_t(i + 1) * V, lg.begin() + int64_t(batch[i]) * V);
+    if (greedy) {
+      step_ids.resize(batch.size());
+      model.greedy(h, step_ids.data());
+      for (size_t i = 0; i < batch.size(); ++i) next[batch[i]] = step_ids[i];
+    } else {
+      step_lg.resize(batch.size() * size_t(V));
+      model.logits(h, step_lg.data());
+      for (size_t i = 0; i < batch.size(); ++i)
+        if (live[batch[i]])
+          std::copy(step_lg.begin() + int64_t(i) * V, step_lg.begin() + int64_t(i + 1) * V,
+                    lg.begin() + int64_t(batch[i]) * V);
+    }
   }
   if (stats) {  // the report's decode counters (per rank)
     stats->counts["decode_steps"] += steps;

@@ -31,6 +31,10 @@ class LmHead {
   void logprobs(const DTensor& hidden, const int32_t* target, float* lp) const;
   // Top-K (highest log-prob first, lower id first on ties): ids[rows, K], lps[rows, K].
   void topk(const DTensor& hidden, int64_t K, int32_t* ids, float* lps) const;
+  // ids[rows]: per row the id of the largest logit, the lower id on ties (greedy decoding's
+  // choice: only the ids leave the backend, not the [rows, V] logits). A row without a number
+  // (every logit NaN) is refused.
+  void greedy(const DTensor& hidden, int32_t* ids) const;
 
   // Host fp32 conveniences (CPU backend: tools, tests).
   void logits_full(const float* hidden, int64_t rows, float* out) const;

@@ -67,6 +67,8 @@ class Model {
   // logits[rows, V] (host) = hidden[rows, D] · lm_head^T (the full rows, on every TP rank)
   void logits(const DTensor& hidden, float* out) const { head_.logits_full(hidden, out); }
   void logits(const float* hidden, int64_t rows, float* out) const;
+  // ids[rows] = argmax of each row's logits (the lower id on ties), on every TP rank.
+  void greedy(const DTensor& hidden, int32_t* ids) const { head_.greedy(hidden, ids); }
   const LmHead& head() const { return head_; }
 
  private:

@@ -891,6 +891,20 @@ TEST_CASE("backend ops: LM-head reductions on cuda equal the cpu backend", "[gpu
     CHECK(vals[1] == vals[0]);
     std::printf("  lm-head m=%lld n=%lld: max, sum-exp, target logit and top-10 equal\n", (long long)m, (long long)n);
   }
+  // Top-1 (greedy decoding, LmHead::greedy): ties go to the lower column, NaN never wins.
+  const int64_t n = 5003;
+  std::vector<float> lg = rnd(size_t(3 * n), 62, 3.f);
+  lg[17] = lg[4000] = 100.f;                                             // row 0: a tie at the max
+  for (int j = 0; j < 10; ++j) lg[size_t(n + j)] = std::nanf("");        // row 1: NaNs first
+  lg[size_t(n + 2000)] = 50.f;
+  std::fill(lg.begin() + 2 * n, lg.end(), -1.f);                         // row 2: all equal
+  std::vector<int32_t> ids[2];
+  std::vector<float> vals[2];
+  Backend* bes[2] = {b.cpu.get(), b.gpu.get()};
+  for (int i = 0; i < 2; ++i) bes[i]->row_topk(bes[i]->upload(lg.data(), {3, n}, DType::F32), 1, ids[i], vals[i]);
+  CHECK(ids[0] == std::vector<int32_t>{17, 2000, 0});
+  CHECK(ids[1] == ids[0]);
+  CHECK(vals[1] == vals[0]);
 }
 
 TEST_CASE("backend comms: NCCL at world size 1 and the staged MPI path keep a tensor as it is", "[gpu]") {

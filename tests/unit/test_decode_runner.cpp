@@ -8,6 +8,7 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <cmath>
 #include <fstream>
 #include <memory>
 #include <string>
@@ -19,6 +20,7 @@
 #include "job/doc_compute.hpp"
 #include "job/tools.hpp"  // presets()
 #include "model/decode_runner.hpp"
+#include "model/lm_head.hpp"
 #include "model/model.hpp"
 
 using namespace dz;
@@ -152,4 +154,36 @@ TEST_CASE("decode runner: batched generation with documents finishing at differe
     early += int64_t(all[d].ids.size()) < p.max_new_tokens;
   }
   CHECK(early >= 3);
+}
+
+TEST_CASE("LM head: greedy ids equal choose_token's argmax of the full logits, ties to the lower id; NaN rows refused",
+          "[unit]") {
+  const int64_t V = 50, D = 8, R = 4;
+  Backend& be = cpu_backend();
+  Tensor W({V, D});
+  uint64_t x = 0x9E3779B97F4A7C15ull;
+  auto rnd = [&] {
+    x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+    return float(double(x >> 11) / 9007199254740992.0 - 0.5);
+  };
+  for (auto& w : W.data) w = rnd();
+  for (int64_t d = 0; d < D; ++d) {  // row 7 three times as long, copied to rows 30 and 41: a three-way tie
+    W.data[size_t(7 * D + d)] *= 3.f;
+    W.data[size_t(30 * D + d)] = W.data[size_t(41 * D + d)] = W.data[size_t(7 * D + d)];
+  }
+  std::vector<float> hid(size_t(R * D));
+  for (auto& h : hid) h = rnd();
+  for (int64_t d = 0; d < D; ++d) hid[size_t(d)] = 10.f * W.data[size_t(7 * D + d)];  // row 0: the tie is the max
+  LmHead head(W, V, D, TpShard{}, be);
+  const DTensor h = be.upload(hid.data(), {R, D}, be.act_dtype());
+  std::vector<float> lg(size_t(R * V));
+  head.logits_full(h, lg.data());
+  std::vector<int32_t> ids(size_t(R), -1);
+  head.greedy(h, ids.data());
+  for (int64_t r = 0; r < R; ++r) CHECK(ids[size_t(r)] == choose_token(lg.data() + r * V, V, 0.0, 0, 0, 0));
+  CHECK(ids[0] == 7);
+  CHECK(lg[size_t(7)] == lg[size_t(30)]);
+  hid.assign(hid.size(), std::nanf(""));
+  CHECK_THROWS_WITH(head.greedy(be.upload(hid.data(), {R, D}, be.act_dtype()), ids.data()),
+                    Catch::Contains("no logit that is a number"));
 }
