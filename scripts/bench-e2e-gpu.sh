@@ -13,6 +13,8 @@
 #           (generate, 17 new tokens: decode tokens/s of the batch)
 #   ncu:    Nsight Compute (--clock-control none) over one timed last-logits forward at T=32768 of
 #           each 8-layer shape: kernel time by group (scripts/ncu_summary.py)
+# The device tool returns a bounded number of files per command (8 on 2026-12-01; a ninth JSON
+# was left out): tar LOG_DIR into one file under $OUT.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 P=${1:?prefix}; B=${2:?build dir}; L=${3:?log dir}; FLA=${4:?fla source dir}; ANCHOR=${5:?e2e_transformers.py}
@@ -96,7 +98,7 @@ for r in (load("decode_dayzero.json") or {}).get("results", []):
 for r in (load("decode_batch32_dayzero.json") or {}).get("results", []):
     if "decode_tok_s" in r:
         print(f"decode {r['model']} {r['batch']} documents of {r['T']} together: {r['decode_ms_per_token']:.2f} ms per step, "
-              f"{r['decode_tok_s']:.0f} tokens/s (prefill of all {r['batch'] * r['T']} tokens in the call: {r['ms']:.0f} ms)")
+              f"{r['decode_tok_s']:.0f} tokens/s (the whole call, the prefill of all {r['batch'] * r['T']} tokens included: {r['ms']:.0f} ms)")
 for n in ("kimi48b_131k_logprobs_report.json", "kimi48b_256x2048_mbt32768.json", "kimi48b_256x2048_mbt0.json"):
     r = load(n)
     if r:
