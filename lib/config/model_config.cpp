@@ -402,8 +402,11 @@ void parse_deepseek_v32(const Fields& f, const json& j, ModelConfig* c) {
   c->index_topk = f.i64({"index_topk"}, 2048);
   if (f.has("layer_types")) {
     for (const std::string& s : f.strings("layer_types"))
-      if (s != "deepseek_sparse_attention" && s != "full_attention")
-        f.bad("layer_types", str("has '", s, "' (deepseek_v32 layers are all deepseek_sparse_attention)"));
+      // transformers 5.23's save_pretrained writes "indexed_attention"; earlier releases
+      // "deepseek_sparse_attention"; all of them mean MLA + the DSA indexer.
+      if (s != "deepseek_sparse_attention" && s != "indexed_attention" && s != "full_attention")
+        f.bad("layer_types", str("has '", s,
+                                 "' (deepseek_v32 layers are deepseek_sparse_attention / indexed_attention)"));
   }
 
   c->intermediate_size = f.i64({"intermediate_size"}, 18432);

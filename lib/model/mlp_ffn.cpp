@@ -38,7 +38,11 @@ std::unique_ptr<Ffn> make_mlp_ffn(const ModelConfig& cfg, int layer, Checkpoint&
            "' is not supported (only silu / SwiGLU)");
   const int64_t D = cfg.hidden_size, I = cfg.intermediate_size;
   DZ_CHECK(D > 0 && I > 0, "layer ", layer, ": dense MLP needs hidden_size and intermediate_size > 0");
-  const std::string p = prefix + "mlp.";
+  // Published Kimi checkpoints keep a dense layer under `mlp.`; transformers 5.17's save_pretrained
+  // writes it under `block_sparse_moe.` (the MoE layers' name). Either loads; never both.
+  std::string p = prefix + "mlp.";
+  const std::string alt = prefix + "block_sparse_moe.";
+  if (cfg.model_type == "kimi_linear" && !ck.has(p + "gate_proj.weight") && ck.has(alt + "gate_proj.weight")) p = alt;
   Tensor g = ck.get(p + "gate_proj.weight", {I, D});
   Tensor u = ck.get(p + "up_proj.weight", {I, D});
   Tensor d = ck.get(p + "down_proj.weight", {D, I});

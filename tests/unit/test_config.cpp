@@ -257,6 +257,16 @@ TEST_CASE("config: deepseek_v32", "[unit]") {
   json nl = deepseek();
   nl["rope_interleave"] = false;
   CHECK(ModelConfig::from_json(nl).rope.style == RopeStyle::NeoX);
+
+  // layer_types as transformers 5.17 (deepseek_sparse_attention) and 5.23 (indexed_attention) save them
+  for (const char* name : {"deepseek_sparse_attention", "indexed_attention"}) {
+    json lt = deepseek();
+    lt["layer_types"] = json::array({name, name, name, name});
+    CHECK(ModelConfig::from_json(lt).to_json() == c.to_json());
+  }
+  json bad = deepseek();
+  bad["layer_types"] = json::array({"linear_attention", "indexed_attention", "indexed_attention", "indexed_attention"});
+  CHECK_THROWS_WITH(ModelConfig::from_json(bad), Catch::Contains("linear_attention"));
 }
 
 TEST_CASE("config: qwen3_next", "[unit]") {
