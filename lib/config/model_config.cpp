@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <fstream>
+#include <map>
 #include <set>
 
 #include "core/error.hpp"
@@ -400,6 +401,7 @@ void parse_deepseek_v32(const Fields& f, const json& j, ModelConfig* c) {
   c->index_n_heads = f.i64({"index_n_heads"}, 64);
   c->index_head_dim = f.i64({"index_head_dim"}, 128);
   c->index_topk = f.i64({"index_topk"}, 2048);
+  c->mtp_layers = f.i64({"num_nextn_predict_layers"}, 0);
   if (f.has("layer_types")) {
     for (const std::string& s : f.strings("layer_types"))
       // transformers 5.23's save_pretrained writes "indexed_attention"; earlier releases
@@ -449,14 +451,33 @@ void parse_deepseek_v32(const Fields& f, const json& j, ModelConfig* c) {
   }
 }
 
-void parse_qwen3_next(const Fields& f, const json& j, ModelConfig* c) {
+// qwen3_next, and qwen3_5_moe_text (QWEN35): the same modules with separate GDN in-projections,
+// multimodal RoPE sections, every layer MoE and the top-k weights always renormalised.
+void parse_qwen3_next(const Fields& f, const json& j, ModelConfig* c, bool qwen35) {
   parse_common(f, j, c, 1e-6);
+  c->gdn_split_proj = qwen35;
   c->norm_zero_centered = true;
   c->attn_output_gate = true;
   c->num_kv_heads = f.i64({"num_key_value_heads"}, 2);
   c->head_dim = f.i64({"head_dim"}, 256);
   parse_rope(f, &c->rope, 0.25f);
   c->rope.style = RopeStyle::NeoX;
+  if (qwen35) {
+    // mrope_section splits the rotary frequencies among (t, h, w) position ids; a text-only
+    // document has t = h = w = its positions, which makes it plain NeoX RoPE. Only the split's
+    // size is checked (against the rotary half-width).
+    const char* key = f.pick({"rope_parameters", "rope_scaling"});
+    if (key && f.sub(key).has("mrope_section")) {
+      Fields p = f.sub(key);
+      int64_t sum = 0;
+      for (int64_t v : p.ints("mrope_section")) sum += v;
+      const int64_t half = int64_t(float(c->head_dim) * c->rope.partial_rotary_factor) / 2;
+      if (sum != half)
+        p.bad("mrope_section", str("sums to ", sum, " but the rotary half-width is ", half,
+                                   " (head_dim x partial_rotary_factor / 2)"));
+    }
+    c->mtp_layers = f.i64({"mtp_num_hidden_layers"}, 0);
+  }
   c->la_num_k_heads = f.i64({"linear_num_key_heads"}, 16);
   c->la_num_v_heads = f.i64({"linear_num_value_heads"}, 32);
   c->la_head_k_dim = f.i64({"linear_key_head_dim"}, 128);
@@ -472,14 +493,15 @@ void parse_qwen3_next(const Fields& f, const json& j, ModelConfig* c) {
     for (int64_t i = 0; i < c->num_layers; ++i) lin.push_back((i + 1) % every != 0);
   }
 
-  c->intermediate_size = f.i64({"intermediate_size"}, 5632);
-  c->n_routed_experts = f.i64({"num_experts", "num_local_experts"}, 512);
-  c->num_experts_per_tok = f.i64({"num_experts_per_tok"}, 10);
+  c->intermediate_size = f.i64({"intermediate_size"}, qwen35 ? 0 : 5632);
+  c->n_routed_experts = f.i64({"num_experts", "num_local_experts"}, qwen35 ? 256 : 512);
+  c->num_experts_per_tok = f.i64({"num_experts_per_tok"}, qwen35 ? 8 : 10);
   c->moe_intermediate_size = f.i64({"moe_intermediate_size"}, 512);
   c->shared_intermediate_size = f.i64({"shared_expert_intermediate_size"}, 512);
   c->n_shared_experts = c->shared_intermediate_size > 0 ? 1 : 0;
   c->shared_expert_gate = c->n_shared_experts > 0;
-  c->norm_topk_prob = f.boolean({"norm_topk_prob"}, true);
+  // Qwen3.5's router renormalises the top-k weights whatever the config says.
+  c->norm_topk_prob = qwen35 ? true : f.boolean({"norm_topk_prob"}, true);
   c->score_func = ScoreFunc::Softmax;
   c->routed_scaling_factor = 1.f;
   c->n_group = c->topk_group = 1;
@@ -510,9 +532,43 @@ void parse_qwen3_next(const Fields& f, const json& j, ModelConfig* c) {
 
 void validate_at(const ModelConfig& m, const std::string& where);
 
+// Multimodal wrappers scored on their text model: wrapper model_type -> the text_config's.
+const std::map<std::string, std::string>& wrappers() {
+  static const std::map<std::string, std::string> w = {{"qwen3_5_moe", "qwen3_5_moe_text"}};
+  return w;
+}
+
+std::string supported_model_types() {
+  std::string s = "kimi_linear, deepseek_v32, qwen3_next, qwen3_5_moe_text, dayzero_hybrid";
+  for (const auto& kv : wrappers()) s += ", " + kv.first;
+  return s;
+}
+
+ModelConfig parse_at(const nlohmann::json& j, const std::string& where);
+
+// A wrapper's config: text_config parsed as the model, with the wrapper's own settings that the
+// text model inherits (tie_word_embeddings, token ids) filled in where text_config lacks them.
+ModelConfig parse_wrapper(const json& j, const std::string& mt, const std::string& where) {
+  const std::string text_type = wrappers().at(mt);
+  auto it = j.find("text_config");
+  DZ_CHECK(it != j.end() && it->is_object(), where, ": ", mt, " is a multimodal wrapper and needs a text_config object");
+  json t = *it;
+  const std::string inner = t.value("model_type", text_type);
+  DZ_CHECK(inner == text_type, where, ": text_config.model_type is '", inner, "' (", mt, " wraps ", text_type, ")");
+  t["model_type"] = text_type;
+  for (const char* k : {"tie_word_embeddings", "bos_token_id", "eos_token_id", "pad_token_id"})
+    if (!t.contains(k) && j.contains(k)) t[k] = j[k];
+  ModelConfig c = parse_at(t, where + " (text_config)");
+  c.wrapper_model_type = mt;
+  c.has_vision = j.contains("vision_config") && !j["vision_config"].is_null();
+  return c;
+}
+
 // from_json / from_file: WHERE (the file name) starts every error message.
 ModelConfig parse_at(const nlohmann::json& j, const std::string& where) {
   DZ_CHECK(j.is_object(), where, ": not a JSON object");
+  if (auto mt = j.find("model_type"); mt != j.end() && mt->is_string() && wrappers().count(mt->get<std::string>()))
+    return parse_wrapper(j, mt->get<std::string>(), where);
   Fields f(j, where);
   const std::string mt = f.string({"model_type"}, "");
   if (mt.empty()) f.bad("model_type", "is missing");
@@ -528,11 +584,11 @@ ModelConfig parse_at(const nlohmann::json& j, const std::string& where) {
   } else if (mt == "deepseek_v32") {
     c.family = Family::DeepseekV32;
     parse_deepseek_v32(f, j, &c);
-  } else if (mt == "qwen3_next") {
+  } else if (mt == "qwen3_next" || mt == "qwen3_5_moe_text") {
     c.family = Family::Qwen3Next;
-    parse_qwen3_next(f, j, &c);
+    parse_qwen3_next(f, j, &c, mt == "qwen3_5_moe_text");
   } else {
-    f.bad("model_type", str("'", mt, "' is not supported (kimi_linear, deepseek_v32, qwen3_next, dayzero_hybrid)"));
+    f.bad("model_type", str("'", mt, "' is not supported (", supported_model_types(), ")"));
   }
   validate_at(c, where);
   return c;
@@ -662,6 +718,9 @@ nlohmann::json ModelConfig::to_json() const {
   json j;
   j["family"] = to_string(family);
   j["model_type"] = model_type;
+  if (!wrapper_model_type.empty()) j["wrapper"] = {{"model_type", wrapper_model_type}, {"vision_tower", has_vision}};
+  if (mtp_layers > 0) j["mtp_layers"] = mtp_layers;
+  if (gdn_split_proj) j["gdn_split_proj"] = true;
   j["vocab_size"] = vocab_size;
   j["hidden_size"] = hidden_size;
   j["num_layers"] = num_layers;

@@ -81,6 +81,9 @@ struct ModelConfig {
   int64_t num_kv_heads = 0;
   int64_t head_dim = 0;
   bool attn_output_gate = false;
+  // Qwen3.5: in_proj_qkv / in_proj_z / in_proj_b / in_proj_a instead of Qwen3-Next's fused,
+  // per-key-head interleaved in_proj_qkvz / in_proj_ba (same module otherwise).
+  bool gdn_split_proj = false;
 
   // --- FFN ---
   std::string hidden_act = "silu";
@@ -106,7 +109,12 @@ struct ModelConfig {
   bool kv_cache_fp8 = false;  // MLA latent cache: FP8 E4M3 per token per 128-tile (+ fp32 scale), RoPE part BF16
   bool index_mxfp8 = false;   // DSA indexer queries and keys: MXFP8 (E4M3, one E8M0 scale per 32)
 
-  nlohmann::json raw;  // the config.json as read
+  // --- checkpoint packaging ---
+  std::string wrapper_model_type;  // multimodal wrapper scored on its text model (qwen3_5_moe), else ""
+  bool has_vision = false;         // the wrapper declares a vision tower: its tensors are recognised, not loaded
+  int64_t mtp_layers = 0;          // multi-token-prediction layers in the checkpoint (accepted, not run)
+
+  nlohmann::json raw;  // the config.json as read (a wrapper's text_config, merged; see parse)
 
   // Parse a Hugging Face config.json (any supported family). Throws naming the field on error.
   static ModelConfig from_json(const nlohmann::json& j);

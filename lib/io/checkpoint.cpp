@@ -335,9 +335,16 @@ bool Checkpoint::has(const std::string& name) const {
   return tensors_.count(name) > 0;
 }
 
+std::string Checkpoint::file_name(const std::string& name) const {
+  if (auto it = tensors_.find(name); it != tensors_.end() && !it->second.name.empty()) return it->second.name;
+  for (const auto& r : renamed_)  // the name this checkpoint would use for it
+    if (name.rfind(r.second, 0) == 0) return r.first + name.substr(r.second.size());
+  return name;
+}
+
 const TensorInfo& Checkpoint::info(const std::string& name) const {
   auto it = tensors_.find(name);
-  DZ_CHECK(it != tensors_.end(), "missing tensor ", name, " in ", dir_);
+  DZ_CHECK(it != tensors_.end(), "missing tensor ", file_name(name), " in ", dir_);
   return it->second;
 }
 
@@ -379,10 +386,10 @@ Tensor Checkpoint::get(const std::string& name, const Shape& shape, Init init) {
     return t;
   }
   auto it = tensors_.find(name);
-  DZ_CHECK(it != tensors_.end(), "missing tensor ", name, " in ", dir_);
+  DZ_CHECK(it != tensors_.end(), "missing tensor ", file_name(name), " in ", dir_);
   const TensorInfo& ti = it->second;
-  DZ_CHECK(ti.shape == shape, "tensor ", name, ": expected shape ", shape_str(shape), ", checkpoint has ",
-           shape_str(ti.shape));
+  DZ_CHECK(ti.shape == shape, "tensor ", ti.name.empty() ? name : ti.name, ": expected shape ", shape_str(shape),
+           ", checkpoint has ", shape_str(ti.shape));
   const std::string sname = name + "_scale_inv";  // DeepSeek fp8 block scales, see below
   auto sit = tensors_.find(sname);
   const bool block_scaled = ti.dtype == DType::F8_E4M3 && sit != tensors_.end();
@@ -426,6 +433,38 @@ Tensor Checkpoint::get_optional(const std::string& name, const Shape& shape, Ini
   return get(name, shape, init);
 }
 
+void Checkpoint::rename_prefix(const std::string& from, const std::string& to) {
+  DZ_CHECK(!generating_, "internal: rename_prefix on a generated checkpoint");
+  // A name already under TO that the renamed ones would sit beside (a text model named two ways);
+  // other tensors under TO (model.visual.* beside language_model.model.*) stay as they are.
+  auto text_part = [&](const std::string& n) {
+    if (n.rfind(to, 0) != 0 || n.rfind(from, 0) == 0) return false;
+    const std::string rest = n.substr(to.size());
+    if (to == "model.") return rest.rfind("layers.", 0) == 0 || rest.rfind("embed_tokens.", 0) == 0 || rest.rfind("norm.", 0) == 0;
+    return true;
+  };
+  std::map<std::string, TensorInfo> out;
+  for (auto& kv : tensors_) {
+    std::string n = kv.first;
+    if (text_part(n))
+      fail(str("checkpoint ", dir_, " holds ", kv.first, " beside the text model's tensors under ", from,
+               ": its tensors are named two ways"));
+    if (n.rfind(from, 0) == 0) n = to + n.substr(from.size());
+    DZ_CHECK(!out.count(n), "checkpoint ", dir_, ": ", kv.first, " and ", out[n].name, " are the same tensor once ",
+             from, " is read as ", to);
+    out[n] = kv.second;  // TensorInfo::name keeps the file's name
+  }
+  tensors_ = std::move(out);
+  renamed_.push_back({from, to});
+}
+
+int64_t Checkpoint::skip_prefix(const std::string& prefix) {
+  int64_t n = 0;
+  for (const auto& kv : tensors_)
+    if (kv.first.rfind(prefix, 0) == 0 && used_.insert(kv.first).second) ++n;
+  return n;
+}
+
 std::vector<std::string> Checkpoint::unused() const {
   std::vector<std::string> r;
   if (generating_) return r;
@@ -435,8 +474,9 @@ std::vector<std::string> Checkpoint::unused() const {
 }
 
 void Checkpoint::check_all_used() const {
-  const std::vector<std::string> unused = this->unused();
+  std::vector<std::string> unused = this->unused();
   if (unused.empty()) return;
+  for (auto& n : unused) n = file_name(n);
   if (unused.size() == 1) fail(str("unexpected tensor ", unused[0], " in ", dir_));
   fail(str("unexpected tensor ", unused[0], " (and ", unused.size() - 1, " more) in ", dir_));
 }

@@ -15,6 +15,7 @@
 #include <memory>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/dtype.hpp"
@@ -75,8 +76,15 @@ class Checkpoint {
   Tensor get_optional(const std::string& name, const Shape& shape, Init init = Init{});
   // Throws "unexpected tensor NAME (and k more)" if any tensor was never asked for.
   void check_all_used() const;
-  // Names never asked for (inspect attributes them to modules).
+  // Reads the checkpoint's tensors named FROM + rest as TO + rest (a multimodal wrapper's text
+  // model: "model.language_model." -> "model."). Messages about them name the file's names.
+  void rename_prefix(const std::string& from, const std::string& to);
+  // Marks every tensor under PREFIX as recognised and not loaded (a vision tower); returns how many.
+  int64_t skip_prefix(const std::string& prefix);
+  // Names never asked for (inspect attributes them to modules), read as dayzero's (rename_prefix).
   std::vector<std::string> unused() const;
+  // dayzero's name -> the name the file uses for it (they differ after rename_prefix).
+  std::string file_name(const std::string& name) const;
   // Dry run (inspect): get() checks names and shapes but returns tensors with the shape set and
   // no data, so a checkpoint of any size can be checked without its memory.
   void set_dry_run(bool on) { dry_run_ = on; }
@@ -87,6 +95,7 @@ class Checkpoint {
  private:
   Checkpoint() = default;
   uint64_t dummy_key_of(const std::string& name) const;
+  std::vector<std::pair<std::string, std::string>> renamed_;  // (file prefix, ours)
   struct Mapping;
   std::string dir_;
   bool generating_ = false;

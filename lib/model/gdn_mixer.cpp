@@ -1,6 +1,8 @@
-// Gated DeltaNet token mixer (Qwen3-Next): fused input projections, one short conv over q|k|v,
+// Gated DeltaNet token mixer (Qwen3-Next, Qwen3.5): input projections, one short conv over q|k|v,
 // scalar-gated delta rule, SiLU-gated RMSNorm, output projection. Tensor names are qwen3_next's:
-// PREFIX linear_attn.{in_proj_qkvz, in_proj_ba, conv1d, dt_bias, A_log, norm, out_proj}.
+// PREFIX linear_attn.{in_proj_qkvz, in_proj_ba, conv1d, dt_bias, A_log, norm, out_proj}; Qwen3.5
+// publishes the projections separately, already de-interleaved: in_proj_qkv [q all | k all | v all],
+// in_proj_z, in_proj_b, in_proj_a (value head j belongs to key head j / r in both).
 //
 // TP shards the key heads [h0, h1) and with them their value heads [h0*r, h1*r) (r = HV / HK).
 // Both fused projections are laid out per key head (in_proj_qkvz: [q K | k K | v r*V | z r*V],
@@ -64,27 +66,45 @@ class GdnMixer : public LinearAttnMixer {
     const std::string p = prefix + "linear_attn.";
     const Init proj = Init::normal(0.02f);
     const float cb = 1.f / std::sqrt(float(W_));
-    const Tensor w_qkvz = rows(ck.get(p + "in_proj_qkvz.weight", {2 * HKf * K_ + 2 * HVf * V_, D_}, proj),
-                               2 * K_ + 2 * r_ * V_);
-    const Tensor w_ba = rows(ck.get(p + "in_proj_ba.weight", {2 * HVf, D_}, proj), 2 * r_);
-    Tensor conv = get_conv(ck, p + "conv1d.weight", 2 * HKf * K_ + HVf * V_, W_, Init::uniform(-cb, cb));
-    if (shard && !conv.empty()) {  // [q | k | v] channel groups, each cut to this rank's heads
+    Tensor w_qkvz, w_ba, w_qkv, w_z, w_b, w_a;
+    if (cfg.gdn_split_proj) {  // Qwen3.5: [q all | k all | v all], z, b, a as separate tensors
+      w_qkv = ck.get(p + "in_proj_qkv.weight", {2 * HKf * K_ + HVf * V_, D_}, proj);
+      w_z = rows(ck.get(p + "in_proj_z.weight", {HVf * V_, D_}, proj), r_ * V_);
+      w_b = rows(ck.get(p + "in_proj_b.weight", {HVf, D_}, proj), r_);
+      w_a = rows(ck.get(p + "in_proj_a.weight", {HVf, D_}, proj), r_);
+    } else {
+      w_qkvz = rows(ck.get(p + "in_proj_qkvz.weight", {2 * HKf * K_ + 2 * HVf * V_, D_}, proj), 2 * K_ + 2 * r_ * V_);
+      w_ba = rows(ck.get(p + "in_proj_ba.weight", {2 * HVf, D_}, proj), 2 * r_);
+    }
+    // This rank's [q | k | v] channels of a [q all | k all | v all] tensor (rows of W values each).
+    auto qkv_part = [&](const Tensor& t, int64_t W) {
+      if (!shard || t.empty()) return t;
       const int64_t KDf = HKf * K_;
-      Tensor c({conv_dim(), W_});
+      Tensor c({conv_dim(), W});
       const std::pair<int64_t, int64_t> parts[3] = {{h0 * K_, h1 * K_},
                                                      {KDf + h0 * K_, KDf + h1 * K_},
                                                      {2 * KDf + h0 * r_ * V_, 2 * KDf + h1 * r_ * V_}};
       auto dst = c.data.begin();
-      for (const auto& pr : parts) dst = std::copy(conv.data.begin() + pr.first * W_, conv.data.begin() + pr.second * W_, dst);
-      conv = std::move(c);
-    }
+      for (const auto& pr : parts) dst = std::copy(t.data.begin() + pr.first * W, t.data.begin() + pr.second * W, dst);
+      return c;
+    };
+    Tensor conv = get_conv(ck, p + "conv1d.weight", 2 * HKf * K_ + HVf * V_, W_, Init::uniform(-cb, cb));
+    conv = qkv_part(conv, W_);  // [q | k | v] channel groups, each cut to this rank's heads
     const Tensor dt_bias = rows(ck.get(p + "dt_bias", {HVf}, Init::uniform(-4.f, -1.f)), r_);
     const Tensor A_log = rows(ck.get(p + "A_log", {HVf}, Init::uniform(0.f, std::log(16.f))), r_);
     // qwen3_next's gated norm is weight * x (ones init), not zero-centred like its other RMSNorms.
     const Tensor norm = ck.get(p + "norm.weight", {V_}, Init::ones());
     Tensor wo = ck.get(p + "out_proj.weight", {D_, HVf * V_}, proj);
     if (shard) wo = slice_cols(wo, h0 * r_ * V_, h1 * r_ * V_);
-    if (w_qkvz.empty()) return;  // dry run (inspect): names and shapes only
+    if (wo.empty()) return;  // dry run (inspect): names and shapes only
+    if (cfg.gdn_split_proj) {  // already de-interleaved
+      w_pre_ = be.weight(qkv_part(w_qkv, D_));
+      w_z_ = be.weight(w_z);
+      w_b_ = be.weight(w_b);
+      w_a_ = be.weight(w_a);
+      upload_rest(be, conv, dt_bias, A_log, norm, wo);
+      return;
+    }
 
     // Un-interleave the fused projections once, here, as fix_query_key_value_ordering splits their
     // outputs: per key head h in_proj_qkvz holds [q (K) | k (K) | v (r*V) | z (r*V)] and in_proj_ba
@@ -108,6 +128,12 @@ class GdnMixer : public LinearAttnMixer {
     w_z_ = be.weight(z);
     w_b_ = be.weight(bw);
     w_a_ = be.weight(aw);
+    upload_rest(be, conv, dt_bias, A_log, norm, wo);
+  }
+
+ private:
+  void upload_rest(Backend& be, const Tensor& conv, const Tensor& dt_bias, const Tensor& A_log, const Tensor& norm,
+                   const Tensor& wo) {
     conv_ = be.weight(conv);
     dt_bias_ = be.param(dt_bias);
     A_log_ = be.param(A_log);
@@ -115,7 +141,6 @@ class GdnMixer : public LinearAttnMixer {
     wo_ = be.weight(wo);
   }
 
- private:
   Tok project(const DTensor& x) const override {
     const int64_t T = x.rows();
     Backend& be = *be_;

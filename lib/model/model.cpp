@@ -12,16 +12,56 @@ namespace dz {
 
 Model::~Model() = default;
 
-void skip_mtp_layers(const ModelConfig& cfg, Checkpoint& ck) {
-  // DeepSeek checkpoints append multi-token-prediction layers (model.layers.{L..L+n-1}) used only
-  // for speculative decoding; dayzero does not run them, so they are accepted by name and skipped.
-  const int64_t n = cfg.raw.value("num_nextn_predict_layers", int64_t(0));
-  if (n <= 0) return;
+int64_t skip_mtp_layers(const ModelConfig& cfg, Checkpoint& ck) {
+  // Multi-token-prediction layers are used only for speculative decoding, which does not run them
+  // yet: accepted by name (only as many as the config declares) and skipped. DeepSeek appends them
+  // as model.layers.{L..L+n-1}; Qwen3.5 keeps them under mtp. (mtp.layers.{0..n-1}, mtp.fc, norms).
+  const int64_t n = cfg.mtp_layers;
+  if (n <= 0) return 0;
+  int64_t skipped = 0;
   ck.set_dry_run(true);
-  for (const auto& name : ck.unused())
-    for (int64_t l = cfg.num_layers; l < cfg.num_layers + n; ++l)
-      if (name.rfind(str("model.layers.", l, "."), 0) == 0) ck.get(name, ck.info(name).shape);
+  for (const auto& name : ck.unused()) {
+    bool mtp = false;
+    for (int64_t l = cfg.num_layers; l < cfg.num_layers + n; ++l) mtp |= name.rfind(str("model.layers.", l, "."), 0) == 0;
+    if (name.rfind("mtp.", 0) == 0) {
+      mtp = true;
+      const std::string rest = name.substr(4);
+      if (rest.rfind("layers.", 0) == 0) mtp = std::stoll("0" + rest.substr(7, rest.find('.', 7) - 7)) < n;
+    }
+    if (mtp) ck.get(name, ck.info(name).shape), ++skipped;
+  }
   ck.set_dry_run(false);
+  return skipped;
+}
+
+TextPackaging adopt_text_model(const ModelConfig& cfg, Checkpoint& ck) {
+  TextPackaging tp{"model.", "lm_head.", 0, {}};
+  if (ck.generating()) return tp;
+  bool wrapped_hf = false, wrapped_lm = false;  // model.language_model.* / language_model.model.*
+  for (const auto& n : ck.names()) {
+    wrapped_hf |= n.rfind("model.language_model.", 0) == 0;
+    wrapped_lm |= n.rfind("language_model.model.", 0) == 0;
+  }
+  DZ_CHECK(!(wrapped_hf && wrapped_lm), "checkpoint ", ck.dir(),
+           " holds both model.language_model.* and language_model.model.* tensors: which one is the text model?");
+  if (wrapped_hf) {
+    tp.prefix = "model.language_model.";
+    ck.rename_prefix(tp.prefix, "model.");
+  } else if (wrapped_lm) {
+    tp.prefix = "language_model.model.";
+    tp.lm_head = "language_model.lm_head.";
+    ck.rename_prefix(tp.prefix, "model.");
+    ck.rename_prefix(tp.lm_head, "lm_head.");
+  }
+  if (cfg.has_vision) {
+    // Vision towers and their projectors as the wrappers publish them (Qwen3.5 model.visual.,
+    // GLM model.visual., Kimi vision_tower. + mm_projector. / multi_modal_projector.).
+    for (const char* p : {"model.visual.", "visual.", "model.vision_tower.", "vision_tower.", "vision_model.",
+                          "model.multi_modal_projector.", "multi_modal_projector.", "mm_projector.",
+                          "model.mm_projector."})
+      if (int64_t k = ck.skip_prefix(p)) tp.vision_tensors += k, tp.vision_prefixes.push_back(p);
+  }
+  return tp;
 }
 
 std::unique_ptr<Model> Model::load(const std::string& dir, const TpShard& tp, bool kv_cache_fp8, bool index_mxfp8,
@@ -34,6 +74,10 @@ std::unique_ptr<Model> Model::load(const std::string& dir, const TpShard& tp, bo
     return build(cfg, *ck, tp, be);
   }
   auto ck = Checkpoint::open(dir);
+  const TextPackaging pk = adopt_text_model(cfg, *ck);
+  if (!cfg.wrapper_model_type.empty())
+    log_root(str(cfg.wrapper_model_type, ": scoring its text model (tensors under ", pk.prefix, ")",
+                 pk.vision_tensors ? str(", vision tower recognised and not loaded (", pk.vision_tensors, " tensors)") : ""));
   auto m = build(cfg, *ck, tp, be);
   skip_mtp_layers(cfg, *ck);
   ck->check_all_used();

@@ -109,9 +109,22 @@ class Model {
   std::unique_ptr<AttnRes> attn_res_;
 };
 
-// Marks the multi-token-prediction layers of DeepSeek checkpoints (num_nextn_predict_layers) as
-// known, so strict loading accepts published checkpoints that carry them.
-void skip_mtp_layers(const ModelConfig& cfg, Checkpoint& ck);
+// Marks the multi-token-prediction layers a config declares (DeepSeek num_nextn_predict_layers,
+// Qwen3.5 mtp_num_hidden_layers) as known, so strict loading accepts published checkpoints that
+// carry them. Returns how many tensors it accepted.
+int64_t skip_mtp_layers(const ModelConfig& cfg, Checkpoint& ck);
+
+// How a checkpoint packages its text model (multimodal wrappers), found from its tensor names.
+struct TextPackaging {
+  std::string prefix;          // the file's prefix read as "model." ("model." when unwrapped)
+  std::string lm_head;         // the file's name of lm_head.weight's prefix ("lm_head." when unwrapped)
+  int64_t vision_tensors = 0;  // recognised and not loaded
+  std::vector<std::string> vision_prefixes;
+};
+// Reads a wrapper's text model under dayzero's names (model.language_model.X and
+// language_model.model.X as model.X, language_model.lm_head as lm_head) and, when the config
+// declares a vision tower, marks its tensors as recognised. Call before building the model.
+TextPackaging adopt_text_model(const ModelConfig& cfg, Checkpoint& ck);
 
 // log-softmax helpers over one row of logits (fp64 accumulation, deterministic).
 // Returns log p(target).

@@ -32,7 +32,8 @@ torch.backends.cudnn.allow_tf32 = False
 torch.set_float32_matmul_precision("highest")
 
 DOC_LENGTHS = [1, 2, 7, 33, 64, 65, 70, 130]  # 64/65/70/130 straddle the chunk size 64
-MODEL_SEEDS = {"kimi_linear": 1234, "deepseek_v32": 2345, "qwen3_next": 3456}
+MODEL_SEEDS = {"kimi_linear": 1234, "deepseek_v32": 2345, "qwen3_next": 3456,
+               "qwen3_5_moe_text": 4567, "qwen3_5_moe": 5678}
 TOKEN_SEED = 777
 WEIGHT_STD = 0.15   # initializer_range: the default 0.02 gives near-uniform outputs
 LM_HEAD_STD = 0.3   # wider lm_head so log-probs spread over several nats
@@ -94,8 +95,51 @@ def qwen3_next_config():
     return cfg, transformers.Qwen3NextForCausalLM
 
 
+def qwen3_5_text_kwargs():
+    # As qwen3_next above, with Qwen3.5's multimodal RoPE sections over the 8 rotary dims (2+1+1
+    # frequencies for t/h/w: text positions make them one RoPE) and no dense/mlp_only options.
+    return dict(
+        vocab_size=256, hidden_size=64,
+        num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+        layer_types=["linear_attention", "linear_attention", "full_attention"],
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25,
+                         "mrope_section": [2, 1, 1], "mrope_interleaved": True},
+        linear_conv_kernel_dim=4, linear_key_head_dim=16, linear_value_head_dim=16,
+        linear_num_key_heads=2, linear_num_value_heads=4,
+        num_experts=8, num_experts_per_tok=2, moe_intermediate_size=16, shared_expert_intermediate_size=32,
+        rms_norm_eps=1e-6, initializer_range=WEIGHT_STD, max_position_embeddings=4096,
+        tie_word_embeddings=False, pad_token_id=0, bos_token_id=1, eos_token_id=2,
+    )
+
+
+def qwen3_5_moe_text_config():
+    from transformers import Qwen3_5MoeTextConfig
+    return Qwen3_5MoeTextConfig(**qwen3_5_text_kwargs()), transformers.Qwen3_5MoeForCausalLM
+
+
+def qwen3_5_moe_config():
+    # The multimodal wrapper with a one-block vision tower (recognised by dayzero, not loaded).
+    from transformers import Qwen3_5MoeConfig
+    vision = dict(depth=1, hidden_size=32, intermediate_size=32, num_heads=2, patch_size=4,
+                  spatial_merge_size=2, temporal_patch_size=2, out_hidden_size=64, num_position_embeddings=16)
+    cfg = Qwen3_5MoeConfig(text_config=qwen3_5_text_kwargs(), vision_config=vision, tie_word_embeddings=False,
+                           image_token_id=250, video_token_id=251, vision_start_token_id=252, vision_end_token_id=253)
+    return cfg, transformers.Qwen3_5MoeForConditionalGeneration
+
+
 FAMILIES = {"kimi_linear": kimi_linear_config, "deepseek_v32": deepseek_v32_config,
-            "qwen3_next": qwen3_next_config}
+            "qwen3_next": qwen3_next_config, "qwen3_5_moe_text": qwen3_5_moe_text_config,
+            "qwen3_5_moe": qwen3_5_moe_config}
+
+
+def text_model(model):
+    """The decoder stack (wrappers keep it under model.language_model)."""
+    inner = model.model
+    return getattr(inner, "language_model", inner)
+
+
+def text_config(cfg):
+    return getattr(cfg, "text_config", None) or cfg
 
 
 @torch.no_grad()
@@ -193,7 +237,7 @@ def indexer_margins(idx, hidden, q_resid, cos, sin, rec, key):
 
 def install_margin_hooks(model, family, rec):
     hooks = []
-    for li, layer in enumerate(model.model.layers):
+    for li, layer in enumerate(text_model(model).layers):
         mlp = layer.mlp
         gate = getattr(mlp, "gate", None)
         if gate is not None and hasattr(gate, "top_k"):
@@ -226,7 +270,7 @@ def build(family, seed):
 def run_docs(model, docs, device, rec=None):
     out = {"lp": [], "hidden": None, "prenorm": [], "last": []}
     captured = {}
-    h = model.model.layers[-1].register_forward_hook(lambda m, a, o: captured.__setitem__("x", o))
+    h = text_model(model).layers[-1].register_forward_hook(lambda m, a, o: captured.__setitem__("x", o))
     hidden_acc = None
     for d in docs:
         ids = torch.from_numpy(d.astype(np.int64))[None].to(device)
@@ -259,6 +303,8 @@ def fix_kimi_dense_names(odir, cfg):
     path = os.path.join(odir, "model.safetensors")
     sd = load_file(path)
     dense = [i for i, t in enumerate(cfg.mlp_layer_types) if t == "dense"]
+    if not any(f"model.layers.{i}.block_sparse_moe." in k for k in sd for i in dense):
+        return []  # this transformers release keeps them under mlp. already
     out, renamed = {}, []
     for k, v in sd.items():
         nk = k
@@ -294,6 +340,9 @@ def main():
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--max-seed-tries", type=int, default=40)
     ap.add_argument("--allow-fused", action="store_true", help="do not block fla / causal_conv1d")
+    ap.add_argument("--suffix", default="", help="output dir <family><suffix> (e.g. _tf523 for a second release)")
+    ap.add_argument("--keep-layout", action="store_true",
+                    help="keep the tensor names exactly as this release's save_pretrained writes them")
     args = ap.parse_args()
     device = torch.device(args.device)
     print(f"transformers {transformers.__version__} torch {torch.__version__} device {device}", flush=True)
@@ -304,7 +353,7 @@ def main():
             seed = base + t
             cfg, model = build(family, seed)
             model.to(device)
-            docs = make_docs(cfg.vocab_size)
+            docs = make_docs(text_config(cfg).vocab_size)
             rec = MarginRecorder()
             hooks = install_margin_hooks(model, family, rec)
             res = run_docs(model, docs, device, rec)
@@ -317,14 +366,14 @@ def main():
         else:
             raise SystemExit(f"{family}: no seed with margins >= {MIN_MARGIN}")
 
-        odir = os.path.join(args.out, family)
+        odir = os.path.join(args.out, family + args.suffix)
         os.makedirs(odir, exist_ok=True)
         model.to("cpu").save_pretrained(odir, safe_serialization=True)
         for extra in ("generation_config.json",):
             p = os.path.join(odir, extra)
             if os.path.exists(p):
                 os.remove(p)
-        renamed = fix_kimi_dense_names(odir, cfg) if family == "kimi_linear" else []
+        renamed = fix_kimi_dense_names(odir, cfg) if family == "kimi_linear" and not args.keep_layout else []
         for a, b in renamed:
             print(f"{family}: renamed {a} -> {b}")
         model.to(device)
@@ -346,7 +395,7 @@ def main():
         offsets = np.cumsum([0] + [len(d) for d in docs]).astype(np.int64)
         lp = np.concatenate(res["lp"]).astype(np.float32)
         lp_offsets = np.cumsum([0] + [len(d) - 1 for d in docs]).astype(np.int64)
-        nl = cfg.num_hidden_layers
+        nl = text_config(cfg).num_hidden_layers
         with h5py.File(os.path.join(odir, "golden.h5"), "w") as f:
             f["tokens"] = tokens
             f["offsets"] = offsets
@@ -371,6 +420,8 @@ def main():
                 for k, v in rec.topk_sets.items():
                     d[k] = np.concatenate(v, 0)
             f.attrs["family"] = family
+            f.attrs["layout"] = "as save_pretrained wrote it" if (args.keep_layout or not renamed) else \
+                "dense Kimi layer renamed back to mlp."
             f.attrs["transformers_version"] = str(transformers.__version__)
             f.attrs["torch_version"] = str(torch.__version__)
             f.attrs["device"] = str(device) + (f" ({torch.cuda.get_device_name()})" if device.type == "cuda" else "")
@@ -384,7 +435,8 @@ def main():
         with open(os.path.join(odir, "NAMES.txt"), "w") as f:
             f.write(names_txt(os.path.join(odir, "model.safetensors"), os.path.join(odir, "config.json")))
         print(f"{family}: wrote {odir}; logprob mean {lp.mean():.3f} std {lp.std():.3f} "
-              f"min {lp.min():.3f} max {lp.max():.3f}; uniform would be {-np.log(cfg.vocab_size):.3f}", flush=True)
+              f"min {lp.min():.3f} max {lp.max():.3f}; uniform would be {-np.log(text_config(cfg).vocab_size):.3f}",
+              flush=True)
 
 
 if __name__ == "__main__":

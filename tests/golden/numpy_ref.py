@@ -273,13 +273,18 @@ def qwen3_next_forward(cfg, P, tok):
             nk, nv, dk, dv = (cfg["linear_num_key_heads"], cfg["linear_num_value_heads"],
                               cfg["linear_key_head_dim"], cfg["linear_value_head_dim"])
             rho = nv // nk
-            qkvz = (h @ P[a + "in_proj_qkvz.weight"].T).reshape(T, nk, 2 * dk + 2 * rho * dv)
-            ba = (h @ P[a + "in_proj_ba.weight"].T).reshape(T, nk, 2 * rho)
-            q, k = qkvz[..., :dk], qkvz[..., dk:2 * dk]
-            v = qkvz[..., 2 * dk:2 * dk + rho * dv].reshape(T, nv, dv)
-            z = qkvz[..., 2 * dk + rho * dv:].reshape(T, nv, dv)
-            b, al = ba[..., :rho].reshape(T, nv), ba[..., rho:].reshape(T, nv)
-            mixed = np.concatenate([q.reshape(T, -1), k.reshape(T, -1), v.reshape(T, -1)], -1)
+            if a + "in_proj_qkv.weight" in P:  # Qwen3.5: separate, [q all | k all | v all]
+                mixed = h @ P[a + "in_proj_qkv.weight"].T
+                z = (h @ P[a + "in_proj_z.weight"].T).reshape(T, nv, dv)
+                b, al = h @ P[a + "in_proj_b.weight"].T, h @ P[a + "in_proj_a.weight"].T
+            else:  # Qwen3-Next: fused, grouped per key head
+                qkvz = (h @ P[a + "in_proj_qkvz.weight"].T).reshape(T, nk, 2 * dk + 2 * rho * dv)
+                ba = (h @ P[a + "in_proj_ba.weight"].T).reshape(T, nk, 2 * rho)
+                q, k = qkvz[..., :dk], qkvz[..., dk:2 * dk]
+                v = qkvz[..., 2 * dk:2 * dk + rho * dv].reshape(T, nv, dv)
+                z = qkvz[..., 2 * dk + rho * dv:].reshape(T, nv, dv)
+                b, al = ba[..., :rho].reshape(T, nv), ba[..., rho:].reshape(T, nv)
+                mixed = np.concatenate([q.reshape(T, -1), k.reshape(T, -1), v.reshape(T, -1)], -1)
             mixed = causal_conv_silu(mixed, P[a + "conv1d.weight"])
             Kd = nk * dk
             q = mixed[:, :Kd].reshape(T, nk, dk)
@@ -324,7 +329,7 @@ def qwen3_next_forward(cfg, P, tok):
         for t in range(T):
             sel = np.argsort(-pr[t], kind="stable")[:cfg["num_experts_per_tok"]]
             w = pr[t, sel]
-            if cfg["norm_topk_prob"]:
+            if cfg.get("norm_topk_prob", True):  # Qwen3.5 has no such key: always renormalised
                 w = w / w.sum()
             for e, we in zip(sel, w):
                 f[t] += we * expert(h[t:t + 1], P[m + f"experts.{e}.gate_proj.weight"],
@@ -336,13 +341,36 @@ def qwen3_next_forward(cfg, P, tok):
     return x, hs, None
 
 
-FORWARD = {"kimi_linear": kimi_forward, "deepseek_v32": deepseek_forward, "qwen3_next": qwen3_next_forward}
+FORWARD = {"kimi_linear": kimi_forward, "deepseek_v32": deepseek_forward, "qwen3_next": qwen3_next_forward,
+           "qwen3_5_moe_text": qwen3_next_forward}
+CENTRED = {"qwen3_next", "qwen3_5_moe_text"}  # zero-centred RMSNorm (1 + w)
 
 
-def check(family):
-    d = os.path.join(HERE, family)
+def load(d):
+    """config (a wrapper's text_config) and fp64 tensors under plain names (model.language_model.X as
+    model.X; the vision tower dropped; a dense Kimi layer saved under block_sparse_moe. as mlp.)."""
     cfg = json.load(open(os.path.join(d, "config.json")))
-    P = {k: v.astype(np.float64) for k, v in load_file(os.path.join(d, "model.safetensors")).items()}
+    cfg = cfg.get("text_config") or cfg
+    P = {}
+    for k, v in load_file(os.path.join(d, "model.safetensors")).items():
+        if k.startswith("model.visual."):
+            continue
+        k = k.replace("model.language_model.", "model.", 1)
+        P[k] = v.astype(np.float64)
+    if cfg["model_type"] == "kimi_linear":
+        for i, t in enumerate(cfg.get("mlp_layer_types", [])):
+            if t == "dense":
+                for n in ("gate_proj", "up_proj", "down_proj"):
+                    old = f"model.layers.{i}.block_sparse_moe.{n}.weight"
+                    if old in P:
+                        P[f"model.layers.{i}.mlp.{n}.weight"] = P.pop(old)
+    return cfg, P
+
+
+def check(dirname):
+    d = os.path.join(HERE, dirname)
+    cfg, P = load(d)
+    family = cfg["model_type"]
     f = h5py.File(os.path.join(d, "golden.h5"), "r")
     tokens, offsets = f["tokens"][:], f["offsets"][:]
     L = cfg["num_hidden_layers"]
@@ -350,7 +378,7 @@ def check(family):
     for i in range(len(offsets) - 1):
         tok = tokens[offsets[i]:offsets[i + 1]]
         x, hs, sel = FORWARD[family](cfg, P, tok)
-        xn = rms(x, P["model.norm.weight"], cfg["rms_norm_eps"], centred=(family == "qwen3_next"))
+        xn = rms(x, P["model.norm.weight"], cfg["rms_norm_eps"], centred=(family in CENTRED))
         logits = xn @ P["lm_head.weight"].T
         m = logits.max(-1, keepdims=True)
         lsm = logits - m - np.log(np.exp(logits - m).sum(-1, keepdims=True))
@@ -370,11 +398,11 @@ def check(family):
         for li in range(L):
             mine = np.concatenate([s[li] for s in sels])
             res[f"dsa_topk_mismatch_layer{li}"] = int((mine != f[f"dsa_topk/layer{li}"][:]).sum())
-    print(family, "fp64 numpy vs golden (max abs):", " ".join(f"{k}={v:.3g}" for k, v in res.items()))
+    print(dirname, "fp64 numpy vs golden (max abs):", " ".join(f"{k}={v:.3g}" for k, v in res.items()))
     return res
 
 
 if __name__ == "__main__":
-    fams = sys.argv[1:] or list(FORWARD)
+    fams = sys.argv[1:] or sorted(n for n in os.listdir(HERE) if os.path.exists(os.path.join(HERE, n, "golden.h5")))
     for fam in fams:
         check(fam)

@@ -122,3 +122,20 @@ TEST_CASE("golden: deepseek_v32 matches transformers (incl. DSA Top-K sets)", "[
   check_family("deepseek_v32", {1e-4, 2e-4});
 }
 TEST_CASE("golden: qwen3_next matches transformers", "[golden]") { check_family("qwen3_next", {3e-4, 5e-4}); }
+// The same three models saved and run by transformers 5.23 (its layout as written: the dense Kimi
+// layer under block_sparse_moe., deepseek_v32 layer_types "indexed_attention").
+TEST_CASE("golden: kimi_linear matches transformers 5.23 (its save_pretrained layout)", "[golden]") {
+  check_family("kimi_linear_tf523", {1e-4, 2e-4});
+}
+TEST_CASE("golden: deepseek_v32 matches transformers 5.23 (incl. DSA Top-K sets)", "[golden]") {
+  check_family("deepseek_v32_tf523", {1e-4, 2e-4});
+}
+TEST_CASE("golden: qwen3_next matches transformers 5.23", "[golden]") { check_family("qwen3_next_tf523", {3e-4, 5e-4}); }
+// Qwen3.5 (transformers 5.23): qwen3_next's modules, so its tolerances; the wrapper's text model
+// under model.language_model. with a vision tower that is recognised and not loaded.
+TEST_CASE("golden: qwen3_5_moe_text matches transformers 5.23", "[golden]") {
+  check_family("qwen3_5_moe_text", {3e-4, 5e-4});
+}
+TEST_CASE("golden: qwen3_5_moe (multimodal wrapper) matches transformers 5.23", "[golden]") {
+  check_family("qwen3_5_moe", {3e-4, 5e-4});
+}

@@ -445,5 +445,49 @@ TEST_CASE("config: configs saved by transformers 5.17 (tests/golden)", "[unit]")
   ModelConfig q = ModelConfig::from_file(g + "qwen3_next/config.json");
   check_layers(q, {{GDN, M, false}, {GDN, M, false}, {GQA, M, false}});
   CHECK((q.shared_intermediate_size == 32 && q.rope.partial_rotary_factor == 0.25f && q.head_dim == 32));
+  // transformers 5.23 writes the same three models' configs to the same descriptions
+  for (const char* fam : {"kimi_linear", "deepseek_v32", "qwen3_next"}) {
+    json a = ModelConfig::from_file(g + fam + "/config.json").to_json();
+    json b = ModelConfig::from_file(g + fam + "_tf523/config.json").to_json();
+    CHECK(a == b);
+  }
+}
+
+TEST_CASE("config: qwen3_5_moe wrapper and qwen3_5_moe_text (transformers 5.23)", "[unit]") {
+  const std::string g = std::string(DZ_SOURCE_DIR) + "/tests/golden/";
+  if (!std::filesystem::exists(g + "qwen3_5_moe/config.json")) return;
+  ModelConfig w = ModelConfig::from_file(g + "qwen3_5_moe/config.json");
+  ModelConfig t = ModelConfig::from_file(g + "qwen3_5_moe_text/config.json");
+  check_layers(w, {{GDN, M, false}, {GDN, M, false}, {GQA, M, false}});
+  CHECK((w.family == Family::Qwen3Next && w.model_type == "qwen3_5_moe_text" && w.gdn_split_proj));
+  CHECK((w.wrapper_model_type == "qwen3_5_moe" && w.has_vision && t.wrapper_model_type.empty() && !t.has_vision));
+  json wj = w.to_json(), tj = t.to_json();
+  wj.erase("wrapper");
+  CHECK(wj == tj);
+  CHECK((w.rope.partial_rotary_factor == 0.25f && w.head_dim == 32 && w.norm_topk_prob && w.shared_expert_gate));
+
+  std::ifstream in(g + "qwen3_5_moe/config.json");
+  const json j = json::parse(in);
+  // norm_topk_prob is not a Qwen3.5 setting: its router always renormalises
+  json n = j;
+  n["text_config"]["norm_topk_prob"] = false;
+  CHECK(ModelConfig::from_json(n).norm_topk_prob);
+  // mrope_section must cover the rotary half-width (8 rotary dims -> 4 frequencies)
+  json m = j;
+  m["text_config"]["rope_parameters"]["mrope_section"] = json::array({2, 2, 2});
+  CHECK(contains(error_of([&] { ModelConfig::from_json(m); }), "mrope_section"));
+  CHECK(contains(error_of([&] { ModelConfig::from_json(m); }), "sums to 6 but the rotary half-width is 4"));
+  // a wrapper without its text model
+  json e = j;
+  e.erase("text_config");
+  CHECK(contains(error_of([&] { ModelConfig::from_json(e); }), "needs a text_config"));
+  // the wrapper's token settings reach the text model when text_config lacks them
+  json tie = j;
+  tie["text_config"].erase("tie_word_embeddings");
+  tie["tie_word_embeddings"] = true;
+  CHECK(ModelConfig::from_json(tie).tie_word_embeddings);
+  json mtp = j;
+  mtp["text_config"]["mtp_num_hidden_layers"] = 1;
+  CHECK(ModelConfig::from_json(mtp).mtp_layers == 1);
 }
 #endif

@@ -7,6 +7,8 @@
 #include <map>
 #include <sstream>
 
+#include <nlohmann/json.hpp>
+
 #include "io/checkpoint.hpp"
 #include "model/model.hpp"
 
@@ -39,6 +41,34 @@ std::string kimi_renamed(const std::string& tag, const std::function<std::string
   for (const auto& n : ck->names()) ts[rename(n)] = ck->get(n, ck->info(n).shape);
   dz::write_safetensors(dst, ts, dz::DType::F32);
   return dst;
+}
+
+// A golden checkpoint rewritten: tensor names through `rename` ("" drops one), `extra` added, and
+// config.json through `edit`.
+std::string rewrite_golden(const std::string& tag, const std::string& family,
+                           const std::function<std::string(const std::string&)>& rename,
+                           const std::function<void(nlohmann::json&)>& edit = {},
+                           const std::vector<std::string>& extra = {}) {
+  std::string src = std::string(DZ_SOURCE_DIR) + "/tests/golden/" + family;
+  std::string dst = "/tmp/dz_model_load_" + tag;
+  REQUIRE(std::system(("rm -rf " + dst + " && mkdir -p " + dst).c_str()) == 0);
+  auto ck = dz::Checkpoint::open(src);
+  std::map<std::string, dz::Tensor> ts;
+  for (const auto& n : ck->names()) {
+    const std::string m = rename(n);
+    if (!m.empty()) ts[m] = ck->get(n, ck->info(n).shape);
+  }
+  for (const auto& n : extra) ts[n] = dz::Tensor({2, 3}, 1.f);
+  dz::write_safetensors(dst, ts, dz::DType::F32);
+  std::ifstream f(src + "/config.json");
+  nlohmann::json j = nlohmann::json::parse(f);
+  if (edit) edit(j);
+  std::ofstream(dst + "/config.json") << j.dump(2);
+  return dst;
+}
+
+std::string swap_prefix(const std::string& n, const std::string& from, const std::string& to) {
+  return n.rfind(from, 0) == 0 ? to + n.substr(from.size()) : n;
 }
 
 std::vector<float> last_hidden(const dz::Model& m, const std::vector<int32_t>& tok) {
@@ -78,4 +108,70 @@ TEST_CASE("model load: DeepSeek MTP layers are accepted only when the config dec
   // A stray tensor inside a real layer is still an error even with MTP declared.
   std::string stray = copy_with_extra("stray", "model.layers.1.self_attn.extra.weight", "\"num_nextn_predict_layers\": 1,");
   CHECK_THROWS_WITH(dz::Model::load(stray), Catch::Contains("model.layers.1.self_attn.extra.weight"));
+}
+
+// Multimodal wrappers (DESIGN §2): the text model under model.language_model. (Qwen3.5, GLM-5.3)
+// or language_model.model. + language_model.lm_head. (Kimi K3); vision towers recognised only when
+// the config declares one; the text model's tensors named one way only.
+TEST_CASE("model load: multimodal wrapper layouts", "[unit]") {
+  const std::string fam = "qwen3_5_moe";
+  const std::vector<int32_t> tok = {5, 17, 200, 3, 99, 41, 7, 250, 12};
+  auto ref = dz::Model::load(std::string(DZ_SOURCE_DIR) + "/tests/golden/" + fam);
+  CHECK(ref->config().wrapper_model_type == "qwen3_5_moe");
+  CHECK(ref->config().has_vision);
+  const std::vector<float> want = last_hidden(*ref, tok);
+
+  // language_model.model.* / language_model.lm_head.* (K3's packaging): same model
+  std::string k3 = rewrite_golden("wrap_k3", fam, [](const std::string& n) {
+    return swap_prefix(swap_prefix(n, "model.language_model.", "language_model.model."), "lm_head.", "language_model.lm_head.");
+  });
+  CHECK(last_hidden(*dz::Model::load(k3), tok) == want);
+
+  // the text-only class's config (qwen3_5_moe_text) over the wrapper's tensors: the vision tower
+  // is not declared, so its tensors are unexpected and named
+  std::string novis = rewrite_golden("wrap_novis", fam, [](const std::string& n) { return n; }, [](nlohmann::json& j) {
+    nlohmann::json t = j["text_config"];
+    j = t;
+  });
+  CHECK_THROWS_WITH(dz::Model::load(novis), Catch::Contains("unexpected tensor model.visual."));
+  // ... and without them it loads and scores the same
+  std::string text = rewrite_golden("wrap_text", fam, [](const std::string& n) {
+    return n.rfind("model.visual.", 0) == 0 ? std::string() : n;
+  }, [](nlohmann::json& j) {
+    nlohmann::json t = j["text_config"];
+    j = t;
+  });
+  CHECK(last_hidden(*dz::Model::load(text), tok) == want);
+
+  // one tensor of the text model outside the wrapper's prefix: refused by its file name
+  std::string mixed = rewrite_golden("wrap_mixed", fam, [](const std::string& n) {
+    return n == "model.language_model.norm.weight" ? std::string("model.norm.weight") : n;
+  });
+  CHECK_THROWS_WITH(dz::Model::load(mixed), Catch::Contains("model.norm.weight"));
+  // a missing tensor is named as the file would name it
+  std::string missing = rewrite_golden("wrap_missing", fam, [](const std::string& n) {
+    return n == "model.language_model.layers.1.linear_attn.in_proj_z.weight" ? std::string() : n;
+  });
+  CHECK_THROWS_WITH(dz::Model::load(missing),
+                    Catch::Contains("missing tensor model.language_model.layers.1.linear_attn.in_proj_z.weight"));
+  // the wrapper's text_config must be the family it wraps
+  std::string wrong = rewrite_golden("wrap_wrongtype", fam, [](const std::string& n) { return n; },
+                                     [](nlohmann::json& j) { j["text_config"]["model_type"] = "qwen3_next"; });
+  CHECK_THROWS_WITH(dz::Model::load(wrong), Catch::Contains("text_config.model_type"));
+}
+
+// Qwen3.5 keeps its MTP layers under mtp. (mtp_num_hidden_layers): accepted, not run.
+TEST_CASE("model load: Qwen3.5 MTP tensors are accepted only as the config declares them", "[unit]") {
+  const std::string fam = "qwen3_5_moe";
+  auto same = [](const std::string& n) { return n; };
+  auto declare = [](int n) { return [n](nlohmann::json& j) { j["text_config"]["mtp_num_hidden_layers"] = n; }; };
+  const std::vector<std::string> mtp = {"mtp.fc.weight", "mtp.pre_fc_norm_embedding.weight", "mtp.norm.weight",
+                                        "mtp.layers.0.input_layernorm.weight", "mtp.layers.0.mlp.gate.weight"};
+  CHECK_NOTHROW(dz::Model::load(rewrite_golden("mtp_ok", fam, same, declare(1), mtp)));
+  CHECK_THROWS_WITH(dz::Model::load(rewrite_golden("mtp_undeclared", fam, same, {}, mtp)),
+                    Catch::Contains("unexpected tensor mtp."));
+  std::vector<std::string> two = mtp;
+  two.push_back("mtp.layers.1.input_layernorm.weight");
+  CHECK_THROWS_WITH(dz::Model::load(rewrite_golden("mtp_two", fam, same, declare(1), two)),
+                    Catch::Contains("mtp.layers.1.input_layernorm.weight"));
 }
