@@ -21,7 +21,7 @@ rc=${PIPESTATUS[0]}
 set -e
 EXE=$B/dayzero
 W=$(mktemp -d)
-for fam in kimi_linear qwen3_next deepseek_v32; do
+for fam in kimi_linear qwen3_next deepseek_v32 qwen3_5_moe; do
   M=tests/golden/$fam
   cp "$M/golden.h5" "$W/$fam.in.h5"  # /tokens + /offsets: a dayzero input as it is
   "$EXE" run --model "$M" --input "$W/$fam.in.h5" --output "$W/$fam.cpu.h5" --backend cpu >/dev/null

@@ -392,13 +392,17 @@ void parse_kimi(const Fields& f, const json& j, ModelConfig* c, bool dayzero) {
   c->attn_res_block_size = f.i64({"attn_res_block_size"}, 0);
 }
 
-void parse_deepseek_v32(const Fields& f, const json& j, ModelConfig* c) {
-  parse_common(f, j, c, 1e-6);
-  parse_mla(f, c, MlaDefaults{1536, 512, 128, 64, 128}, false);
+// deepseek_v32, and glm_moe_dsa (GLM): GLM-5 is DeepSeek-V3.2's stack with its own defaults, an
+// interleaved RoPE in the indexer, and indexer_types whose "shared" layers reuse the Top-K of the
+// last "full" one.
+void parse_deepseek_v32(const Fields& f, const json& j, ModelConfig* c, bool glm) {
+  parse_common(f, j, c, glm ? 1e-5 : 1e-6);
+  parse_mla(f, c, glm ? MlaDefaults{2048, 512, 192, 64, 256} : MlaDefaults{1536, 512, 128, 64, 128}, false);
   parse_rope(f, &c->rope, 1.f);
+  c->index_rope_style = glm ? RopeStyle::Interleaved : RopeStyle::NeoX;
   // DeepSeek rotates adjacent pairs; transformers' rope_interleave=false would mean rotate-halves.
   c->rope.style = f.boolean({"rope_interleave"}, true) ? RopeStyle::Interleaved : RopeStyle::NeoX;
-  c->index_n_heads = f.i64({"index_n_heads"}, 64);
+  c->index_n_heads = f.i64({"index_n_heads"}, glm ? 32 : 64);
   c->index_head_dim = f.i64({"index_head_dim"}, 128);
   c->index_topk = f.i64({"index_topk"}, 2048);
   c->mtp_layers = f.i64({"num_nextn_predict_layers"}, 0);
@@ -419,8 +423,8 @@ void parse_deepseek_v32(const Fields& f, const json& j, ModelConfig* c) {
   c->shared_intermediate_size = c->moe_intermediate_size * c->n_shared_experts;
   c->norm_topk_prob = f.boolean({"norm_topk_prob"}, true);
   c->routed_scaling_factor = float(f.num({"routed_scaling_factor"}, 2.5));
-  c->n_group = f.i64({"n_group"}, 8);
-  c->topk_group = f.i64({"topk_group"}, 4);
+  c->n_group = f.i64({"n_group"}, glm ? 1 : 8);
+  c->topk_group = f.i64({"topk_group"}, glm ? 1 : 4);
   const std::string sf = f.string({"scoring_func"}, "sigmoid");
   if (sf == "sigmoid")
     c->score_func = ScoreFunc::Sigmoid;
@@ -443,10 +447,39 @@ void parse_deepseek_v32(const Fields& f, const json& j, ModelConfig* c) {
     if (freq <= 0) f.bad("moe_layer_freq", str("must be positive, got ", freq));
     for (int64_t i = 0; i < c->num_layers; ++i) moe.push_back(c->n_routed_experts > 0 && i >= fk && i % freq == 0);
   }
+  // indexer_types as transformers' GlmMoeDsaConfig derives it: the list itself, else
+  // index_topk_pattern ("F"/"S" per layer), else index_topk_freq / index_skip_topk_offset.
+  std::vector<bool> shared(size_t(c->num_layers), false);
+  if (glm) {
+    if (f.has("indexer_types") && !j["indexer_types"].is_null()) {
+      const std::vector<std::string> t = f.strings("indexer_types");
+      if (int64_t(t.size()) != c->num_layers)
+        f.bad("indexer_types", str("has ", t.size(), " entries for ", c->num_layers, " layers (num_hidden_layers)"));
+      for (size_t i = 0; i < t.size(); ++i) {
+        if (t[i] != "full" && t[i] != "shared")
+          f.bad("indexer_types", str("entry ", i, " is '", t[i], "' (expected full or shared)"));
+        shared[i] = t[i] == "shared";
+      }
+    } else if (f.has("index_topk_pattern")) {
+      const std::string pat = f.string({"index_topk_pattern"}, "");
+      if (int64_t(pat.size()) != c->num_layers)
+        f.bad("index_topk_pattern", str("has ", pat.size(), " letters for ", c->num_layers, " layers"));
+      for (size_t i = 0; i < pat.size(); ++i) {
+        if (pat[i] != 'F' && pat[i] != 'S') f.bad("index_topk_pattern", str("letter ", i, " is '", pat[i], "' (F or S)"));
+        shared[i] = pat[i] == 'S';
+      }
+    } else {
+      const int64_t freq = std::max<int64_t>(f.i64({"index_topk_freq"}, 1), 1);
+      const int64_t off = f.i64({"index_skip_topk_offset"}, 2);
+      for (int64_t i = 0; i < c->num_layers; ++i) shared[size_t(i)] = std::max<int64_t>(i - off + 1, 0) % freq != 0;
+    }
+    if (c->num_layers > 0 && shared[0]) f.bad("indexer_types", "makes layer 0 'shared', but no earlier layer runs an indexer");
+  }
   for (int64_t i = 0; i < c->num_layers; ++i) {
     LayerSpec& l = c->layers[size_t(i)];
     l.mixer = MixerKind::MLA;
     l.has_indexer = true;
+    l.shared_indexer = shared[size_t(i)];
     l.ffn = moe[size_t(i)] ? FfnKind::MoE : FfnKind::Dense;
   }
 }
@@ -539,7 +572,7 @@ const std::map<std::string, std::string>& wrappers() {
 }
 
 std::string supported_model_types() {
-  std::string s = "kimi_linear, deepseek_v32, qwen3_next, qwen3_5_moe_text, dayzero_hybrid";
+  std::string s = "kimi_linear, deepseek_v32, glm_moe_dsa, qwen3_next, qwen3_5_moe_text, dayzero_hybrid";
   for (const auto& kv : wrappers()) s += ", " + kv.first;
   return s;
 }
@@ -581,9 +614,9 @@ ModelConfig parse_at(const nlohmann::json& j, const std::string& where) {
   } else if (mt == "dayzero_hybrid" || mt == "dayzero") {
     c.family = Family::Dayzero;
     parse_kimi(f, j, &c, true);
-  } else if (mt == "deepseek_v32") {
+  } else if (mt == "deepseek_v32" || mt == "glm_moe_dsa") {
     c.family = Family::DeepseekV32;
-    parse_deepseek_v32(f, j, &c);
+    parse_deepseek_v32(f, j, &c, mt == "glm_moe_dsa");
   } else if (mt == "qwen3_next" || mt == "qwen3_5_moe_text") {
     c.family = Family::Qwen3Next;
     parse_qwen3_next(f, j, &c, mt == "qwen3_5_moe_text");
@@ -732,7 +765,8 @@ nlohmann::json ModelConfig::to_json() const {
   j["pad_token_id"] = pad_token_id;
   json ls = json::array();
   for (const LayerSpec& l : layers)
-    ls.push_back({{"mixer", to_string(l.mixer)}, {"ffn", to_string(l.ffn)}, {"indexer", l.has_indexer}});
+    ls.push_back({{"mixer", to_string(l.mixer)}, {"ffn", to_string(l.ffn)},
+                  {"indexer", l.shared_indexer ? json("shared") : json(l.has_indexer)}});
   j["layers"] = ls;
   bool any[4] = {false, false, false, false};
   bool any_moe = false;
@@ -752,7 +786,8 @@ nlohmann::json ModelConfig::to_json() const {
                 {"qk_rope_head_dim", qk_rope_head_dim}, {"v_head_dim", v_head_dim},
                 {"output_gate", mla_output_gate}};
     if (index_topk > 0)
-      j["indexer"] = {{"n_heads", index_n_heads}, {"head_dim", index_head_dim}, {"topk", index_topk}};
+      j["indexer"] = {{"n_heads", index_n_heads}, {"head_dim", index_head_dim}, {"topk", index_topk},
+                      {"rope", index_rope_style == RopeStyle::NeoX ? "neox" : "interleaved"}};
   }
   if (any[int(MixerKind::GQA)])
     j["gqa"] = {{"num_heads", num_heads}, {"num_kv_heads", num_kv_heads}, {"head_dim", head_dim},

@@ -24,6 +24,9 @@ struct LayerSpec {
   MixerKind mixer = MixerKind::MLA;
   FfnKind ffn = FfnKind::Dense;
   bool has_indexer = false;  // DSA lightning indexer + Top-K in front of MLA
+  // GLM-5 indexer_types "shared": this layer has no indexer of its own and attends to the Top-K
+  // sets of the last earlier layer that runs one (has_indexer stays true: the attention is sparse).
+  bool shared_indexer = false;
 };
 
 struct RopeConfig {
@@ -76,6 +79,7 @@ struct ModelConfig {
   int64_t index_n_heads = 0;
   int64_t index_head_dim = 0;
   int64_t index_topk = 0;
+  RopeStyle index_rope_style = RopeStyle::NeoX;  // deepseek_v32 rotates halves, GLM-5 adjacent pairs
 
   // --- gated GQA full attention (qwen3_next) ---
   int64_t num_kv_heads = 0;

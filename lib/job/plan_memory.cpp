@@ -105,7 +105,8 @@ MemoryPlan plan_memory(const ModelConfig& cfg, const MemoryQuery& q) {
       }
       case MixerKind::MLA: {
         const double kv = double(cfg.kv_lora_rank + cfg.qk_rope_head_dim) * (q.kv_fp8 ? 1.1 : act);
-        const double ik = ls.has_indexer ? double(cfg.index_head_dim) * act : 0;
+        const bool own = ls.has_indexer && !ls.shared_indexer;  // a shared layer keeps no indexer keys
+        const double ik = own ? double(cfg.index_head_dim) * act : 0;
         p.state += cap * (kv + ik);
         // explicit form (the larger one: forward() takes the absorbed form only when it is
         // cheaper, i.e. for few queries): the cached latent copied out, expanded through kv_b
@@ -114,8 +115,8 @@ MemoryPlan plan_memory(const ModelConfig& cfg, const MemoryQuery& q) {
         const double S = std::max(L, std::min(T, double(q.docs) * L)), R = double(cfg.kv_lora_rank),
                      nv = double(cfg.qk_nope_head_dim) + dv;
         double a = S * (R + H * nv + H * (dqk + dv)) * act + T * H * (2 * dqk + 2 * dv) * act;
-        if (ls.has_indexer) a += T * double(cfg.index_n_heads) * double(cfg.index_head_dim) * act +
-                                 std::min(T, 4096.0) * S * 4 + T * double(cfg.index_topk) * 4;
+        if (own) a += T * double(cfg.index_n_heads) * double(cfg.index_head_dim) * act + std::min(T, 4096.0) * S * 4;
+        if (ls.has_indexer) a += T * double(cfg.index_topk) * 4;
         mixer_act = std::max(mixer_act, a);
         break;
       }

@@ -27,7 +27,7 @@ DsaIndexer::DsaIndexer(const ModelConfig& cfg, Checkpoint& ck, const std::string
   const Tensor wp = ck.get(prefix + "weights_proj.weight", {H_, hidden_}, Init::normal(0.02f));
   if (rope_dim_ > 0) {
     RopeConfig rc = cfg.rope;
-    rc.style = RopeStyle::NeoX;  // the indexer's rope is never interleaved
+    rc.style = cfg.index_rope_style;  // deepseek_v32 rotates halves, GLM-5 adjacent pairs
     rope_ = std::make_unique<Rope>(rc, rope_dim_);
   }
   if (wk.empty()) return;  // dry run (inspect): names and shapes only

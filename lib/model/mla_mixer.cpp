@@ -58,13 +58,43 @@
 
 namespace dz {
 
+// The writer appends each selection it makes; a new call starts (the list is cleared) at the
+// writer's first selection after any reader has taken one. Each reader walks the list with its
+// own cursor, reset when the list starts again. The layers run in order, every reader after its
+// writer, and each makes the same sequence of selections (same documents, same rows), so reader
+// call i gets writer call i. The handles keep the device buffers alive until the next call (a
+// CUDA graph records the same buffers for writer and reader).
+struct TopkShare {
+  std::vector<DTensor> sels;
+  uint64_t gen = 0;
+  bool taken = false;
+  std::vector<std::pair<uint64_t, size_t>> cursor;  // per reader: (gen, next index)
+
+  void put(const DTensor& s) {
+    if (taken) sels.clear(), ++gen, taken = false;
+    sels.push_back(s);
+  }
+  void take(int reader, const DTensor& dst, Backend& be) {
+    if (cursor.size() <= size_t(reader)) cursor.resize(size_t(reader) + 1, {~uint64_t(0), 0});
+    auto& c = cursor[size_t(reader)];
+    if (c.first != gen) c = {gen, 0};
+    DZ_CHECK(c.second < sels.size(), "DSA shared indexer: the layer it shares with made ", sels.size(),
+             " selections in this call, this layer asks for selection ", c.second + 1);
+    const DTensor& s = sels[c.second++];
+    DZ_CHECK(s.shape == dst.shape, "DSA shared indexer: selection ", shape_str(s.shape), " for rows ", shape_str(dst.shape));
+    taken = true;
+    if (dst.rows() > 0) be.copy_rows(s, 0, dst, 0, dst.rows());
+  }
+};
+
 namespace {
 
 constexpr float kLatentNormEps = 1e-6f;
 
 class MlaMixer : public Mixer {
  public:
-  MlaMixer(const ModelConfig& cfg, int layer, Checkpoint& ck, const std::string& prefix, const TpShard& tp, Backend& be)
+  MlaMixer(const ModelConfig& cfg, int layer, Checkpoint& ck, const std::string& prefix, const TpShard& tp, Backend& be,
+           const TopkLink& topk)
       : be_(&be) {
     D_ = cfg.hidden_size;
     H_ = cfg.num_heads;
@@ -119,7 +149,11 @@ class MlaMixer : public Mixer {
     DZ_CHECK(layer >= 0 && size_t(layer) < cfg.layers.size(), p, ": layer ", layer, " outside the layer list");
     // The indexer's weights are replicated on every TP rank (docs/parallel_attention.md: sharding
     // its heads would all-reduce a [T, S] fp32 score matrix per layer); see select_topk.
-    if (cfg.layers[size_t(layer)].has_indexer) indexer_ = std::make_unique<DsaIndexer>(cfg, ck, p + "indexer.", be);
+    const LayerSpec& ls = cfg.layers[size_t(layer)];
+    if (ls.has_indexer && !ls.shared_indexer) indexer_ = std::make_unique<DsaIndexer>(cfg, ck, p + "indexer.", be);
+    DZ_CHECK(!ls.shared_indexer || topk.take, p, ": a shared-indexer layer needs an earlier layer that runs its indexer");
+    sel_k_ = ls.has_indexer ? cfg.index_topk : 0;
+    topk_ = topk;
     if (hkv_a_.empty()) return;  // dry run (inspect): names and shapes only
     auto up = [&](const Tensor& t) { return t.empty() ? DTensor{} : be.weight(t); };
     auto par = [&](const Tensor& t) { return t.empty() ? DTensor{} : be.param(t); };
@@ -166,8 +200,8 @@ class MlaMixer : public Mixer {
     store(c, kr, st->latent.append(T));
 
     DTensor sel;
-    if (indexer_) {
-      const int64_t n_sel = indexer_->topk();
+    if (sel_k_ > 0) {
+      const int64_t n_sel = sel_k_;
       st->topk_width = n_sel;
       sel = be_->alloc({T, n_sel}, DType::I32);
       select_topk(x, q_resid, pos0, st->index_k.all(), sel);
@@ -220,8 +254,8 @@ class MlaMixer : public Mixer {
     }
 
     DTensor sel;  // [T, topk]: document b's rows hold positions within document b
-    const int64_t K = indexer_ ? indexer_->topk() : 0;
-    if (indexer_) {
+    const int64_t K = sel_k_;
+    if (K > 0) {
       sel = be_->alloc({T, K}, DType::I32);
       for (int64_t b = 0; b < N; ++b) {
         const auto [r0, r1] = rows(b);
@@ -246,7 +280,7 @@ class MlaMixer : public Mixer {
         const auto [r0, r1] = rows(b);
         if (r1 == r0) continue;
         DTensor ob = o.slab(r0, r1);
-        attend(*st[size_t(b)], r1 - r0, q.slab(r0, r1), 0, indexer_ ? sel.slab(r0, r1) : DTensor{}, ob);
+        attend(*st[size_t(b)], r1 - r0, q.slab(r0, r1), 0, K > 0 ? sel.slab(r0, r1) : DTensor{}, ob);
       }
     }
     finish(x, o, out);
@@ -271,16 +305,16 @@ class MlaMixer : public Mixer {
     project(x, Positions{0, nullptr, &pos}, q, q_resid, c, kr, ki);
     DTensor e = be_->act({N, R_ + rope_dim_});
     store(c, kr, e);
-    const int64_t K = indexer_ ? indexer_->topk() : 0;
-    DTensor sel = indexer_ ? be_->alloc({N, K}, DType::I32) : DTensor{};
+    const int64_t K = sel_k_;
+    DTensor sel = K > 0 ? be_->alloc({N, K}, DType::I32) : DTensor{};
     DTensor o = be_->act({N, Hl_ * vd_});  // [N, Hl, vd]
     for (int64_t b = 0; b < N; ++b) {
       AttnCache& s = *st[size_t(b)];
       const int64_t p = pos[size_t(b)];
       be_->copy_rows(e, b, s.latent.append(1), 0, 1);
       DTensor sb;
-      if (indexer_) {
-        be_->copy_rows(ki, b, s.index_k.append(1), 0, 1);
+      if (indexer_) be_->copy_rows(ki, b, s.index_k.append(1), 0, 1);
+      if (K > 0) {
         sb = sel.slab(b, b + 1);
         s.topk_width = K;
         select_topk(x.slab(b, b + 1), q_resid.slab(b, b + 1), p, s.index_k.all(), sb);
@@ -352,7 +386,7 @@ class MlaMixer : public Mixer {
     }
 
     // 3. Indexer and attention for the local queries only.
-    const int64_t K = indexer_ ? indexer_->topk() : 0;
+    const int64_t K = sel_k_;
     st->topk_width = K;
     st->last_sel.clear();  // local rows, in layout order
     st->sel_be = be_;
@@ -362,7 +396,7 @@ class MlaMixer : public Mixer {
       const int64_t T = lay.seg_len(j), pos0 = lay.seg_begin(j);
       if (T == 0) continue;
       DTensor sel;
-      if (indexer_) {
+      if (K > 0) {
         auto tm = ctx.time("indexer");
         sel = be_->alloc({T, K}, DType::I32);
         ctx.flops("indexer", select_topk(x.slab(r, r + T), q_resid.slab(r, r + T), pos0, st->index_k.all(), sel));
@@ -535,8 +569,19 @@ class MlaMixer : public Mixer {
   // (docs/parallel_attention.md). Either way every rank ends with the same, serial-identical
   // sets. Returns the scoring FLOPs done by this rank.
   static constexpr int64_t kSplitRows = 8;
+  // A shared-indexer layer (no indexer_) takes the sets its writer made for the same rows instead.
   double select_topk(const DTensor& x, const DTensor& q_resid, int64_t pos0, const DTensor& index_k,
                      const DTensor& sel) const {
+    if (!indexer_) {
+      topk_.take->take(topk_.reader, sel, *be_);
+      return 0;
+    }
+    const double fl = select_own(x, q_resid, pos0, index_k, sel);
+    if (topk_.publish) topk_.publish->put(sel);
+    return fl;
+  }
+  double select_own(const DTensor& x, const DTensor& q_resid, int64_t pos0, const DTensor& index_k,
+                    const DTensor& sel) const {
     const int64_t K = indexer_->topk(), T = x.rows();
     const bool split = tp_.size > 1 && tp_.comm && tp_.comm->size() == tp_.size && T >= kSplitRows * tp_.size;
     if (!split) {
@@ -602,14 +647,23 @@ class MlaMixer : public Mixer {
   DTensor g_;                            // [Hl*vd, D]        (output gate)
   Tensor hq_, hq_a_, hq_a_bias_, hq_a_norm_, hq_b_, hkv_a_, hkv_a_bias_, hkv_a_norm_, hkv_b_, ho_, ho_bias_, hg_;  // as loaded
   std::unique_ptr<Rope> rope_;          // null: NoPE
-  std::unique_ptr<DsaIndexer> indexer_; // null: dense
+  std::unique_ptr<DsaIndexer> indexer_; // null: dense, or a shared-indexer layer
+  int64_t sel_k_ = 0;                   // Top-K width of the sparse attention (0: dense)
+  TopkLink topk_;                       // GLM-5 cross-layer Top-K sharing
 };
 
 }  // namespace
 
+std::shared_ptr<TopkShare> make_topk_share() { return std::make_shared<TopkShare>(); }
+
+std::unique_ptr<Mixer> make_mla_mixer_linked(const ModelConfig& cfg, int layer, Checkpoint& ck, const std::string& prefix,
+                                             const TpShard& tp, Backend& be, const TopkLink& topk) {
+  return std::make_unique<MlaMixer>(cfg, layer, ck, prefix, tp, be, topk);
+}
+
 std::unique_ptr<Mixer> make_mla_mixer(const ModelConfig& cfg, int layer, Checkpoint& ck, const std::string& prefix,
                                       const TpShard& tp, Backend& be) {
-  return std::make_unique<MlaMixer>(cfg, layer, ck, prefix, tp, be);
+  return std::make_unique<MlaMixer>(cfg, layer, ck, prefix, tp, be, TopkLink{});
 }
 
 }  // namespace dz

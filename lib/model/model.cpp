@@ -101,21 +101,36 @@ std::unique_ptr<Model> Model::build(const ModelConfig& cfg, Checkpoint& ck, cons
   const Init norm_init = cfg.norm_zero_centered ? Init::zeros() : Init::ones();
   const Tensor embed = ck.get("model.embed_tokens.weight", {V, D}, Init::normal(1.0f));
   if (!embed.empty()) m->embed_ = be.upload(embed, be.weight_dtype());  // a table, never an FP8 GEMM operand
+  // GLM-5 shared-indexer layers: a share from each layer that runs its indexer to those after it
+  // that take its Top-K (made only when some layer takes it: it keeps a call's sets alive).
+  std::shared_ptr<TopkShare> share;
+  int readers = 0;
   for (int64_t i = 0; i < cfg.num_layers; ++i) {
     const std::string p = str("model.layers.", i, ".");
     const LayerSpec& ls = cfg.layers[size_t(i)];
+    TopkLink link;
+    if (ls.mixer == MixerKind::MLA && ls.has_indexer) {
+      if (ls.shared_indexer) {
+        link.take = share, link.reader = readers++;
+      } else {
+        const bool taken = size_t(i) + 1 < cfg.layers.size() && cfg.layers[size_t(i) + 1].shared_indexer;
+        share = taken ? make_topk_share() : nullptr, readers = 0;
+        link.publish = share;
+      }
+    }
     Layer L;
     L.attn_norm = param(ck.get(p + "input_layernorm.weight", {D}, norm_init));
     switch (ls.mixer) {
       case MixerKind::KDA: L.mixer = make_kda_mixer(cfg, int(i), ck, p, tp, be); break;
       case MixerKind::GDN: L.mixer = make_gdn_mixer(cfg, int(i), ck, p, tp, be); break;
-      case MixerKind::MLA: L.mixer = make_mla_mixer(cfg, int(i), ck, p, tp, be); break;
+      case MixerKind::MLA: L.mixer = make_mla_mixer_linked(cfg, int(i), ck, p, tp, be, link); break;
       case MixerKind::GQA: L.mixer = make_gqa_mixer(cfg, int(i), ck, p, tp, be); break;
     }
     L.ffn_norm = param(ck.get(p + "post_attention_layernorm.weight", {D}, norm_init));
     L.ffn = ls.ffn == FfnKind::MoE ? make_moe_ffn(cfg, int(i), ck, p, tp, be) : make_mlp_ffn(cfg, int(i), ck, p, tp, be);
     const char* mk[] = {"mixer_kda", "mixer_gdn", "mixer_mla", "mixer_gqa"};
-    L.mixer_key = ls.mixer == MixerKind::MLA && ls.has_indexer ? "mixer_mla_dsa" : mk[int(ls.mixer)];
+    L.mixer_key = ls.mixer == MixerKind::MLA && ls.has_indexer ? (ls.shared_indexer ? "mixer_mla_dsa_shared" : "mixer_mla_dsa")
+                                                                : mk[int(ls.mixer)];
     L.ffn_key = ls.ffn == FfnKind::MoE ? "ffn_moe" : "ffn_mlp";
     m->layers_.push_back(std::move(L));
   }

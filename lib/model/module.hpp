@@ -79,8 +79,21 @@ std::unique_ptr<Mixer> make_kda_mixer(const ModelConfig& cfg, int layer, Checkpo
                                       const TpShard& tp = TpShard{}, Backend& be = cpu_backend());
 std::unique_ptr<Mixer> make_gdn_mixer(const ModelConfig& cfg, int layer, Checkpoint& ck, const std::string& prefix,
                                       const TpShard& tp = TpShard{}, Backend& be = cpu_backend());
+// DSA Top-K sets handed from a layer that runs its indexer to the GLM-5 "shared" layers after it
+// (mla_mixer.cpp): both see the same rows in the same calls, so the readers take the writer's
+// selections in the order it made them.
+struct TopkShare;
+struct TopkLink {
+  std::shared_ptr<TopkShare> publish;  // this layer runs its indexer and hands its selections on
+  std::shared_ptr<TopkShare> take;     // this layer has no indexer: it takes them (shared_indexer)
+  int reader = 0;                      // which reader of `take` this layer is
+};
+std::shared_ptr<TopkShare> make_topk_share();
 std::unique_ptr<Mixer> make_mla_mixer(const ModelConfig& cfg, int layer, Checkpoint& ck, const std::string& prefix,
                                       const TpShard& tp = TpShard{}, Backend& be = cpu_backend());
+// The same, in a stack where DSA Top-K sets pass between layers (GLM-5 shared indexers).
+std::unique_ptr<Mixer> make_mla_mixer_linked(const ModelConfig& cfg, int layer, Checkpoint& ck, const std::string& prefix,
+                                             const TpShard& tp, Backend& be, const TopkLink& topk);
 std::unique_ptr<Mixer> make_gqa_mixer(const ModelConfig& cfg, int layer, Checkpoint& ck, const std::string& prefix,
                                       const TpShard& tp = TpShard{}, Backend& be = cpu_backend());
 std::unique_ptr<Ffn> make_mlp_ffn(const ModelConfig& cfg, int layer, Checkpoint& ck, const std::string& prefix,

@@ -58,7 +58,7 @@ std::map<std::string, double> WorkModel::document(const ModelConfig& c, const Se
       if (l.mixer == MixerKind::KDA || l.mixer == MixerKind::GDN) {
         w["linear_attention"] += linear_attention(c, l, n);
       } else {
-        if (l.has_indexer) w["indexer"] += indexer(c, p0, n);
+        if (l.has_indexer && !l.shared_indexer) w["indexer"] += indexer(c, p0, n);
         w["attention"] += attention(c, l, p0, n);
       }
     }

@@ -50,6 +50,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
     ap.add_argument("--families", default="kimi_linear,qwen3_next,deepseek_v32")
+    ap.add_argument("--merge", help="add the results to this JSON (existing families kept)")
     args = ap.parse_args()
     device = "cuda"
     res = {"transformers": transformers.__version__, "torch": torch.__version__,
@@ -58,7 +59,9 @@ def main():
         d = os.path.join(HERE, fam)
         with h5py.File(os.path.join(d, "golden.h5"), "r") as f:
             tokens, offsets, golden = f["/tokens"][:], f["/offsets"][:], f["/logprobs"][:]
-        model = transformers.AutoModelForCausalLM.from_pretrained(
+        # the class that saved it (a multimodal wrapper is not an AutoModelForCausalLM)
+        arch = json.load(open(os.path.join(d, "config.json")))["architectures"][0]
+        model = getattr(transformers, arch).from_pretrained(
             d, dtype=torch.float32, attn_implementation="eager").to(device).eval()
         lp32 = score(model, tokens, offsets, device)
         model = model.to(torch.bfloat16)
@@ -69,6 +72,11 @@ def main():
         print(fam, json.dumps(res[fam]), flush=True)
         del model
         torch.cuda.empty_cache()
+    if args.merge:
+        old = json.load(open(args.merge))
+        old.update({k: v for k, v in res.items() if isinstance(v, dict)})
+        old.setdefault("versions", {}).update({k: res[k] for k in ("transformers", "torch", "device")})
+        res = old
     with open(args.out, "w") as f:
         json.dump(res, f, indent=1)
 

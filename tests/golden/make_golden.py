@@ -33,7 +33,7 @@ torch.set_float32_matmul_precision("highest")
 
 DOC_LENGTHS = [1, 2, 7, 33, 64, 65, 70, 130]  # 64/65/70/130 straddle the chunk size 64
 MODEL_SEEDS = {"kimi_linear": 1234, "deepseek_v32": 2345, "qwen3_next": 3456,
-               "qwen3_5_moe_text": 4567, "qwen3_5_moe": 5678}
+               "qwen3_5_moe_text": 4567, "qwen3_5_moe": 5678, "glm_moe_dsa": 6789}
 TOKEN_SEED = 777
 WEIGHT_STD = 0.15   # initializer_range: the default 0.02 gives near-uniform outputs
 LM_HEAD_STD = 0.3   # wider lm_head so log-probs spread over several nats
@@ -127,7 +127,27 @@ def qwen3_5_moe_config():
     return cfg, transformers.Qwen3_5MoeForConditionalGeneration
 
 
-FAMILIES = {"kimi_linear": kimi_linear_config, "deepseek_v32": deepseek_v32_config,
+def glm_moe_dsa_config():
+    # GLM-5: deepseek_v32's stack with GLM's defaults (n_group 1), an interleaved-RoPE indexer and
+    # indexer_types whose "shared" layers reuse the previous full layer's Top-K.
+    from transformers import GlmMoeDsaConfig
+    cfg = GlmMoeDsaConfig(
+        vocab_size=256, hidden_size=64, intermediate_size=64, moe_intermediate_size=16,
+        num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=4,
+        q_lora_rank=32, kv_lora_rank=32, qk_rope_head_dim=16, qk_nope_head_dim=16, v_head_dim=16,
+        index_n_heads=16, index_head_dim=32, index_topk=8,
+        indexer_types=["full", "shared", "full", "shared"],
+        n_routed_experts=8, num_experts_per_tok=2, n_group=1, topk_group=1, n_shared_experts=1,
+        routed_scaling_factor=2.5, norm_topk_prob=True, first_k_dense_replace=1,
+        max_position_embeddings=256,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+        rms_norm_eps=1e-5, initializer_range=WEIGHT_STD,
+        pad_token_id=None, bos_token_id=0, eos_token_id=1, tie_word_embeddings=False,
+    )
+    return cfg, transformers.GlmMoeDsaForCausalLM
+
+
+FAMILIES = {"kimi_linear": kimi_linear_config, "glm_moe_dsa": glm_moe_dsa_config, "deepseek_v32": deepseek_v32_config,
             "qwen3_next": qwen3_next_config, "qwen3_5_moe_text": qwen3_5_moe_text_config,
             "qwen3_5_moe": qwen3_5_moe_config}
 
@@ -211,9 +231,13 @@ def softmax_router_margins(router, x, rec, key):
     rec.note(key + ".expert", _kth_gap(probs, router.top_k).min())
 
 
-def indexer_margins(idx, hidden, q_resid, cos, sin, rec, key):
+def indexer_margins(idx, hidden, q_resid, cos, sin, rec, key, interleaved=False):
     """Recompute DSA index scores exactly as the module does (fp32) and check the k-th gap."""
-    from transformers.models.deepseek_v32.modeling_deepseek_v32 import apply_rotary_pos_emb
+    if interleaved:  # GLM-5's indexer
+        from transformers.models.deepseek_v3.modeling_deepseek_v3 import \
+            apply_rotary_pos_emb_interleave as apply_rotary_pos_emb
+    else:
+        from transformers.models.deepseek_v32.modeling_deepseek_v32 import apply_rotary_pos_emb
     B, S, _ = hidden.shape
     q = idx.wq_b(q_resid).view(B, S, idx.n_heads, idx.head_dim)
     r = idx.qk_rope_head_dim
@@ -244,12 +268,14 @@ def install_margin_hooks(model, family, rec):
             fn = grouped_router_margins if hasattr(gate, "num_group") else softmax_router_margins
             hooks.append(gate.register_forward_hook(
                 lambda m, a, o, fn=fn, li=li: fn(m, a[0], rec, f"layer{li}")))
-        if family == "deepseek_v32":
+        if family in ("deepseek_v32", "glm_moe_dsa"):
             idx = layer.self_attn.indexer
+            if idx is None:  # a GLM-5 shared layer: gets its full layer's sets below (shared_topk)
+                continue
 
             def pre(m, args, kwargs, li=li):
                 hidden, q_resid, (cos, sin) = args[0], args[1], args[2]
-                indexer_margins(m, hidden, q_resid, cos, sin, rec, f"layer{li}")
+                indexer_margins(m, hidden, q_resid, cos, sin, rec, f"layer{li}", interleaved=family == "glm_moe_dsa")
             hooks.append(idx.register_forward_pre_hook(pre, with_kwargs=True))
     return hooks
 
@@ -412,6 +438,10 @@ def main():
                 f"output of decoder layer {nl - 1}; last_layer_prenorm = output of decoder layer {nl - 1} "
                 "before the final norm. Rows are tokens of all documents concatenated (offsets)."
             )
+            shared = [i for i, t in enumerate(getattr(cfg, "indexer_types", None) or []) if t == "shared"]
+            for i in shared:  # a shared layer attends to the sets of the last full layer before it
+                src = max(j for j in range(i) if j not in shared)
+                rec.topk_sets[f"layer{i}"] = rec.topk_sets[f"layer{src}"]
             if rec.topk_sets:
                 d = f.create_group("dsa_topk")
                 d.attrs["layout"] = ("per layer [N_tokens, index_topk] int32: key positions (within the "

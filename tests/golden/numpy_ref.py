@@ -198,6 +198,30 @@ def kimi_forward(cfg, P, tok):
     return x, hs, None
 
 
+def indexer_sets(cfg, P, ix, qr, h, cos, sin, irope, causal):
+    """DSA index scores and Top-K: (allowed [T, T] bool, sel [T, topk] ascending, -1 padded)."""
+    T = h.shape[0]
+    nih, dih, topk, dr = cfg["index_n_heads"], cfg["index_head_dim"], cfg["index_topk"], cfg["qk_rope_head_dim"]
+    iq = (qr @ P[ix + "wq_b.weight"].T).reshape(T, nih, dih)
+    ik = h @ P[ix + "wk.weight"].T
+    mu, var = ik.mean(-1, keepdims=True), ik.var(-1, keepdims=True)
+    ik = (ik - mu) / np.sqrt(var + 1e-6) * P[ix + "k_norm.weight"] + P[ix + "k_norm.bias"]
+    iq = np.concatenate([irope(iq[..., :dr], cos, sin), iq[..., dr:]], -1)
+    ik = np.concatenate([irope(ik[:, :dr], cos, sin), ik[:, dr:]], -1)
+    w = (h @ P[ix + "weights_proj.weight"].T) * nih ** -0.5
+    sc = np.maximum(np.einsum("thd,sd->ths", iq, ik) * dih ** -0.5, 0)
+    iscore = np.einsum("th,ths->ts", w, sc)
+    iscore = np.where(causal, iscore, -np.inf)
+    allowed = np.zeros((T, T), bool)
+    sel = np.full((T, topk), -1, np.int32)
+    for t in range(T):
+        kk = min(topk, t + 1)
+        chosen = np.sort(np.argsort(-iscore[t], kind="stable")[:kk])
+        allowed[t, chosen] = True
+        sel[t, :kk] = chosen
+    return allowed, sel
+
+
 def deepseek_forward(cfg, P, tok):
     x = P["model.embed_tokens.weight"][tok]
     eps = cfg["rms_norm_eps"]
@@ -208,7 +232,6 @@ def deepseek_forward(cfg, P, tok):
     inv, att, ms2 = yarn(cfg, dr)
     ang = np.arange(T)[:, None] * inv[None]
     cos, sin = np.cos(ang) * att, np.sin(ang) * att
-    nih, dih, topk = cfg["index_n_heads"], cfg["index_head_dim"], cfg["index_topk"]
     hs, sels = [x], []
     for i in range(cfg["num_hidden_layers"]):
         p = f"model.layers.{i}."
@@ -221,25 +244,11 @@ def deepseek_forward(cfg, P, tok):
         kpe = rope_interleaved(c[:, r:], cos, sin)
         qpe = rope_interleaved(q[..., dn:], cos, sin)
         kv = (ckv @ P[a + "kv_b_proj.weight"].T).reshape(T, nh, dn + dv)
-        # indexer
-        ix = a + "indexer."
-        iq = (qr @ P[ix + "wq_b.weight"].T).reshape(T, nih, dih)
-        ik = h @ P[ix + "wk.weight"].T
-        mu, var = ik.mean(-1, keepdims=True), ik.var(-1, keepdims=True)
-        ik = (ik - mu) / np.sqrt(var + 1e-6) * P[ix + "k_norm.weight"] + P[ix + "k_norm.bias"]
-        iq = np.concatenate([rope_neox(iq[..., :dr], cos, sin), iq[..., dr:]], -1)
-        ik = np.concatenate([rope_neox(ik[:, :dr], cos, sin), ik[:, dr:]], -1)
-        w = (h @ P[ix + "weights_proj.weight"].T) * nih ** -0.5
-        sc = np.maximum(np.einsum("thd,sd->ths", iq, ik) * dih ** -0.5, 0)
-        iscore = np.einsum("th,ths->ts", w, sc)
-        iscore = np.where(causal, iscore, -np.inf)
-        allowed = np.zeros((T, T), bool)
-        sel = np.full((T, topk), -1, np.int32)
-        for t in range(T):
-            kk = min(topk, t + 1)
-            chosen = np.sort(np.argsort(-iscore[t], kind="stable")[:kk])
-            allowed[t, chosen] = True
-            sel[t, :kk] = chosen
+        # indexer (GLM-5: interleaved RoPE; its "shared" layers attend to the last full layer's sets)
+        glm = cfg["model_type"] == "glm_moe_dsa"
+        if not (glm and (cfg.get("indexer_types") or ["full"] * (i + 1))[i] == "shared"):
+            allowed, sel = indexer_sets(cfg, P, a + "indexer.", qr, h, cos, sin,
+                                        rope_interleaved if glm else rope_neox, causal)
         sels.append(sel)
         qq = np.concatenate([q[..., :dn], qpe], -1)
         kk_ = np.concatenate([kv[..., :dn], np.broadcast_to(kpe[:, None], (T, nh, dr))], -1)
@@ -341,7 +350,7 @@ def qwen3_next_forward(cfg, P, tok):
     return x, hs, None
 
 
-FORWARD = {"kimi_linear": kimi_forward, "deepseek_v32": deepseek_forward, "qwen3_next": qwen3_next_forward,
+FORWARD = {"kimi_linear": kimi_forward, "deepseek_v32": deepseek_forward, "glm_moe_dsa": deepseek_forward, "qwen3_next": qwen3_next_forward,
            "qwen3_5_moe_text": qwen3_next_forward}
 CENTRED = {"qwen3_next", "qwen3_5_moe_text"}  # zero-centred RMSNorm (1 + w)
 

@@ -131,6 +131,11 @@ TEST_CASE("golden: deepseek_v32 matches transformers 5.23 (incl. DSA Top-K sets)
   check_family("deepseek_v32_tf523", {1e-4, 2e-4});
 }
 TEST_CASE("golden: qwen3_next matches transformers 5.23", "[golden]") { check_family("qwen3_next_tf523", {3e-4, 5e-4}); }
+// GLM-5 (transformers 5.23): deepseek_v32's modules with an interleaved-RoPE indexer and two
+// shared-indexer layers (their Top-K sets are their full layer's), so deepseek's tolerances.
+TEST_CASE("golden: glm_moe_dsa matches transformers 5.23 (incl. shared-indexer Top-K sets)", "[golden]") {
+  check_family("glm_moe_dsa", {1e-4, 2e-4});
+}
 // Qwen3.5 (transformers 5.23): qwen3_next's modules, so its tolerances; the wrapper's text model
 // under model.language_model. with a vision tower that is recognised and not loaded.
 TEST_CASE("golden: qwen3_5_moe_text matches transformers 5.23", "[golden]") {

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Every CP x TP (x DP) layout gives the single-rank result (DESIGN.md §4), for the demo preset and
-# the three golden models, over documents of length 1, 2C-1 and lengths that are multiples of
+# the golden models (Qwen3.5 as its multimodal wrapper), over documents of length 1, 2C-1 and lengths that are multiples of
 # neither 2C nor the 64-token chunk: log-probs within a tolerance, top-k ids and greedy
 # generations identical.
 #
@@ -13,7 +13,9 @@
 source "$(dirname "$0")/lib.sh"
 TOL=${DZ_CP_TP_TOL:-1e-4}
 "$DZ" make-model --preset demo --out "$W/demo" >/dev/null
-models=("$W/demo" "$SRC/tests/golden/kimi_linear" "$SRC/tests/golden/deepseek_v32" "$SRC/tests/golden/qwen3_next")
+models=("$W/demo" "$SRC/tests/golden/kimi_linear" "$SRC/tests/golden/deepseek_v32" "$SRC/tests/golden/qwen3_next"
+        "$SRC/tests/golden/qwen3_5_moe"   # Qwen3.5: the wrapper (split GDN projections under TP)
+        "$SRC/tests/golden/glm_moe_dsa")  # GLM-5: shared-indexer layers (Top-K handed over under CP, TP)
 python3 - "$W/t.txt" <<'PY'
 import random, sys
 rng = random.Random(9)

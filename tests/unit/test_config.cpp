@@ -491,3 +491,41 @@ TEST_CASE("config: qwen3_5_moe wrapper and qwen3_5_moe_text (transformers 5.23)"
   CHECK(ModelConfig::from_json(mtp).mtp_layers == 1);
 }
 #endif
+
+#ifdef DZ_SOURCE_DIR
+// GLM-5 (glm_moe_dsa): deepseek_v32's stack, an interleaved-RoPE indexer and shared-indexer
+// layers, from indexer_types or as transformers derives them.
+TEST_CASE("config: glm_moe_dsa indexer_types, index_topk_pattern, index_topk_freq", "[unit]") {
+  const std::string g = std::string(DZ_SOURCE_DIR) + "/tests/golden/";
+  if (!std::filesystem::exists(g + "glm_moe_dsa/config.json")) return;
+  std::ifstream in(g + "glm_moe_dsa/config.json");
+  const json j = json::parse(in);
+  ModelConfig c = ModelConfig::from_json(j);
+  CHECK(c.family == Family::DeepseekV32);
+  CHECK(c.index_rope_style == RopeStyle::Interleaved);
+  CHECK(ModelConfig::from_file(g + "deepseek_v32/config.json").index_rope_style == RopeStyle::NeoX);
+  auto shared = [](const ModelConfig& m) {
+    std::string s;
+    for (const LayerSpec& l : m.layers) s += l.shared_indexer ? 'S' : (l.has_indexer ? 'F' : '-');
+    return s;
+  };
+  CHECK(shared(c) == "FSFS");
+  json p = j;
+  p.erase("indexer_types");
+  p["index_topk_pattern"] = "FFSS";
+  CHECK(shared(ModelConfig::from_json(p)) == "FFSS");
+  json q = j;  // transformers' default: freq 1 (every layer full); freq 2 from offset 2: F F S F
+  q.erase("indexer_types");
+  CHECK(shared(ModelConfig::from_json(q)) == "FFFF");
+  q["index_topk_freq"] = 2;
+  CHECK(shared(ModelConfig::from_json(q)) == "FFSF");
+  json bad = j;
+  bad["indexer_types"] = json::array({"shared", "full", "full", "full"});
+  CHECK(contains(error_of([&] { ModelConfig::from_json(bad); }), "layer 0 'shared'"));
+  bad["indexer_types"] = json::array({"full", "sparse", "full", "full"});
+  CHECK(contains(error_of([&] { ModelConfig::from_json(bad); }), "expected full or shared"));
+  bad["indexer_types"] = json::array({"full", "full"});
+  CHECK(contains(error_of([&] { ModelConfig::from_json(bad); }), "has 2 entries for 4 layers"));
+  CHECK(c.to_json()["layers"][1]["indexer"] == "shared");
+}
+#endif
