@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The GPU tests, on a GPU node (DESIGN §8: no package mirror needed): builds dayzero and the gpu
 # label against an offline prefix, runs the GPU test binary (Catch2 test specs may follow), then
-# `dayzero run` on the golden kimi_linear and qwen3_next models and their golden documents with
+# `dayzero run` on the golden models (kimi_linear, qwen3_next, deepseek_v32, qwen3_5_moe, glm_moe_dsa)
+# and their golden documents with
 # --backend cpu and --backend cuda (one rank; two DP ranks; --cp 2, --tp 2 and --cp 2 --tp 2 with the
 # ranks sharing the GPU) and checks every cuda layout against the cpu run and the one-rank cuda
 # run within 1.5x transformers' own bf16-vs-fp32 drift on the same documents
@@ -21,7 +22,7 @@ rc=${PIPESTATUS[0]}
 set -e
 EXE=$B/dayzero
 W=$(mktemp -d)
-for fam in kimi_linear qwen3_next deepseek_v32 qwen3_5_moe; do
+for fam in kimi_linear qwen3_next deepseek_v32 qwen3_5_moe glm_moe_dsa; do
   M=tests/golden/$fam
   cp "$M/golden.h5" "$W/$fam.in.h5"  # /tokens + /offsets: a dayzero input as it is
   "$EXE" run --model "$M" --input "$W/$fam.in.h5" --output "$W/$fam.cpu.h5" --backend cpu >/dev/null
@@ -47,7 +48,7 @@ for fam in kimi_linear qwen3_next deepseek_v32 qwen3_5_moe; do
   done
   "$EXE" run --model "$M" --input "$W/$fam.in.h5" --output "$W/$fam.generate.eager.h5" --backend cuda --mode generate \
     --max-new-tokens 8 --eager-decode >/dev/null  # decode without CUDA graphs: the same tokens
-  if [[ $fam == deepseek_v32 ]]; then  # the quantised caches, on both backends
+  if [[ $fam == deepseek_v32 || $fam == glm_moe_dsa ]]; then  # the quantised caches, on both backends
     q=(--kv-cache fp8 --index-quant mxfp8)
     "$EXE" run --model "$M" --input "$W/$fam.in.h5" --output "$W/$fam.q.cpu.h5" --backend cpu "${q[@]}" >/dev/null
     "$EXE" run --model "$M" --input "$W/$fam.in.h5" --output "$W/$fam.q.cuda.h5" --backend cuda "${q[@]}" >/dev/null
