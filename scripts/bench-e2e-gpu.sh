@@ -6,7 +6,11 @@
 # --dummy-weights scoring one 131072-token document, and 256 documents of 2048 tokens with and
 # without packing. JSON into LOG_DIR; a summary of the ratios on stdout.
 #   bash scripts/bench-e2e-gpu.sh PREFIX BUILD_DIR LOG_DIR FLA_SRC ANCHOR_PY [parts...]
-# parts: anchor e2e decode decodeb ncu k131k docs256 (default: all)
+# parts: anchor e2e decode decodeb ncu k131k docs256 (default: all), and the 2026 shapes:
+#   anchor26: the anchor's 2026 set (Qwen3.5-35B-A3B 8 layers, GLM-5.3-Flash 4 layers) with the
+#             transformers 5.23 site in $TF523 (pip install --no-deps --target) on the PYTHONPATH
+#   e2e26:    dayzero on configs/bench/qwen3_5_35b_a3b_8l (8192 / 32768, last-logits and logprobs)
+#             and the whole 40-layer Qwen3.5-35B-A3B wrapper (--dummy-weights, 32768, last-logits)
 #   decode: generate mode, 33 new tokens after the 8192 / 32768-token prompt (ms per decode step),
 #           with CUDA graphs (the default) and --eager-decode
 #   decodeb: 32 documents of 2048 tokens prefilled in one packed forward and decoded together
@@ -29,6 +33,16 @@ has() { [[ " $parts " == *" $1 "* ]]; }
 if has anchor; then
   PYTHONPATH="$FLA${PYTHONPATH:+:$PYTHONPATH}" python3 "$ANCHOR" "$L/e2e_transformers.json" 2025 sdpa 2>&1 |
     grep -v Warning | tail -8
+fi
+if has anchor26; then
+  PYTHONPATH="$FLA:${TF523:?set TF523 to a transformers 5.23 site}${PYTHONPATH:+:$PYTHONPATH}" \
+    python3 "$ANCHOR" "$L/e2e_transformers_2026.json" 2026 2>&1 | grep -v Warning | tail -4
+fi
+if has e2e26; then
+  "$DZ" bench e2e --model configs/bench/qwen3_5_35b_a3b_8l --tokens 8192,32768 --modes last-logits,logprobs \
+    --repeats 3 --json "$L/e2e_dayzero_2026.json" 2>&1 | grep -v '^{'
+  "$DZ" bench e2e --model configs/bench/qwen3_5_35b_a3b --tokens 32768 --modes last-logits \
+    --repeats 3 --json "$L/e2e_dayzero_2026_full.json" 2>&1 | grep -v '^{'
 fi
 if has e2e; then
   "$DZ" bench e2e --model configs/bench/kimi_linear_48b_a3b_8l --model configs/bench/qwen3_next_80b_a3b_8l \
@@ -75,10 +89,11 @@ L = sys.argv[1]
 def load(n):
     p = os.path.join(L, n)
     return json.load(open(p)) if os.path.exists(p) else None
-a, d = load("e2e_transformers.json"), load("e2e_dayzero.json")
-if d:
-    anchor = {(r["model"], r["T"]): r for r in (a or {}).get("results", []) if "model" in r and "ms" in r}
-    for r in d["results"]:
+a = [load(n) for n in ("e2e_transformers.json", "e2e_transformers_2026.json")]
+d = [load(n) for n in ("e2e_dayzero.json", "e2e_dayzero_2026.json", "e2e_dayzero_2026_full.json")]
+if any(d):
+    anchor = {(r["model"], r["T"]): r for x in a for r in (x or {}).get("results", []) if "model" in r and "ms" in r}
+    for r in [r for x in d for r in (x or {}).get("results", [])]:
         if "error" in r:
             print("dayzero", r["model"], r["T"], r["mode"], "ERROR", r["error"]); continue
         name = r["model"].replace("_8l", "")
