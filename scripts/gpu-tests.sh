@@ -105,11 +105,20 @@ good = cap > 0 and rep > 0
 ok = ok and good
 print(f"cli {fam} generate on cuda: report counts {cap} graph captures, {rep} replays {'ok' if good else 'FAILED'}")
 if os.path.exists(f"{w}/{fam}.q.cpu.h5"):
-    e = np.abs(lp(f"{w}/{fam}.q.cuda.h5") - lp(f"{w}/{fam}.q.cpu.h5"))
-    good = e.mean() <= tm and e.max() <= tx
+    # FP8 / MXFP8 rounding turns bf16 noise into discrete flips (an FP8 code, a Top-K entry), so the
+    # quantised runs sit further apart than the bf16 drift alone: on the CPU the quantisation itself
+    # moves these tiny goldens' log-probs by ~1 nat mean (1.05 deepseek_v32, 0.99 glm_moe_dsa). The
+    # mean may reach 2x transformers' bf16 drift (the max keeps 1.5x), and the GPU's quantised run
+    # must sit nearer the CPU's quantised run than to the CPU's plain one and than the GPU's plain
+    # run does: a GPU that skipped the quantisation fails that.
+    qc, qg, pc = lp(f"{w}/{fam}.q.cpu.h5"), lp(f"{w}/{fam}.q.cuda.h5"), a
+    e = np.abs(qg - qc)
+    near = e.mean() < np.abs(qg - pc).mean() and e.mean() < np.abs(b - qc).mean()
+    good = e.mean() <= 2 * tol["mean_abs"] and e.max() <= tx and near
     ok = ok and good
     print(f"cli {fam} --kv-cache fp8 --index-quant mxfp8: cuda vs cpu mean |dlp| {e.mean():.3g} max {e.max():.3g} "
-          f"{'ok' if good else 'FAILED'}")
+          f"(tol {2 * tol['mean_abs']:.3g} / {tx:.3g}); vs cpu unquantised {np.abs(qg - pc).mean():.3g}, cuda unquantised "
+          f"vs cpu quantised {np.abs(b - qc).mean():.3g} {'ok' if good else 'FAILED'}")
 sys.exit(0 if ok else 1)
 PY
   python3 -c "import json,sys; r=json.load(open('$W/$fam.report.json')); print('report:', {k: r[k] for k in ('tokens','seconds') if k in r}, [(x.get('device'), x.get('peak_device_memory_bytes')) for x in r.get('per_rank', [])])" | tee -a "$L/cli.log"
