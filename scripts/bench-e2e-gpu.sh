@@ -98,6 +98,8 @@ if any(d):
             print("dayzero", r["model"], r["T"], r["mode"], "ERROR", r["error"]); continue
         name = r["model"].replace("_8l", "")
         x = anchor.get((name, r["T"]))
+        if x and x.get("layers") != r.get("layers"):
+            x = None  # the anchor cut the shape to fewer layers: no ratio
         ratio = f"{x['ms'] / r['ms']:.2f}x transformers+fla ({x['ms']:.1f} ms)" if x and r["mode"] == "last-logits" else ""
         ok = r["plan_peak_gib"] >= r["peak_gib"] and abs(r["plan_weight_gib"] - (r["weight_gib"] - 1 / 32)) < 0.02 * r["weight_gib"]
         print(f"dayzero {r['model']} T={r['T']} {r['mode']}: {r['ms']:.1f} ms, {r['tok_s']:.0f} tok/s, MFU {100 * r['mfu_dense']:.1f} % "
