@@ -91,6 +91,10 @@ int main(int argc, char** argv) {
   auto* ins = app.add_subcommand("inspect", "Structural diff of a checkpoint against what dayzero supports");
   ins->add_option("--model", inspect_dir, "Model directory")->required();
   ins->add_flag("--json", inspect_json, "Print JSON instead of a table");
+  bool inspect_structural = false;
+  ins->add_flag("--structural", inspect_structural,
+                "Match tensor names, shapes and config keys against dayzero's modules even when the family has a "
+                "parser (a family without one always gets this diff)");
 
   std::string plan_model = "hybrid-small";
   int64_t plan_len = 65536;
@@ -163,7 +167,7 @@ int main(int argc, char** argv) {
   try {
     if (mm->parsed()) dz::make_model(mo);
     if (mi->parsed()) dz::make_input(io);
-    if (ins->parsed()) return dz::inspect(inspect_dir, inspect_json);
+    if (ins->parsed()) return dz::inspect(inspect_dir, inspect_json, inspect_structural);
     if (pl->parsed()) return dz::plan(plan_model, plan_len, plan_cp, plan_seg, plan_json, pmo);
     if (be->parsed() && bench_which == "e2e") {
       eo.json = bench_json;

@@ -631,6 +631,12 @@ ModelConfig parse_at(const nlohmann::json& j, const std::string& where) {
 
 ModelConfig ModelConfig::from_json(const nlohmann::json& j) { return parse_at(j, "config.json"); }
 
+bool is_supported_model_type(const std::string& mt) {
+  static const std::set<std::string> direct = {"kimi_linear", "dayzero_hybrid", "dayzero",          "deepseek_v32",
+                                                "glm_moe_dsa", "qwen3_next",     "qwen3_5_moe_text"};
+  return direct.count(mt) > 0 || wrappers().count(mt) > 0;
+}
+
 ModelConfig ModelConfig::from_file(const std::string& path) {
   std::ifstream in(path);
   DZ_CHECK(in.good(), "cannot read model config ", path);

@@ -128,4 +128,7 @@ struct ModelConfig {
   nlohmann::json to_json() const;  // the normalised description (for reports / inspect)
 };
 
+// Whether some parser of ModelConfig::from_json takes this model_type (wrappers included).
+bool is_supported_model_type(const std::string& model_type);
+
 }  // namespace dz

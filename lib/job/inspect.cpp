@@ -2,8 +2,11 @@
 // is classified against what dayzero implements:
 //   reusable                            same module and same parameters as a model already adapted
 //   reusable with different parameters  a module we implement, parameterised differently
-//   unsupported                         the config or the tensors name something we do not implement
+//   new                                 the config or the tensors name something we do not implement
+// A family with no config parser gets the structural diff from its tensors and keys alone
+// (inspect_structural.cpp); --structural forces that for a supported family too.
 #include <cstdio>
+#include <fstream>
 #include <map>
 #include <set>
 #include <string>
@@ -14,6 +17,7 @@
 #include "config/model_config.hpp"
 #include "core/error.hpp"
 #include "io/checkpoint.hpp"
+#include "job/inspect_structural.hpp"
 #include "job/tools.hpp"
 #include "model/attn_res.hpp"
 #include "model/model.hpp"
@@ -55,8 +59,9 @@ std::string mixer_signature(const ModelConfig& c, const LayerSpec& l) {
       return str("MLA heads=", c.num_heads, " q_lora=", c.q_lora_rank, " kv_lora=", c.kv_lora_rank,
                  " nope=", c.qk_nope_head_dim, " rope=", c.qk_rope_head_dim, " v=", c.v_head_dim,
                  " out_gate=", int(c.mla_output_gate), " indexer=",
-                 l.has_indexer ? str(c.index_n_heads, "x", c.index_head_dim, "/top", c.index_topk)
-                               : std::string("none"));
+                 !l.has_indexer     ? std::string("none")
+                 : l.shared_indexer ? std::string("shared (the Top-K of the layer before)")
+                                    : str(c.index_n_heads, "x", c.index_head_dim, "/top", c.index_topk));
     case MixerKind::GQA:
       return str("GQA heads=", c.num_heads, " kv_heads=", c.num_kv_heads, " head_dim=", c.head_dim,
                  " rotary=", c.rope.partial_rotary_factor, " out_gate=", int(c.attn_output_gate));
@@ -99,23 +104,44 @@ std::string owner_of(const std::string& name, int64_t* layer) {
 
 }  // namespace
 
-int inspect(const std::string& dir, bool as_json) {
+int inspect(const std::string& dir, bool as_json, bool structural) {
   std::vector<Row> rows;
   ModelConfig cfg;
-  try {
-    cfg = ModelConfig::from_file(dir + "/config.json");
-  } catch (const Error& e) {
-    rows.push_back({"config", "config.json", "?", "", "unsupported", e.what()});
+  std::string family;
+  // A family without a parser (or --structural): the diff from tensors and config keys alone.
+  nlohmann::json raw;
+  {
+    std::ifstream in(dir + "/config.json");
+    if (in.good()) raw = nlohmann::json::parse(in, nullptr, false);
   }
+  const bool unknown_type = raw.is_object() && raw.contains("model_type") && raw["model_type"].is_string() &&
+                            !is_supported_model_type(raw["model_type"].get<std::string>());
+  if ((structural || unknown_type) && raw.is_object()) {
+    try {
+      for (auto& r : structural_diff(dir, raw, &family))
+        rows.push_back({r.where, r.module, r.kind, r.params, r.status, r.evidence});
+    } catch (const Error& e) {
+      rows.push_back({"weights", "safetensors", "?", "", "new", e.what()});
+    }
+  } else {
+    try {
+      cfg = ModelConfig::from_file(dir + "/config.json");
+      family = cfg.model_type;
+    } catch (const Error& e) {
+      rows.push_back({"config", "config.json", "?", "", "new", e.what()});
+    }
+  }
+  const bool parsed = !cfg.layers.empty();
   std::unique_ptr<Checkpoint> ck;
-  if (rows.empty()) {
+  if (rows.empty() && parsed) {
     try {
       ck = Checkpoint::open(dir);
     } catch (const Error& e) {
-      rows.push_back({"weights", "safetensors", "?", "", "unsupported", e.what()});
+      rows.push_back({"weights", "safetensors", "?", "", "new", e.what()});
     }
   }
   if (ck) {
+    const TextPackaging pk = adopt_text_model(cfg, *ck);
     ck->set_dry_run(true);  // names and shapes only: inspect must not need the model's memory
     const int64_t D = cfg.hidden_size, V = cfg.vocab_size;
     const Init ni = cfg.norm_zero_centered ? Init::zeros() : Init::ones();
@@ -123,7 +149,7 @@ int inspect(const std::string& dir, bool as_json) {
       try {
         f();
       } catch (const Error& e) {
-        r.status = "unsupported";
+        r.status = "new";
         r.note = e.what();
       }
       rows.push_back(r);
@@ -140,7 +166,12 @@ int inspect(const std::string& dir, bool as_json) {
         switch (ls.mixer) {
           case MixerKind::KDA: make_kda_mixer(cfg, int(i), *ck, p); break;
           case MixerKind::GDN: make_gdn_mixer(cfg, int(i), *ck, p); break;
-          case MixerKind::MLA: make_mla_mixer(cfg, int(i), *ck, p); break;
+          case MixerKind::MLA: {
+            TopkLink link;  // a shared-indexer layer takes its sets from an earlier layer
+            if (ls.shared_indexer) link.take = make_topk_share();
+            make_mla_mixer_linked(cfg, int(i), *ck, p, TpShard{}, cpu_backend(), link);
+            break;
+          }
           case MixerKind::GQA: make_gqa_mixer(cfg, int(i), *ck, p); break;
         }
       });
@@ -166,11 +197,14 @@ int inspect(const std::string& dir, bool as_json) {
       ck->get("model.norm.weight", {D}, ni);
       if (!cfg.tie_word_embeddings) ck->get("lm_head.weight", {V, D});
     });
-    if (int64_t n = cfg.raw.value("num_nextn_predict_layers", int64_t(0)); n > 0) {
-      skip_mtp_layers(cfg, *ck);
-      rows.push_back({"model", "MTP layers", "speculative", str(n, " layer(s)"), "reusable",
+    if (cfg.mtp_layers > 0) {
+      const int64_t k = skip_mtp_layers(cfg, *ck);
+      rows.push_back({"model", "MTP layers", "speculative", str(cfg.mtp_layers, " layer(s), ", k, " tensors"), "reusable",
                       "multi-token prediction: accepted, not run by dayzero"});
     }
+    if (pk.vision_tensors > 0)
+      rows.push_back({"model", "vision tower", "recognised, not loaded", str(pk.vision_tensors, " tensors"), "reusable",
+                      str(cfg.wrapper_model_type, " is scored on its text model (under ", pk.prefix, ")")});
     // Tensors nobody asked for belong to modules we do not implement.
     std::map<std::pair<int64_t, std::string>, std::vector<std::string>> stray;
     for (const auto& n : ck->unused()) {
@@ -183,37 +217,40 @@ int inspect(const std::string& dir, bool as_json) {
       bool found = false;
       for (auto& r : rows)
         if (r.where == where && r.module == kv.first.second) {
-          r.status = "unsupported";
+          r.status = "new";
           r.note = str("unexpected tensor ", kv.second[0],
                        kv.second.size() > 1 ? str(" (and ", kv.second.size() - 1, " more)") : std::string());
           found = true;
         }
       if (!found)
-        rows.push_back({where, kv.first.second, "?", "", "unsupported",
+        rows.push_back({where, kv.first.second, "?", "", "new",
                         str("unexpected tensor ", kv.second[0],
                             kv.second.size() > 1 ? str(" (and ", kv.second.size() - 1, " more)") : std::string())});
     }
   }
   int n_re = 0, n_diff = 0, n_uns = 0;
-  for (auto& r : rows) (r.status == "reusable" ? n_re : r.status == "unsupported" ? n_uns : n_diff)++;
+  for (auto& r : rows) (r.status == "reusable" ? n_re : r.status == "new" ? n_uns : n_diff)++;
   if (as_json) {
     nlohmann::json j;
     j["model"] = dir;
-    if (!cfg.layers.empty()) j["config"] = cfg.to_json();
+    if (parsed) j["config"] = cfg.to_json();
+    j["family"] = family;
+    j["structural"] = !parsed;
     nlohmann::json arr = nlohmann::json::array();
     for (auto& r : rows)
       arr.push_back({{"where", r.where}, {"module", r.module}, {"kind", r.kind}, {"params", r.params},
                      {"status", r.status}, {"note", r.note}});
     j["modules"] = arr;
-    j["summary"] = {{"reusable", n_re}, {"reusable_with_different_parameters", n_diff}, {"unsupported", n_uns}};
+    j["summary"] = {{"reusable", n_re}, {"reusable_with_different_parameters", n_diff}, {"new", n_uns}};
     std::printf("%s\n", j.dump(2).c_str());
   } else {
-    std::printf("%s: %s\n", dir.c_str(), cfg.model_type.empty() ? "?" : cfg.model_type.c_str());
-    std::printf("%-9s %-21s %-15s %-34s %s\n", "where", "module", "kind", "status", "parameters / note");
+    std::printf("%s: %s%s\n", dir.c_str(), family.empty() ? "?" : family.c_str(),
+                parsed ? "" : " (no dayzero parser: structural diff from tensor names, shapes and config keys)");
+    std::printf("%-9s %-21s %-15s %-34s %s\n", "where", "module", "kind", "status", "parameters / evidence");
     for (auto& r : rows)
       std::printf("%-9s %-21s %-15s %-34s %s%s%s\n", r.where.c_str(), r.module.c_str(), r.kind.c_str(),
                   r.status.c_str(), r.params.c_str(), r.note.empty() ? "" : "  # ", r.note.c_str());
-    std::printf("summary: %zu modules: %d reusable, %d reusable with different parameters, %d unsupported\n",
+    std::printf("summary: %zu modules: %d reusable, %d reusable with different parameters, %d new\n",
                 rows.size(), n_re, n_diff, n_uns);
   }
   return n_uns > 0 ? 2 : 0;

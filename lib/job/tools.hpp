@@ -35,7 +35,8 @@ void make_input(const MakeInputOptions& o);
 
 // Structural diff of a checkpoint against what dayzero supports. Returns the exit code: 0 when
 // every module is reusable (possibly with different parameters), 2 when any is unsupported.
-int inspect(const std::string& dir, bool json);
+// structural: the diff from tensor names, shapes and config keys even for a family dayzero parses.
+int inspect(const std::string& dir, bool json, bool structural = false);
 
 }  // namespace dz
 

@@ -1,7 +1,11 @@
 // `dayzero inspect`: structural diff against what dayzero supports, with the exit code contract.
 #include <catch2/catch.hpp>
 
+#include <fstream>
+#include <functional>
 #include <map>
+
+#include <nlohmann/json.hpp>
 
 #include "cli/cli_util.hpp"
 #include "io/checkpoint.hpp"
@@ -10,16 +14,17 @@ using namespace dzt;
 
 TEST_CASE("inspect: every golden family is fully supported", "[unit][cli]") {
   std::string dir = tmpdir("inspect");
-  for (const char* fam : {"kimi_linear", "deepseek_v32", "qwen3_next"}) {
+  for (const char* fam : {"kimi_linear", "deepseek_v32", "qwen3_next", "kimi_linear_tf523", "deepseek_v32_tf523",
+                          "qwen3_next_tf523", "qwen3_5_moe", "qwen3_5_moe_text", "glm_moe_dsa"}) {
     auto r = dayzero(std::string("inspect --model ") + DZ_SOURCE_DIR + "/tests/golden/" + fam, dir);
     INFO(fam << "\n" << r.out << r.err);
     CHECK(r.code == 0);
-    CHECK(r.out.find(", 0 unsupported") != std::string::npos);
+    CHECK(r.out.find(", 0 new") != std::string::npos);
     CHECK(r.out.find("reusable with different parameters") != std::string::npos);
   }
   auto r = dayzero(std::string("inspect --json --model ") + DZ_SOURCE_DIR + "/tests/golden/deepseek_v32", dir);
   CHECK(r.code == 0);
-  CHECK(r.out.find("\"unsupported\": 0") != std::string::npos);
+  CHECK(r.out.find("\"new\": 0") != std::string::npos);
   CHECK(r.out.find("indexer=16x32/top8") != std::string::npos);
 }
 
@@ -38,7 +43,7 @@ TEST_CASE("inspect: an unknown tensor makes its module unsupported (exit 2)", "[
   CHECK(r.code == 2);
   CHECK(r.out.find("layer 2   token mixer") != std::string::npos);
   CHECK(r.out.find("unexpected tensor model.layers.2.self_attn.mystery_proj.weight") != std::string::npos);
-  CHECK(r.out.find(", 1 unsupported") != std::string::npos);
+  CHECK(r.out.find(", 1 new") != std::string::npos);
 }
 
 TEST_CASE("inspect: an unknown model type is unsupported (exit 2)", "[unit][cli]") {
@@ -50,5 +55,142 @@ TEST_CASE("inspect: an unknown model type is unsupported (exit 2)", "[unit][cli]
   INFO(r.out << r.err);
   CHECK(r.code == 2);
   CHECK(r.out.find("mamba9") != std::string::npos);
-  CHECK(r.out.find("unsupported") != std::string::npos);
+  CHECK(r.out.find("new") != std::string::npos);
+}
+
+// ---- the structural diff of a family dayzero has no parser for (issue 11 item 4) ----
+namespace {
+// A copy of a checkpoint directory with config.json edited and tensors added (extra: name -> shape).
+std::string variant(const std::string& src, const std::string& dst, const std::function<void(nlohmann::json&)>& edit,
+                    const std::map<std::string, dz::Shape>& extra = {}) {
+  REQUIRE(std::system(("rm -rf " + dst + " && mkdir -p " + dst).c_str()) == 0);
+  auto ck = dz::Checkpoint::open(src);
+  std::map<std::string, dz::Tensor> ts;
+  for (const auto& n : ck->names()) ts[n] = ck->get(n, ck->info(n).shape);
+  for (const auto& kv : extra) ts[kv.first] = dz::Tensor(kv.second, 0.5f);
+  dz::write_safetensors(dst, ts, dz::DType::F32);
+  std::ifstream f(src + "/config.json");
+  nlohmann::json j = nlohmann::json::parse(f);
+  edit(j);
+  std::ofstream(dst + "/config.json") << j.dump(2);
+  return dst;
+}
+
+nlohmann::json inspect_json(const std::string& model, const std::string& dir, int* code) {
+  auto r = dayzero("inspect --json --model " + model, dir);
+  INFO(r.out << r.err);
+  *code = r.code;
+  return nlohmann::json::parse(r.out);
+}
+
+// Rows of `j` whose where/module match (module "" = any).
+std::vector<nlohmann::json> rows(const nlohmann::json& j, const std::string& where, const std::string& module) {
+  std::vector<nlohmann::json> v;
+  for (const auto& r : j["modules"])
+    if (r["where"] == where && (module.empty() || r["module"] == module)) v.push_back(r);
+  return v;
+}
+}  // namespace
+
+TEST_CASE("inspect: the 2026 families with their support switched off are classified from tensors alone",
+          "[unit][cli]") {
+  std::string dir = tmpdir("inspect_struct");
+  const std::string g = std::string(DZ_SOURCE_DIR) + "/tests/golden/";
+  int code = 0;
+  // Qwen3.5 (wrapper and text model renamed): every module dayzero's, only the normaliser is new
+  auto q = inspect_json(variant(g + "qwen3_5_moe", dir + "/q35", [](nlohmann::json& j) {
+    j["model_type"] = "qwen3_5_moe_off";
+    j["text_config"]["model_type"] = "qwen3_5_moe_text_off";
+  }), dir, &code);
+  CHECK(code == 2);
+  CHECK(q["structural"] == true);
+  CHECK(q["summary"]["new"] == 1);
+  CHECK(rows(q, "config", "normaliser")[0]["status"] == "new");
+  for (int l = 0; l < 3; ++l) {
+    auto m = rows(q, "layer " + std::to_string(l), "token mixer");
+    REQUIRE(m.size() == 1);
+    CHECK(m[0]["kind"] == (l < 2 ? "GDN" : "GQA"));
+    CHECK(m[0]["status"] == "reusable with different parameters");
+    if (l < 2) CHECK(m[0]["params"] == "GDN v_heads=4 v=16 qk_width=32 conv=4 projections=split");
+    auto f = rows(q, "layer " + std::to_string(l), "ffn");
+    REQUIRE(f.size() == 1);
+    CHECK(f[0]["kind"] == "MoE");
+  }
+  CHECK(rows(q, "model", "vision tower")[0]["status"] == "reusable");
+  // GLM-5 renamed: MLA with the indexer on its full layers, without on its shared ones
+  auto glm = inspect_json(variant(g + "glm_moe_dsa", dir + "/glm5", [](nlohmann::json& j) { j["model_type"] = "glm_x"; }),
+                          dir, &code);
+  CHECK(code == 2);
+  CHECK(glm["summary"]["new"] == 1);
+  CHECK(rows(glm, "layer 0", "token mixer")[0]["params"] ==
+        "MLA heads=4 q_lora=32 kv_lora=32 nope=16 rope=16 v=16 out_gate=0 indexer=16x32/top8");
+  CHECK(rows(glm, "layer 1", "token mixer")[0]["params"] == "MLA heads=4 q_lora=32 kv_lora=32 nope=16 rope=16 v=16 out_gate=0");
+}
+
+TEST_CASE("inspect: GLM-5.3-Flash and DeepSeek-V4 (transformers 5.23 checkpoints) show what is new", "[unit][cli]") {
+  std::string dir = tmpdir("inspect_struct");
+  const std::string fx = std::string(DZ_SOURCE_DIR) + "/tests/fixtures/";
+  int code = 0;
+  auto g = inspect_json(fx + "glm5_next", dir, &code);
+  CHECK(code == 2);
+  CHECK(g["family"] == "glm5_next_text (in glm5_next)");
+  const std::string keys = rows(g, "config", "keys")[0]["note"];
+  for (const char* k : {"hc_mult=4", "hc_sinkhorn_iters=20", "swiglu_limit=10.0", "index_kpool=4"})
+    CHECK(keys.find(k) != std::string::npos);
+  for (int l = 0; l < 4; ++l) {
+    auto r = rows(g, "layer " + std::to_string(l), "residual");
+    REQUIRE(r.size() == 1);
+    CHECK(r[0]["status"] == "new");
+    CHECK(r[0]["kind"] == "hyper-connections (mHC)");
+  }
+  CHECK(rows(g, "layer 0", "token mixer")[0]["params"] == "KDA heads=4 k=16 v=16 conv=4");
+  CHECK(rows(g, "layer 0", "token mixer")[0]["status"] == "reusable with different parameters");
+  auto mla = rows(g, "layer 3", "token mixer")[0];
+  CHECK(mla["kind"] == "MLA");
+  CHECK(mla["status"] == "new");  // MLA NoPE is dayzero's, the k-pool compression of the indexer is not
+  CHECK(mla["params"] == "MLA heads=4 q_lora=32 kv_lora=32 nope=32 rope=0 v=32 out_gate=0 indexer=16x32/top16");
+  CHECK(mla["note"].get<std::string>().find("indexer.index_kpool_compress_ape") != std::string::npos);
+
+  auto d = inspect_json(fx + "deepseek_v4", dir, &code);
+  CHECK(code == 2);
+  CHECK(rows(d, "model", "hyper-connection head")[0]["status"] == "new");
+  CHECK(rows(d, "model", "embedding, final norm, LM head")[0]["status"] == "reusable");  // head.weight
+  const std::string att = rows(d, "layer 3", "token mixer")[0]["note"];
+  CHECK(att.find("compressor") != std::string::npos);
+  auto hash = rows(d, "layer 0", "ffn")[0];  // a hash-routed MoE layer: the MoE plus gate.tid2eid
+  CHECK(hash["status"] == "new");
+  CHECK(hash["note"].get<std::string>().find("ffn.gate.tid2eid") != std::string::npos);
+  CHECK(rows(d, "layer 3", "ffn")[0]["status"] == "reusable with different parameters");
+  CHECK(rows(d, "model", "MTP layers").empty());  // the fixture's MTP layer is not saved by transformers
+}
+
+TEST_CASE("inspect: an invented module in an otherwise known family is new, with its tensors", "[unit][cli]") {
+  std::string dir = tmpdir("inspect_struct");
+  const std::string g = std::string(DZ_SOURCE_DIR) + "/tests/golden/";
+  int code = 0;
+  auto j = inspect_json(variant(g + "qwen3_5_moe", dir + "/inv",
+                                [](nlohmann::json& c) {
+                                  c["model_type"] = "qwen3_5_moe_off";
+                                  c["text_config"]["memory_slots"] = 16;
+                                },
+                                {{"model.language_model.layers.1.memory.keys", {16, 64}},
+                                 {"model.language_model.layers.1.memory.values", {16, 64}},
+                                 {"model.language_model.layers.2.mlp.router_temperature", {1}}}),
+                        dir, &code);
+  CHECK(code == 2);
+  auto mem = rows(j, "layer 1", "memory");
+  REQUIRE(mem.size() == 1);
+  CHECK(mem[0]["status"] == "new");
+  CHECK(mem[0]["note"].get<std::string>().find("model.layers.1.memory.keys [16, 64]") != std::string::npos);
+  auto ffn = rows(j, "layer 2", "ffn")[0];
+  CHECK(ffn["status"] == "new");
+  CHECK(ffn["note"].get<std::string>().find("router_temperature") != std::string::npos);
+  CHECK(rows(j, "config", "keys")[0]["note"].get<std::string>().find("memory_slots=16") != std::string::npos);
+  CHECK(rows(j, "layer 0", "ffn")[0]["status"] == "reusable with different parameters");  // the rest is unchanged
+  // the same checkpoint under its real model_type: dayzero's loader names the stray tensor
+  auto k = inspect_json(variant(g + "qwen3_5_moe", dir + "/inv2", [](nlohmann::json&) {},
+                                {{"model.language_model.layers.1.memory.keys", {16, 64}}}),
+                        dir, &code);
+  CHECK(code == 2);
+  CHECK(k["structural"] == false);
 }
