@@ -100,6 +100,15 @@ __device__ __forceinline__ void tma_load_2d(uint32_t dst, const CUtensorMap* map
 }
 // silu in fp32 (fast exp and divide: ~2 ulp, far below the bf16 rounding; -> -0 for g << 0)
 __device__ __forceinline__ float silu(float g) { return __fdividef(g, 1.f + __expf(-g)); }
+// v = silu(g) * u for two columns; limit > 0: the SwiGLU clamp silu(min(g, L)) * clamp(u, -L, L).
+__device__ __forceinline__ void swiglu_pair(float& g0, float& g1, float u0, float u1, float L) {
+  if (L > 0.f) {
+    g0 = fminf(g0, L), g1 = fminf(g1, L);
+    u0 = fminf(fmaxf(u0, -L), L), u1 = fminf(fmaxf(u1, -L), L);
+  }
+  g0 = silu(g0) * u0;
+  g1 = silu(g1) * u1;
+}
 
 struct Args {
   const bf16* xs;
@@ -110,6 +119,7 @@ struct Args {
   int E, N, K;
   int n_col_tiles;  // column tiles per pair
   int vec_store;    // N even and y 4-byte aligned: bf16x2 stores
+  float limit;      // SwiGLU clamp (> 0) or none (0)
 };
 struct Maps {  // TMA descriptors (kTma only): xs, W / Wg, Wu
   CUtensorMap a, b0, b1;
@@ -431,8 +441,7 @@ __global__ void __launch_bounds__(kThreads, 1) k_moe_gemm(const __grid_constant_
             for (int j = 0; j < (SWIGLU ? 4 : 8); ++j) {
               float v0 = acc[i][j][2 * hf], v1 = acc[i][j][2 * hf + 1];
               if constexpr (SWIGLU) {
-                v0 = silu(v0) * acc[i][j + 4][2 * hf];
-                v1 = silu(v1) * acc[i][j + 4][2 * hf + 1];
+                swiglu_pair(v0, v1, acc[i][j + 4][2 * hf], acc[i][j + 4][2 * hf + 1], a.limit);
               }
               *reinterpret_cast<__nv_bfloat162*>(yr + j * 8) = __floats2bfloat162_rn(v0, v1);
             }
@@ -449,8 +458,7 @@ __global__ void __launch_bounds__(kThreads, 1) k_moe_gemm(const __grid_constant_
           for (int j = 0; j < (SWIGLU ? 4 : 8); ++j) {
             float v0 = acc[i][j][2 * hf], v1 = acc[i][j][2 * hf + 1];
             if constexpr (SWIGLU) {
-              v0 = silu(v0) * acc[i][j + 4][2 * hf];
-              v1 = silu(v1) * acc[i][j + 4][2 * hf + 1];
+              swiglu_pair(v0, v1, acc[i][j + 4][2 * hf], acc[i][j + 4][2 * hf + 1], a.limit);
             }
             const int col = cbase + j * 8;
             if (full_cols) {
@@ -512,7 +520,7 @@ bool encode(PFN_cuTensorMapEncodeTiled_v12000 enc, CUtensorMap* m, const bf16* p
              CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
-void run(const bf16* xs, const bf16* w0, const bf16* w1, const int32_t* offsets, int E, int64_t max_tiles, int64_t N,
+void run(const bf16* xs, const bf16* w0, const bf16* w1, const int32_t* offsets, int E, int64_t max_tiles, int64_t N, float limit,
          int64_t K, bf16* y, bool swiglu, cudaStream_t s, const char* name) {
   if (max_tiles <= 0 || N <= 0 || E <= 0) return;
   DZ_CHECK(K >= 1 && N < (int64_t(1) << 31) && K < (int64_t(1) << 31) && E <= kMaxE, name, ": N ", N, ", K ", K,
@@ -521,6 +529,7 @@ void run(const bf16* xs, const bf16* w0, const bf16* w1, const int32_t* offsets,
   a.xs = xs;
   a.w0 = w0;
   a.w1 = swiglu ? w1 : w0;
+  a.limit = limit;
   a.offsets = offsets;
   a.y = y;
   a.E = E;
@@ -571,14 +580,14 @@ void run(const bf16* xs, const bf16* w0, const bf16* w1, const int32_t* offsets,
 void grouped_gemm_tc(const bf16* xs, const bf16* W, const int32_t* offsets, const int32_t* tile_off, int E,
                      int64_t max_tiles, int64_t N, int64_t K, bf16* y, cudaStream_t s) {
   (void)tile_off;
-  run(xs, W, nullptr, offsets, E, max_tiles, N, K, y, false, s, "grouped_gemm_tc");
+  run(xs, W, nullptr, offsets, E, max_tiles, N, 0.f, K, y, false, s, "grouped_gemm_tc");
 }
 
 void grouped_gemm_swiglu_tc(const bf16* xs, const bf16* Wg, const bf16* Wu, const int32_t* offsets,
                             const int32_t* tile_off, int E, int64_t max_tiles, int64_t N, int64_t K, bf16* h,
-                            cudaStream_t s) {
+                            cudaStream_t s, float limit) {
   (void)tile_off;
-  run(xs, Wg, Wu, offsets, E, max_tiles, N, K, h, true, s, "grouped_gemm_swiglu_tc");
+  run(xs, Wg, Wu, offsets, E, max_tiles, N, limit, K, h, true, s, "grouped_gemm_swiglu_tc");
 }
 
 }  // namespace dz::cuda

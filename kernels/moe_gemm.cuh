@@ -24,9 +24,10 @@ void grouped_gemm_tc(const __nv_bfloat16* xs, const __nv_bfloat16* W, const int3
                      __nv_bfloat16* y, cudaStream_t s);
 
 // Fused gate/up of a SwiGLU expert: h[r, :] = silu(xs[r] . Wg[e]^T) * (xs[r] . Wu[e]^T), both in fp32
-// before the product, h bf16 [*, N]. (Saves a pass over h and one over xs.)
+// before the product, h bf16 [*, N]. (Saves a pass over h and one over xs.) limit > 0: the SwiGLU
+// clamp silu(min(g, limit)) * clamp(u, -limit, limit) on the fp32 values.
 void grouped_gemm_swiglu_tc(const __nv_bfloat16* xs, const __nv_bfloat16* Wg, const __nv_bfloat16* Wu,
                             const int32_t* offsets, const int32_t* tile_off, int E, int64_t max_tiles,
-                            int64_t N, int64_t K, __nv_bfloat16* h, cudaStream_t s);
+                            int64_t N, int64_t K, __nv_bfloat16* h, cudaStream_t s, float limit = 0.f);
 
 }  // namespace dz::cuda

@@ -31,6 +31,9 @@ class Rope;
 // [E, D, I]).
 struct SwigluWeights {
   DTensor gate, up, down;
+  // SwiGLU clamp (GLM-5.3-Flash, DeepSeek-V4 swiglu_limit L): silu(min(g, L)) * clamp(u, -L, L);
+  // 0: none.
+  float limit = 0.f;
 };
 
 // The MoE block's weights: router [E, D] (F32: routing decisions are made in fp32 on both

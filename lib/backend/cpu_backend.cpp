@@ -46,6 +46,7 @@ SwigluView view(const SwigluWeights& w, int64_t e = -1) {
     v.down = w.down.f32() + e * D * v.inter;
   }
   v.down_ld = v.inter;
+  v.limit = w.limit;
   return v;
 }
 

@@ -53,6 +53,7 @@ struct SwigluView {
   const float* down = nullptr;
   int64_t inter = 0;
   int64_t down_ld = 0;
+  float limit = 0.f;  // SwiGLU clamp (SwigluWeights::limit); 0: none
   // Columns/rows [i0, i1) of this MLP's intermediate dimension: the TP width shard.
   SwigluView slice(int64_t i0, int64_t i1, int64_t D) const;
 };

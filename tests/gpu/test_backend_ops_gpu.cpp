@@ -134,6 +134,14 @@ TEST_CASE("backend ops: elementwise, norms, linear, SwiGLU on cuda equal the cpu
         be.swiglu_mlp(a, sw, o);
         return be.to_host(o);
       });
+      // the SwiGLU clamp (GLM-5.3-Flash swiglu_limit), at a limit the projections cross
+      check("swiglu_mlp clamp", sh, 1e-4, [&](Backend& be) {
+        dz::SwigluWeights sw{be.upload(g.data(), {I, D}, be.weight_dtype()), be.upload(u.data(), {I, D}, be.weight_dtype()),
+                             be.upload(dn.data(), {D, I}, be.weight_dtype()), 0.05f};
+        DTensor a = be.upload(x.data(), {T, D}, be.act_dtype()), o = be.act({T, D});
+        be.swiglu_mlp(a, sw, o);
+        return be.to_host(o);
+      });
       // embedding rows
       const int64_t V = 50;
       const auto table = rnd(size_t(V * D), 9);
@@ -793,13 +801,15 @@ TEST_CASE("backend ops: MoE routing and grouped experts on cuda equal the cpu ba
     dz::ScoreFunc f;
     bool bias, shared, shared_gate, renorm;
     int64_t D = 64, I = 40;  // D = 60, I = 36: rows not whole 16-byte chunks (the element loads)
+    float limit = 0.f;       // SwiGLU clamp of the experts and the shared expert
   };
   const Case cases[] = {{"softmax top-2", 8, 2, 1, 1, dz::ScoreFunc::Softmax, false, false, false, false},
                         {"sigmoid+bias groups", 16, 4, 4, 2, dz::ScoreFunc::Sigmoid, true, true, false, true},
                         {"qwen gated shared", 32, 8, 1, 1, dz::ScoreFunc::Softmax, false, true, true, true},
                         // more experts than the dispatch scan's block of 1024 threads: two chunks
                         {"1100 experts", 1100, 8, 1, 1, dz::ScoreFunc::Softmax, false, false, false, true},
-                        {"odd widths", 8, 2, 1, 1, dz::ScoreFunc::Softmax, false, true, false, true, 60, 36}};
+                        {"odd widths", 8, 2, 1, 1, dz::ScoreFunc::Softmax, false, true, false, true, 60, 36},
+                        {"SwiGLU clamp", 16, 4, 1, 1, dz::ScoreFunc::Sigmoid, true, true, false, true, 64, 40, 0.05f}};
   // T = 1 and 3: a decode step's few rows per expert (mostly padding in the 64-row tiles).
   for (const Case& c : cases)
     for (int64_t T : kRows) {
@@ -822,11 +832,11 @@ TEST_CASE("backend ops: MoE routing and grouped experts on cuda equal the cpu ba
         w.router = be.upload(router.data(), {c.E, D}, DType::F32);
         if (c.bias) w.bias = be.upload(bias.data(), {c.E}, DType::F32);
         w.experts = {be.upload(g.data(), {c.E, I, D}, be.weight_dtype()), be.upload(u.data(), {c.E, I, D}, be.weight_dtype()),
-                     be.upload(dn.data(), {c.E, D, I}, be.weight_dtype())};
+                     be.upload(dn.data(), {c.E, D, I}, be.weight_dtype()), c.limit};
         if (c.shared) {
           w.has_shared = true;
           w.shared = {be.upload(sg.data(), {I, D}, be.weight_dtype()), be.upload(su.data(), {I, D}, be.weight_dtype()),
-                      be.upload(sd.data(), {D, I}, be.weight_dtype())};
+                      be.upload(sd.data(), {D, I}, be.weight_dtype()), c.limit};
           if (c.shared_gate) w.shared_gate = be.upload(sgate.data(), {1, D}, DType::F32);
         }
         DTensor a = be.upload(x.data(), {T, D}, be.act_dtype()), o = be.act({T, D});

@@ -69,7 +69,7 @@ std::map<int, double> ref_select(const RouterConfig& rc, const std::vector<doubl
 
 // fp64 SwiGLU MLP of one row.
 std::vector<double> ref_swiglu(const float* x, const float* g, const float* u, const float* dn, int64_t D, int64_t I,
-                               int64_t down_ld) {
+                               int64_t down_ld, double limit = 0) {
   std::vector<double> a(static_cast<size_t>(I)), y(static_cast<size_t>(D), 0.0);
   for (int64_t i = 0; i < I; ++i) {
     double hg = 0, hu = 0;
@@ -77,6 +77,7 @@ std::vector<double> ref_swiglu(const float* x, const float* g, const float* u, c
       hg += double(x[d]) * g[i * D + d];
       hu += double(x[d]) * u[i * D + d];
     }
+    if (limit > 0) hg = std::min(hg, limit), hu = std::min(std::max(hu, -limit), limit);  // SwiGLU clamp
     a[size_t(i)] = hg * sig64(hg) * hu;
   }
   for (int64_t d = 0; d < D; ++d)
@@ -232,6 +233,20 @@ TEST_CASE("moe: SwiGLU experts, expert-range and width shards match fp64", "[uni
     for (double v : r) mx = std::max(mx, std::abs(v));
     for (int64_t d = 0; d < D; ++d) REQUIRE(std::abs(y[size_t(t * D + d)] - r[size_t(d)]) <= 1e-5 * mx);
   }
+  // The SwiGLU clamp (swiglu_limit): at 0.2 most gate / up values of these weights are clipped.
+  SwigluView cl = ex[0];
+  cl.limit = 0.2f;
+  swiglu_mlp(cl, x.data(), y.data(), T, D);
+  for (int64_t t = 0; t < T; ++t) {
+    auto r = ref_swiglu(x.data() + t * D, Wg[0].data(), Wu[0].data(), Wd[0].data(), D, I, I, 0.2);
+    auto plain = ref_swiglu(x.data() + t * D, Wg[0].data(), Wu[0].data(), Wd[0].data(), D, I, I);
+    double mx = 0, moved = 0;
+    for (size_t d = 0; d < r.size(); ++d) mx = std::max(mx, std::abs(r[d])), moved = std::max(moved, std::abs(r[d] - plain[d]));
+    CHECK(moved > 1e-2 * mx);  // the clamp changed the output
+    for (int64_t d = 0; d < D; ++d) REQUIRE(std::abs(y[size_t(t * D + d)] - r[size_t(d)]) <= 1e-5 * mx);
+  }
+  // and a TP width slice keeps the limit
+  CHECK(cl.slice(1, 4, D).limit == 0.2f);
   // Routed sum with fixed picks.
   const int32_t idx[T * k] = {0, 3, 1, 5, 2, 3, 0, 4, 4, 5};
   const float w[T * k] = {0.7f, 0.3f, 1.2f, -0.4f, 0.5f, 0.5f, 2.f, 0.1f, 0.9f, 0.05f};

@@ -419,7 +419,7 @@ class CudaBackend final : public Backend {
     DTensor g = alloc({T, I}, DType::BF16), u = alloc({T, I}, DType::BF16);
     linear(x, w.gate, DTensor{}, g);
     linear(x, w.up, DTensor{}, u);
-    cuda::silu_mul(b16(g), b16(u), b16w(g), T * I, st());
+    cuda::silu_mul(b16(g), b16(u), b16w(g), T * I, w.limit, st());
     linear(g, w.down, DTensor{}, y);
   }
   void moe(const RouterConfig& rc, const MoeWeights& w, const DTensor& x, const DTensor& y) override {
@@ -452,7 +452,7 @@ class CudaBackend final : public Backend {
     // Tensor-core grouped GEMMs over each expert's rows: gate and up fused with the SiLU product.
     // (At a decode step's few rows a GEMV version ran slower than these: docs/cuda_backend.md.)
     cuda::grouped_gemm_swiglu_tc(b16(xs), b16(w.experts.gate), b16(w.experts.up), offsets.ptr<int32_t>(),
-                                 tile_off.ptr<int32_t>(), int(E), max_tiles, I, D, b16w(hg), st());
+                                 tile_off.ptr<int32_t>(), int(E), max_tiles, I, D, b16w(hg), st(), w.experts.limit);
     cuda::grouped_gemm_tc(b16(hg), b16(w.experts.down), offsets.ptr<int32_t>(), tile_off.ptr<int32_t>(), int(E),
                           max_tiles, D, I, b16w(ys), st());
     cuda::moe_combine(b16(ys), pos_of.ptr<int32_t>(), wt.ptr<float>(), T, int(k), D, b16w(y), st());
