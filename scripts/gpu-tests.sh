@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU tests, on a GPU node (DESIGN §8: no package mirror needed): builds dayzero and the gpu
 # label against an offline prefix, runs the GPU test binary (Catch2 test specs may follow), then
-# `dayzero run` on the golden models (kimi_linear, qwen3_next, deepseek_v32, qwen3_5_moe, glm_moe_dsa)
+# `dayzero run` on the golden models (kimi_linear, qwen3_next, deepseek_v32, qwen3_5_moe, glm_moe_dsa, glm5_next)
 # and their golden documents with
 # --backend cpu and --backend cuda (one rank; two DP ranks; --cp 2, --tp 2 and --cp 2 --tp 2 with the
 # ranks sharing the GPU) and checks every cuda layout against the cpu run and the one-rank cuda
@@ -22,7 +22,7 @@ rc=${PIPESTATUS[0]}
 set -e
 EXE=$B/dayzero
 W=$(mktemp -d)
-for fam in kimi_linear qwen3_next deepseek_v32 qwen3_5_moe glm_moe_dsa; do
+for fam in kimi_linear qwen3_next deepseek_v32 qwen3_5_moe glm_moe_dsa glm5_next; do
   M=tests/golden/$fam
   cp "$M/golden.h5" "$W/$fam.in.h5"  # /tokens + /offsets: a dayzero input as it is
   "$EXE" run --model "$M" --input "$W/$fam.in.h5" --output "$W/$fam.cpu.h5" --backend cpu >/dev/null

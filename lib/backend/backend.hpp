@@ -25,6 +25,7 @@
 namespace dz {
 
 struct RouterConfig;
+struct HcParams;
 class Rope;
 
 // Weights of a SwiGLU MLP (gate, up [I, D]; down [D, I]) or of E experts stacked ([E, I, D] and
@@ -268,6 +269,11 @@ class Backend {
   // per query the K best positions s <= pos0 + t, ascending, -1 padded; ties to the lower position.
   virtual void indexer_topk(const DTensor& q, const DTensor& w, float wscale, const DTensor& keys, int64_t pos0,
                             int64_t H, int64_t K, const DTensor& sel) = 0;
+  // GLM-5.3-Flash's k-pool selection (ops/indexer.hpp kpool_select): cache [S, 2D] (key | gate per
+  // token, S >= pos0 + T), ape [P, D] F32 -> sel [T, Kp·P + (tail ? P − 1 : 0)] I32.
+  virtual void indexer_kpool_topk(const DTensor& q, const DTensor& w, float wscale, const DTensor& cache,
+                                  const DTensor& ape, int64_t P, int64_t pos0, int64_t H, int64_t Kp, bool tail,
+                                  const DTensor& sel) = 0;
   // In-place quantisation round trips of rows (last dim): what a cache in that format holds
   // (core/fp8.hpp): MXFP8 (the indexer's q and k), per-128-tile FP8 (the latent KV cache), BF16.
   enum class Round { Mxfp8, KvFp8, Bf16 };
@@ -276,6 +282,16 @@ class Backend {
   // [T, D] F32; query [D] F32 (w_norm ⊙ w_proj); out [T, D] F32.
   virtual void attn_res_mix(const DTensor& blocks, int64_t n, const DTensor& partial, const DTensor& query, float eps,
                             const DTensor& out) = 0;
+  // mHC hyper-connections (ops/hyper.hpp), streams x [T, N·D] F32:
+  //   hc_pre: coeff [T, (2+N)N] F32 (pre | post | comb) and the sub-layer input in [T, D] F32, from
+  //           fn [(2+N)N, N·D], base [(2+N)N], scale [3] (F32)
+  //   hc_post: x <- post ⊗ y + combᵀ x with y [T, D] (act dtype)
+  //   hc_expand: x = h [T, D] F32 in every stream;  hc_mean: out [T, D] F32 = the streams' mean
+  virtual void hc_pre(const DTensor& x, const DTensor& fn, const DTensor& base, const DTensor& scale, const HcParams& p,
+                      const DTensor& coeff, const DTensor& in) = 0;
+  virtual void hc_post(const DTensor& x, const DTensor& coeff, const DTensor& y, int64_t N) = 0;
+  virtual void hc_expand(const DTensor& h, int64_t N, const DTensor& x) = 0;
+  virtual void hc_mean(const DTensor& x, int64_t N, const DTensor& out) = 0;
 
   // ---- LM head pieces (vocabulary shard of n columns, reductions in fp32/fp64) ----
   // mx [rows] F32 = max over the row of logits [rows, n] F32

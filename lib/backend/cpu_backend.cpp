@@ -16,6 +16,7 @@
 #include "ops/attention.hpp"
 #include "ops/indexer.hpp"
 #include "ops/linear_attn.hpp"
+#include "ops/hyper.hpp"
 #include "ops/moe.hpp"
 #include "ops/norm.hpp"
 #include "ops/rope.hpp"
@@ -295,6 +296,15 @@ class CpuBackend final : public Backend {
     const int64_t D = w.numel();
     dz::layer_norm(x.f32(), opt(w), opt(b), y.f32(), x.numel() / D, D, eps);
   }
+  void indexer_kpool_topk(const DTensor& q, const DTensor& w, float wscale, const DTensor& cache, const DTensor& ape,
+                          int64_t P, int64_t pos0, int64_t H, int64_t Kp, bool tail, const DTensor& sel) override {
+    const int64_t T = w.rows(), D = cache.cols() / 2, S = cache.rows();
+    std::vector<float> ws(w.f32(), w.f32() + T * H);
+    for (float& v : ws) v *= wscale;
+    std::vector<float> kp(static_cast<size_t>(std::max<int64_t>(S / P, 1) * D));
+    kpool_pooled_keys(cache.f32(), ape.f32(), S, D, P, kp.data());
+    kpool_select(q.f32(), ws.data(), kp.data(), T, pos0, S, H, D, P, Kp, tail, sel.i32());
+  }
   void indexer_topk(const DTensor& q, const DTensor& w, float wscale, const DTensor& keys, int64_t pos0, int64_t H,
                     int64_t K, const DTensor& sel) override {
     const int64_t T = w.rows(), D = keys.cols(), S = keys.rows();
@@ -315,6 +325,27 @@ class CpuBackend final : public Backend {
     if (kind == Round::Mxfp8) mxfp8_round(x.f32(), rows, n, x.f32());
     if (kind == Round::KvFp8) kv_fp8_round(x.f32(), rows, n, x.f32());
     if (kind == Round::Bf16) bf16_round(x.f32(), rows * n, x.f32());
+  }
+  void hc_pre(const DTensor& x, const DTensor& fn, const DTensor& base, const DTensor& scale, const HcParams& p,
+              const DTensor& coeff, const DTensor& in) override {
+    dz::hc_pre(x.f32(), fn.f32(), base.f32(), scale.f32(), p, x.rows(), in.cols(), coeff.f32(), in.f32());
+  }
+  void hc_post(const DTensor& x, const DTensor& coeff, const DTensor& y, int64_t N) override {
+    dz::hc_post(x.f32(), coeff.f32(), y.f32(), N, y.rows(), y.cols());
+  }
+  void hc_expand(const DTensor& h, int64_t N, const DTensor& x) override {
+    const int64_t T = h.rows(), D = h.cols();
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t n = 0; n < N; ++n) std::copy(h.f32() + t * D, h.f32() + (t + 1) * D, x.f32() + (t * N + n) * D);
+  }
+  void hc_mean(const DTensor& x, int64_t N, const DTensor& out) override {
+    const int64_t T = out.rows(), D = out.cols();
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t d = 0; d < D; ++d) {
+        float s = 0.f;
+        for (int64_t n = 0; n < N; ++n) s += x.f32()[(t * N + n) * D + d];
+        out.f32()[t * D + d] = s / float(N);
+      }
   }
   void attn_res_mix(const DTensor& blocks, int64_t n, const DTensor& partial, const DTensor& query, float eps,
                     const DTensor& out) override {

@@ -27,6 +27,7 @@ const char* to_string(Family f) {
     case Family::DeepseekV32: return "deepseek_v32";
     case Family::Qwen3Next: return "qwen3_next";
     case Family::Dayzero: return "dayzero_hybrid";
+    case Family::Glm5Next: return "glm5_next";
   }
   return "?";
 }
@@ -392,6 +393,34 @@ void parse_kimi(const Fields& f, const json& j, ModelConfig* c, bool dayzero) {
   c->attn_res_block_size = f.i64({"attn_res_block_size"}, 0);
 }
 
+// indexer_types as transformers' GlmMoeDsaConfig / Glm5NextTextConfig derive it: the list itself,
+// else index_topk_pattern ("F"/"S" per layer), else index_topk_freq / index_skip_topk_offset.
+// Returns per layer whether it is "shared".
+std::vector<bool> parse_indexer_types(const Fields& f, const json& j, int64_t L) {
+  std::vector<bool> shared(size_t(L), false);
+  if (f.has("indexer_types") && !j["indexer_types"].is_null()) {
+    const std::vector<std::string> t = f.strings("indexer_types");
+    if (int64_t(t.size()) != L) f.bad("indexer_types", str("has ", t.size(), " entries for ", L, " layers (num_hidden_layers)"));
+    for (size_t i = 0; i < t.size(); ++i) {
+      if (t[i] != "full" && t[i] != "shared") f.bad("indexer_types", str("entry ", i, " is '", t[i], "' (expected full or shared)"));
+      shared[i] = t[i] == "shared";
+    }
+  } else if (f.has("index_topk_pattern")) {
+    const std::string pat = f.string({"index_topk_pattern"}, "");
+    if (int64_t(pat.size()) != L) f.bad("index_topk_pattern", str("has ", pat.size(), " letters for ", L, " layers"));
+    for (size_t i = 0; i < pat.size(); ++i) {
+      if (pat[i] != 'F' && pat[i] != 'S') f.bad("index_topk_pattern", str("letter ", i, " is '", pat[i], "' (F or S)"));
+      shared[i] = pat[i] == 'S';
+    }
+  } else {
+    const int64_t freq = std::max<int64_t>(f.i64({"index_topk_freq"}, 1), 1);
+    const int64_t off = f.i64({"index_skip_topk_offset"}, 2);
+    for (int64_t i = 0; i < L; ++i) shared[size_t(i)] = std::max<int64_t>(i - off + 1, 0) % freq != 0;
+  }
+  if (L > 0 && shared[0]) f.bad("indexer_types", "makes layer 0 'shared', but no earlier layer runs an indexer");
+  return shared;
+}
+
 // deepseek_v32, and glm_moe_dsa (GLM): GLM-5 is DeepSeek-V3.2's stack with its own defaults, an
 // interleaved RoPE in the indexer, and indexer_types whose "shared" layers reuse the Top-K of the
 // last "full" one.
@@ -447,34 +476,7 @@ void parse_deepseek_v32(const Fields& f, const json& j, ModelConfig* c, bool glm
     if (freq <= 0) f.bad("moe_layer_freq", str("must be positive, got ", freq));
     for (int64_t i = 0; i < c->num_layers; ++i) moe.push_back(c->n_routed_experts > 0 && i >= fk && i % freq == 0);
   }
-  // indexer_types as transformers' GlmMoeDsaConfig derives it: the list itself, else
-  // index_topk_pattern ("F"/"S" per layer), else index_topk_freq / index_skip_topk_offset.
-  std::vector<bool> shared(size_t(c->num_layers), false);
-  if (glm) {
-    if (f.has("indexer_types") && !j["indexer_types"].is_null()) {
-      const std::vector<std::string> t = f.strings("indexer_types");
-      if (int64_t(t.size()) != c->num_layers)
-        f.bad("indexer_types", str("has ", t.size(), " entries for ", c->num_layers, " layers (num_hidden_layers)"));
-      for (size_t i = 0; i < t.size(); ++i) {
-        if (t[i] != "full" && t[i] != "shared")
-          f.bad("indexer_types", str("entry ", i, " is '", t[i], "' (expected full or shared)"));
-        shared[i] = t[i] == "shared";
-      }
-    } else if (f.has("index_topk_pattern")) {
-      const std::string pat = f.string({"index_topk_pattern"}, "");
-      if (int64_t(pat.size()) != c->num_layers)
-        f.bad("index_topk_pattern", str("has ", pat.size(), " letters for ", c->num_layers, " layers"));
-      for (size_t i = 0; i < pat.size(); ++i) {
-        if (pat[i] != 'F' && pat[i] != 'S') f.bad("index_topk_pattern", str("letter ", i, " is '", pat[i], "' (F or S)"));
-        shared[i] = pat[i] == 'S';
-      }
-    } else {
-      const int64_t freq = std::max<int64_t>(f.i64({"index_topk_freq"}, 1), 1);
-      const int64_t off = f.i64({"index_skip_topk_offset"}, 2);
-      for (int64_t i = 0; i < c->num_layers; ++i) shared[size_t(i)] = std::max<int64_t>(i - off + 1, 0) % freq != 0;
-    }
-    if (c->num_layers > 0 && shared[0]) f.bad("indexer_types", "makes layer 0 'shared', but no earlier layer runs an indexer");
-  }
+  const std::vector<bool> shared = glm ? parse_indexer_types(f, j, c->num_layers) : std::vector<bool>(size_t(c->num_layers));
   for (int64_t i = 0; i < c->num_layers; ++i) {
     LayerSpec& l = c->layers[size_t(i)];
     l.mixer = MixerKind::MLA;
@@ -563,16 +565,95 @@ void parse_qwen3_next(const Fields& f, const json& j, ModelConfig* c, bool qwen3
   }
 }
 
+// glm5_next_text (GLM-5.3-Flash; the glm5_next wrapper's text_config): Kimi's KDA (lower-bound
+// gate), MLA without RoPE (q-LoRA, latent norms at rms_norm_eps) with the k-pool DSA indexer and
+// shared-indexer layers, DeepSeek's sigmoid MoE with the SwiGLU clamp, mHC residual streams.
+void parse_glm5_next(const Fields& f, const json& j, ModelConfig* c) {
+  parse_common(f, j, c, 1e-5);
+  const int64_t L = c->num_layers;
+  std::vector<bool> is_lin(static_cast<size_t>(L), false);
+  {
+    const std::vector<std::string> t = f.strings("layer_types");
+    if (int64_t(t.size()) != L) f.bad("layer_types", str("has ", t.size(), " entries for ", L, " layers (num_hidden_layers)"));
+    for (int64_t i = 0; i < L; ++i) {
+      const std::string& s = t[size_t(i)];
+      if (s != "linear_attention" && s != "indexed_attention")
+        f.bad("layer_types", str("entry ", i, " is '", s, "' (expected linear_attention or indexed_attention)"));
+      is_lin[size_t(i)] = s == "linear_attention";
+    }
+  }
+  c->la_num_k_heads = c->la_num_v_heads = f.i64({"linear_num_heads"}, 64);
+  c->la_head_k_dim = c->la_head_v_dim = f.i64({"linear_head_dim"}, 128);
+  c->la_conv_kernel = f.i64({"linear_conv_kernel_dim"}, 4);
+  if (j.contains("linear_lower_bound") && j["linear_lower_bound"].is_null()) {
+    c->kda_gate = KdaGate::Softplus;  // transformers: no lower bound -> -exp(A_log) softplus(g)
+  } else {
+    c->kda_gate = KdaGate::LowerBoundSigmoid;
+    c->kda_gate_lower_bound = float(f.num({"linear_lower_bound"}, -5.0));
+  }
+  parse_mla(f, c, MlaDefaults{1536, 512, 256, 0, 256}, false);
+  c->mla_latent_norm_eps = c->rms_norm_eps;
+  parse_rope(f, &c->rope, 1.f);
+  if (c->qk_rope_head_dim != 0) f.bad("qk_rope_head_dim", str("is ", c->qk_rope_head_dim, " (GLM-5.3-Flash's MLA has no RoPE)"));
+  c->index_n_heads = f.i64({"index_n_heads"}, 32);
+  c->index_head_dim = f.i64({"index_head_dim"}, 128);
+  c->index_topk = f.i64({"index_topk"}, 2048);
+  c->index_kpool = f.i64({"index_kpool"}, 16);
+  c->index_kpool_tail = f.boolean({"index_kpool_always_select_tail"}, true);
+  if (c->index_kpool <= 0 || c->index_topk % c->index_kpool != 0)
+    f.bad("index_kpool", str("is ", c->index_kpool, ": must be positive and divide index_topk ", c->index_topk));
+  std::vector<bool> shared = parse_indexer_types(f, j, L);
+  c->swiglu_limit = float(f.num({"swiglu_limit"}, 10.0));
+  if (c->swiglu_limit < 0) f.bad("swiglu_limit", "must not be negative");
+  c->hc_mult = f.i64({"hc_mult"}, 4);
+  c->hc_eps = float(f.num({"hc_eps"}, 1e-6));
+  c->hc_sinkhorn_iters = f.i64({"hc_sinkhorn_iters"}, 20);
+  if (c->hc_mult < 1 || c->hc_sinkhorn_iters < 1)
+    f.bad("hc_mult", str("hc_mult ", c->hc_mult, " and hc_sinkhorn_iters ", c->hc_sinkhorn_iters, " must be >= 1"));
+
+  c->intermediate_size = f.i64({"intermediate_size"}, 12288);
+  c->n_routed_experts = f.i64({"n_routed_experts", "num_local_experts"}, 288);
+  c->num_experts_per_tok = f.i64({"num_experts_per_tok"}, 8);
+  c->moe_intermediate_size = f.i64({"moe_intermediate_size"}, 2048);
+  c->n_shared_experts = f.i64({"n_shared_experts"}, 1);
+  c->shared_intermediate_size = c->moe_intermediate_size * c->n_shared_experts;
+  c->norm_topk_prob = f.boolean({"norm_topk_prob"}, true);
+  c->routed_scaling_factor = float(f.num({"routed_scaling_factor"}, 2.5));
+  c->n_group = f.i64({"n_group"}, 1);
+  c->topk_group = f.i64({"topk_group"}, 1);
+  c->score_func = ScoreFunc::Sigmoid;
+  c->router_correction_bias = true;
+  std::vector<bool> moe;
+  if (f.has("mlp_layer_types")) {
+    moe = parse_mlp_types(f, L);
+  } else {
+    const int64_t fk = f.i64({"first_k_dense_replace"}, 1);
+    for (int64_t i = 0; i < L; ++i) moe.push_back(c->n_routed_experts > 0 && i >= fk);
+  }
+  // A shared layer takes the sets of the attention layer right before it (transformers hands them
+  // on only from one decoder layer to the next).
+  for (int64_t i = 0; i < L; ++i) {
+    LayerSpec& l = c->layers[size_t(i)];
+    l.mixer = is_lin[size_t(i)] ? MixerKind::KDA : MixerKind::MLA;
+    l.has_indexer = !is_lin[size_t(i)];
+    l.shared_indexer = !is_lin[size_t(i)] && shared[size_t(i)];
+    if (l.shared_indexer && (i == 0 || is_lin[size_t(i) - 1]))
+      f.bad("indexer_types", str("makes layer ", i, " 'shared' but layer ", i - 1, " runs no indexer"));
+    l.ffn = moe[size_t(i)] ? FfnKind::MoE : FfnKind::Dense;
+  }
+}
+
 void validate_at(const ModelConfig& m, const std::string& where);
 
 // Multimodal wrappers scored on their text model: wrapper model_type -> the text_config's.
 const std::map<std::string, std::string>& wrappers() {
-  static const std::map<std::string, std::string> w = {{"qwen3_5_moe", "qwen3_5_moe_text"}};
+  static const std::map<std::string, std::string> w = {{"qwen3_5_moe", "qwen3_5_moe_text"},
+                                                       {"glm5_next", "glm5_next_text"}};
   return w;
 }
 
 std::string supported_model_types() {
-  std::string s = "kimi_linear, deepseek_v32, glm_moe_dsa, qwen3_next, qwen3_5_moe_text, dayzero_hybrid";
+  std::string s = "kimi_linear, deepseek_v32, glm_moe_dsa, glm5_next_text, qwen3_next, qwen3_5_moe_text, dayzero_hybrid";
   for (const auto& kv : wrappers()) s += ", " + kv.first;
   return s;
 }
@@ -617,6 +698,9 @@ ModelConfig parse_at(const nlohmann::json& j, const std::string& where) {
   } else if (mt == "deepseek_v32" || mt == "glm_moe_dsa") {
     c.family = Family::DeepseekV32;
     parse_deepseek_v32(f, j, &c, mt == "glm_moe_dsa");
+  } else if (mt == "glm5_next_text") {
+    c.family = Family::Glm5Next;
+    parse_glm5_next(f, j, &c);
   } else if (mt == "qwen3_next" || mt == "qwen3_5_moe_text") {
     c.family = Family::Qwen3Next;
     parse_qwen3_next(f, j, &c, mt == "qwen3_5_moe_text");
@@ -633,7 +717,7 @@ ModelConfig ModelConfig::from_json(const nlohmann::json& j) { return parse_at(j,
 
 bool is_supported_model_type(const std::string& mt) {
   static const std::set<std::string> direct = {"kimi_linear", "dayzero_hybrid", "dayzero",          "deepseek_v32",
-                                                "glm_moe_dsa", "qwen3_next",     "qwen3_5_moe_text"};
+                                                "glm_moe_dsa", "qwen3_next",     "qwen3_5_moe_text", "glm5_next_text"};
   return direct.count(mt) > 0 || wrappers().count(mt) > 0;
 }
 

@@ -9,7 +9,7 @@
 
 namespace dz {
 
-enum class Family { KimiLinear, DeepseekV32, Qwen3Next, Dayzero };
+enum class Family { KimiLinear, DeepseekV32, Qwen3Next, Dayzero, Glm5Next };
 enum class MixerKind { KDA, GDN, MLA, GQA };  // MLA with has_indexer = DSA sparse attention
 enum class FfnKind { Dense, MoE };
 enum class KdaGate { Softplus, LowerBoundSigmoid };  // per-channel decay forms of KDA
@@ -73,6 +73,7 @@ struct ModelConfig {
   int64_t qk_rope_head_dim = 0;
   int64_t v_head_dim = 0;
   bool mla_output_gate = false;  // sigmoid output gate (Kimi K3)
+  float mla_latent_norm_eps = 1e-6f;  // q_a_layernorm / kv_a_layernorm eps (GLM-5.3-Flash: rms_norm_eps)
   RopeConfig rope;
 
   // --- DSA lightning indexer (deepseek_v32, dayzero) ---
@@ -80,6 +81,11 @@ struct ModelConfig {
   int64_t index_head_dim = 0;
   int64_t index_topk = 0;
   RopeStyle index_rope_style = RopeStyle::NeoX;  // deepseek_v32 rotates halves, GLM-5 adjacent pairs
+  // GLM-5.3-Flash k-pool indexer: keys pooled in groups of index_kpool (a learned softmax over each
+  // group), Top-K over index_topk / index_kpool complete visible groups, expanded to their tokens,
+  // plus the query's incomplete group when index_kpool_tail. 0: per-token keys (DeepSeek-V3.2).
+  int64_t index_kpool = 0;
+  bool index_kpool_tail = true;
 
   // --- gated GQA full attention (qwen3_next) ---
   int64_t num_kv_heads = 0;
@@ -105,6 +111,13 @@ struct ModelConfig {
   int64_t topk_group = 1;
   bool router_correction_bias = false;  // e_score_correction_bias (selection only)
 
+  float swiglu_limit = 0.f;  // SwiGLU clamp of every MLP / expert (GLM-5.3-Flash); 0: none
+
+  // --- manifold-constrained hyper-connections (GLM-5.3-Flash mHC) ---
+  int64_t hc_mult = 0;  // residual streams; 0: the plain residual
+  float hc_eps = 1e-6f;
+  int64_t hc_sinkhorn_iters = 20;
+
   // --- Block AttnRes ---
   int64_t attn_res_block_size = 0;  // 0: standard additive residual
 
@@ -121,6 +134,9 @@ struct ModelConfig {
   nlohmann::json raw;  // the config.json as read (a wrapper's text_config, merged; see parse)
 
   // Parse a Hugging Face config.json (any supported family). Throws naming the field on error.
+  // Width of a DSA selection row: index_topk, plus index_kpool − 1 for the k-pool tail.
+  int64_t dsa_sel_width() const { return index_topk + (index_kpool > 0 && index_kpool_tail ? index_kpool - 1 : 0); }
+
   static ModelConfig from_json(const nlohmann::json& j);
   static ModelConfig from_file(const std::string& path);
   // Consistency checks shared by all families (dims positive, layer list complete, ...).

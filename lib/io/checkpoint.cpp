@@ -117,7 +117,9 @@ Tensor generate_dummy(uint64_t key, const Shape& shape, const Init& init) {
 // Decodes n elements of dtype d at src (possibly unaligned) into f32.
 void decode(DType d, const uint8_t* src, size_t n, float* out) {
   switch (d) {
-    case DType::F32: std::memcpy(out, src, n * 4); break;
+    case DType::F32:
+      if (n) std::memcpy(out, src, n * 4);  // out is null for an empty tensor
+      break;
     case DType::BF16:
       for (size_t i = 0; i < n; ++i) {
         uint16_t h;
@@ -224,9 +226,13 @@ void parse_safetensors(const std::string& path, const uint8_t* data, size_t size
     if (!parse_dtype(e["dtype"].get<std::string>(), &ti.dtype))
       bad(str("unsupported dtype ", e["dtype"].get<std::string>()));
     if (!e["shape"].is_array()) bad("shape is not an array");
+    uint64_t elems = 1;  // as numel() multiplies, checked: int64 products and the byte count below must not overflow
     for (const auto& d : e["shape"]) {
       if (!d.is_number_unsigned()) bad("shape has a non-integer or negative entry");
-      ti.shape.push_back(d.get<int64_t>());
+      const uint64_t v = d.get<uint64_t>();
+      if (v > uint64_t(INT64_MAX) || __builtin_mul_overflow(elems, v, &elems) || elems > uint64_t(INT64_MAX) / 8)
+        bad(str("shape ", e["shape"].dump(), " is too large"));
+      ti.shape.push_back(int64_t(v));
     }
     const json& off = e["data_offsets"];
     if (!off.is_array() || off.size() != 2 || !off[0].is_number_unsigned() || !off[1].is_number_unsigned())

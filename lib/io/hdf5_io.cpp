@@ -187,6 +187,10 @@ InputFile::InputFile(const std::string& path) : path_(path) {
   n_tokens_ = int64_t(h5::dims_of(tokens.get())[0]);
   const hsize_t n_off = h5::dims_of(offsets.get())[0];
   DZ_CHECK(n_off >= 1, path, ": /offsets is empty (it needs n_docs + 1 entries)");
+  // Documents are never empty, so n_docs <= n_tokens; checked before /offsets is read whole, so a
+  // corrupt dataspace (found by tests/fuzz) cannot make us allocate 2^58 entries.
+  DZ_CHECK(n_off - 1 <= h5::dims_of(tokens.get())[0], path, ": /offsets has ", n_off, " entries (", n_off - 1,
+           " documents) but /tokens only ", n_tokens_, " tokens: some document would be empty");
   offsets_.resize(n_off);
   Handle dxpl = strict_transfer();
   DZ_CHECK(transfer(false, offsets.get(), H5T_NATIVE_INT64, {0}, {n_off}, offsets_.data(), dxpl.get()), path,

@@ -159,6 +159,17 @@ int inspect(const std::string& dir, bool as_json, bool structural) {
     for (int64_t i = 0; i < cfg.num_layers; ++i) {
       const LayerSpec& ls = cfg.layers[size_t(i)];
       const std::string p = str("model.layers.", i, ".");
+      if (cfg.hc_mult > 0)
+        attempt({str("layer ", i), "residual", "mHC", str("streams=", cfg.hc_mult, " sinkhorn=", cfg.hc_sinkhorn_iters),
+                 "reusable with different parameters", ""},
+                [&] {
+                  const int64_t N = cfg.hc_mult, Cn = (2 + N) * N;
+                  for (const char* site : {"attn", "ffn"}) {
+                    ck->get(p + "hc_" + site + "_fn", {Cn, N * D});
+                    ck->get(p + "hc_" + site + "_base", {Cn});
+                    ck->get(p + "hc_" + site + "_scale", {3});
+                  }
+                });
       Row m{str("layer ", i), "token mixer", to_string(ls.mixer), mixer_signature(cfg, ls), "", ""};
       classify(m, m.params);
       attempt(m, [&] {
@@ -245,7 +256,7 @@ int inspect(const std::string& dir, bool as_json, bool structural) {
     std::printf("%s\n", j.dump(2).c_str());
   } else {
     std::printf("%s: %s%s\n", dir.c_str(), family.empty() ? "?" : family.c_str(),
-                parsed ? "" : " (no dayzero parser: structural diff from tensor names, shapes and config keys)");
+                parsed ? "" : " (structural diff from tensor names, shapes and config keys)");
     std::printf("%-9s %-21s %-15s %-34s %s\n", "where", "module", "kind", "status", "parameters / evidence");
     for (auto& r : rows)
       std::printf("%-9s %-21s %-15s %-34s %s%s%s\n", r.where.c_str(), r.module.c_str(), r.kind.c_str(),

@@ -48,7 +48,8 @@ const std::set<std::string>& known_keys() {
       "rms_norm_eps", "rope_interleave", "rope_parameters", "rope_scaling", "rope_theta", "routed_expert_hidden_size",
       "routed_scaling_factor", "scoring_func", "shared_expert_intermediate_size", "short_conv_kernel_size",
       "tie_word_embeddings", "topk_group", "topk_method", "use_full_rank_gate", "use_grouped_topk", "v_head_dim",
-      "vocab_size", "qk_head_dim",
+      "vocab_size", "qk_head_dim", "hc_mult", "hc_eps", "hc_sinkhorn_iters", "swiglu_limit", "index_kpool",
+      "index_kpool_always_select_tail",
       // generic: bookkeeping, training-only, special tokens, the wrapper's own
       "architectures", "auto_map", "dtype", "torch_dtype", "transformers_version", "use_cache", "initializer_range",
       "attention_dropout", "attention_bias", "mlp_bias", "output_router_logits", "router_aux_loss_coef",
@@ -115,7 +116,8 @@ const std::vector<Fingerprint>& mixers() {
        {{{"kv_a_proj_with_mqa.weight", "kv_a_layernorm.weight", "kv_b_proj.weight", "o_proj.weight"}},
         {{"q_a_proj.weight", "q_a_layernorm.weight", "q_b_proj.weight"}, {"q_proj.weight"}}},
        {"kv_a_proj_with_mqa.bias", "o_proj.bias", "q_a_proj.bias", "g_proj.weight", "indexer.wq_b.weight",
-        "indexer.wk.weight", "indexer.k_norm.", "indexer.weights_proj.weight"},
+        "indexer.wk.weight", "indexer.k_norm.", "indexer.weights_proj.weight", "indexer.index_kpool_compress_ape",
+        "indexer.index_kpool_compress_gate"},
        [](const Names& n, const json& c) {
          const int64_t R = count(n, "kv_a_layernorm.weight"), rope = dim(n, "kv_a_proj_with_mqa.weight", 0) - R;
          const int64_t H = ji(c, "num_attention_heads"), qb = has(n, "q_b_proj.weight") ? dim(n, "q_b_proj.weight", 0)
@@ -127,6 +129,7 @@ const std::vector<Fingerprint>& mixers() {
          if (has(n, "indexer.wk.weight"))
            s += str(" indexer=", dim(n, "indexer.weights_proj.weight", 0), "x", dim(n, "indexer.wk.weight", 0), "/top",
                     ji(c, "index_topk"));
+         if (has(n, "indexer.index_kpool_compress_ape")) s += str(" kpool=", dim(n, "indexer.index_kpool_compress_ape", 0));
          return s;
        }},
       {"KDA",
@@ -213,7 +216,31 @@ const std::map<std::string, std::string>& adapted() {
   return k;
 }
 
-std::string list(const std::vector<std::string>& v, size_t most = 4) {
+std::string list(const std::vector<std::string>& v, size_t most = 4);
+
+// A layer's mHC tensors: dayzero's module when they are exactly hc_{attn,ffn}_{fn,base,scale} with
+// the shapes hc_mult implies ([(2+N)N, N·D], [(2+N)N], [3]).
+Module hc_row(const std::string& where, const std::string& pre, const Names& n, const json& c) {
+  const int64_t N = ji(c, "hc_mult", 0), D = ji(c, "hidden_size", 0), C = (2 + N) * N;
+  std::vector<std::string> mine, other;
+  for (const auto& kv : n) {
+    if (kv.first.find("hc") == std::string::npos) continue;
+    bool ok = false;
+    for (const char* site : {"attn", "ffn"}) {
+      const std::string b = str("hc_", site, "_");
+      ok |= (kv.first == b + "fn" && kv.second == Shape{C, N * D}) || (kv.first == b + "base" && kv.second == Shape{C}) ||
+            (kv.first == b + "scale" && kv.second == Shape{3});
+    }
+    (ok ? mine : other).push_back(pre + kv.first + " " + shape_str(kv.second));
+  }
+  if (!other.empty() || mine.size() != 6 || N < 1)
+    return {where, "residual", "hyper-connections (mHC)", str("hc_mult=", N), "new",
+            str("not dayzero's mHC (hc_mult ", N, "): ", list(other.empty() ? mine : other))};
+  return {where, "residual", "hyper-connections (mHC)", str("mHC streams=", N), "reusable with different parameters",
+          str("6 tensors, all of a dayzero mHC: ", list(mine, 2))};
+}
+
+std::string list(const std::vector<std::string>& v, size_t most) {
   std::string s;
   for (size_t i = 0; i < v.size() && i < most; ++i) s += (i ? ", " : "") + v[i];
   if (v.size() > most) s += str(" (and ", v.size() - most, " more)");
@@ -347,7 +374,7 @@ std::vector<StructRow> structural_diff(const std::string& dir, const nlohmann::j
                     known.empty() ? "new" : "reusable", ""});
     if (!hc.empty())
       rows.push_back({"model", "hyper-connection head", "mHC (weighted)", "", "new",
-                      str("dayzero has no hyper-connections: ", list(hc))});
+                      str("dayzero's mHC head is the streams' mean; these weight it: ", list(hc))});
     if (!other.empty())
       rows.push_back({"model", "other", "?", "", "new", str("no dayzero module has these tensors: ", list(other))});
   }
@@ -370,16 +397,13 @@ std::vector<StructRow> structural_diff(const std::string& dir, const nlohmann::j
             continue;  // pre-norms (DeepSeek names them attn_norm / ffn_norm)
           (kv.first.find("hc") != std::string::npos ? hc : other).push_back(pre + kv.first + " " + shape_str(kv.second));
         }
-        if (!hc.empty())
-          rows.push_back({where, "residual", "hyper-connections (mHC)", str("hc_mult=", ji(c, "hc_mult")), "new",
-                          str("dayzero has no hyper-connections: ", list(hc))});
+        if (!hc.empty()) rows.push_back(hc_row(where, pre, gv.second, c));
         if (!other.empty())
           rows.push_back({where, "layer", "?", "", "new", str("no dayzero module has these tensors: ", list(other))});
       } else if (g.rfind("hc", 0) == 0 || g.find("_hc") != std::string::npos) {
-        std::vector<std::string> hc;
-        for (const auto& kv : gv.second) hc.push_back(pre + kv.first + " " + shape_str(kv.second));
-        rows.push_back({where, "residual", "hyper-connections (mHC)", str("hc_mult=", ji(c, "hc_mult")), "new",
-                        str("dayzero has no hyper-connections: ", list(hc))});
+        Names n;  // transformers' own names attn_hc.fn / ffn_hc.base ...: read as hc_attn_fn / hc_ffn_base
+        for (const auto& kv : gv.second) n[g == "attn_hc" || g == "ffn_hc" ? "hc_" + g.substr(0, g.size() - 3) + "_" + kv.first : kv.first] = kv.second;
+        rows.push_back(hc_row(where, pre, n, c));
       } else if (g.find("attn_res") != std::string::npos) {
         rows.push_back({where, "residual", "Block AttnRes", "", "reusable", str(gv.second.size(), " tensors under ", pre)});
       } else {

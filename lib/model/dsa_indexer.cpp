@@ -25,6 +25,16 @@ DsaIndexer::DsaIndexer(const ModelConfig& cfg, Checkpoint& ck, const std::string
   const Tensor nw = ck.get(prefix + "k_norm.weight", {D_}, Init::ones());
   const Tensor nb = ck.get(prefix + "k_norm.bias", {D_}, Init::zeros());
   const Tensor wp = ck.get(prefix + "weights_proj.weight", {H_, hidden_}, Init::normal(0.02f));
+  Tensor ape, gw;
+  if (cfg.index_kpool > 0) {  // GLM-5.3-Flash: keys pooled in groups of P (ops/indexer.hpp kpool_select)
+    P_ = cfg.index_kpool;
+    tail_ = cfg.index_kpool_tail;
+    DZ_CHECK(topk_ % P_ == 0, prefix, ": index_topk ", topk_, " is not a multiple of index_kpool ", P_);
+    DZ_CHECK(rope_dim_ == 0, prefix, ": a k-pool indexer with RoPE is not supported (qk_rope_head_dim ", rope_dim_, ")");
+    DZ_CHECK(!mxfp8_, prefix, ": --index-quant mxfp8 is not supported for a k-pool indexer");
+    ape = ck.get(prefix + "index_kpool_compress_ape", {P_, D_}, Init::normal(0.02f));
+    gw = ck.get(prefix + "index_kpool_compress_gate", {D_, hidden_}, Init::normal(0.02f));
+  }
   if (rope_dim_ > 0) {
     RopeConfig rc = cfg.rope;
     rc.style = cfg.index_rope_style;  // deepseek_v32 rotates halves, GLM-5 adjacent pairs
@@ -36,9 +46,23 @@ DsaIndexer::DsaIndexer(const ModelConfig& cfg, Checkpoint& ck, const std::string
   k_norm_w_ = be.param(nw);
   k_norm_b_ = be.param(nb);
   weights_proj_ = be.weight(wp);
+  if (P_ > 0) {
+    ape_ = be.param(ape);
+    gate_w_ = be.weight(gw);
+  }
 }
 
 void DsaIndexer::key_rows(const DTensor& x, const DTensor& k) const {
+  if (P_ > 0) {  // [LayerNorm(wk x) | x gateᵀ]
+    const int64_t T = x.rows();
+    DTensor kk = be_->act({T, D_}), g = be_->act({T, D_});
+    be_->linear(x, wk_, DTensor{}, kk);
+    be_->layer_norm(kk, k_norm_w_, k_norm_b_, kk, 1e-6f);
+    be_->linear(x, gate_w_, DTensor{}, g);
+    be_->copy_cols(kk, 0, k, 0, D_);
+    be_->copy_cols(g, 0, k, D_, D_);
+    return;
+  }
   be_->linear(x, wk_, DTensor{}, k);
   be_->layer_norm(k, k_norm_w_, k_norm_b_, k, 1e-6f);
 }
@@ -78,6 +102,10 @@ void DsaIndexer::select(const DTensor& x, const DTensor& q_resid, int64_t pos0, 
   DTensor w = be_->alloc({T, H_}, DType::F32);  // [T, H]
   be_->linear(x, weights_proj_, DTensor{}, w);
   const float wscale = float(1.0 / std::sqrt(double(H_)) / std::sqrt(double(D_)));
+  if (P_ > 0) {
+    be_->indexer_kpool_topk(q, w, wscale, index_k.slab(0, pos0 + T), ape_, P_, pos0, H_, topk_ / P_, tail_, sel);
+    return;
+  }
   be_->indexer_topk(q, w, wscale, index_k.slab(0, pos0 + T), pos0, H_, topk_, sel);
 }
 

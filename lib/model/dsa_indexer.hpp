@@ -19,7 +19,11 @@ namespace dz {
 class DsaIndexer {
  public:
   DsaIndexer(const ModelConfig& cfg, Checkpoint& ck, const std::string& prefix, Backend& be);
-  int64_t topk() const { return topk_; }
+  // Width of a selection row: index_topk, plus the incomplete group's P − 1 tokens for a k-pool
+  // indexer with the tail (GLM-5.3-Flash).
+  int64_t topk() const { return topk_ + (P_ > 0 && tail_ ? P_ - 1 : 0); }
+  // Per-token cache row: the key, and for a k-pool indexer the key then its pooling gate ([k | g]).
+  int64_t cache_width() const { return P_ > 0 ? 2 * D_ : D_; }
   int64_t head_dim() const { return D_; }
   int64_t n_heads() const { return H_; }
   // keys: k [T, Di] (act dtype) for x [T, hidden] at positions pos0 .. pos0+T-1 (LayerNorm + RoPE,
@@ -47,6 +51,10 @@ class DsaIndexer {
   void key_round(const DTensor& k) const;
   std::unique_ptr<Rope> rope_;  // NeoX over rope_dim (null when rope_dim == 0)
   bool mxfp8_ = false;          // --index-quant mxfp8: queries and keys rounded to MXFP8
+  int64_t P_ = 0;               // k-pool group size (0: per-token keys)
+  bool tail_ = true;            // k-pool: the query's incomplete group is always attended
+  DTensor ape_;                 // [P, D] F32: the pooling softmax's per-slot bias
+  DTensor gate_w_;              // [D, hidden]: the pooling gate projection
 };
 
 }  // namespace dz

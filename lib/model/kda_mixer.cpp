@@ -146,7 +146,8 @@ class KdaMixer : public LinearAttnMixer {
 std::unique_ptr<Mixer> make_kda_mixer(const ModelConfig& cfg, int layer, Checkpoint& ck, const std::string& prefix,
                                       const TpShard& tp, Backend& be) {
   (void)layer;
-  DZ_CHECK(cfg.family == Family::KimiLinear || cfg.family == Family::Dayzero, "KDA layer ", prefix,
+  DZ_CHECK(cfg.family == Family::KimiLinear || cfg.family == Family::Dayzero || cfg.family == Family::Glm5Next,
+           "KDA layer ", prefix,
            ": no KDA tensor names for model_type '", cfg.model_type, "'");
   return std::make_unique<KdaMixer>(cfg, ck, prefix, tp, be);
 }

@@ -89,7 +89,6 @@ struct TopkShare {
 
 namespace {
 
-constexpr float kLatentNormEps = 1e-6f;
 
 class MlaMixer : public Mixer {
  public:
@@ -98,6 +97,7 @@ class MlaMixer : public Mixer {
       : be_(&be) {
     D_ = cfg.hidden_size;
     H_ = cfg.num_heads;
+    latent_eps_ = cfg.mla_latent_norm_eps;
     kv_fp8_ = cfg.kv_cache_fp8;
     q_lora_ = cfg.q_lora_rank;
     R_ = cfg.kv_lora_rank;
@@ -135,7 +135,7 @@ class MlaMixer : public Mixer {
     if (cfg.mla_output_gate)
       hg_ = slice_rows(ck.get(p + "g_proj.weight", {H_ * vd_, D_}, Init::normal(0.02f)), h0 * vd_, h1 * vd_);
 
-    bool nope_family = cfg.family == Family::KimiLinear;
+    bool nope_family = cfg.family == Family::KimiLinear || cfg.family == Family::Glm5Next;
     if (cfg.family == Family::Dayzero) nope_family = cfg.raw.is_object() ? cfg.raw.value("mla_use_nope", true) : true;
     float mult = 1.f;
     if (!nope_family && rope_dim_ > 0) {
@@ -152,7 +152,7 @@ class MlaMixer : public Mixer {
     const LayerSpec& ls = cfg.layers[size_t(layer)];
     if (ls.has_indexer && !ls.shared_indexer) indexer_ = std::make_unique<DsaIndexer>(cfg, ck, p + "indexer.", be);
     DZ_CHECK(!ls.shared_indexer || topk.take, p, ": a shared-indexer layer needs an earlier layer that runs its indexer");
-    sel_k_ = ls.has_indexer ? cfg.index_topk : 0;
+    sel_k_ = ls.has_indexer ? cfg.dsa_sel_width() : 0;
     topk_ = topk;
     if (hkv_a_.empty()) return;  // dry run (inspect): names and shapes only
     auto up = [&](const Tensor& t) { return t.empty() ? DTensor{} : be.weight(t); };
@@ -416,7 +416,7 @@ class MlaMixer : public Mixer {
   }
 
  private:
-  int64_t idx_dim() const { return indexer_ ? indexer_->head_dim() : 0; }
+  int64_t idx_dim() const { return indexer_ ? indexer_->cache_width() : 0; }
 
   // Positions of a forward's rows: pos0 .. (one document), or with cu each packed document's
   // rows from 0 (Backend::rope_varlen).
@@ -451,7 +451,7 @@ class MlaMixer : public Mixer {
     const int64_t Dq = nope_ + rope_dim_;
     if (q_lora_ > 0) {
       be.linear(x, q_a_, q_a_bias_, q_resid);
-      be.rmsnorm(q_resid, q_a_norm_, q_resid, kLatentNormEps, false);
+      be.rmsnorm(q_resid, q_a_norm_, q_resid, latent_eps_, false);
       be.linear(q_resid, q_b_, DTensor{}, q);
     } else {
       be.linear(x, q_, DTensor{}, q);
@@ -460,7 +460,7 @@ class MlaMixer : public Mixer {
     be.linear(x, kv_a_, kv_a_bias_, kv);
     be.copy_cols(kv, 0, c, 0, R_);
     be.copy_cols(kv, R_, kr, 0, rope_dim_);
-    be.rmsnorm(c, kv_a_norm_, c, kLatentNormEps, false);
+    be.rmsnorm(c, kv_a_norm_, c, latent_eps_, false);
     if (rope_) {
       rotate(q, Hl_, Dq, nope_, p);
       rotate(kr, 1, rope_dim_, 0, p);
@@ -634,6 +634,7 @@ class MlaMixer : public Mixer {
 
   int64_t D_ = 0, H_ = 0, Hl_ = 0, q_lora_ = 0, R_ = 0, nope_ = 0, rope_dim_ = 0, vd_ = 0;
   float scale_ = 1.f;
+  float latent_eps_ = 1e-6f;  // q_a / kv_a RMSNorm eps (DeepSeek 1e-6; GLM-5.3-Flash rms_norm_eps)
   bool kv_fp8_ = false;  // --kv-cache fp8
   TpShard tp_;                          // size 1 unless loaded sharded
   Backend* be_;

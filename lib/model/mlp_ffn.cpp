@@ -9,9 +9,10 @@ namespace dz {
 namespace {
 class MlpFfn : public Ffn {
  public:
-  MlpFfn(const Tensor& gate, const Tensor& up, const Tensor& down, int64_t D, const TpShard& tp, Backend& be)
+  MlpFfn(const Tensor& gate, const Tensor& up, const Tensor& down, int64_t D, float limit, const TpShard& tp, Backend& be)
       : be_(&be), D_(D), tp_(tp) {
     if (gate.empty()) return;  // dry run (inspect)
+    w_.limit = limit;  // SwiGLU clamp (0: none)
     w_.gate = be.weight(gate);
     w_.up = be.weight(up);
     w_.down = be.weight(down);
@@ -53,7 +54,7 @@ std::unique_ptr<Ffn> make_mlp_ffn(const ModelConfig& cfg, int layer, Checkpoint&
     d = slice_cols(d, i0, i1);
   }
   // generating mode keeps the full width: no shard, no all-reduce
-  return std::make_unique<MlpFfn>(g, u, d, D, ck.keeps_full() ? TpShard{} : tp, be);
+  return std::make_unique<MlpFfn>(g, u, d, D, cfg.swiglu_limit, ck.keeps_full() ? TpShard{} : tp, be);
 }
 
 }  // namespace dz

@@ -6,6 +6,7 @@
 #include "core/linalg.hpp"
 #include "core/log.hpp"
 #include "model/attn_res.hpp"
+#include "ops/hyper.hpp"
 #include "ops/norm.hpp"
 
 namespace dz {
@@ -119,6 +120,17 @@ std::unique_ptr<Model> Model::build(const ModelConfig& cfg, Checkpoint& ck, cons
       }
     }
     Layer L;
+    if (cfg.hc_mult > 0) {  // published names hc_{attn,ffn}_{fn,base,scale}; transformers' own {attn,ffn}_hc.*
+      const int64_t N = cfg.hc_mult, Cn = (2 + N) * N;
+      for (int w = 0; w < 2; ++w) {
+        const std::string site = w == 0 ? "attn" : "ffn";
+        const bool internal = !ck.generating() && !ck.has(p + "hc_" + site + "_fn") && ck.has(p + site + "_hc.fn");
+        auto nm = [&](const char* part) { return internal ? p + site + "_hc." + part : p + "hc_" + site + "_" + part; };
+        L.hc_fn[w] = param(ck.get(nm("fn"), {Cn, N * D}, Init::normal(0.02f)));
+        L.hc_base[w] = param(ck.get(nm("base"), {Cn}, Init::zeros()));
+        L.hc_scale[w] = param(ck.get(nm("scale"), {3}, Init::ones()));
+      }
+    }
     L.attn_norm = param(ck.get(p + "input_layernorm.weight", {D}, norm_init));
     switch (ls.mixer) {
       case MixerKind::KDA: L.mixer = make_kda_mixer(cfg, int(i), ck, p, tp, be); break;
@@ -134,6 +146,8 @@ std::unique_ptr<Model> Model::build(const ModelConfig& cfg, Checkpoint& ck, cons
     L.ffn_key = ls.ffn == FfnKind::MoE ? "ffn_moe" : "ffn_mlp";
     m->layers_.push_back(std::move(L));
   }
+  m->hc_ = cfg.hc_mult;
+  DZ_CHECK(!(m->hc_ > 0 && cfg.attn_res_block_size > 0), "hyper-connections and Block AttnRes together are not supported");
   if (cfg.attn_res_block_size > 0) {
     m->attn_res_ = std::make_unique<AttnRes>(cfg, ck);
     m->attn_res_->upload(be);
@@ -206,7 +220,11 @@ Model::Pass Model::make_pass(int64_t T) const {
   p.h = be.alloc({T, D}, DType::F32);
   p.normed = be.act({T, D});
   p.out = be.act({T, D});
-  if (attn_res_) p.input = be.alloc({T, D}, DType::F32);
+  if (attn_res_ || hc_) p.input = be.alloc({T, D}, DType::F32);
+  if (hc_) {
+    p.streams = be.alloc({T, hc_ * D}, DType::F32);
+    p.coeff = be.alloc({T, (2 + hc_) * hc_}, DType::F32);
+  }
   return p;
 }
 
@@ -217,6 +235,7 @@ void Model::embed_into(const int32_t* tokens, Pass& p) const {
     DZ_CHECK(tokens[t] >= 0 && tokens[t] < V, "token id ", tokens[t], " outside the vocabulary of ", V);
   const DTensor ids = be.upload_i32(tokens, {T});
   be.embed(embed_, ids, p.h);
+  if (hc_) be.hc_expand(p.h, hc_, p.streams);  // every stream starts as the embedding
   if (!attn_res_) return;
   if (p.ar)
     attn_res_->restart(be, *p.ar, p.h);
@@ -233,7 +252,12 @@ void Model::sublayer(int64_t k, const MixFn& mix, Pass& p, WorkStats* stats) con
   const Layer& L = layers_[i];
   AttnRes::Stream* ar = p.ar.get();
   if (ar) attn_res_->sublayer_input(be, *ar, int(i), which, p.input);
-  be.rmsnorm(ar ? p.input : p.h, which == 0 ? L.attn_norm : L.ffn_norm, p.normed, cfg_.rms_norm_eps,
+  HcParams hp;
+  if (hc_) {  // the streams collapsed by this sub-layer's pre weights
+    hp.N = hc_, hp.iters = int(cfg_.hc_sinkhorn_iters), hp.eps_norm = cfg_.rms_norm_eps, hp.eps_hc = cfg_.hc_eps;
+    be.hc_pre(p.streams, L.hc_fn[which], L.hc_base[which], L.hc_scale[which], hp, p.coeff, p.input);
+  }
+  be.rmsnorm(ar || hc_ ? p.input : p.h, which == 0 ? L.attn_norm : L.ffn_norm, p.normed, cfg_.rms_norm_eps,
              cfg_.norm_zero_centered);
   {
     WorkStats::Timer t(stats, which == 0 ? L.mixer_key : L.ffn_key);
@@ -243,12 +267,17 @@ void Model::sublayer(int64_t k, const MixFn& mix, Pass& p, WorkStats* stats) con
       L.ffn->forward(p.normed, p.out);
   }
   if (ar) attn_res_->add_output(be, *ar, int(i), which, p.out);
+  if (hc_) {
+    be.hc_post(p.streams, p.coeff, p.out, hc_);  // expand the output, mix the streams
+    return;
+  }
   be.add(p.h, p.out);
 }
 
 DTensor Model::finish(Pass& p) const {
   Backend& be = *be_;
   if (p.ar) attn_res_->final_output(be, *p.ar, p.h);
+  if (hc_) be.hc_mean(p.streams, hc_, p.h);  // GLM-5.3-Flash's head: the mean of the streams
   DTensor y = be.act(p.h.shape);
   be.rmsnorm(p.h, final_norm_, y, cfg_.rms_norm_eps, cfg_.norm_zero_centered);
   return y;
@@ -261,18 +290,18 @@ DTensor Model::run(const int32_t* tokens, int64_t T, const MixFn& mix, const std
   Pass p = make_pass(T);
   embed_into(tokens, p);
   auto snapshot = [&](const DTensor& t) {
-    Tensor c({T, D});
+    Tensor c({T, t.cols()});
     if (T) be.download(t, c.ptr());
     layer_hidden->push_back(std::move(c));
   };
   if (layer_hidden) {
     layer_hidden->clear();
-    snapshot(p.h);
+    snapshot(hc_ ? p.streams : p.h);  // the embedding (mHC: in every stream, as transformers reports it)
   }
   for (size_t i = 0; i < layers_.size(); ++i) {
     sublayer(2 * int64_t(i), mix, p, stats);
     sublayer(2 * int64_t(i) + 1, mix, p, stats);
-    if (layer_hidden) snapshot(p.h);
+    if (layer_hidden) snapshot(hc_ ? p.streams : p.h);  // mHC: the streams [T, N·D]
     if (tick) tick();
   }
   return finish(p);

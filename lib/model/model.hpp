@@ -82,6 +82,7 @@ class Model {
   // input and output [T, D] act, the AttnRes sub-layer input [T, D] F32 and depth stream.
   struct Pass {
     DTensor h, normed, out, input;
+    DTensor streams, coeff;  // mHC models: the N residual streams [T, N·D] F32, a sub-layer's coefficients
     std::shared_ptr<AttnRes::Stream> ar;  // AttnRes models, from the first embed_into
   };
   Pass make_pass(int64_t T) const;
@@ -101,12 +102,14 @@ class Model {
   DTensor final_norm_;
   struct Layer {
     DTensor attn_norm, ffn_norm;  // [D] F32
+    DTensor hc_fn[2], hc_base[2], hc_scale[2];  // mHC (mixer, FFN): [(2+N)N, N·D], [(2+N)N], [3] F32
     std::unique_ptr<Mixer> mixer;
     std::unique_ptr<Ffn> ffn;
     std::string mixer_key, ffn_key;  // stage names in WorkStats
   };
   std::vector<Layer> layers_;
   std::unique_ptr<AttnRes> attn_res_;
+  int64_t hc_ = 0;  // mHC streams (cfg.hc_mult); 0: the plain residual
 };
 
 // Marks the multi-token-prediction layers a config declares (DeepSeek num_nextn_predict_layers,

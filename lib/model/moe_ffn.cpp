@@ -43,6 +43,7 @@ MoeNames published_names(Family f) {
       n.shared = "shared_experts.";
       break;
     case Family::DeepseekV32:
+    case Family::Glm5Next:  // GLM-5.3-Flash publishes DeepSeek's names
       n.base = "mlp.";
       n.shared = "shared_experts.";
       break;
@@ -281,6 +282,7 @@ std::unique_ptr<Ffn> make_moe_ffn(const ModelConfig& cfg, int layer, Checkpoint&
   else
     m->upload_experts(experts);
   m->upload_rest(has_shared ? &shared : nullptr, router, bias, shared_gate);
+  m->w_.experts.limit = m->w_.shared.limit = cfg.swiglu_limit;  // GLM-5.3-Flash's SwiGLU clamp (0: none)
   return m;
 }
 

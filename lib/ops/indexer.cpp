@@ -84,4 +84,64 @@ void topk_positions(const float* scores, int32_t* sel, int64_t T, int64_t pos0, 
   }
 }
 
+void kpool_pooled_keys(const float* cache, const float* ape, int64_t S, int64_t D, int64_t P, float* kp) {
+  const int64_t NP = S / P;
+  std::vector<float> e(static_cast<size_t>(P));
+  for (int64_t p = 0; p < NP; ++p)
+    for (int64_t c = 0; c < D; ++c) {
+      float mx = -INFINITY;
+      for (int64_t j = 0; j < P; ++j) {
+        e[size_t(j)] = cache[(p * P + j) * 2 * D + D + c] + ape[j * D + c];
+        mx = std::max(mx, e[size_t(j)]);
+      }
+      float sum = 0.f, acc = 0.f;
+      for (int64_t j = 0; j < P; ++j) sum += (e[size_t(j)] = std::exp(e[size_t(j)] - mx));
+      for (int64_t j = 0; j < P; ++j) acc += e[size_t(j)] / sum * cache[(p * P + j) * 2 * D + c];
+      kp[p * D + c] = acc;
+    }
+}
+
+void kpool_select(const float* q, const float* w, const float* kp, int64_t T, int64_t pos0, int64_t S, int64_t H,
+                  int64_t D, int64_t P, int64_t Kp, bool tail, int32_t* sel) {
+  DZ_CHECK(P > 0 && Kp > 0, "kpool_select: group ", P, ", groups per query ", Kp);
+  DZ_CHECK(pos0 + T <= S, "kpool_select: rows reach position ", pos0 + T - 1, " beyond ", S, " keys");
+  const int64_t NP = S / P, width = Kp * P + (tail ? P - 1 : 0);
+  std::vector<float> sc(static_cast<size_t>(std::max<int64_t>(NP, 1)));
+  std::vector<int32_t> idx;
+  for (int64_t t = 0; t < T; ++t) {
+    const int64_t s = pos0 + t, nvis = (s + 1) / P;
+    const float* qt = q + t * H * D;
+    for (int64_t p = 0; p < nvis; ++p) {
+      float v = 0.f;
+      for (int64_t h = 0; h < H; ++h) {
+        float d = 0.f;
+        for (int64_t c = 0; c < D; ++c) d += qt[h * D + c] * kp[p * D + c];
+        v += w[t * H + h] * std::max(d, 0.f);
+      }
+      sc[size_t(p)] = v;
+    }
+    idx.resize(size_t(nvis));
+    std::iota(idx.begin(), idx.end(), 0);
+    if (nvis > Kp) {
+      auto better = [&](int32_t a, int32_t b) {
+        const float x = sc[size_t(a)], y = sc[size_t(b)];
+        const bool xn = std::isnan(x), yn = std::isnan(y);
+        if (xn != yn) return yn;
+        if (!xn && x != y) return x > y;
+        return a < b;
+      };
+      std::nth_element(idx.begin(), idx.begin() + (Kp - 1), idx.end(), better);
+      idx.resize(size_t(Kp));
+    }
+    std::sort(idx.begin(), idx.end());
+    int32_t* out = sel + t * width;
+    int64_t n = 0;
+    for (int32_t p : idx)
+      for (int64_t j = 0; j < P; ++j) out[n++] = int32_t(p * P + j);
+    if (tail)
+      for (int64_t u = nvis * P; u <= s; ++u) out[n++] = int32_t(u);
+    for (; n < width; ++n) out[n] = -1;
+  }
+}
+
 }  // namespace dz

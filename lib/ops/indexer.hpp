@@ -35,4 +35,16 @@ void indexer_scores(const float* q, const float* w, const float* k, float* score
 // ReLU sums). NaN scores rank lowest.
 void topk_positions(const float* scores, int32_t* sel, int64_t T, int64_t pos0, int64_t S, int64_t K);
 
+// GLM-5.3-Flash's k-pool indexer (transformers 5.23 Glm5NextTextIndexer). The cache holds per
+// token [k (LayerNorm(wk x)) | g (x · compress_gateᵀ)] [S, 2D]. Complete groups of P tokens from
+// position 0 are the candidates: pooled key of group p, per channel c,
+//   kp[p, c] = Σ_j softmax_j(g[pP + j, c] + ape[j, c]) · k[pP + j, c]        (j = 0..P-1)
+// Query t (position s = pos0 + t) sees the groups that end at or before s ((s + 1) / P of them),
+// scores them as indexer_scores does (w already scaled), keeps the best Kp (ties to the lower
+// group), and attends to their tokens and, with `tail`, to the tokens of its own incomplete group
+// (the last (s + 1) mod P positions). sel [T, Kp·P + (tail ? P − 1 : 0)]: ascending, −1 padded.
+void kpool_pooled_keys(const float* cache, const float* ape, int64_t S, int64_t D, int64_t P, float* kp);
+void kpool_select(const float* q, const float* w, const float* kp, int64_t T, int64_t pos0, int64_t S, int64_t H,
+                  int64_t D, int64_t P, int64_t Kp, bool tail, int32_t* sel);
+
 }  // namespace dz

@@ -131,29 +131,36 @@ TEST_CASE("inspect: GLM-5.3-Flash and DeepSeek-V4 (transformers 5.23 checkpoints
   std::string dir = tmpdir("inspect_struct");
   const std::string fx = std::string(DZ_SOURCE_DIR) + "/tests/fixtures/";
   int code = 0;
-  auto g = inspect_json(fx + "glm5_next", dir, &code);
+  // GLM-5.3-Flash: dayzero parses it; with its support switched off every module is still dayzero's
+  auto parsed = inspect_json(fx + "glm5_next", dir, &code);
+  CHECK(code == 0);
+  CHECK(parsed["summary"]["new"] == 0);
+  auto g = inspect_json(variant(fx + "glm5_next", dir + "/g53", [](nlohmann::json& j) {
+    j["model_type"] = "glm5_next_off";
+    j["text_config"]["model_type"] = "glm5_next_text_off";
+  }), dir, &code);
   CHECK(code == 2);
-  CHECK(g["family"] == "glm5_next_text (in glm5_next)");
-  const std::string keys = rows(g, "config", "keys")[0]["note"];
-  for (const char* k : {"hc_mult=4", "hc_sinkhorn_iters=20", "swiglu_limit=10.0", "index_kpool=4"})
-    CHECK(keys.find(k) != std::string::npos);
+  CHECK(g["family"] == "glm5_next_text_off (in glm5_next_off)");
+  CHECK(g["summary"]["new"] == 1);  // the normaliser
+  CHECK(rows(g, "config", "keys").empty());  // hc_mult, swiglu_limit, index_kpool: keys dayzero reads
   for (int l = 0; l < 4; ++l) {
     auto r = rows(g, "layer " + std::to_string(l), "residual");
     REQUIRE(r.size() == 1);
-    CHECK(r[0]["status"] == "new");
-    CHECK(r[0]["kind"] == "hyper-connections (mHC)");
+    CHECK(r[0]["status"] == "reusable with different parameters");
+    CHECK(r[0]["params"] == "mHC streams=4");
   }
   CHECK(rows(g, "layer 0", "token mixer")[0]["params"] == "KDA heads=4 k=16 v=16 conv=4");
-  CHECK(rows(g, "layer 0", "token mixer")[0]["status"] == "reusable with different parameters");
   auto mla = rows(g, "layer 3", "token mixer")[0];
-  CHECK(mla["kind"] == "MLA");
-  CHECK(mla["status"] == "new");  // MLA NoPE is dayzero's, the k-pool compression of the indexer is not
-  CHECK(mla["params"] == "MLA heads=4 q_lora=32 kv_lora=32 nope=32 rope=0 v=32 out_gate=0 indexer=16x32/top16");
-  CHECK(mla["note"].get<std::string>().find("indexer.index_kpool_compress_ape") != std::string::npos);
+  CHECK(mla["status"] == "reusable with different parameters");
+  CHECK(mla["params"] == "MLA heads=4 q_lora=32 kv_lora=32 nope=32 rope=0 v=32 out_gate=0 indexer=16x32/top16 kpool=4");
 
   auto d = inspect_json(fx + "deepseek_v4", dir, &code);
   CHECK(code == 2);
-  CHECK(rows(d, "model", "hyper-connection head")[0]["status"] == "new");
+  CHECK(rows(d, "model", "hyper-connection head")[0]["status"] == "new");  // weighted, not GLM's mean
+  CHECK(rows(d, "layer 1", "residual")[0]["status"] == "reusable with different parameters");  // the same mHC
+  const std::string dkeys = rows(d, "config", "keys")[0]["note"];
+  for (const char* k : {"compress_rates=", "o_groups=2", "o_lora_rank=16", "sliding_window=8"})
+    CHECK(dkeys.find(k) != std::string::npos);
   CHECK(rows(d, "model", "embedding, final norm, LM head")[0]["status"] == "reusable");  // head.weight
   const std::string att = rows(d, "layer 3", "token mixer")[0]["note"];
   CHECK(att.find("compressor") != std::string::npos);

@@ -33,7 +33,7 @@ torch.set_float32_matmul_precision("highest")
 
 DOC_LENGTHS = [1, 2, 7, 33, 64, 65, 70, 130]  # 64/65/70/130 straddle the chunk size 64
 MODEL_SEEDS = {"kimi_linear": 1234, "deepseek_v32": 2345, "qwen3_next": 3456,
-               "qwen3_5_moe_text": 4567, "qwen3_5_moe": 5678, "glm_moe_dsa": 6789}
+               "qwen3_5_moe_text": 4567, "qwen3_5_moe": 5678, "glm_moe_dsa": 6789, "glm5_next": 7890}
 TOKEN_SEED = 777
 WEIGHT_STD = 0.15   # initializer_range: the default 0.02 gives near-uniform outputs
 LM_HEAD_STD = 0.3   # wider lm_head so log-probs spread over several nats
@@ -147,7 +147,30 @@ def glm_moe_dsa_config():
     return cfg, transformers.GlmMoeDsaForCausalLM
 
 
-FAMILIES = {"kimi_linear": kimi_linear_config, "glm_moe_dsa": glm_moe_dsa_config, "deepseek_v32": deepseek_v32_config,
+def glm5_next_config():
+    # GLM-5.3-Flash in its multimodal wrapper: KDA (lower-bound gate), MLA without RoPE + the k-pool
+    # indexer (groups of 4, top 16 = 4 groups, the incomplete group always kept) with a shared layer,
+    # mHC (4 streams), SwiGLU clamp at 1.0 (so it bites at these weights), a 1-block vision tower.
+    from transformers import Glm5NextConfig
+    text = dict(vocab_size=256, hidden_size=64, intermediate_size=64, moe_intermediate_size=16,
+                num_hidden_layers=5, num_attention_heads=4, num_key_value_heads=4, kv_lora_rank=32, q_lora_rank=32,
+                qk_rope_head_dim=0, qk_nope_head_dim=32, v_head_dim=32, n_routed_experts=8, num_experts_per_tok=2,
+                n_group=1, topk_group=1, routed_scaling_factor=2.5,
+                index_n_heads=16, index_head_dim=32, index_topk=16, index_kpool=4, index_kpool_always_select_tail=True,
+                linear_head_dim=16, linear_num_heads=4, linear_conv_kernel_dim=4, linear_lower_bound=-5.0,
+                layer_types=["linear_attention", "indexed_attention", "indexed_attention", "linear_attention",
+                             "indexed_attention"],
+                mlp_layer_types=["dense", "sparse", "sparse", "sparse", "sparse"],
+                indexer_types=["full", "full", "shared", "full", "full"], hc_mult=4, hc_sinkhorn_iters=20,
+                swiglu_limit=1.0, pad_token_id=0, rms_norm_eps=1e-5, initializer_range=WEIGHT_STD,
+                tie_word_embeddings=False)
+    vision = dict(depth=1, hidden_size=32, num_heads=2, intermediate_size=32, out_hidden_size=64,
+                  projection_intermediate_size=32, patch_size=4)
+    cfg = Glm5NextConfig(text_config=text, vision_config=vision, tie_word_embeddings=False)
+    return cfg, transformers.Glm5NextForConditionalGeneration
+
+
+FAMILIES = {"kimi_linear": kimi_linear_config, "glm_moe_dsa": glm_moe_dsa_config, "glm5_next": glm5_next_config, "deepseek_v32": deepseek_v32_config,
             "qwen3_next": qwen3_next_config, "qwen3_5_moe_text": qwen3_5_moe_text_config,
             "qwen3_5_moe": qwen3_5_moe_config}
 
@@ -168,11 +191,18 @@ def perturb(model, family, gen):
     (A_log, dt_bias stay as _init_weights set them)."""
     for name, mod in model.named_modules():
         cls = type(mod).__name__
-        if "RMSNorm" in cls or "LayerNorm" in cls:
+        if ("RMSNorm" in cls or "LayerNorm" in cls) and getattr(mod, "weight", None) is not None:
             # Qwen3NextRMSNorm is zero-centred (scale 1 + w, init 0); others scale by w (init 1).
             mod.weight.add_(NORM_NOISE * torch.randn(mod.weight.shape, generator=gen))
             if getattr(mod, "bias", None) is not None:
                 mod.bias.add_(NORM_NOISE * torch.randn(mod.bias.shape, generator=gen))
+        if cls.endswith("HyperConnection"):  # mHC: weights that make pre / post / comb vary per token
+            mod.fn.copy_(WEIGHT_STD * torch.randn(mod.fn.shape, generator=gen))
+            mod.base.add_(0.3 * torch.randn(mod.base.shape, generator=gen))
+            mod.scale.add_(0.3 * torch.randn(mod.scale.shape, generator=gen))
+        if hasattr(mod, "index_kpool_compress_ape"):  # k-pool: a pooling softmax that is not uniform
+            mod.index_kpool_compress_ape.copy_(torch.randn(mod.index_kpool_compress_ape.shape, generator=gen))
+            mod.index_kpool_compress_gate.copy_(0.3 * torch.randn(mod.index_kpool_compress_gate.shape, generator=gen))
         if hasattr(mod, "e_score_correction_bias"):
             # non-zero selection bias: it must change which experts win but not their weights
             b = mod.e_score_correction_bias
@@ -259,6 +289,31 @@ def indexer_margins(idx, hidden, q_resid, cos, sin, rec, key, interleaved=False)
     rec.topk_sets.setdefault(key, []).append(sel.numpy())
 
 
+@torch.no_grad()
+def kpool_margins(idx, hidden, q_resid, out, rec, key):
+    """GLM-5.3-Flash's k-pool indexer: recompute the group scores as the module does, note the gap
+    at the Kp-th choice, and record the selected token sets (ascending, -1 padded) from its output."""
+    B, S, _ = hidden.shape
+    q = idx.wq_b(q_resid).view(B, S, -1, idx.head_dim)
+    k = idx.k_norm(idx.wk(hidden)).view(B, S, -1, idx.head_dim).squeeze(2)
+    g = torch.nn.functional.linear(hidden, idx.index_kpool_compress_gate)
+    packed = torch.cat([k, g, torch.ones(B, S, 1)], -1)
+    pk, pidx, pvalid = idx.get_pooled_states(packed_states=packed)
+    sc = torch.relu(torch.matmul(q.float(), pk.transpose(-1, -2).float().unsqueeze(1)) * idx.softmax_scale)
+    w = idx.weights_proj(hidden).float() * idx.n_heads ** -0.5
+    isc = torch.matmul(w.unsqueeze(-2), sc).squeeze(-2)[0]  # [S, NP]
+    P, Kp = idx.index_kpool, idx.index_topk // idx.index_kpool
+    pend = pidx[0, :, -1]
+    vis = (pend[None, :] <= torch.arange(S)[:, None]) & pvalid[0][None, :]
+    isc = isc.masked_fill(~vis, float("-inf"))
+    rows = vis.sum(-1) > Kp
+    if rows.any():
+        rec.note(key + ".kpool", _kth_gap(isc[rows], Kp).min())
+    sel = torch.sort(torch.where(out[0] < 0, torch.full_like(out[0], 1 << 30), out[0]), dim=-1).values
+    sel = torch.where(sel == (1 << 30), torch.full_like(sel, -1), sel)
+    rec.topk_sets.setdefault(key, []).append(sel.to(torch.int32).numpy())
+
+
 def install_margin_hooks(model, family, rec):
     hooks = []
     for li, layer in enumerate(text_model(model).layers):
@@ -268,6 +323,12 @@ def install_margin_hooks(model, family, rec):
             fn = grouped_router_margins if hasattr(gate, "num_group") else softmax_router_margins
             hooks.append(gate.register_forward_hook(
                 lambda m, a, o, fn=fn, li=li: fn(m, a[0], rec, f"layer{li}")))
+        if family == "glm5_next" and hasattr(layer.self_attn, "indexer"):
+            idx = layer.self_attn.indexer
+            if idx is not None:
+                def fwd(m, args, kwargs, out, li=li):
+                    kpool_margins(m, kwargs["hidden_states"], kwargs["q_resid"], out, rec, f"layer{li}")
+                hooks.append(idx.register_forward_hook(fwd, with_kwargs=True))
         if family in ("deepseek_v32", "glm_moe_dsa"):
             idx = layer.self_attn.indexer
             if idx is None:  # a GLM-5 shared layer: gets its full layer's sets below (shared_topk)
@@ -306,14 +367,15 @@ def run_docs(model, docs, device, rec=None):
         tgt = ids[0, 1:]
         out["lp"].append(lsm[:-1].gather(1, tgt[:, None])[:, 0].float().cpu().numpy())
         out["last"].append(res.logits[0, -1].float().cpu().numpy())
-        hs = [t[0].float().cpu().numpy() for t in res.hidden_states]
+        # mHC models report [T, N, D] streams: rows of N·D
+        hs = [t[0].float().cpu().numpy().reshape(len(d), -1) for t in res.hidden_states]
         if hidden_acc is None:
             hidden_acc = [[] for _ in hs]
         for i, t in enumerate(hs):
             hidden_acc[i].append(t)
         x = captured["x"]
         x = x[0] if isinstance(x, tuple) else x
-        out["prenorm"].append(x[0].float().cpu().numpy())
+        out["prenorm"].append(x[0].float().cpu().numpy().reshape(len(d), -1))
     h.remove()
     out["hidden"] = [np.concatenate(a, 0) for a in hidden_acc]
     out["prenorm"] = np.concatenate(out["prenorm"], 0)
@@ -438,8 +500,11 @@ def main():
                 f"output of decoder layer {nl - 1}; last_layer_prenorm = output of decoder layer {nl - 1} "
                 "before the final norm. Rows are tokens of all documents concatenated (offsets)."
             )
-            shared = [i for i, t in enumerate(getattr(cfg, "indexer_types", None) or []) if t == "shared"]
-            for i in shared:  # a shared layer attends to the sets of the last full layer before it
+            tcfg = text_config(cfg)
+            lts = getattr(tcfg, "layer_types", None) or []
+            shared = [i for i, t in enumerate(getattr(tcfg, "indexer_types", None) or []) if t == "shared"
+                      and (not lts or lts[i] != "linear_attention")]
+            for i in shared:  # a shared layer attends to the sets of the full layer before it
                 src = max(j for j in range(i) if j not in shared)
                 rec.topk_sets[f"layer{i}"] = rec.topk_sets[f"layer{src}"]
             if rec.topk_sets:

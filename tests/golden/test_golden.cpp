@@ -48,10 +48,13 @@ void check_family(const std::string& family, Tol tol) {
   std::vector<std::vector<float>> hidden;
   for (int64_t i = 0; i <= L; ++i) hidden.push_back(read_ds<float>(f, "/hidden/layer_" + std::to_string(i), H5T_NATIVE_FLOAT));
   auto prenorm = read_ds<float>(f, "/hidden/last_layer_prenorm", H5T_NATIVE_FLOAT);
-  std::vector<std::vector<int32_t>> topk(static_cast<size_t>(L));
+  std::vector<std::vector<int32_t>> topk(static_cast<size_t>(L));  // empty: a layer without DSA
   bool has_topk = H5Lexists(f, "/dsa_topk", H5P_DEFAULT) > 0;
   if (has_topk)
-    for (int64_t i = 0; i < L; ++i) topk[size_t(i)] = read_ds<int32_t>(f, "/dsa_topk/layer" + std::to_string(i), H5T_NATIVE_INT32);
+    for (int64_t i = 0; i < L; ++i) {
+      const std::string n = "/dsa_topk/layer" + std::to_string(i);
+      if (H5Lexists(f, n.c_str(), H5P_DEFAULT) > 0) topk[size_t(i)] = read_ds<int32_t>(f, n, H5T_NATIVE_INT32);
+    }
   H5Fclose(f);
 
   double max_lp = 0, max_last = 0, max_h = 0;
@@ -64,17 +67,22 @@ void check_family(const std::string& family, Tol tol) {
     const std::vector<float> y = model->backend().to_host(model->forward(&tokens[size_t(o)], T, st, {}, &lh));
     REQUIRE(int64_t(lh.size()) == L + 1);
     // hidden states: layer_0 = embedding, layer_i = after decoder layer i-1, layer_L = final norm
+    // rows of width W: D, or N·D for the streams of an mHC model
     for (int64_t i = 0; i <= L; ++i) {
       const float* ours = i < L ? lh[size_t(i)].ptr() : y.data();
+      const int64_t W = int64_t(hidden[size_t(i)].size()) / int64_t(tokens.size());
+      REQUIRE((i < L ? lh[size_t(i)].size() : size_t(T * D)) == size_t(T * W));
       for (int64_t t = 0; t < T; ++t)
-        for (int64_t c = 0; c < D; ++c) {
-          double e = std::fabs(double(ours[t * D + c]) - hidden[size_t(i)][size_t((o + t) * D + c)]);
+        for (int64_t c = 0; c < W; ++c) {
+          double e = std::fabs(double(ours[t * W + c]) - hidden[size_t(i)][size_t((o + t) * W + c)]);
           max_h = std::max(max_h, e);
           if (e > tol.hidden) FAIL(family << " doc " << d << " layer " << i << " t " << t << " c " << c << " |diff| " << e);
         }
     }
-    for (int64_t j = 0; j < T * D; ++j) {
-      double e = std::fabs(double(lh[size_t(L)][j]) - prenorm[size_t(o * D + j)]);
+    const int64_t WP = int64_t(prenorm.size()) / int64_t(tokens.size());
+    REQUIRE(lh[size_t(L)].size() == size_t(T * WP));
+    for (int64_t j = 0; j < T * WP; ++j) {
+      double e = std::fabs(double(lh[size_t(L)][j]) - prenorm[size_t(o * WP + j)]);
       max_h = std::max(max_h, e);
       REQUIRE(e <= tol.hidden);
     }
@@ -92,6 +100,7 @@ void check_family(const std::string& family, Tol tol) {
     // DSA Top-K sets, layer by layer (transformers' sets are ascending positions, -1 padded)
     if (has_topk)
       for (int64_t i = 0; i < L; ++i) {
+        if (topk[size_t(i)].empty()) continue;  // no DSA in this layer
         auto* c = dynamic_cast<dz::AttnCache*>(st.mixers[size_t(i)].get());
         REQUIRE(c != nullptr);
         const int64_t K = c->topk_width, KG = int64_t(topk[size_t(i)].size()) / int64_t(tokens.size());
@@ -135,6 +144,12 @@ TEST_CASE("golden: qwen3_next matches transformers 5.23", "[golden]") { check_fa
 // shared-indexer layers (their Top-K sets are their full layer's), so deepseek's tolerances.
 TEST_CASE("golden: glm_moe_dsa matches transformers 5.23 (incl. shared-indexer Top-K sets)", "[golden]") {
   check_family("glm_moe_dsa", {1e-4, 2e-4});
+}
+// GLM-5.3-Flash (transformers 5.23, the glm5_next wrapper): KDA with the lower-bound gate, MLA NoPE
+// with the k-pool indexer (Top-K sets of its three DSA layers, one shared), mHC streams, SwiGLU
+// clamp. The KDA chains set the tolerance as for kimi_linear.
+TEST_CASE("golden: glm5_next (GLM-5.3-Flash) matches transformers 5.23 (incl. k-pool Top-K sets)", "[golden]") {
+  check_family("glm5_next", {1e-4, 2e-4});
 }
 // Qwen3.5 (transformers 5.23): qwen3_next's modules, so its tolerances; the wrapper's text model
 // under model.language_model. with a vision tower that is recognised and not loaded.

@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "backend/backend.hpp"
+#include "ops/hyper.hpp"
 #include "backend_compare.hpp"
 #include "backend/device_comm.hpp"
 #include "core/bf16.hpp"
@@ -639,6 +640,89 @@ TEST_CASE("backend ops: DSA indexer pieces (LayerNorm, quantisation round trips,
                 (long long)c.D, (long long)c.K, (long long)c.T, (long long)c.pos0, frac);
     CHECK(frac >= 0.99);
   }
+}
+
+// GLM-5.3-Flash's k-pool selection: the same group choices on both backends (sets compared as in
+// indexer_topk: >= 99% of the selected positions agree; every row a valid selection: ascending,
+// whole groups then the query's incomplete group, -1 only as padding).
+TEST_CASE("backend ops: k-pool DSA selection on cuda equals the cpu backend", "[gpu]") {
+  Both& b = backends();
+  struct Case {
+    int64_t H, D, P, Kp, pos0, T;
+    bool tail;
+  };
+  const Case cases[] = {{16, 32, 4, 4, 0, 130, true}, {4, 64, 16, 8, 5, 733, true}, {32, 128, 16, 128, 0, 3000, true},
+                        {8, 32, 4, 2, 40, 19, false}, {16, 32, 4, 4, 200, 1, true}};
+  for (const Case& c : cases) {
+    const int64_t S = c.pos0 + c.T, W = c.Kp * c.P + (c.tail ? c.P - 1 : 0);
+    const auto q = rnd(size_t(c.T * c.H * c.D), 91), cache = rnd(size_t(S * 2 * c.D), 92),
+               w = rnd(size_t(c.T * c.H), 93), ape = rnd(size_t(c.P * c.D), 94);
+    std::vector<int32_t> sel[2];
+    Backend* bes[2] = {b.cpu.get(), b.gpu.get()};
+    for (int i = 0; i < 2; ++i) {
+      Backend& be = *bes[i];
+      DTensor out = be.alloc({c.T, W}, DType::I32);
+      be.indexer_kpool_topk(be.upload(q.data(), {c.T, c.H * c.D}, be.act_dtype()),
+                            be.upload(w.data(), {c.T, c.H}, DType::F32), 0.05f,
+                            be.upload(cache.data(), {S, 2 * c.D}, be.act_dtype()),
+                            be.upload(ape.data(), {c.P, c.D}, DType::F32), c.P, c.pos0, c.H, c.Kp, c.tail, out);
+      sel[i].resize(size_t(c.T * W));
+      be.download_i32(out, sel[i].data());
+    }
+    int64_t agree = 0, total = 0;
+    for (int64_t t = 0; t < c.T; ++t) {
+      const int64_t s = c.pos0 + t, nvis = (s + 1) / c.P, m = std::min(nvis, c.Kp) * c.P + (c.tail ? (s + 1) % c.P : 0);
+      const int32_t* g = sel[1].data() + t * W;
+      const int32_t* r = sel[0].data() + t * W;
+      for (int64_t j = 0; j < W; ++j) {
+        REQUIRE((j < m) == (g[j] >= 0));
+        if (j > 0 && j < m) REQUIRE(g[j] > g[j - 1]);
+        REQUIRE(g[j] <= s);
+        if (r[j] < 0) continue;
+        ++total;
+        agree += std::binary_search(g, g + m, r[j]) ? 1 : 0;
+      }
+    }
+    const double frac = total ? double(agree) / double(total) : 1.0;
+    std::printf("  indexer_kpool    H=%lld D=%lld P=%lld Kp=%lld T=%lld pos0=%lld: %.4f of the cpu selection\n",
+                (long long)c.H, (long long)c.D, (long long)c.P, (long long)c.Kp, (long long)c.T, (long long)c.pos0, frac);
+    CHECK(frac >= 0.99);
+  }
+}
+
+// mHC: coefficients + collapse, the expand-and-mix, the start and the mean head, on both backends.
+TEST_CASE("backend ops: mHC hyper-connections on cuda equal the cpu backend", "[gpu]") {
+  for (int64_t N : {4, 1, 8})
+    for (int64_t T : kRows) {
+      const int64_t D = 96, C = (2 + N) * N;
+      const std::string sh = "N=" + std::to_string(N) + " T=" + std::to_string(T);
+      const auto x = rnd(size_t(T * N * D), 101), fn = rnd(size_t(C * N * D), 102, 0.15f), base = rnd(size_t(C), 103, 0.3f),
+                 scale = rnd(size_t(3), 104, 0.3f), y = rnd(size_t(T * D), 105);
+      dz::HcParams hp;
+      hp.N = N, hp.iters = 20, hp.eps_norm = 1e-5f, hp.eps_hc = 1e-6f;
+      for (int part = 0; part < 3; ++part)
+        check(part == 0 ? "hc_pre coeff" : part == 1 ? "hc_pre in" : "hc_post", sh, 1e-5, [&](Backend& be) {
+          DTensor xs = be.upload(x.data(), {T, N * D}, DType::F32), coeff = be.alloc({T, C}, DType::F32),
+                  in = be.alloc({T, D}, DType::F32);
+          std::vector<float> sc(scale);
+          for (float& v : sc) v += 1.f;
+          be.hc_pre(xs, be.upload(fn.data(), {C, N * D}, DType::F32), be.upload(base.data(), {C}, DType::F32),
+                    be.upload(sc.data(), {3}, DType::F32), hp, coeff, in);
+          if (part == 0) return be.to_host(coeff);
+          if (part == 1) return be.to_host(in);
+          be.hc_post(xs, coeff, be.upload(y.data(), {T, D}, be.act_dtype()), N);
+          return be.to_host(xs);
+        });
+      check("hc_expand + hc_mean", sh, 1e-6, [&](Backend& be) {
+        DTensor h = be.upload(y.data(), {T, D}, DType::F32), xs = be.alloc({T, N * D}, DType::F32),
+                out = be.alloc({T, D}, DType::F32);
+        be.hc_expand(h, N, xs);
+        be.hc_mean(be.upload(x.data(), {T, N * D}, DType::F32), N, out);
+        std::vector<float> a = be.to_host(xs), m = be.to_host(out);
+        a.insert(a.end(), m.begin(), m.end());
+        return a;
+      });
+    }
 }
 
 namespace {

@@ -118,6 +118,17 @@ class CountingBackend final : public Backend {
                     const DTensor& out) override {
     be.attn_res_mix(b, n, p, q, eps, out);
   }
+  void indexer_kpool_topk(const DTensor& q, const DTensor& w, float wscale, const DTensor& cache, const DTensor& ape,
+                          int64_t P, int64_t pos0, int64_t H, int64_t Kp, bool tail, const DTensor& sel) override {
+    be.indexer_kpool_topk(q, w, wscale, cache, ape, P, pos0, H, Kp, tail, sel);
+  }
+  void hc_pre(const DTensor& x, const DTensor& fn, const DTensor& base, const DTensor& scale, const dz::HcParams& p,
+              const DTensor& coeff, const DTensor& in) override {
+    be.hc_pre(x, fn, base, scale, p, coeff, in);
+  }
+  void hc_post(const DTensor& x, const DTensor& coeff, const DTensor& y, int64_t N) override { be.hc_post(x, coeff, y, N); }
+  void hc_expand(const DTensor& h, int64_t N, const DTensor& x) override { be.hc_expand(h, N, x); }
+  void hc_mean(const DTensor& x, int64_t N, const DTensor& out) override { be.hc_mean(x, N, out); }
   void row_max(const DTensor& l, const DTensor& mx) override { be.row_max(l, mx); }
   void softmax_parts(const DTensor& l, const std::vector<float>& mx, const std::vector<int32_t>& t, int64_t v0,
                      std::vector<double>& acc) override {

@@ -529,3 +529,37 @@ TEST_CASE("config: glm_moe_dsa indexer_types, index_topk_pattern, index_topk_fre
   CHECK(c.to_json()["layers"][1]["indexer"] == "shared");
 }
 #endif
+
+#ifdef DZ_SOURCE_DIR
+// GLM-5.3-Flash (glm5_next wrapper, glm5_next_text): every new setting read, the wrong ones named.
+TEST_CASE("config: glm5_next (GLM-5.3-Flash)", "[unit]") {
+  const std::string g = std::string(DZ_SOURCE_DIR) + "/tests/golden/";
+  if (!std::filesystem::exists(g + "glm5_next/config.json")) return;
+  std::ifstream in(g + "glm5_next/config.json");
+  const json j = json::parse(in);
+  ModelConfig c = ModelConfig::from_json(j);
+  CHECK((c.family == Family::Glm5Next && c.model_type == "glm5_next_text" && c.wrapper_model_type == "glm5_next"));
+  check_layers(c, {{KDA, D, false}, {MLA, M, true}, {MLA, M, true}, {KDA, M, false}, {MLA, M, true}});
+  CHECK((c.layers[2].shared_indexer && !c.layers[1].shared_indexer && !c.layers[4].shared_indexer));
+  CHECK((c.hc_mult == 4 && c.hc_sinkhorn_iters == 20 && c.hc_eps == 1e-6f && c.swiglu_limit == 1.f));
+  CHECK((c.index_kpool == 4 && c.index_kpool_tail && c.index_topk == 16 && c.dsa_sel_width() == 19));
+  CHECK((c.kda_gate == KdaGate::LowerBoundSigmoid && c.kda_gate_lower_bound == -5.f));
+  CHECK((c.qk_rope_head_dim == 0 && c.qk_nope_head_dim == 32 && c.mla_latent_norm_eps == c.rms_norm_eps));
+  CHECK((c.score_func == ScoreFunc::Sigmoid && c.router_correction_bias && c.routed_scaling_factor == 2.5f));
+  json t = j;
+  t["text_config"]["linear_lower_bound"] = nullptr;  // transformers: the softplus gate
+  CHECK(ModelConfig::from_json(t).kda_gate == KdaGate::Softplus);
+  t = j;
+  t["text_config"]["index_kpool"] = 5;
+  CHECK(contains(error_of([&] { ModelConfig::from_json(t); }), "divide index_topk 16"));
+  t = j;
+  t["text_config"]["qk_rope_head_dim"] = 8;
+  CHECK(contains(error_of([&] { ModelConfig::from_json(t); }), "no RoPE"));
+  t = j;
+  t["text_config"]["indexer_types"] = json::array({"full", "full", "full", "full", "shared"});  // after a KDA layer
+  CHECK(contains(error_of([&] { ModelConfig::from_json(t); }), "layer 4 'shared' but layer 3 runs no indexer"));
+  t = j;
+  t["text_config"]["layer_types"][1] = "full_attention";
+  CHECK(contains(error_of([&] { ModelConfig::from_json(t); }), "expected linear_attention or indexed_attention"));
+}
+#endif

@@ -18,15 +18,18 @@
 #include "backend/backend.hpp"
 #include "backend_ops.cuh"
 #include "flash_attention.cuh"
+#include "hyper.cuh"
 #include "moe_gemm.cuh"
 #include "common.cuh"
 #include "core/bf16.hpp"
 #include "core/fp8.hpp"
 #include "core/parallel.hpp"
 #include "indexer.cuh"
+#include "indexer_kpool.cuh"
 #include "linear_attn.cuh"
 #include "paged_cache.cuh"
 #include "quant.cuh"
+#include "ops/hyper.hpp"
 #include "ops/moe.hpp"
 #include "ops/rope.hpp"
 #include "short_conv.cuh"
@@ -855,6 +858,26 @@ class CudaBackend final : public Backend {
       }
     }
   }
+  void indexer_kpool_topk(const DTensor& q, const DTensor& w, float wscale, const DTensor& cache, const DTensor& ape,
+                          int64_t P, int64_t pos0, int64_t H, int64_t Kp, bool tail, const DTensor& sel) override {
+    const int64_t T = w.rows(), D = cache.cols() / 2, S = cache.rows(), NP = S / P;
+    if (T == 0) return;
+    DZ_CHECK(cache.dtype == DType::BF16 && q.dtype == DType::BF16, "indexer_kpool_topk: bf16 cache and queries");
+    DTensor ws = alloc({T, H}, DType::F32);
+    CUDA_CHECK(cudaMemcpyAsync(ws.data, w.data, size_t(T * H) * 4, cudaMemcpyDeviceToDevice, st()));
+    cuda::scale(ws.ptr<float>(), wscale, T * H, st());
+    DTensor kp = alloc({std::max<int64_t>(NP, 1), D}, DType::F32);
+    cuda::kpool_pooled_keys(b16(cache), ape.ptr<float>(), S, D, P, kp.ptr<float>(), st());
+    // queries in blocks so the [rows, NP] score scratch stays bounded
+    const int64_t block = std::max<int64_t>(1, std::min<int64_t>(T, (int64_t(1) << 26) / std::max<int64_t>(NP, 1)));
+    DTensor scores = alloc({block, std::max<int64_t>(NP, 1)}, DType::F32), groups = alloc({block, Kp}, DType::I32);
+    const int64_t width = sel.cols();
+    for (int64_t t0 = 0; t0 < T; t0 += block) {
+      const int64_t n = std::min(block, T - t0);
+      cuda::kpool_select(b16(q) + t0 * H * D, ws.ptr<float>() + t0 * H, kp.ptr<float>(), NP, n, pos0 + t0, H, D, P, Kp,
+                         tail, scores.ptr<float>(), groups.ptr<int32_t>(), sel.ptr<int32_t>() + t0 * width, st());
+    }
+  }
   void quant_round(const DTensor& x, Round kind) override {
     const int64_t n = x.cols(), rows = x.rows();
     if (rows * n == 0 || kind == Round::Bf16) {
@@ -876,6 +899,26 @@ class CudaBackend final : public Backend {
       cuda::kv_fp8_quantize(b16(x), rows, n, codes.ptr<uint8_t>(), scales.ptr<float>(), st());
       cuda::kv_fp8_dequantize_bf16(codes.ptr<uint8_t>(), scales.ptr<float>(), rows, n, b16w(x), st());
     }
+  }
+  void hc_pre(const DTensor& x, const DTensor& fn, const DTensor& base, const DTensor& scale, const HcParams& p,
+              const DTensor& coeff, const DTensor& in) override {
+    const int64_t T = x.rows(), W = x.cols(), C = fn.rows();
+    DTensor m = alloc({T, C}, DType::F32);  // x · fnᵀ in fp32 (as transformers computes the mixing)
+    gemm(x.data, fn.data, m.data, DType::F32, DType::F32, T, W, C);
+    cuda::HcKernelParams kp;
+    kp.N = int(p.N), kp.iters = p.iters, kp.eps_norm = p.eps_norm, kp.eps_hc = p.eps_hc;
+    cuda::hc_pre(x.ptr<float>(), m.ptr<float>(), base.ptr<float>(), scale.ptr<float>(), kp, T, in.cols(),
+                 coeff.ptr<float>(), in.ptr<float>(), st());
+  }
+  void hc_post(const DTensor& x, const DTensor& coeff, const DTensor& y, int64_t N) override {
+    DZ_CHECK(y.dtype == DType::BF16 || y.dtype == DType::F32, "hc_post: y is ", to_string(y.dtype));
+    cuda::hc_post(x.ptr<float>(), coeff.ptr<float>(), y.data, y.dtype == DType::BF16, int(N), y.rows(), y.cols(), st());
+  }
+  void hc_expand(const DTensor& h, int64_t N, const DTensor& x) override {
+    cuda::hc_expand(h.ptr<float>(), int(N), h.rows(), h.cols(), x.ptr<float>(), st());
+  }
+  void hc_mean(const DTensor& x, int64_t N, const DTensor& out) override {
+    cuda::hc_mean(x.ptr<float>(), int(N), out.rows(), out.cols(), out.ptr<float>(), st());
   }
   void attn_res_mix(const DTensor& blocks, int64_t n, const DTensor& partial, const DTensor& query, float eps,
                     const DTensor& out) override {

@@ -1,0 +1,26 @@
+// mHC hyper-connection kernels (ops/hyper.hpp has the formulas and the CPU reference). Streams
+// x [T, N·D] fp32. The projection x·fnᵀ is a cuBLAS fp32 GEMM in the backend; these do the rest.
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace dz::cuda {
+
+struct HcKernelParams {
+  int N = 0, iters = 20;
+  float eps_norm = 1e-6f, eps_hc = 1e-6f;
+};
+
+// m [T, (2+N)N] = x·fnᵀ (unscaled) -> coeff [T, (2+N)N] (pre | post | comb after Sinkhorn) and
+// in [T, D] = Σ_n pre[n] x[n]. One block per token (N <= 8).
+void hc_pre(const float* x, const float* m, const float* base, const float* scale, const HcKernelParams& p, int64_t T,
+            int64_t D, float* coeff, float* in, cudaStream_t s);
+// x [T, N·D] <- post ⊗ y + combᵀ x, y [T, D] bf16 (act) or fp32.
+void hc_post(float* x, const float* coeff, const void* y, bool y_bf16, int N, int64_t T, int64_t D, cudaStream_t s);
+// x [T, N·D] = h [T, D] in each stream;  out [T, D] = mean over the streams.
+void hc_expand(const float* h, int N, int64_t T, int64_t D, float* x, cudaStream_t s);
+void hc_mean(const float* x, int N, int64_t T, int64_t D, float* out, cudaStream_t s);
+
+}  // namespace dz::cuda
