@@ -10,7 +10,8 @@
 #   anchor26: the anchor's 2026 set (Qwen3.5-35B-A3B 8 layers, GLM-5.3-Flash 4 layers) with the
 #             transformers 5.23 site in $TF523 (pip install --no-deps --target) on the PYTHONPATH
 #   e2e26:    dayzero on configs/bench/qwen3_5_35b_a3b_8l (8192 / 32768, last-logits and logprobs)
-#             and the whole 40-layer Qwen3.5-35B-A3B wrapper (--dummy-weights, 32768, last-logits)
+#             and the whole 40-layer Qwen3.5-35B-A3B wrapper (--dummy-weights, 32768, last-logits), and
+#             GLM-5.3-Flash cut to 4 layers (3 KDA + 1 DSA, as the anchor) at 8192 / 32768
 #   decode: generate mode, 33 new tokens after the 8192 / 32768-token prompt (ms per decode step),
 #           with CUDA graphs (the default) and --eager-decode
 #   decodeb: 32 documents of 2048 tokens prefilled in one packed forward and decoded together
@@ -43,6 +44,8 @@ if has e2e26; then
     --repeats 3 --json "$L/e2e_dayzero_2026.json" 2>&1 | grep -v '^{'
   "$DZ" bench e2e --model configs/bench/qwen3_5_35b_a3b --tokens 32768 --modes last-logits \
     --repeats 3 --json "$L/e2e_dayzero_2026_full.json" 2>&1 | grep -v '^{'
+  "$DZ" bench e2e --model configs/bench/glm5_3_flash_4l --tokens 8192,32768 --modes last-logits \
+    --repeats 3 --json "$L/e2e_dayzero_2026_glm.json" 2>&1 | grep -v '^{'
 fi
 if has e2e; then
   "$DZ" bench e2e --model configs/bench/kimi_linear_48b_a3b_8l --model configs/bench/qwen3_next_80b_a3b_8l \
@@ -90,13 +93,14 @@ def load(n):
     p = os.path.join(L, n)
     return json.load(open(p)) if os.path.exists(p) else None
 a = [load(n) for n in ("e2e_transformers.json", "e2e_transformers_2026.json")]
-d = [load(n) for n in ("e2e_dayzero.json", "e2e_dayzero_2026.json", "e2e_dayzero_2026_full.json")]
+d = [load(n) for n in ("e2e_dayzero.json", "e2e_dayzero_2026.json", "e2e_dayzero_2026_full.json",
+                       "e2e_dayzero_2026_glm.json")]
 if any(d):
     anchor = {(r["model"], r["T"]): r for x in a for r in (x or {}).get("results", []) if "model" in r and "ms" in r}
     for r in [r for x in d for r in (x or {}).get("results", [])]:
         if "error" in r:
             print("dayzero", r["model"], r["T"], r["mode"], "ERROR", r["error"]); continue
-        name = r["model"].replace("_8l", "")
+        name = r["model"].replace("_8l", "").replace("_4l", "")
         x = anchor.get((name, r["T"]))
         if x and x.get("layers") != r.get("layers"):
             x = None  # the anchor cut the shape to fewer layers: no ratio

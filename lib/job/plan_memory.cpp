@@ -147,7 +147,11 @@ MemoryPlan plan_memory(const ModelConfig& cfg, const MemoryQuery& q) {
   const double stream = T * D * 4 + 2 * T * D * act +
                         (cfg.attn_res_block_size > 0 ? (double(cfg.num_layers) / double(cfg.attn_res_block_size) + 2) *
                                                            T * D * 4
-                                                     : 0);
+                                                     : 0) +
+                        // mHC: the N streams, the collapsed input, the coefficients and their projection
+                        (cfg.hc_mult > 0 ? T * double(cfg.hc_mult) * D * 4 + T * D * 4 +
+                                               2 * T * double((2 + cfg.hc_mult) * cfg.hc_mult) * 4
+                                         : 0);
   p.detail["activations_mixer"] = mixer_act;
   p.detail["activations_ffn"] = ffn_act;
   p.detail["activations_lm_head"] = lm;
