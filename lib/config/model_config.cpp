@@ -393,6 +393,23 @@ void parse_kimi(const Fields& f, const json& j, ModelConfig* c, bool dayzero) {
   c->attn_res_block_size = f.i64({"attn_res_block_size"}, 0);
 }
 
+// DeepSeek-style MoE sizes and router settings (deepseek_v32, glm_moe_dsa, glm5_next_text).
+struct DeepseekMoeDefaults {
+  int64_t intermediate, experts, n_group, topk_group;
+};
+void parse_deepseek_moe(const Fields& f, ModelConfig* c, const DeepseekMoeDefaults& d) {
+  c->intermediate_size = f.i64({"intermediate_size"}, d.intermediate);
+  c->n_routed_experts = f.i64({"n_routed_experts", "num_local_experts", "num_experts"}, d.experts);
+  c->num_experts_per_tok = f.i64({"num_experts_per_tok"}, 8);
+  c->moe_intermediate_size = f.i64({"moe_intermediate_size"}, 2048);
+  c->n_shared_experts = f.i64({"n_shared_experts"}, 1);
+  c->shared_intermediate_size = c->moe_intermediate_size * c->n_shared_experts;
+  c->norm_topk_prob = f.boolean({"norm_topk_prob"}, true);
+  c->routed_scaling_factor = float(f.num({"routed_scaling_factor"}, 2.5));
+  c->n_group = f.i64({"n_group"}, d.n_group);
+  c->topk_group = f.i64({"topk_group"}, d.topk_group);
+}
+
 // indexer_types as transformers' GlmMoeDsaConfig / Glm5NextTextConfig derive it: the list itself,
 // else index_topk_pattern ("F"/"S" per layer), else index_topk_freq / index_skip_topk_offset.
 // Returns per layer whether it is "shared".
@@ -444,16 +461,7 @@ void parse_deepseek_v32(const Fields& f, const json& j, ModelConfig* c, bool glm
                                  "' (deepseek_v32 layers are deepseek_sparse_attention / indexed_attention)"));
   }
 
-  c->intermediate_size = f.i64({"intermediate_size"}, 18432);
-  c->n_routed_experts = f.i64({"n_routed_experts", "num_local_experts", "num_experts"}, 256);
-  c->num_experts_per_tok = f.i64({"num_experts_per_tok"}, 8);
-  c->moe_intermediate_size = f.i64({"moe_intermediate_size"}, 2048);
-  c->n_shared_experts = f.i64({"n_shared_experts"}, 1);
-  c->shared_intermediate_size = c->moe_intermediate_size * c->n_shared_experts;
-  c->norm_topk_prob = f.boolean({"norm_topk_prob"}, true);
-  c->routed_scaling_factor = float(f.num({"routed_scaling_factor"}, 2.5));
-  c->n_group = f.i64({"n_group"}, glm ? 1 : 8);
-  c->topk_group = f.i64({"topk_group"}, glm ? 1 : 4);
+  parse_deepseek_moe(f, c, DeepseekMoeDefaults{18432, 256, glm ? 1 : 8, glm ? 1 : 4});
   const std::string sf = f.string({"scoring_func"}, "sigmoid");
   if (sf == "sigmoid")
     c->score_func = ScoreFunc::Sigmoid;
@@ -611,16 +619,7 @@ void parse_glm5_next(const Fields& f, const json& j, ModelConfig* c) {
   if (c->hc_mult < 1 || c->hc_sinkhorn_iters < 1)
     f.bad("hc_mult", str("hc_mult ", c->hc_mult, " and hc_sinkhorn_iters ", c->hc_sinkhorn_iters, " must be >= 1"));
 
-  c->intermediate_size = f.i64({"intermediate_size"}, 12288);
-  c->n_routed_experts = f.i64({"n_routed_experts", "num_local_experts"}, 288);
-  c->num_experts_per_tok = f.i64({"num_experts_per_tok"}, 8);
-  c->moe_intermediate_size = f.i64({"moe_intermediate_size"}, 2048);
-  c->n_shared_experts = f.i64({"n_shared_experts"}, 1);
-  c->shared_intermediate_size = c->moe_intermediate_size * c->n_shared_experts;
-  c->norm_topk_prob = f.boolean({"norm_topk_prob"}, true);
-  c->routed_scaling_factor = float(f.num({"routed_scaling_factor"}, 2.5));
-  c->n_group = f.i64({"n_group"}, 1);
-  c->topk_group = f.i64({"topk_group"}, 1);
+  parse_deepseek_moe(f, c, DeepseekMoeDefaults{12288, 288, 1, 1});
   c->score_func = ScoreFunc::Sigmoid;
   c->router_correction_bias = true;
   std::vector<bool> moe;

@@ -55,6 +55,20 @@ void indexer_scores(const float* q, const float* w, const float* k, float* score
   }
 }
 
+namespace {
+// Top-K order over a score row: higher score first; NaN last; equal scores: lower position first.
+struct Better {
+  const float* row;
+  bool operator()(int32_t a, int32_t b) const {
+    const float x = row[a], y = row[b];
+    const bool xn = std::isnan(x), yn = std::isnan(y);
+    if (xn != yn) return yn;
+    if (!xn && x != y) return x > y;
+    return a < b;
+  }
+};
+}  // namespace
+
 void topk_positions(const float* scores, int32_t* sel, int64_t T, int64_t pos0, int64_t S, int64_t K) {
   DZ_CHECK(K > 0, "topk_positions: K must be positive, got ", K);
   DZ_CHECK(pos0 + T <= S, "topk_positions: rows reach position ", pos0 + T - 1, " beyond ", S, " keys");
@@ -67,15 +81,7 @@ void topk_positions(const float* scores, int32_t* sel, int64_t T, int64_t pos0, 
     idx.resize(size_t(n));
     std::iota(idx.begin(), idx.end(), 0);
     if (n > K) {
-      // Higher score first; NaN last; equal scores: lower position first.
-      auto better = [row](int32_t a, int32_t b) {
-        const float x = row[a], y = row[b];
-        const bool xn = std::isnan(x), yn = std::isnan(y);
-        if (xn != yn) return yn;
-        if (!xn && x != y) return x > y;
-        return a < b;
-      };
-      std::nth_element(idx.begin(), idx.begin() + (K - 1), idx.end(), better);
+      std::nth_element(idx.begin(), idx.begin() + (K - 1), idx.end(), Better{row});
       idx.resize(size_t(K));
     }
     std::sort(idx.begin(), idx.end());
@@ -123,14 +129,7 @@ void kpool_select(const float* q, const float* w, const float* kp, int64_t T, in
     idx.resize(size_t(nvis));
     std::iota(idx.begin(), idx.end(), 0);
     if (nvis > Kp) {
-      auto better = [&](int32_t a, int32_t b) {
-        const float x = sc[size_t(a)], y = sc[size_t(b)];
-        const bool xn = std::isnan(x), yn = std::isnan(y);
-        if (xn != yn) return yn;
-        if (!xn && x != y) return x > y;
-        return a < b;
-      };
-      std::nth_element(idx.begin(), idx.begin() + (Kp - 1), idx.end(), better);
+      std::nth_element(idx.begin(), idx.begin() + (Kp - 1), idx.end(), Better{sc.data()});
       idx.resize(size_t(Kp));
     }
     std::sort(idx.begin(), idx.end());
