@@ -11,6 +11,7 @@
 #include "config/model_config.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <fstream>
 #include <map>
 #include <set>
@@ -51,6 +52,11 @@ const char* to_string(FfnKind f) {
 }
 
 namespace {
+
+// Every integer a config may hold is within ±2^31: no model dimension, count or token id comes
+// near it, and it keeps the normaliser's sums and products of two inside int64 (found by
+// tests/fuzz: a moe_intermediate_size of 2^63 - 1 times n_shared_experts overflowed).
+constexpr int64_t kMaxConfigInt = int64_t(1) << 31;
 
 // Typed access to one JSON object with field names in the error messages. A JSON null counts as
 // absent (Hugging Face writes e.g. "q_lora_rank": null).
@@ -97,15 +103,17 @@ class Fields {
     return j_[k].get<std::string>();
   }
   std::vector<int64_t> ints(const char* k) const {
+    if (!has(k)) bad(k, "is missing");
     if (!j_[k].is_array()) bad(k, "must be a list of integers");
     std::vector<int64_t> r;
     for (const auto& v : j_[k]) {
       if (!v.is_number_integer()) bad(k, str("must be a list of integers, has ", v.dump()));
-      r.push_back(v.get<int64_t>());
+      r.push_back(in_range(k, v));
     }
     return r;
   }
   std::vector<std::string> strings(const char* k) const {
+    if (!has(k)) bad(k, "is missing");
     if (!j_[k].is_array()) bad(k, "must be a list of strings");
     std::vector<std::string> r;
     for (const auto& v : j_[k]) {
@@ -115,18 +123,31 @@ class Fields {
     return r;
   }
   Fields sub(const char* k) const {
+    if (!has(k)) bad(k, "is missing");
     if (!j_[k].is_object()) bad(k, "must be an object");
     return Fields(j_[k], where_ + ": " + k);
   }
   const std::string& where() const { return where_; }
 
  private:
+  int64_t in_range(const char* k, const json& v) const {
+    // unsigned values beyond int64 read as their unsigned value, so compare in that domain too
+    if (v.is_number_unsigned() && v.get<uint64_t>() > uint64_t(kMaxConfigInt))
+      bad(k, str("is ", v.dump(), ": out of range (at most 2^31)"));
+    const int64_t x = v.get<int64_t>();
+    if (x > kMaxConfigInt || x < -kMaxConfigInt) bad(k, str("is ", v.dump(), ": out of range (|value| <= 2^31)"));
+    return x;
+  }
   int64_t as_i64(const char* k) const {
     const json& v = j_[k];
-    if (v.is_number_integer()) return v.get<int64_t>();
-    // 1e-0 style floats that are whole numbers (some exporters write 4096.0)
-    if (v.is_number_float() && v.get<double>() == double(int64_t(v.get<double>()))) return int64_t(v.get<double>());
-    bad(k, str("must be an integer, got ", v.dump()));
+    if (v.is_number_integer()) return in_range(k, v);
+    // 1e-0 style floats that are whole numbers (some exporters write 4096.0); the range first, as
+    // converting a double beyond int64 is undefined
+    if (v.is_number_float()) {
+      const double d = v.get<double>();
+      if (std::isfinite(d) && std::fabs(d) <= double(kMaxConfigInt) && d == std::floor(d)) return int64_t(d);
+    }
+    bad(k, str("must be an integer within ±2^31, got ", v.dump()));
   }
   const json& j_;
   std::string where_;
@@ -514,7 +535,10 @@ void parse_qwen3_next(const Fields& f, const json& j, ModelConfig* c, bool qwen3
       Fields p = f.sub(key);
       int64_t sum = 0;
       for (int64_t v : p.ints("mrope_section")) sum += v;
-      const int64_t half = int64_t(float(c->head_dim) * c->rope.partial_rotary_factor) / 2;
+      const double rot = double(c->head_dim) * double(c->rope.partial_rotary_factor);  // in double: may be huge
+      if (!(rot >= 0 && rot <= double(kMaxConfigInt)))
+        f.bad("partial_rotary_factor", str(c->rope.partial_rotary_factor, " x head_dim ", c->head_dim, " is out of range"));
+      const int64_t half = int64_t(rot) / 2;
       if (sum != half)
         p.bad("mrope_section", str("sums to ", sum, " but the rotary half-width is ", half,
                                    " (head_dim x partial_rotary_factor / 2)"));

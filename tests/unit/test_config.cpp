@@ -563,3 +563,20 @@ TEST_CASE("config: glm5_next (GLM-5.3-Flash)", "[unit]") {
   CHECK(contains(error_of([&] { ModelConfig::from_json(t); }), "expected linear_attention or indexed_attention"));
 }
 #endif
+
+// Found by tests/fuzz (fuzz_config): values that overflowed the normaliser's arithmetic or were
+// read before they were checked are now field errors.
+TEST_CASE("config: out-of-range integers and missing lists are field errors", "[unit]") {
+  json d = deepseek();
+  d["moe_intermediate_size"] = json(int64_t(9223372036854775807LL));
+  CHECK(contains(error_of([&] { ModelConfig::from_json(d); }), "moe_intermediate_size is 9223372036854775807: out of range"));
+  d = deepseek();
+  d["vocab_size"] = 1e19;
+  CHECK(contains(error_of([&] { ModelConfig::from_json(d); }), "vocab_size must be an integer within"));
+  d = deepseek();
+  d["vocab_size"] = 256.0;  // a whole float is still an integer
+  CHECK(ModelConfig::from_json(d).vocab_size == 256);
+  json g = {{"model_type", "glm5_next_text"}, {"vocab_size", 10}, {"hidden_size", 8}, {"num_hidden_layers", 1},
+            {"num_attention_heads", 1}};
+  CHECK(contains(error_of([&] { ModelConfig::from_json(g); }), "layer_types is missing"));
+}
