@@ -5,7 +5,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 PKGS=(build-essential cmake ninja-build pkg-config openmpi-bin libopenmpi-dev libhdf5-dev hdf5-tools
-      libcli11-dev catch2 nlohmann-json3-dev)
+      libcli11-dev catch2 nlohmann-json3-dev
+      clang libclang-rt-dev)  # clang + its libFuzzer/sanitizer runtimes: scripts/fuzz.sh (build-fuzz/)
 missing=()
 for p in "${PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
