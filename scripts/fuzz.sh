@@ -95,6 +95,14 @@ case "$cmd" in
     fuzz_env
     mkdir -p "$BUILD/fuzz/corpus/$name" "$BUILD/fuzz/artifacts"
     mapfile -t sd < <(seeds "$name")
+    # scratch files of the harness (fuzz_common.hpp), on tmpfs when there is one; crashed
+    # fork-mode children leave theirs: one directory per harness, emptied at the next run
+    if [ -z "${DZ_FUZZ_TMP:-}" ]; then
+      tb=/dev/shm; [ -d "$tb" ] && [ -w "$tb" ] || tb=${TMPDIR:-/tmp}
+      export DZ_FUZZ_TMP=$tb/dz-fuzz-run-$name
+      rm -rf "$DZ_FUZZ_TMP"
+    fi
+    mkdir -p "$DZ_FUZZ_TMP"
     exec "$BUILD/tests/dz_fuzz_$name" -max_len="$ml" -dict="$BUILD/fuzz/$name.dict" -timeout=20 -rss_limit_mb=2560 \
       -artifact_prefix="$ROOT/$BUILD/fuzz/artifacts/$name-" -print_final_stats=1 "$@" \
       "$BUILD/fuzz/corpus/$name" "${sd[@]}"

@@ -13,6 +13,12 @@ name=${name#dz_fuzz_}
 run=$art/$name-smoke-$(date +%Y%m%d-%H%M%S)-$$
 mkdir -p "$run"
 log=$run.log
+# the harnesses' scratch files (fuzz_common.hpp): a child that crashes leaves its own behind
+tmpbase=/dev/shm
+[ -d "$tmpbase" ] && [ -w "$tmpbase" ] || tmpbase=${TMPDIR:-/tmp}
+DZ_FUZZ_TMP=$(mktemp -d "$tmpbase/dz-fuzz-smoke.XXXXXX")
+export DZ_FUZZ_TMP
+trap 'rm -rf "$DZ_FUZZ_TMP"' EXIT
 "$bin" -fork=1 -ignore_crashes=1 -ignore_timeouts=1 -ignore_ooms=1 -max_total_time="$secs" \
   -artifact_prefix="$run/" "$@" > "$log" 2>&1
 rc=$?
