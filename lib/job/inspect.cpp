@@ -163,12 +163,7 @@ int inspect(const std::string& dir, bool as_json, bool structural) {
         attempt({str("layer ", i), "residual", "mHC", str("streams=", cfg.hc_mult, " sinkhorn=", cfg.hc_sinkhorn_iters),
                  "reusable with different parameters", ""},
                 [&] {
-                  const int64_t N = cfg.hc_mult, Cn = (2 + N) * N;
-                  for (const char* site : {"attn", "ffn"}) {
-                    ck->get(p + "hc_" + site + "_fn", {Cn, N * D});
-                    ck->get(p + "hc_" + site + "_base", {Cn});
-                    ck->get(p + "hc_" + site + "_scale", {3});
-                  }
+                  for (int w = 0; w < 2; ++w) get_hc_tensors(cfg, *ck, p, w);  // the names the loader accepts
                 });
       Row m{str("layer ", i), "token mixer", to_string(ls.mixer), mixer_signature(cfg, ls), "", ""};
       classify(m, m.params);

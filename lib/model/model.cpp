@@ -35,6 +35,15 @@ int64_t skip_mtp_layers(const ModelConfig& cfg, Checkpoint& ck) {
   return skipped;
 }
 
+HcTensors get_hc_tensors(const ModelConfig& cfg, Checkpoint& ck, const std::string& p, int which) {
+  const int64_t N = cfg.hc_mult, D = cfg.hidden_size, Cn = (2 + N) * N;
+  const std::string site = which == 0 ? "attn" : "ffn";
+  const bool internal = !ck.generating() && !ck.has(p + "hc_" + site + "_fn") && ck.has(p + site + "_hc.fn");
+  auto nm = [&](const char* part) { return internal ? p + site + "_hc." + part : p + "hc_" + site + "_" + part; };
+  return {ck.get(nm("fn"), {Cn, N * D}, Init::normal(0.02f)), ck.get(nm("base"), {Cn}, Init::zeros()),
+          ck.get(nm("scale"), {3}, Init::ones())};
+}
+
 TextPackaging adopt_text_model(const ModelConfig& cfg, Checkpoint& ck) {
   TextPackaging tp{"model.", "lm_head.", 0, {}};
   if (ck.generating()) return tp;
@@ -120,17 +129,13 @@ std::unique_ptr<Model> Model::build(const ModelConfig& cfg, Checkpoint& ck, cons
       }
     }
     Layer L;
-    if (cfg.hc_mult > 0) {  // published names hc_{attn,ffn}_{fn,base,scale}; transformers' own {attn,ffn}_hc.*
-      const int64_t N = cfg.hc_mult, Cn = (2 + N) * N;
+    if (cfg.hc_mult > 0)
       for (int w = 0; w < 2; ++w) {
-        const std::string site = w == 0 ? "attn" : "ffn";
-        const bool internal = !ck.generating() && !ck.has(p + "hc_" + site + "_fn") && ck.has(p + site + "_hc.fn");
-        auto nm = [&](const char* part) { return internal ? p + site + "_hc." + part : p + "hc_" + site + "_" + part; };
-        L.hc_fn[w] = param(ck.get(nm("fn"), {Cn, N * D}, Init::normal(0.02f)));
-        L.hc_base[w] = param(ck.get(nm("base"), {Cn}, Init::zeros()));
-        L.hc_scale[w] = param(ck.get(nm("scale"), {3}, Init::ones()));
+        const HcTensors t = get_hc_tensors(cfg, ck, p, w);
+        L.hc_fn[w] = param(t.fn);
+        L.hc_base[w] = param(t.base);
+        L.hc_scale[w] = param(t.scale);
       }
-    }
     L.attn_norm = param(ck.get(p + "input_layernorm.weight", {D}, norm_init));
     switch (ls.mixer) {
       case MixerKind::KDA: L.mixer = make_kda_mixer(cfg, int(i), ck, p, tp, be); break;
@@ -286,7 +291,6 @@ DTensor Model::finish(Pass& p) const {
 DTensor Model::run(const int32_t* tokens, int64_t T, const MixFn& mix, const std::function<void()>& tick,
                    std::vector<Tensor>* layer_hidden, WorkStats* stats) const {
   Backend& be = *be_;
-  const int64_t D = cfg_.hidden_size;
   Pass p = make_pass(T);
   embed_into(tokens, p);
   auto snapshot = [&](const DTensor& t) {

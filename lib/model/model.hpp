@@ -117,6 +117,13 @@ class Model {
 // carry them. Returns how many tensors it accepted.
 int64_t skip_mtp_layers(const ModelConfig& cfg, Checkpoint& ck);
 
+// One sub-layer's mHC weights (which 0: the token mixer, 1: the FFN) under PREFIX: the published
+// names hc_{attn,ffn}_{fn,base,scale}, or transformers' own {attn,ffn}_hc.{fn,base,scale}.
+struct HcTensors {
+  Tensor fn, base, scale;  // [(2+N)N, N*D], [(2+N)N], [3]
+};
+HcTensors get_hc_tensors(const ModelConfig& cfg, Checkpoint& ck, const std::string& prefix, int which);
+
 // How a checkpoint packages its text model (multimodal wrappers), found from its tensor names.
 struct TextPackaging {
   std::string prefix;          // the file's prefix read as "model." ("model." when unwrapped)
