@@ -1,6 +1,6 @@
-// GLM-5.3-Flash's k-pool DSA selection (indexer_kpool.cuh). Correctness first: one block per query
-// scores its visible groups (a warp per group), the shared block Top-K picks Kp of them; the
-// groups' tokens and the query's incomplete group follow in ascending order as the CPU writes them.
+// GLM-5.3-Flash's k-pool DSA selection (indexer_kpool.cuh): the pooled keys, then per query the
+// head-weighted ReLU scores of the groups from the fp32 products q·kp (a GEMM in the backend) and
+// the shared block Top-K.
 #include "indexer_kpool.cuh"
 
 #include <cmath>
@@ -29,25 +29,20 @@ __global__ void k_kpool_keys(const __nv_bfloat16* cache, const float* ape, int64
   }
 }
 
-__global__ void __launch_bounds__(kThreads) k_kpool_select(const __nv_bfloat16* q, const float* w, const float* kp,
-                                                           int64_t NP, int64_t pos0, int H, int D, int P, int Kp,
-                                                           bool tail, float* scores, int32_t* groups, int32_t* sel) {
-  extern __shared__ float qs[];  // [H * D]
+// One block per query: score[p] = sum_h w[h] relu(prod[h, p]) over its visible groups (threads
+// along p: the product rows are read coalesced), the block Top-K of them, then the groups' tokens
+// and the query's incomplete group in ascending order as the CPU writes them.
+__global__ void __launch_bounds__(kThreads) k_kpool_pick(const float* __restrict__ prod, int64_t ld,
+                                                         const float* __restrict__ w, int64_t pos0, int H, int P, int Kp,
+                                                         bool tail, float* scores, int32_t* groups, int32_t* sel) {
   const int64_t t = blockIdx.x, s = pos0 + t;
   const int nvis = int((s + 1) / P);
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = kThreads / 32;
-  for (int i = threadIdx.x; i < H * D; i += kThreads) qs[i] = __bfloat162float(q[t * H * D + i]);
-  __syncthreads();
-  float* sc = scores + t * NP;
-  for (int p = warp; p < nvis; p += nw) {
+  float* sc = scores + t * ld;
+  const float* pr = prod + t * H * ld;
+  for (int p = threadIdx.x; p < nvis; p += kThreads) {
     float v = 0.f;
-    for (int h = 0; h < H; ++h) {
-      float d = 0.f;
-      for (int c = lane; c < D; c += 32) d += qs[h * D + c] * kp[int64_t(p) * D + c];
-      for (int o = 16; o; o >>= 1) d += __shfl_xor_sync(0xffffffffu, d, o);
-      v += w[t * H + h] * fmaxf(d, 0.f);
-    }
-    if (lane == 0) sc[p] = v;
+    for (int h = 0; h < H; ++h) v += w[t * H + h] * fmaxf(pr[int64_t(h) * ld + p], 0.f);
+    sc[p] = v;
   }
   __syncthreads();
   int32_t* g = groups + t * Kp;
@@ -75,17 +70,12 @@ void kpool_pooled_keys(const __nv_bfloat16* cache, const float* ape, int64_t S, 
   CUDA_CHECK_LAUNCH();
 }
 
-void kpool_select(const __nv_bfloat16* q, const float* w, const float* kp, int64_t NP, int64_t T, int64_t pos0,
-                  int64_t H, int64_t D, int64_t P, int64_t Kp, bool tail, float* scores, int32_t* groups, int32_t* sel,
-                  cudaStream_t s) {
+void kpool_pick(const float* prod, int64_t ld, const float* w, int64_t T, int64_t pos0, int64_t H, int64_t P,
+                int64_t Kp, bool tail, float* scores, int32_t* groups, int32_t* sel, cudaStream_t s) {
   if (T <= 0) return;
-  const size_t smem = size_t(H * D) * sizeof(float);
-  DZ_CHECK(smem <= 200 * 1024, "kpool_select: ", H, " heads x ", D, " do not fit shared memory");
-  DZ_CHECK(pos0 + T < (int64_t(1) << 31), "kpool_select: positions beyond int32");
-  if (smem > 48 * 1024)
-    CUDA_CHECK(cudaFuncSetAttribute(k_kpool_select, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-  k_kpool_select<<<unsigned(T), kThreads, smem, s>>>(q, w, kp, NP, pos0, int(H), int(D), int(P), int(Kp), tail, scores,
-                                                     groups, sel);
+  DZ_CHECK(pos0 + T < (int64_t(1) << 31), "kpool_pick: positions beyond int32");
+  DZ_CHECK((pos0 + T) / P <= ld, "kpool_pick: ", ld, " product columns for groups up to ", (pos0 + T) / P);
+  k_kpool_pick<<<unsigned(T), kThreads, 0, s>>>(prod, ld, w, pos0, int(H), int(P), int(Kp), tail, scores, groups, sel);
   CUDA_CHECK_LAUNCH();
 }
 

@@ -411,7 +411,8 @@ void launch(const __nv_bfloat16* q, const int32_t* sel, int K, const int32_t* se
 
 }  // namespace
 
-bool sparse_mla_supports(int32_t R, int32_t DR) { return DR == 64 && (R == 512 || R == 128); }
+// (512, 0) is MLA without RoPE (GLM-5.3-Flash's NoPE-256 heads absorbed into the 512 latent).
+bool sparse_mla_supports(int32_t R, int32_t DR) { return (DR == 64 && (R == 512 || R == 128)) || (DR == 0 && R == 512); }
 
 int64_t sparse_mla_scratch_elems(int64_t nq, int32_t H, int32_t R, int32_t K) {
   const int64_t nsplit = max_splits(nq, H, K);
@@ -439,9 +440,13 @@ void sparse_mla(const __nv_bfloat16* q, const int32_t* sel, int32_t K, const int
   } else if (cache.R == 128 && cache.DR == 64) {
     if (cache.fp8) launch<128, 64, true>(q, sel, K, seq, pos, nq, H, bt, cache, scale, out, stream, nsplit, scratch);
     else launch<128, 64, false>(q, sel, K, seq, pos, nq, H, bt, cache, scale, out, stream, nsplit, scratch);
+  } else if (cache.R == 512 && cache.DR == 0) {
+    // no FP8 variant: its rope part would be empty, and the model's NoPE cache is BF16 rows
+    DZ_CHECK(!cache.fp8, "sparse_mla: (512, 0) runs on the BF16 cache only");
+    launch<512, 0, false>(q, sel, K, seq, pos, nq, H, bt, cache, scale, out, stream, nsplit, scratch);
   } else {
     dz::fail(dz::str("sparse_mla: latent/rope dims (", cache.R, ", ", cache.DR,
-                     ") not supported: (512, 64) or (128, 64)"));
+                     ") not supported: (512, 64), (128, 64) or (512, 0)"));
   }
 }
 

@@ -16,8 +16,9 @@
 // BF16 in shared memory; the RoPE part is BF16 in both). Logits and the softmax are fp32
 // (online, in chunks of 64 selected entries), P is rounded to BF16 for the P·V product.
 // Supported sizes (sparse_mla_supports): (R, DR) = (512, 64) (DeepSeek V3.2) and (128, 64)
-// (small presets); any H. nq < 65536 per call. The rows of q and of a BF16 cache must be 16-byte
-// aligned (any allocation; R + DR is a multiple of 8).
+// (small presets), and (512, 0) on the BF16 cache (MLA without RoPE: GLM-5.3-Flash); any H.
+// nq < 65536 per call. The rows of q and of a BF16 cache must be 16-byte aligned (any
+// allocation; R + DR is a multiple of 8).
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>

@@ -18,6 +18,7 @@
 #           (generate, 17 new tokens: decode tokens/s of the batch)
 #   ncu:    Nsight Compute (--clock-control none) over one timed last-logits forward at T=32768 of
 #           each 8-layer shape: kernel time by group (scripts/ncu_summary.py)
+#   ncu26:  the same over the 2026 shapes (Qwen3.5 8 layers, GLM-5.3-Flash 4 layers) at T=8192
 # The device tool returns a bounded number of files per command (8 on 2026-12-01; a ninth JSON
 # was left out): tar LOG_DIR into one file under $OUT.
 set -euo pipefail
@@ -70,6 +71,15 @@ if has ncu; then
       "$DZ" bench e2e --model "configs/bench/$m" --tokens 32768 --modes last-logits --repeats 1 >/dev/null 2>&1 ||
       echo "ncu over $m failed (see $L/ncu_$m.csv)"
     python3 scripts/ncu_summary.py "$L/ncu_$m.csv" "$L/ncu_$m.json" --title "$m T=32768 last-logits" || true
+  done
+fi
+if has ncu26; then
+  for m in qwen3_5_35b_a3b_8l glm5_3_flash_4l; do
+    ncu --clock-control none --profile-from-start off --csv --log-file "$L/ncu_$m.csv" \
+      --metrics gpu__time_duration.sum,sm__throughput.avg.pct_of_peak_sustained_elapsed,dram__throughput.avg.pct_of_peak_sustained_elapsed,sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active \
+      "$DZ" bench e2e --model "configs/bench/$m" --tokens 8192 --modes last-logits --repeats 1 >/dev/null 2>&1 ||
+      echo "ncu over $m failed (see $L/ncu_$m.csv)"
+    python3 scripts/ncu_summary.py "$L/ncu_$m.csv" "$L/ncu_$m.json" --title "$m T=8192 last-logits" || true
   done
 fi
 W=$(mktemp -d)

@@ -262,6 +262,14 @@ class Backend {
   // causal set). Equal to attention() with Hkv = 1, Dk = R + DR, Dv = R (the CPU reference).
   virtual void mla_latent_attention(const DTensor& q, const DTensor& kv, const DTensor& sel, int64_t pos0, int64_t H,
                                     int64_t R, int64_t DR, float scale, const DTensor& out) = 0;
+  // Whether mla_latent_attention is one fused kernel for these dims here (cuda: kernels/sparse_mla),
+  // rather than the generic attention() over the cache rows. The MLA mixer then takes the absorbed
+  // form for DSA selections whatever the FLOP count (mla_mixer.cpp use_absorbed).
+  virtual bool mla_latent_fused(int64_t R, int64_t DR) const {
+    (void)R;
+    (void)DR;
+    return false;
+  }
   // y = LayerNorm(x) * w + b per row of the last dim of w (torch LayerNorm, biased variance).
   virtual void layer_norm(const DTensor& x, const DTensor& w, const DTensor& b, const DTensor& y, float eps) = 0;
   // DSA lightning indexer Top-K (ops/indexer.hpp): q [T, H*D], w [T, H] F32 (weights_proj output,

@@ -18,8 +18,9 @@
 //   cache rows with one KV head (keys [c | kr], values c), W_uv applied to the [H, R] result —
 //   no per-token expansion, so a decode step costs O(S x H x (2R + rope)) instead of
 //   O(S x H x (nope + vd) x R).
-// forward() takes whichever needs fewer FLOPs for its (T, pos0, selection) (use_absorbed), the
-// same choice on both backends; mla_attention_absorbed (ops/attention.hpp) is the fp32 reference
+// forward() takes whichever needs fewer FLOPs for its (T, pos0, selection) (use_absorbed), except
+// that a DSA selection on a backend with a fused latent kernel (cuda) always takes the absorbed
+// form (sparse_absorbed: shared gathered rows on tensor cores); mla_attention_absorbed (ops/attention.hpp) is the fp32 reference
 // of the absorbed form and is tested equal to the explicit one.
 //
 // RoPE conventions found in the references:
@@ -405,9 +406,13 @@ class MlaMixer : public Mixer {
       {
         auto tm = ctx.time("attention");
         DTensor os = o.slab(r, r + T);
-        // The explicit form, as the serial prefill of the whole document takes it (use_absorbed
-        // would pick the absorbed one only for tiny segments), so CP equals one rank bitwise.
-        attend_explicit(*st, pos0 + T, q.slab(r, r + T), pos0, sel, os);
+        // The form the serial prefill of the whole document takes, so CP equals one rank (bitwise
+        // on the CPU): explicit by FLOPs (use_absorbed would pick the absorbed one only for tiny
+        // segments), absorbed for a selection on a fused latent kernel (sparse_absorbed).
+        if (sparse_absorbed(K))
+          attend_absorbed(*st, pos0 + T, q.slab(r, r + T), pos0, sel, os);
+        else
+          attend_explicit(*st, pos0 + T, q.slab(r, r + T), pos0, sel, os);
         ctx.flops("attention", attention_flops(pos0, T, K));
       }
       r += T;
@@ -492,12 +497,19 @@ class MlaMixer : public Mixer {
   // over R + rope and R; the explicit form expands all S = pos0 + T cached tokens through kv_b
   // ((nope + vd) x R), the absorbed one folds W_uk into the T queries and W_uv into their outputs
   // (the same (nope + vd) x R per query).
+  // With a DSA selection on a backend whose latent attention is one fused kernel (cuda's
+  // sparse_mla), always absorbed: there one gathered latent row serves every head on tensor cores,
+  // while the explicit form gathers each head's own keys and values (Hl times the bytes) in a
+  // kernel without them (GLM-5.3-Flash, T = 8192: 1290 ms explicit on the H200).
   bool use_absorbed(int64_t T, int64_t pos0, int64_t K) const {
+    if (sparse_absorbed(K)) return true;
     const double S = double(pos0 + T), expand = double(nope_ + vd_) * double(R_), keys = attended_keys(pos0, T, K);
     const double explicit_flops = S * expand + keys * double(nope_ + rope_dim_ + vd_);
     const double absorbed_flops = double(T) * expand + keys * double(2 * R_ + rope_dim_);
     return absorbed_flops < explicit_flops;
   }
+
+  bool sparse_absorbed(int64_t K) const { return K > 0 && be_->mla_latent_fused(R_, rope_dim_); }
 
   // Attention of q [T, Hl*Dq] at pos0 .. over the first S cache rows -> o [T, Hl*vd], in the form
   // use_absorbed picks.

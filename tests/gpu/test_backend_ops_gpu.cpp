@@ -540,7 +540,7 @@ void run_mla_latent(int64_t R, int64_t DR, int64_t H, int64_t S, int64_t T, int6
 
 }  // namespace
 
-// The absorbed MLA's attention on the latent cache: (512, 64) and (128, 64) run kernels/sparse_mla
+// The absorbed MLA's attention on the latent cache: (512, 64), (128, 64) and (512, 0) run kernels/sparse_mla
 // on the cache rows (dense causal or the selection; split-KV for T = 1 and small T), other sizes
 // the generic attention op. Prefill (pos0 = 0, T = S), decode (T = 1 at S - 1) and a few queries
 // at the end of the context (pos0 = S - T).
@@ -556,6 +556,7 @@ TEST_CASE("backend ops: mla_latent_attention on cuda equals the cpu backend", "[
   for (const Shape3& k : kinds)
     for (int64_t K : {int64_t(0), int64_t(64)}) {
       run_mla_latent(128, 64, 20, k.S, k.T, K);
+      run_mla_latent(512, 0, 64, k.S, k.T, K);  // MLA without RoPE (GLM-5.3-Flash)
       run_mla_latent(32, 16, 8, k.S, k.T, K);  // not a sparse_mla size: the generic attention op
     }
   // long decodes: split-KV over up to 128 parts (dense), the DeepSeek selection width, a host
@@ -565,6 +566,8 @@ TEST_CASE("backend ops: mla_latent_attention on cuda equals the cpu backend", "[
   run_mla_latent(512, 64, 128, 70001, 1, 2048);
   run_mla_latent(512, 64, 64, 70001, 3, 2048, true);
   run_mla_latent(128, 64, 20, 70001, 1, 0);
+  run_mla_latent(512, 0, 64, 70001, 1, 0);
+  run_mla_latent(512, 0, 64, 8192, 300, 2063);  // GLM-5.3-Flash's k-pool width (2048 + 15 tail)
   run_mla_latent(32, 16, 8, 70001, 1, 0);
 }
 
@@ -652,7 +655,8 @@ TEST_CASE("backend ops: k-pool DSA selection on cuda equals the cpu backend", "[
     bool tail;
   };
   const Case cases[] = {{16, 32, 4, 4, 0, 130, true}, {4, 64, 16, 8, 5, 733, true}, {32, 128, 16, 128, 0, 3000, true},
-                        {8, 32, 4, 2, 40, 19, false}, {16, 32, 4, 4, 200, 1, true}};
+                        {8, 32, 4, 2, 40, 19, false}, {16, 32, 4, 4, 200, 1, true},
+                        {4, 32, 4, 8, 3000, 17000, true}};  // 5000 groups: 3 query blocks of the GEMM scratch
   for (const Case& c : cases) {
     const int64_t S = c.pos0 + c.T, W = c.Kp * c.P + (c.tail ? c.P - 1 : 0);
     const auto q = rnd(size_t(c.T * c.H * c.D), 91), cache = rnd(size_t(S * 2 * c.D), 92),

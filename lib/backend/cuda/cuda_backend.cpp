@@ -771,7 +771,7 @@ class CudaBackend final : public Backend {
         int(H), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
   }
   // Two production kernels, chosen by shape (not a fallback: each is the kernel for its sizes):
-  //  - (R, DR) in {(512, 64), (128, 64)} (sparse_mla_supports): kernels/sparse_mla.cu straight on
+  //  - (R, DR) in {(512, 64), (128, 64), (512, 0)} (sparse_mla_supports): kernels/sparse_mla.cu straight on
   //    the cache rows, dense causal (entries = positions 0 .. S-1, each query cut at its own
   //    position) or the DSA selection; the rows [S, R + DR] are one sequence's BF16 LatentCache
   //    through the identity block table of row_pages (the kernel reads only rows <= a query's
@@ -781,6 +781,9 @@ class CudaBackend final : public Backend {
   //    value columns (the flash kernel when dense with head dims <= 256, else the warp-per-query
   //    kernel).
   // The cache is BF16 here (--kv-cache fp8 stores FP8-rounded values in BF16 rows).
+  bool mla_latent_fused(int64_t R, int64_t DR) const override {
+    return cuda::sparse_mla_supports(int32_t(R), int32_t(DR));
+  }
   void mla_latent_attention(const DTensor& q, const DTensor& kv, const DTensor& sel, int64_t pos0, int64_t H, int64_t R,
                             int64_t DR, float scale, const DTensor& out) override {
     if (!cuda::sparse_mla_supports(int32_t(R), int32_t(DR))) {
@@ -868,14 +871,25 @@ class CudaBackend final : public Backend {
     cuda::scale(ws.ptr<float>(), wscale, T * H, st());
     DTensor kp = alloc({std::max<int64_t>(NP, 1), D}, DType::F32);
     cuda::kpool_pooled_keys(b16(cache), ape.ptr<float>(), S, D, P, kp.ptr<float>(), st());
-    // queries in blocks so the [rows, NP] score scratch stays bounded
-    const int64_t block = std::max<int64_t>(1, std::min<int64_t>(T, (int64_t(1) << 26) / std::max<int64_t>(NP, 1)));
-    DTensor scores = alloc({block, std::max<int64_t>(NP, 1)}, DType::F32), groups = alloc({block, Kp}, DType::I32);
+    // The products q_h · kp_p as one fp32 GEMM per block of queries (CUBLAS_COMPUTE_32F: no TF32,
+    // the CPU's fp32 scores within summation order), over the groups the block's last query sees;
+    // blocks keep the [rows * H, groups] product scratch near 512 MiB.
+    const int64_t block = std::max<int64_t>(1, std::min<int64_t>(T, (int64_t(1) << 27) / std::max<int64_t>(H * NP, 1)));
+    const int64_t cols = std::max<int64_t>(NP, 1);
+    DTensor qf = alloc({block, H * D}, DType::F32), prod = alloc({block * H, cols}, DType::F32), scores = alloc({block, cols}, DType::F32),
+            groups = alloc({block, Kp}, DType::I32);
     const int64_t width = sel.cols();
+    const float one = 1.f, zero = 0.f;
     for (int64_t t0 = 0; t0 < T; t0 += block) {
-      const int64_t n = std::min(block, T - t0);
-      cuda::kpool_select(b16(q) + t0 * H * D, ws.ptr<float>() + t0 * H, kp.ptr<float>(), NP, n, pos0 + t0, H, D, P, Kp,
-                         tail, scores.ptr<float>(), groups.ptr<int32_t>(), sel.ptr<int32_t>() + t0 * width, st());
+      const int64_t n = std::min(block, T - t0), nv = (pos0 + t0 + n) / P;  // groups visible to the block
+      const int64_t ld = std::max<int64_t>(nv, 1);
+      cuda::convert(b16(q) + t0 * H * D, Dt::BF16, qf.data, Dt::F32, n * H * D, st());
+      if (nv > 0)  // prod^T [nv, n*H] (column-major) = kp [nv, D] (rows of D) x qf rows
+        CUBLAS_CHECK(cublasGemmEx(blas_, CUBLAS_OP_T, CUBLAS_OP_N, int(nv), int(n * H), int(D), &one, kp.data,
+                                  CUDA_R_32F, int(D), qf.data, CUDA_R_32F, int(D), &zero,
+                                  prod.data, CUDA_R_32F, int(ld), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+      cuda::kpool_pick(prod.ptr<float>(), ld, ws.ptr<float>() + t0 * H, n, pos0 + t0, H, P, Kp, tail,
+                       scores.ptr<float>(), groups.ptr<int32_t>(), sel.ptr<int32_t>() + t0 * width, st());
     }
   }
   void quant_round(const DTensor& x, Round kind) override {
