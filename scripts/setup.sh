@@ -18,12 +18,15 @@ if ((${#missing[@]})); then
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null
 fi
 
-# The test scripts' Python helpers (scripts/fp8_checkpoint.py) need numpy in the python3 on PATH,
-# which may not be Debian's (a pyenv one on the CI image): install it from PyPI when missing.
-if ! python3 -c "import numpy" 2>/dev/null; then
-  echo "[setup] installing numpy for python3 ($(command -v python3))"
-  python3 -m pip install -q numpy 2>/dev/null || python3 -m pip install -q --break-system-packages numpy
-fi
+# The test scripts' Python helpers (scripts/fp8_checkpoint.py: numpy; tests/golden/numpy_ref.py, the
+# fp64 forward every golden is checked against: numpy, h5py, safetensors) need these in the python3
+# on PATH, which may not be Debian's (a pyenv one on the CI image): install them from PyPI when missing.
+for mod in numpy h5py safetensors; do
+  if ! python3 -c "import $mod" 2>/dev/null; then
+    echo "[setup] installing $mod for python3 ($(command -v python3))"
+    python3 -m pip install -q "$mod" 2>/dev/null || python3 -m pip install -q --break-system-packages "$mod"
+  fi
+done
 
 BUILD=${DZ_BUILD_DIR:-build}
 GEN=(); command -v ninja >/dev/null && GEN=(-G Ninja)

@@ -33,7 +33,8 @@ torch.set_float32_matmul_precision("highest")
 
 DOC_LENGTHS = [1, 2, 7, 33, 64, 65, 70, 130]  # 64/65/70/130 straddle the chunk size 64
 MODEL_SEEDS = {"kimi_linear": 1234, "deepseek_v32": 2345, "qwen3_next": 3456,
-               "qwen3_5_moe_text": 4567, "qwen3_5_moe": 5678, "glm_moe_dsa": 6789, "glm5_next": 7890}
+               "qwen3_5_moe_text": 4567, "qwen3_5_moe": 5678, "glm_moe_dsa": 6789, "glm5_next": 7890,
+               "deepseek_v4": 8901}
 TOKEN_SEED = 777
 WEIGHT_STD = 0.15   # initializer_range: the default 0.02 gives near-uniform outputs
 LM_HEAD_STD = 0.3   # wider lm_head so log-probs spread over several nats
@@ -170,7 +171,33 @@ def glm5_next_config():
     return cfg, transformers.Glm5NextForConditionalGeneration
 
 
-FAMILIES = {"kimi_linear": kimi_linear_config, "glm_moe_dsa": glm_moe_dsa_config, "glm5_next": glm5_next_config, "deepseek_v32": deepseek_v32_config,
+def deepseek_v4_config():
+    # DeepSeek-V4 at toy size: one layer of each attention type (sliding window 8; CSA m = 4 with
+    # its indexer picking 4 compressed entries; HCA m' = 16 instead of 128 so that the documents
+    # close windows) and a second CSA, hash-routed MoE first then sqrtsoftplus top-2, mHC (4
+    # streams), SwiGLU clamp 1.0 (it bites at these weights), grouped output (2 groups of rank 16),
+    # YaRN on the compressed layers' RoPE (factor 4 over 64 positions), partial RoPE of 8 dims.
+    from transformers import DeepseekV4Config
+    cfg = DeepseekV4Config(
+        vocab_size=256, hidden_size=64, moe_intermediate_size=16, num_hidden_layers=4,
+        num_attention_heads=4, num_key_value_heads=1, head_dim=32, partial_rotary_factor=0.25, q_lora_rank=32,
+        num_experts_per_tok=2, n_routed_experts=8, n_shared_experts=1, scoring_func="sqrtsoftplus",
+        norm_topk_prob=True, routed_scaling_factor=1.5, max_position_embeddings=256,
+        layer_types=["sliding_attention", "compressed_sparse_attention", "heavily_compressed_attention",
+                     "compressed_sparse_attention"],
+        compress_rates={"compressed_sparse_attention": 4, "heavily_compressed_attention": 16},
+        rope_theta=10000.0, compress_rope_theta=160000.0,
+        rope_parameters={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64,
+                         "beta_fast": 32.0, "beta_slow": 1.0},
+        hc_mult=4, hc_sinkhorn_iters=20, hc_eps=1e-6, mlp_layer_types=["hash_moe", "moe", "moe", "moe"],
+        swiglu_limit=1.0, sliding_window=8, o_groups=2, o_lora_rank=16, index_n_heads=16, index_head_dim=16,
+        index_topk=4, num_nextn_predict_layers=0, rms_norm_eps=1e-6, initializer_range=WEIGHT_STD,
+        pad_token_id=None, bos_token_id=0, eos_token_id=1, tie_word_embeddings=False,
+    )
+    return cfg, transformers.DeepseekV4ForCausalLM
+
+
+FAMILIES = {"deepseek_v4": deepseek_v4_config, "kimi_linear": kimi_linear_config, "glm_moe_dsa": glm_moe_dsa_config, "glm5_next": glm5_next_config, "deepseek_v32": deepseek_v32_config,
             "qwen3_next": qwen3_next_config, "qwen3_5_moe_text": qwen3_5_moe_text_config,
             "qwen3_5_moe": qwen3_5_moe_config}
 
@@ -203,6 +230,17 @@ def perturb(model, family, gen):
         if hasattr(mod, "index_kpool_compress_ape"):  # k-pool: a pooling softmax that is not uniform
             mod.index_kpool_compress_ape.copy_(torch.randn(mod.index_kpool_compress_ape.shape, generator=gen))
             mod.index_kpool_compress_gate.copy_(0.3 * torch.randn(mod.index_kpool_compress_gate.shape, generator=gen))
+        if cls.endswith("HyperHead"):  # DeepSeek-V4's weighted collapse of the streams
+            mod.hc_fn.copy_(WEIGHT_STD * torch.randn(mod.hc_fn.shape, generator=gen))
+            mod.hc_base.add_(0.3 * torch.randn(mod.hc_base.shape, generator=gen))
+            mod.hc_scale.add_(0.3 * torch.randn(mod.hc_scale.shape, generator=gen))
+        if hasattr(mod, "sinks"):  # attention sinks: per-head logits that take visible mass
+            mod.sinks.copy_(torch.randn(mod.sinks.shape, generator=gen))
+        if hasattr(mod, "position_bias"):  # compressor pooling softmax that is not uniform
+            mod.position_bias.copy_(torch.randn(mod.position_bias.shape, generator=gen))
+        if hasattr(mod, "tid2eid"):  # hash routing: top_k distinct experts per token id
+            E, k = mod.num_experts, mod.top_k
+            mod.tid2eid.copy_(torch.stack([torch.randperm(E, generator=gen)[:k] for _ in range(mod.tid2eid.shape[0])]))
         if hasattr(mod, "e_score_correction_bias"):
             # non-zero selection bias: it must change which experts win but not their weights
             b = mod.e_score_correction_bias
@@ -314,11 +352,48 @@ def kpool_margins(idx, hidden, q_resid, out, rec, key):
     rec.topk_sets.setdefault(key, []).append(sel.to(torch.int32).numpy())
 
 
+def v4_router_margins(router, x, rec, key):
+    if hasattr(router, "tid2eid"):
+        return  # hash routing: no decision
+    logits = torch.nn.functional.linear(x.reshape(-1, router.hidden_dim), router.weight)
+    scores = torch.sqrt(torch.nn.functional.softplus(logits))
+    rec.note(key + ".expert", _kth_gap(scores + router.e_score_correction_bias, router.top_k).min())
+
+
+def v4_indexer_hooks(idx, rec, key):
+    """DeepSeek-V4's indexer over compressed entries: the gap at the Top-K of its masked scores
+    (scorer output) and the chosen sets (indexer output: entry ids, -1 padded, made ascending)."""
+    m = idx.compress_rate
+
+    def scores_hook(mod, args, out):
+        sc = out[0].float()  # [S, NC]
+        S, NC = sc.shape
+        thr = (torch.arange(S) + 1) // m
+        sc = sc.masked_fill(torch.arange(NC)[None, :] >= thr[:, None], float("-inf"))
+        rec.note(key + ".indexer", _kth_gap(sc, idx.index_topk).min())
+
+    def out_hook(mod, args, out):
+        sel = out[0].clone()
+        sel[sel < 0] = 1 << 30
+        sel = torch.sort(sel, dim=-1).values
+        sel[sel == 1 << 30] = -1
+        if sel.shape[-1] < idx.index_topk:  # fewer compressed entries than index_topk: -1 padded
+            sel = torch.cat([sel, torch.full((*sel.shape[:-1], idx.index_topk - sel.shape[-1]), -1)], -1)
+        rec.topk_sets.setdefault(key, []).append(sel.to(torch.int32).numpy())
+    return [idx.scorer.register_forward_hook(scores_hook), idx.register_forward_hook(out_hook)]
+
+
 def install_margin_hooks(model, family, rec):
     hooks = []
     for li, layer in enumerate(text_model(model).layers):
         mlp = layer.mlp
         gate = getattr(mlp, "gate", None)
+        if family == "deepseek_v4":
+            hooks.append(gate.register_forward_hook(lambda m, a, o, li=li: v4_router_margins(m, a[0], rec, f"layer{li}")))
+            comp = layer.self_attn.compressor
+            if comp is not None and hasattr(comp, "indexer"):
+                hooks += v4_indexer_hooks(comp.indexer, rec, f"layer{li}")
+            continue
         if gate is not None and hasattr(gate, "top_k"):
             fn = grouped_router_margins if hasattr(gate, "num_group") else softmax_router_margins
             hooks.append(gate.register_forward_hook(
