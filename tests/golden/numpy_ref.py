@@ -522,10 +522,114 @@ def deepseek_v4_head(cfg, P, X):
     return xn, xn @ P["head.weight"].T
 
 
+# ---------------------------------------------------------------- GLM-5.3-Flash (glm5_next)
+def glm5_next_forward(cfg, P, tok):
+    """docs/families.md §6: KDA with the lower-bound gate, MLA without RoPE on the k-pool indexer's
+    tokens (shared layers reuse the previous layer's), mHC streams, clamped SwiGLUs, sigmoid MoE."""
+    T = len(tok)
+    N, eps, lim = cfg["hc_mult"], cfg["rms_norm_eps"], cfg["swiglu_limit"]
+    Pg, Kp = cfg["index_kpool"], cfg["index_topk"] // cfg["index_kpool"]
+    Hi, Di = cfg["index_n_heads"], cfg["index_head_dim"]
+    tail = cfg.get("index_kpool_always_select_tail", True)
+    width = cfg["index_topk"] + (Pg - 1 if tail else 0)
+    X = np.repeat(P["model.embed_tokens.weight"][tok][:, None, :], N, 1)
+    hs, sels, allowed, sel = [X.reshape(T, -1)], [], None, None
+    for i, lt in enumerate(cfg["layer_types"]):
+        p = f"model.layers.{i}."
+        a = p + "self_attn."
+        post, comb, xc = hc_pre(X, P[p + "hc_attn_fn"], P[p + "hc_attn_base"], P[p + "hc_attn_scale"], cfg)
+        h = rms(xc, P[p + "input_layernorm.weight"], eps)
+        if lt == "linear_attention":
+            Hh, K = cfg["linear_num_heads"], cfg["linear_head_dim"]
+            q = causal_conv_silu(h @ P[a + "q_proj.weight"].T, P[a + "q_conv1d.weight"]).reshape(T, Hh, K)
+            k = causal_conv_silu(h @ P[a + "k_proj.weight"].T, P[a + "k_conv1d.weight"]).reshape(T, Hh, K)
+            v = causal_conv_silu(h @ P[a + "v_proj.weight"].T, P[a + "v_conv1d.weight"]).reshape(T, Hh, K)
+            q, k = l2n(q) * K ** -0.5, l2n(k)
+            graw = ((h @ P[a + "f_a_proj.weight"].T) @ P[a + "f_b_proj.weight"].T + P[a + "dt_bias"]).reshape(T, Hh, K)
+            A = np.exp(P[a + "A_log"].reshape(Hh))[None, :, None]
+            lb = cfg.get("linear_lower_bound")
+            g = lb * sigmoid(A * graw) if lb is not None else -A * softplus(graw)
+            beta = sigmoid(h @ P[a + "b_proj.weight"].T)
+            o = delta_rule(q, k, v, g, beta)
+            gate = ((h @ P[a + "g_a_proj.weight"].T) @ P[a + "g_b_proj.weight"].T).reshape(T, Hh, K)
+            o = rms(o, P[a + "o_norm.weight"], eps) * sigmoid(gate)
+            y = o.reshape(T, -1) @ P[a + "o_proj.weight"].T
+            sels.append(None)
+        else:
+            nh, dn, dv, r = cfg["num_attention_heads"], cfg["qk_nope_head_dim"], cfg["v_head_dim"], cfg["kv_lora_rank"]
+            qr = rms(h @ P[a + "q_a_proj.weight"].T, P[a + "q_a_layernorm.weight"], eps)
+            q = (qr @ P[a + "q_b_proj.weight"].T).reshape(T, nh, dn)
+            ckv = rms(h @ P[a + "kv_a_proj_with_mqa.weight"].T, P[a + "kv_a_layernorm.weight"], eps)
+            kv = (ckv @ P[a + "kv_b_proj.weight"].T).reshape(T, nh, dn + dv)
+            if (cfg.get("indexer_types") or ["full"] * (i + 1))[i] != "shared":
+                ix = a + "indexer."
+                iq = (qr @ P[ix + "wq_b.weight"].T).reshape(T, Hi, Di)
+                ik = h @ P[ix + "wk.weight"].T
+                mu, var = ik.mean(-1, keepdims=True), ik.var(-1, keepdims=True)
+                ik = (ik - mu) / np.sqrt(var + 1e-6) * P[ix + "k_norm.weight"] + P[ix + "k_norm.bias"]
+                gg = h @ P[ix + "index_kpool_compress_gate"].T
+                ape = P[ix + "index_kpool_compress_ape"]
+                NP = T // Pg
+                kp = np.zeros((NP, Di))
+                for g_ in range(NP):
+                    z = gg[g_ * Pg:(g_ + 1) * Pg] + ape
+                    e = np.exp(z - z.max(0, keepdims=True))
+                    kp[g_] = (e / e.sum(0, keepdims=True) * ik[g_ * Pg:(g_ + 1) * Pg]).sum(0)
+                w = (h @ P[ix + "weights_proj.weight"].T) * Hi ** -0.5
+                sc = np.einsum("th,ths->ts", w, np.maximum(np.einsum("thd,sd->ths", iq, kp), 0) * Di ** -0.5)
+                allowed = np.zeros((T, T), bool)
+                sel = np.full((T, width), -1, np.int32)
+                for t in range(T):
+                    nvis = (t + 1) // Pg
+                    if nvis < Kp:  # fewer groups than Kp visible: every earlier token
+                        toks = np.arange(t + 1)
+                    else:
+                        best = np.sort(np.argsort(-sc[t, :nvis], kind="stable")[:Kp])
+                        toks = (best[:, None] * Pg + np.arange(Pg)[None]).reshape(-1)
+                        if tail:
+                            toks = np.concatenate([toks, np.arange(nvis * Pg, t + 1)])
+                    allowed[t, toks] = True
+                    sel[t, :len(toks)] = toks
+            sels.append(sel)
+            o = softmax_attn(q, kv[..., :dn], kv[..., dn:], dn ** -0.5, allowed)
+            y = o.reshape(T, -1) @ P[a + "o_proj.weight"].T
+        X = hc_post(X, y, post, comb)
+        post, comb, xc = hc_pre(X, P[p + "hc_ffn_fn"], P[p + "hc_ffn_base"], P[p + "hc_ffn_scale"], cfg)
+        h = rms(xc, P[p + "post_attention_layernorm.weight"], eps)
+        m = p + "mlp."
+        if cfg["mlp_layer_types"][i] == "dense":
+            y = v4_expert(h, P[m + "gate_proj.weight"], P[m + "up_proj.weight"], P[m + "down_proj.weight"], lim)
+        else:
+            E, k = cfg["n_routed_experts"], cfg["num_experts_per_tok"]
+            sg = sigmoid(h @ P[m + "gate.weight"].T)
+            idx = np.argsort(-(sg + P[m + "gate.e_score_correction_bias"]), -1, kind="stable")[:, :k]
+            ws = np.take_along_axis(sg, idx, -1)
+            if cfg.get("norm_topk_prob", True):
+                ws = ws / (ws.sum(-1, keepdims=True) + 1e-20)
+            ws = ws * cfg["routed_scaling_factor"]
+            y = v4_expert(h, P[m + "shared_experts.gate_proj.weight"], P[m + "shared_experts.up_proj.weight"],
+                          P[m + "shared_experts.down_proj.weight"], lim)
+            for t in range(T):
+                for j in range(k):
+                    e_ = f"{m}experts.{idx[t, j]}."
+                    y[t] += ws[t, j] * v4_expert(h[t:t + 1], P[e_ + "gate_proj.weight"], P[e_ + "up_proj.weight"],
+                                                 P[e_ + "down_proj.weight"], lim)[0]
+        X = hc_post(X, y, post, comb)
+        hs.append(X.reshape(T, -1))
+    hs.pop()
+    return X, hs, sels
+
+
+def glm5_next_head(cfg, P, X):
+    """The mean of the streams, the final norm and the LM head."""
+    xn = rms(X.mean(1), P["model.norm.weight"], cfg["rms_norm_eps"])
+    return xn, xn @ P["lm_head.weight"].T
+
+
 FORWARD = {"kimi_linear": kimi_forward, "deepseek_v32": deepseek_forward, "glm_moe_dsa": deepseek_forward, "qwen3_next": qwen3_next_forward,
            "qwen3_5_moe_text": qwen3_next_forward}
-FORWARD["deepseek_v4"] = deepseek_v4_forward
-HEAD = {"deepseek_v4": deepseek_v4_head}  # default: final RMSNorm, lm_head
+FORWARD.update(deepseek_v4=deepseek_v4_forward, glm5_next_text=glm5_next_forward)
+HEAD = {"deepseek_v4": deepseek_v4_head, "glm5_next_text": glm5_next_head}  # default: final RMSNorm, lm_head
 CENTRED = {"qwen3_next", "qwen3_5_moe_text"}  # zero-centred RMSNorm (1 + w)
 
 
@@ -596,7 +700,7 @@ def check(dirname):
 # the Qwen families at ~1-2.4e-4 (reassociation); a wrong formula moves log-probs by >= 1e-2
 # (sliding window +1: 5.4 nats, index_topk +1: 3.5, no sinks: 4.4 on DeepSeek-V4's last document).
 LP_TOL = 5e-4
-NO_FP64_FORWARD = {"glm5_next", "glm5_next_text"}  # written from docs/families.md §6 only; not yet in float64 here
+NO_FP64_FORWARD = set()  # model_types with a golden but no float64 forward here (none today)
 
 if __name__ == "__main__":
     args = [a for a in sys.argv[1:] if a != "--check"]
