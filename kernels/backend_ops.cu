@@ -288,7 +288,7 @@ __global__ void k_attn_res_mix(const float* blocks, int64_t n, const float* part
 __device__ bool better(float va, int ia, float vb, int ib) { return va > vb || (va == vb && ia < ib); }
 
 __global__ void k_moe_select(const float* logits, const float* bias, int64_t T, RouteParams p, int32_t* idx, float* w,
-                             int32_t* bad) {
+                             int32_t* bad, const int32_t* fixed) {
   extern __shared__ float sm[];
   float* s = sm;              // [E] scores
   float* c = sm + p.E;        // [E] selection scores; taken experts set to -inf
@@ -296,7 +296,7 @@ __global__ void k_moe_select(const float* logits, const float* bias, int64_t T, 
   const int64_t t = blockIdx.x;
   const int lane = threadIdx.x, E = p.E, G = p.n_group, gsz = E / G;
   const float* lg = logits + t * E;
-  if (p.softmax) {
+  if (p.score == 0) {
     float mx = -INFINITY;
     for (int e = lane; e < E; e += 32) mx = fmaxf(mx, lg[e]);
     mx = warp_max(mx);
@@ -304,15 +304,29 @@ __global__ void k_moe_select(const float* logits, const float* bias, int64_t T, 
     for (int e = lane; e < E; e += 32) sum += (s[e] = expf(lg[e] - mx));
     sum = warp_sum(sum);
     for (int e = lane; e < E; e += 32) s[e] /= sum;
-  } else {
+  } else if (p.score == 1) {
     for (int e = lane; e < E; e += 32) s[e] = sigm(lg[e]);
+  } else {
+    for (int e = lane; e < E; e += 32) s[e] = sqrtf(lg[e] > 20.f ? lg[e] : log1pf(expf(lg[e])));
   }
-  for (int e = lane; e < E; e += 32) {
+  __shared__ int picked[64];
+  if (fixed) {  // hash routing: the row's experts, no selection
+    __syncwarp();
+    if (lane == 0) {
+      for (int j = 0; j < p.top_k; ++j) {
+        const int e = fixed[t * p.top_k + j];
+        if (e < 0 || e >= E || !isfinite(s[e])) atomicExch(bad, 1);
+        picked[j] = e < 0 || e >= E ? 0 : e;
+      }
+    }
+    __syncwarp();
+  }
+  for (int e = lane; e < E && !fixed; e += 32) {
     c[e] = bias ? s[e] + bias[e] : s[e];
     if (!isfinite(c[e])) atomicExch(bad, 1);
   }
   __syncwarp();
-  if (p.topk_group < G) {
+  if (p.topk_group < G && !fixed) {
     for (int g = lane; g < G; g += 32) {
       float best = -INFINITY, second = -INFINITY;
       for (int i = 0; i < gsz; ++i) {
@@ -348,8 +362,7 @@ __global__ void k_moe_select(const float* logits, const float* bias, int64_t T, 
       if (!keep[e / gsz]) c[e] = -INFINITY;
     __syncwarp();
   }
-  __shared__ int picked[64];
-  for (int j = 0; j < p.top_k; ++j) {
+  for (int j = 0; j < p.top_k && !fixed; ++j) {
     float bv = -INFINITY;
     int bi = 1 << 30;
     for (int e = lane; e < E; e += 32)
@@ -710,12 +723,12 @@ void attn_res_mix(const float* blocks, int64_t n, const float* partial, const fl
   CUDA_CHECK_LAUNCH();
 }
 void moe_select(const float* logits, const float* bias, int64_t T, const RouteParams& p, int32_t* idx, float* w,
-                int32_t* bad, cudaStream_t s) {
+                int32_t* bad, cudaStream_t s, const int32_t* fixed) {
   DZ_CHECK(p.top_k <= 64 && p.n_group <= 64 && p.E % p.n_group == 0, "moe_select: top_k ", p.top_k, ", groups ",
            p.n_group, " of ", p.E, " experts");
   if (T <= 0) return;
   const size_t smem = size_t(2 * p.E + p.n_group) * sizeof(float);
-  k_moe_select<<<unsigned(T), 32, smem, s>>>(logits, bias, T, p, idx, w, bad);
+  k_moe_select<<<unsigned(T), 32, smem, s>>>(logits, bias, T, p, idx, w, bad, fixed);
   CUDA_CHECK_LAUNCH();
 }
 void moe_dispatch(const int32_t* idx, int64_t T, int top_k, int E, int32_t* counts, int32_t* offsets,

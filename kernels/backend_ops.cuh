@@ -80,13 +80,15 @@ void attn_res_mix(const float* blocks, int64_t n, const float* partial, const fl
 // ---- MoE ----
 struct RouteParams {
   int E = 0, top_k = 0, n_group = 1, topk_group = 1;
-  bool softmax = true, norm_topk_prob = true, top2sum = true;
+  int score = 0;  // 0 softmax, 1 sigmoid, 2 sqrt(softplus) (ops/moe moe_select)
+  bool norm_topk_prob = true, top2sum = true;
   float scaling = 1.f;
 };
 // logits [T, E] f32, bias [E] or nullptr -> idx [T, top_k] ascending, w [T, top_k] (ops/moe moe_select).
 // Non-finite selection scores set *bad = 1 (the caller reports them).
+// fixed [T, top_k] or nullptr: hash routing (those experts, ascending, weighted by their scores).
 void moe_select(const float* logits, const float* bias, int64_t T, const RouteParams& p, int32_t* idx, float* w,
-                int32_t* bad, cudaStream_t s);
+                int32_t* bad, cudaStream_t s, const int32_t* fixed = nullptr);
 // Dispatch by expert: counts [E], offsets [E + 1] (exclusive scan), perm [T*top_k] (assignment
 // a = t*top_k + j listed expert by expert, in ascending a), pos_of [T*top_k] (where assignment a
 // landed), tile_off [E + 1] (64-row tiles per expert, scanned). Workspace: counts/offsets/tile_off

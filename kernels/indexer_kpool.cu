@@ -47,6 +47,7 @@ __global__ void __launch_bounds__(kThreads) k_kpool_pick(const float* __restrict
   __syncthreads();
   int32_t* g = groups + t * Kp;
   dev::block_topk<kThreads>(sc, nvis, Kp, g);  // ascending group ids, -1 padded
+  if (!sel) return;  // the groups are the result (DeepSeek-V4's indexer)
   __syncthreads();
   const int nsel = nvis < Kp ? nvis : Kp, ntail = tail ? int((s + 1) % P) : 0, width = Kp * P + (tail ? P - 1 : 0);
   int32_t* out = sel + t * width;

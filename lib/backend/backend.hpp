@@ -46,6 +46,9 @@ struct MoeWeights {
   bool has_shared = false;
   SwigluWeights shared;
   DTensor shared_gate;
+  // Per call (DeepSeek-V4 hash_moe): [T, top_k] I32 experts of each row, replacing the selection
+  // (ops/moe.hpp moe_select's fixed); undefined: the router selects.
+  DTensor fixed;
 };
 
 // Gate of the linear-attention scan, from the raw projections (the kernels' LaGate):
@@ -286,6 +289,22 @@ class Backend {
   // (core/fp8.hpp): MXFP8 (the indexer's q and k), per-128-tile FP8 (the latent KV cache), BF16.
   enum class Round { Mxfp8, KvFp8, Bf16 };
   virtual void quant_round(const DTensor& x, Round kind) = 0;
+  // ---- DeepSeek-V4 (ops/attention.hpp dsv4_attention, ops/indexer.hpp group_select) ----
+  // out [S / P, D] act: per group p and channel c, Σ_j softmax_j(src[pP + j, D + c] + ape[j, c]) ·
+  // src[pP + j, c] over its P rows; src [S, 2D] act = [value | gate] rows, ape [P, D] F32 (the
+  // compressors' pooling; the k-pool indexer's pooled keys).
+  virtual void pool_softmax(const DTensor& src, const DTensor& ape, int64_t P, const DTensor& out) = 0;
+  // sel [T, K] I32: group_select of queries q [T, H·D] (act) at pos0 .. with weights w [T, H] F32
+  // (times wscale) over keys [NG, D] (act), groups of P positions.
+  virtual void group_topk(const DTensor& q, const DTensor& w, float wscale, const DTensor& keys, int64_t P,
+                          int64_t pos0, int64_t H, int64_t K, const DTensor& sel) = 0;
+  // DeepSeek-V4's attention: q [T, H·D] act at pos0 .., raw [>= pos0 + T, D] act (the window
+  // rows), comp [NC, D] act (compressed entries; may be empty), sel [T, K] I32 (CSA) or undefined
+  // (HCA: all closed entries, compress rate m; m == 0 and comp empty: the window alone), sinks [H]
+  // F32, out [T, H·D] act.
+  virtual void dsv4_attention(const DTensor& q, const DTensor& raw, const DTensor& comp, const DTensor& sel,
+                              const DTensor& sinks, int64_t pos0, int64_t H, int64_t W, int64_t m, float scale,
+                              const DTensor& out) = 0;
   // Block AttnRes depth mixture (model/attn_res.hpp): values = blocks[0 .. n) then partial, each
   // [T, D] F32; query [D] F32 (w_norm ⊙ w_proj); out [T, D] F32.
   virtual void attn_res_mix(const DTensor& blocks, int64_t n, const DTensor& partial, const DTensor& query, float eps,

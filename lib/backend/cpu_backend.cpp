@@ -169,7 +169,10 @@ class CpuBackend final : public Backend {
     const int64_t D = w.router.dim(1), T = x.numel() / D, k = rc.top_k, E = w.experts.gate.dim(0);
     std::vector<int32_t> idx(static_cast<size_t>(T * k));
     std::vector<float> wt(static_cast<size_t>(T * k));
-    moe_route(rc, x.f32(), w.router.f32(), opt(w.bias), T, D, idx.data(), wt.data());
+    DZ_CHECK(!w.fixed.defined() || (w.fixed.dtype == DType::I32 && w.fixed.numel() == T * k), "moe: fixed experts ",
+             shape_str(w.fixed.shape), " for ", T, " rows of ", k);
+    moe_route(rc, x.f32(), w.router.f32(), opt(w.bias), T, D, idx.data(), wt.data(),
+              w.fixed.defined() ? static_cast<const int32_t*>(w.fixed.data) : nullptr);
     float* out = y.f32();
     std::fill(out, out + T * D, 0.f);
     std::vector<SwigluView> ex(static_cast<size_t>(E));
@@ -304,6 +307,36 @@ class CpuBackend final : public Backend {
     std::vector<float> kp(static_cast<size_t>(std::max<int64_t>(S / P, 1) * D));
     kpool_pooled_keys(cache.f32(), ape.f32(), S, D, P, kp.data());
     kpool_select(q.f32(), ws.data(), kp.data(), T, pos0, S, H, D, P, Kp, tail, sel.i32());
+  }
+  void pool_softmax(const DTensor& src, const DTensor& ape, int64_t P, const DTensor& out) override {
+    const int64_t D = src.cols() / 2, S = src.rows();
+    DZ_CHECK(src.cols() == 2 * D && ape.numel() == P * D && out.numel() == (S / P) * D && S % P == 0,
+             "pool_softmax: src ", shape_str(src.shape), ", ape ", shape_str(ape.shape), ", groups of ", P, " -> ",
+             shape_str(out.shape));
+    kpool_pooled_keys(src.f32(), ape.f32(), S, D, P, out.f32());
+  }
+  void group_topk(const DTensor& q, const DTensor& w, float wscale, const DTensor& keys, int64_t P, int64_t pos0,
+                  int64_t H, int64_t K, const DTensor& sel) override {
+    const int64_t T = w.rows(), D = keys.cols();
+    DZ_CHECK(q.numel() == T * H * D && sel.numel() == T * K && sel.dtype == DType::I32, "group_topk: q ",
+             shape_str(q.shape), ", keys ", shape_str(keys.shape), ", sel ", shape_str(sel.shape));
+    std::vector<float> ws(w.f32(), w.f32() + T * H);
+    for (float& v : ws) v *= wscale;
+    group_select(q.f32(), ws.data(), keys.f32(), T, pos0, keys.rows(), H, D, P, K, sel.i32());
+  }
+  void dsv4_attention(const DTensor& q, const DTensor& raw, const DTensor& comp, const DTensor& sel,
+                      const DTensor& sinks, int64_t pos0, int64_t H, int64_t W, int64_t m, float scale,
+                      const DTensor& out) override {
+    const int64_t D = raw.cols(), T = q.rows();
+    const bool has_sel = sel.defined() && sel.numel() > 0;
+    DZ_CHECK(q.numel() == T * H * D && out.numel() == T * H * D && raw.rows() >= pos0 + T &&
+                 (!comp.defined() || comp.numel() == 0 || comp.cols() == D) && sinks.numel() == H &&
+                 (!has_sel || sel.rows() == T),
+             "dsv4_attention: q ", shape_str(q.shape), ", raw ", shape_str(raw.shape), ", comp ", shape_str(comp.shape),
+             ", sel ", shape_str(sel.shape), ", ", H, " heads");
+    const int64_t nc = comp.defined() ? comp.rows() : 0;
+    dz::dsv4_attention(q.f32(), raw.f32(), nc ? comp.f32() : nullptr, nc, has_sel ? sel.i32() : nullptr,
+                       has_sel ? sel.cols() : 0, sinks.f32(), out.f32(), T, pos0, H, D, W, m, scale);
   }
   void indexer_topk(const DTensor& q, const DTensor& w, float wscale, const DTensor& keys, int64_t pos0, int64_t H,
                     int64_t K, const DTensor& sel) override {

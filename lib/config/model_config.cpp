@@ -29,6 +29,7 @@ const char* to_string(Family f) {
     case Family::Qwen3Next: return "qwen3_next";
     case Family::Dayzero: return "dayzero_hybrid";
     case Family::Glm5Next: return "glm5_next";
+    case Family::DeepseekV4: return "deepseek_v4";
   }
   return "?";
 }
@@ -39,6 +40,7 @@ const char* to_string(MixerKind m) {
     case MixerKind::GDN: return "GDN";
     case MixerKind::MLA: return "MLA";
     case MixerKind::GQA: return "GQA";
+    case MixerKind::DSV4: return "DSV4";
   }
   return "?";
 }
@@ -666,6 +668,156 @@ void parse_glm5_next(const Fields& f, const json& j, ModelConfig* c) {
   }
 }
 
+// One RoPE parameter set (a rope_parameters entry): theta, default or YaRN.
+void parse_rope_params(const Fields& p, RopeConfig* r, int64_t max_pos) {
+  r->theta = float(p.num({"rope_theta"}, r->theta));
+  const std::string type = p.string({"rope_type", "type"}, "default");
+  if (type == "default") return;
+  if (type != "yarn") p.bad("rope_type", str("'", type, "' is not supported (default or yarn)"));
+  r->yarn = true;
+  r->yarn_factor = float(p.num({"factor"}, 1.0));
+  r->yarn_original_max_pos = p.i64({"original_max_position_embeddings"}, max_pos);
+  r->yarn_beta_fast = float(p.num({"beta_fast"}, 32.0));
+  r->yarn_beta_slow = float(p.num({"beta_slow"}, 1.0));
+  r->yarn_mscale = float(p.num({"mscale"}, 1.0));
+  r->yarn_mscale_all_dim = float(p.num({"mscale_all_dim"}, 0.0));
+  if (p.has("attention_factor")) r->yarn_attention_factor = float(p.num({"attention_factor"}, 1.0));
+}
+
+// deepseek_v4 (transformers 5.23 DeepseekV4Config, with the legacy keys its __post_init__ folds in:
+// compress_ratios, compress_rate_csa / _hca, num_hash_layers, qk_rope_head_dim, a flat YaRN
+// rope_parameters). Shared-KV MQA (one KV head of head_dim) over a sliding window plus, per layer
+// type, compressed entries (CSA with its indexer / HCA); mHC streams with a weighted head;
+// sqrtsoftplus (or softmax / sigmoid) MoE whose first layers may route by a token-id hash.
+void parse_deepseek_v4(const Fields& f, const json& j, ModelConfig* c) {
+  parse_common(f, j, c, 1e-6);
+  const int64_t L = c->num_layers;
+  c->num_kv_heads = f.i64({"num_key_value_heads"}, 1);
+  if (c->num_kv_heads != 1) f.bad("num_key_value_heads", str("is ", c->num_kv_heads, " (DeepSeek-V4 has one shared KV head)"));
+  c->head_dim = f.i64({"head_dim"}, 512);
+  c->q_lora_rank = f.i64({"q_lora_rank"}, 1024);
+  if (c->q_lora_rank <= 0) f.bad("q_lora_rank", "must be positive");
+  const double prf = f.has("partial_rotary_factor") ? f.num({"partial_rotary_factor"}, 0.125)
+                     : f.has("qk_rope_head_dim")    ? double(f.i64({"qk_rope_head_dim"}, 64)) / double(c->head_dim)
+                                                    : 64.0 / 512.0;
+  c->qk_rope_head_dim = int64_t(std::llround(prf * double(c->head_dim)));
+  if (c->qk_rope_head_dim <= 0 || c->qk_rope_head_dim % 2 || c->qk_rope_head_dim > c->head_dim ||
+      std::fabs(prf * double(c->head_dim) - double(c->qk_rope_head_dim)) > 1e-6)
+    f.bad("partial_rotary_factor", str(prf, " x head_dim ", c->head_dim, " is not an even number of rotary dims"));
+  c->sliding_window = f.i64({"sliding_window"}, 128);
+  if (c->sliding_window <= 0) f.bad("sliding_window", "must be positive");
+  c->o_groups = f.i64({"o_groups"}, 8);
+  c->o_lora_rank = f.i64({"o_lora_rank"}, 1024);
+  if (c->o_groups <= 0 || c->num_heads % c->o_groups != 0)
+    f.bad("o_groups", str("is ", c->o_groups, ": must be positive and divide num_attention_heads ", c->num_heads));
+  if (c->o_lora_rank <= 0) f.bad("o_lora_rank", "must be positive");
+  c->index_n_heads = f.i64({"index_n_heads"}, 64);
+  c->index_head_dim = f.i64({"index_head_dim"}, 128);
+  c->index_topk = f.i64({"index_topk"}, 512);
+  if (c->index_head_dim < c->qk_rope_head_dim)
+    f.bad("index_head_dim", str(c->index_head_dim, " is smaller than the ", c->qk_rope_head_dim, " rotary dims"));
+
+  // compress rates per attention type
+  int64_t rate_csa = 4, rate_hca = 128;
+  if (f.has("compress_rates")) {
+    const Fields cr = f.sub("compress_rates");
+    rate_csa = cr.i64({"compressed_sparse_attention"}, rate_csa);
+    rate_hca = cr.i64({"heavily_compressed_attention"}, rate_hca);
+  }
+  rate_csa = f.i64({"compress_rate_csa"}, rate_csa);
+  rate_hca = f.i64({"compress_rate_hca"}, rate_hca);
+  if (rate_csa <= 0 || rate_hca <= 0) f.bad("compress_rates", str("must be positive (", rate_csa, ", ", rate_hca, ")"));
+  std::vector<int64_t> rates;  // per layer: 0 sliding, else the compress rate (CSA when == rate_csa and indexed)
+  std::vector<bool> csa(size_t(L), false);
+  if (f.has("layer_types")) {
+    const std::vector<std::string> t = f.strings("layer_types");
+    if (int64_t(t.size()) < L) f.bad("layer_types", str("has ", t.size(), " entries for ", L, " layers (num_hidden_layers)"));
+    for (int64_t i = 0; i < L; ++i) {
+      const std::string& s = t[size_t(i)];
+      if (s == "sliding_attention") rates.push_back(0);
+      else if (s == "compressed_sparse_attention") rates.push_back(rate_csa), csa[size_t(i)] = true;
+      else if (s == "heavily_compressed_attention") rates.push_back(rate_hca);
+      else f.bad("layer_types", str("entry ", i, " is '", s, "' (sliding_attention, compressed_sparse_attention or heavily_compressed_attention)"));
+    }
+  } else if (f.has("compress_ratios")) {
+    const std::vector<int64_t> r = f.ints("compress_ratios");
+    if (int64_t(r.size()) < L) f.bad("compress_ratios", str("has ", r.size(), " entries for ", L, " layers"));
+    for (int64_t i = 0; i < L; ++i) {
+      const int64_t v = r[size_t(i)];
+      if (v != 0 && v != 4 && v != 128) f.bad("compress_ratios", str("entry ", i, " is ", v, " (0, 4 or 128)"));
+      rates.push_back(v == 0 ? 0 : v == 4 ? rate_csa : rate_hca);
+      csa[size_t(i)] = v == 4;
+    }
+  } else {  // transformers' default: 2 HCA, then HCA / CSA interleaved
+    for (int64_t i = 0; i < L; ++i) {
+      const bool is_csa = i >= 2 && (i - 2) % 2 == 1;
+      rates.push_back(is_csa ? rate_csa : rate_hca), csa[size_t(i)] = is_csa;
+    }
+  }
+
+  // RoPE: "main" (sliding layers) and "compress" (the others; a flat YaRN dict is compress's)
+  c->rope.style = c->rope_compress.style = RopeStyle::Interleaved;
+  c->rope.theta = float(f.num({"rope_theta"}, 10000.0));
+  c->rope_compress.theta = float(f.num({"compress_rope_theta"}, 160000.0));
+  const int64_t max_pos = f.i64({"max_position_embeddings"}, 1048576);
+  if (const char* key = f.pick({"rope_parameters", "rope_scaling"})) {
+    const Fields rp = f.sub(key);
+    if (rp.has("main") || rp.has("compress")) {
+      if (rp.has("main")) parse_rope_params(rp.sub("main"), &c->rope, max_pos);
+      if (rp.has("compress")) parse_rope_params(rp.sub("compress"), &c->rope_compress, max_pos);
+    } else {
+      const float theta = c->rope_compress.theta;
+      parse_rope_params(rp, &c->rope_compress, max_pos);
+      c->rope_compress.theta = theta;  // the flat dict's rope_theta is the main one's
+    }
+  }
+  if (c->rope_compress.yarn && c->rope_compress.yarn_attention_factor < 0) c->rope_compress.yarn_attention_factor = 1.f;
+  c->rope.partial_rotary_factor = c->rope_compress.partial_rotary_factor = float(prf);
+
+  c->hc_mult = f.i64({"hc_mult"}, 4);
+  c->hc_eps = float(f.num({"hc_eps"}, 1e-6));
+  c->hc_sinkhorn_iters = f.i64({"hc_sinkhorn_iters"}, 20);
+  if (c->hc_mult < 1 || c->hc_sinkhorn_iters < 1)
+    f.bad("hc_mult", str("hc_mult ", c->hc_mult, " and hc_sinkhorn_iters ", c->hc_sinkhorn_iters, " must be >= 1"));
+  c->hc_head_weighted = true;
+  c->swiglu_limit = float(f.num({"swiglu_limit"}, 10.0));
+  if (c->swiglu_limit < 0) f.bad("swiglu_limit", "must not be negative");
+
+  parse_deepseek_moe(f, c, DeepseekMoeDefaults{0, 256, 1, 1});
+  c->num_experts_per_tok = f.i64({"num_experts_per_tok"}, 6);
+  c->routed_scaling_factor = float(f.num({"routed_scaling_factor"}, 1.5));
+  c->intermediate_size = c->moe_intermediate_size;
+  const std::string sf = f.string({"scoring_func"}, "sqrtsoftplus");
+  if (sf == "sqrtsoftplus") c->score_func = ScoreFunc::SqrtSoftplus;
+  else if (sf == "softmax") c->score_func = ScoreFunc::Softmax;
+  else if (sf == "sigmoid") c->score_func = ScoreFunc::Sigmoid;
+  else f.bad("scoring_func", str("'", sf, "' is not supported (sqrtsoftplus, softmax or sigmoid)"));
+  c->norm_topk_prob = true;  // DeepSeek-V4's routers always renormalise
+  c->router_correction_bias = true;
+  std::vector<bool> hash(size_t(L), false);
+  if (f.has("mlp_layer_types")) {
+    const std::vector<std::string> t = f.strings("mlp_layer_types");
+    if (int64_t(t.size()) < L) f.bad("mlp_layer_types", str("has ", t.size(), " entries for ", L, " layers"));
+    for (int64_t i = 0; i < L; ++i) {
+      if (t[size_t(i)] != "hash_moe" && t[size_t(i)] != "moe")
+        f.bad("mlp_layer_types", str("entry ", i, " is '", t[size_t(i)], "' (hash_moe or moe)"));
+      hash[size_t(i)] = t[size_t(i)] == "hash_moe";
+    }
+  } else {
+    const int64_t nh = f.i64({"num_hash_layers"}, 3);
+    for (int64_t i = 0; i < L; ++i) hash[size_t(i)] = i < nh;
+  }
+  c->mtp_layers = f.i64({"num_nextn_predict_layers"}, 0);
+  for (int64_t i = 0; i < L; ++i) {
+    LayerSpec& l = c->layers[size_t(i)];
+    l.mixer = MixerKind::DSV4;
+    l.compress_rate = rates[size_t(i)];
+    l.has_indexer = csa[size_t(i)];
+    l.ffn = FfnKind::MoE;
+    l.hash_moe = hash[size_t(i)];
+  }
+}
+
 void validate_at(const ModelConfig& m, const std::string& where);
 
 // Multimodal wrappers scored on their text model: wrapper model_type -> the text_config's.
@@ -676,7 +828,8 @@ const std::map<std::string, std::string>& wrappers() {
 }
 
 std::string supported_model_types() {
-  std::string s = "kimi_linear, deepseek_v32, glm_moe_dsa, glm5_next_text, qwen3_next, qwen3_5_moe_text, dayzero_hybrid";
+  std::string s =
+      "kimi_linear, deepseek_v32, glm_moe_dsa, glm5_next_text, deepseek_v4, qwen3_next, qwen3_5_moe_text, dayzero_hybrid";
   for (const auto& kv : wrappers()) s += ", " + kv.first;
   return s;
 }
@@ -724,6 +877,9 @@ ModelConfig parse_at(const nlohmann::json& j, const std::string& where) {
   } else if (mt == "glm5_next_text") {
     c.family = Family::Glm5Next;
     parse_glm5_next(f, j, &c);
+  } else if (mt == "deepseek_v4") {
+    c.family = Family::DeepseekV4;
+    parse_deepseek_v4(f, j, &c);
   } else if (mt == "qwen3_next" || mt == "qwen3_5_moe_text") {
     c.family = Family::Qwen3Next;
     parse_qwen3_next(f, j, &c, mt == "qwen3_5_moe_text");
@@ -740,7 +896,8 @@ ModelConfig ModelConfig::from_json(const nlohmann::json& j) { return parse_at(j,
 
 bool is_supported_model_type(const std::string& mt) {
   static const std::set<std::string> direct = {"kimi_linear", "dayzero_hybrid", "dayzero",          "deepseek_v32",
-                                                "glm_moe_dsa", "qwen3_next",     "qwen3_5_moe_text", "glm5_next_text"};
+                                                "glm_moe_dsa", "qwen3_next",     "qwen3_5_moe_text", "glm5_next_text",
+                                                "deepseek_v4"};
   return direct.count(mt) > 0 || wrappers().count(mt) > 0;
 }
 
@@ -787,13 +944,14 @@ void validate_at(const ModelConfig& m, const std::string& where) {
   for (int64_t id : {m.bos_token_id, m.eos_token_id, m.pad_token_id})
     need(id < m.vocab_size, "bos/eos/pad_token_id", str(id, " is outside the vocabulary of ", m.vocab_size));
 
-  bool any[4] = {false, false, false, false};
+  bool any[kMixerKinds] = {};
   bool any_moe = false, any_dense = false, any_indexer = false;
   for (const LayerSpec& l : m.layers) {
     any[int(l.mixer)] = true;
     (l.ffn == FfnKind::MoE ? any_moe : any_dense) = true;
     any_indexer |= l.has_indexer;
-    need(!l.has_indexer || l.mixer == MixerKind::MLA, "index_topk", "applies to MLA layers only");
+    need(!l.has_indexer || l.mixer == MixerKind::MLA || l.mixer == MixerKind::DSV4, "index_topk",
+         "applies to MLA and DeepSeek-V4 layers only");
   }
   if (any[int(MixerKind::KDA)] || any[int(MixerKind::GDN)]) {
     pos(m.la_num_k_heads, f_la_h);
@@ -823,6 +981,12 @@ void validate_at(const ModelConfig& m, const std::string& where) {
     pos(m.index_topk, "index_topk");
     need(m.index_head_dim >= m.qk_rope_head_dim, "index_head_dim",
          str(m.index_head_dim, " is smaller than qk_rope_head_dim ", m.qk_rope_head_dim));
+  }
+  if (any[int(MixerKind::DSV4)]) {
+    pos(m.num_heads, "num_attention_heads");
+    pos(m.head_dim, "head_dim");
+    pos(m.q_lora_rank, "q_lora_rank");
+    pos(m.sliding_window, "sliding_window");
   }
   if (any[int(MixerKind::GQA)]) {
     pos(m.num_heads, "num_attention_heads");
@@ -881,9 +1045,26 @@ nlohmann::json ModelConfig::to_json() const {
     ls.push_back({{"mixer", to_string(l.mixer)}, {"ffn", to_string(l.ffn)},
                   {"indexer", l.shared_indexer ? json("shared") : json(l.has_indexer)}});
   j["layers"] = ls;
-  bool any[4] = {false, false, false, false};
+  bool any[kMixerKinds] = {};
   bool any_moe = false;
   for (const LayerSpec& l : layers) any[int(l.mixer)] = true, any_moe |= l.ffn == FfnKind::MoE;
+  if (any[int(MixerKind::DSV4)]) {
+    auto rj = [](const RopeConfig& r) {
+      json o = {{"theta", r.theta}, {"style", "interleaved"}};
+      if (r.yarn) o["yarn"] = {{"factor", r.yarn_factor}, {"original_max_position_embeddings", r.yarn_original_max_pos},
+                               {"attention_factor", r.yarn_attention_factor}};
+      return o;
+    };
+    j["dsv4"] = {{"num_heads", num_heads}, {"head_dim", head_dim}, {"q_lora_rank", q_lora_rank},
+                 {"rope_dims", qk_rope_head_dim}, {"sliding_window", sliding_window}, {"o_groups", o_groups},
+                 {"o_lora_rank", o_lora_rank}, {"rope_main", rj(rope)}, {"rope_compress", rj(rope_compress)},
+                 {"indexer", {{"n_heads", index_n_heads}, {"head_dim", index_head_dim}, {"topk", index_topk}}}};
+    json cr = json::array(), hs = json::array();
+    for (const LayerSpec& l : layers) cr.push_back(l.compress_rate), hs.push_back(l.hash_moe);
+    j["dsv4"]["compress_rates"] = cr;
+    j["moe_hash_layers"] = hs;
+  }
+  if (hc_mult > 0) j["hc"] = {{"mult", hc_mult}, {"sinkhorn_iters", hc_sinkhorn_iters}, {"head", hc_head_weighted ? "weighted" : "mean"}};
   if (any[int(MixerKind::KDA)] || any[int(MixerKind::GDN)]) {
     j["linear_attention"] = {{"num_k_heads", la_num_k_heads}, {"num_v_heads", la_num_v_heads},
                              {"head_k_dim", la_head_k_dim},   {"head_v_dim", la_head_v_dim},
@@ -923,7 +1104,9 @@ nlohmann::json ModelConfig::to_json() const {
                 {"n_shared_experts", n_shared_experts},
                 {"shared_intermediate_size", shared_intermediate_size},
                 {"shared_expert_gate", shared_expert_gate},
-                {"score_func", score_func == ScoreFunc::Softmax ? "softmax" : "sigmoid"},
+                {"score_func", score_func == ScoreFunc::Softmax  ? "softmax"
+                                : score_func == ScoreFunc::Sigmoid ? "sigmoid"
+                                                                   : "sqrtsoftplus"},
                 {"norm_topk_prob", norm_topk_prob},
                 {"routed_scaling_factor", routed_scaling_factor},
                 {"n_group", n_group},

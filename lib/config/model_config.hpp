@@ -9,12 +9,15 @@
 
 namespace dz {
 
-enum class Family { KimiLinear, DeepseekV32, Qwen3Next, Dayzero, Glm5Next };
-enum class MixerKind { KDA, GDN, MLA, GQA };  // MLA with has_indexer = DSA sparse attention
+enum class Family { KimiLinear, DeepseekV32, Qwen3Next, Dayzero, Glm5Next, DeepseekV4 };
+// MLA with has_indexer = DSA sparse attention; DSV4 = DeepSeek-V4's shared-KV attention over a
+// sliding window and compressed entries (CSA with its indexer, HCA, or the window alone).
+enum class MixerKind { KDA, GDN, MLA, GQA, DSV4 };
+constexpr int kMixerKinds = 5;
 enum class FfnKind { Dense, MoE };
 enum class KdaGate { Softplus, LowerBoundSigmoid };  // per-channel decay forms of KDA
 enum class RopeStyle { NeoX, Interleaved };          // rotate halves vs. adjacent pairs
-enum class ScoreFunc { Softmax, Sigmoid };
+enum class ScoreFunc { Softmax, Sigmoid, SqrtSoftplus };  // SqrtSoftplus: sqrt(softplus(x)) (DeepSeek-V4)
 
 const char* to_string(Family f);
 const char* to_string(MixerKind m);
@@ -27,6 +30,10 @@ struct LayerSpec {
   // GLM-5 indexer_types "shared": this layer has no indexer of its own and attends to the Top-K
   // sets of the last earlier layer that runs one (has_indexer stays true: the attention is sparse).
   bool shared_indexer = false;
+  // DeepSeek-V4 (MixerKind::DSV4): compressed entries of compress_rate tokens (0: the sliding
+  // window alone); has_indexer: CSA's indexer picks index_topk of them (else HCA: all visible).
+  int64_t compress_rate = 0;
+  bool hash_moe = false;  // experts from the fixed table gate.tid2eid[token id] (DeepSeek-V4 hash_moe)
 };
 
 struct RopeConfig {
@@ -41,6 +48,7 @@ struct RopeConfig {
   float yarn_beta_slow = 1.f;
   float yarn_mscale = 1.f;
   float yarn_mscale_all_dim = 0.f;
+  float yarn_attention_factor = -1.f;  // >= 0: the cos/sin multiplier as given (DeepSeek-V4: 1)
 };
 
 struct ModelConfig {
@@ -117,6 +125,12 @@ struct ModelConfig {
   int64_t hc_mult = 0;  // residual streams; 0: the plain residual
   float hc_eps = 1e-6f;
   int64_t hc_sinkhorn_iters = 20;
+
+  // --- DeepSeek-V4 attention (MixerKind::DSV4; head_dim, num_heads, q_lora_rank above) ---
+  int64_t sliding_window = 0;          // raw rows (t - W, t] per query
+  int64_t o_groups = 0, o_lora_rank = 0;  // grouped low-rank output projection
+  RopeConfig rope_compress;            // CSA / HCA layers, their compressors and indexer ("compress")
+  bool hc_head_weighted = false;       // mHC head: learned weights (hc_head.*) instead of the mean
 
   // --- Block AttnRes ---
   int64_t attn_res_block_size = 0;  // 0: standard additive residual

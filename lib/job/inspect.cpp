@@ -65,6 +65,14 @@ std::string mixer_signature(const ModelConfig& c, const LayerSpec& l) {
     case MixerKind::GQA:
       return str("GQA heads=", c.num_heads, " kv_heads=", c.num_kv_heads, " head_dim=", c.head_dim,
                  " rotary=", c.rope.partial_rotary_factor, " out_gate=", int(c.attn_output_gate));
+    case MixerKind::DSV4:
+      return str("DSV4 heads=", c.num_heads, " head_dim=", c.head_dim, " q_lora=", c.q_lora_rank, " rope=",
+                 c.qk_rope_head_dim, " window=", c.sliding_window, " compress=",
+                 l.compress_rate == 0 ? std::string("none")
+                 : l.has_indexer      ? str("CSA/", l.compress_rate, " indexer=", c.index_n_heads, "x", c.index_head_dim,
+                                            "/top", c.index_topk)
+                                      : str("HCA/", l.compress_rate),
+                 " out_groups=", c.o_groups, "x", c.o_lora_rank);
   }
   return "?";
 }
@@ -74,7 +82,10 @@ std::string ffn_signature(const ModelConfig& c, const LayerSpec& l) {
   int64_t per_shared = c.n_shared_experts > 0 ? c.shared_intermediate_size / c.n_shared_experts : 0;
   return str("MoE experts=", c.n_routed_experts, " top=", c.num_experts_per_tok, " width=", c.moe_intermediate_size,
              " shared=", c.n_shared_experts, "x", per_shared, " score=",
-             c.score_func == ScoreFunc::Softmax ? "softmax" : "sigmoid", " groups=", c.n_group, "/", c.topk_group);
+             c.score_func == ScoreFunc::Softmax   ? "softmax"
+             : c.score_func == ScoreFunc::Sigmoid ? "sigmoid"
+                                                  : "sqrtsoftplus",
+             " groups=", c.n_group, "/", c.topk_group, l.hash_moe ? " hash" : "");
 }
 
 void classify(Row& r, const std::string& sig) {
@@ -145,6 +156,7 @@ int inspect(const std::string& dir, bool as_json, bool structural) {
     ck->set_dry_run(true);  // names and shapes only: inspect must not need the model's memory
     const int64_t D = cfg.hidden_size, V = cfg.vocab_size;
     const Init ni = cfg.norm_zero_centered ? Init::zeros() : Init::ones();
+    const bool v4 = cfg.family == Family::DeepseekV4;  // DeepSeek's own names: attn_norm / ffn_norm / head
     auto attempt = [&](Row r, const std::function<void()>& f) {
       try {
         f();
@@ -168,7 +180,7 @@ int inspect(const std::string& dir, bool as_json, bool structural) {
       Row m{str("layer ", i), "token mixer", to_string(ls.mixer), mixer_signature(cfg, ls), "", ""};
       classify(m, m.params);
       attempt(m, [&] {
-        ck->get(p + "input_layernorm.weight", {D}, ni);
+        ck->get(p + (v4 ? "attn_norm.weight" : "input_layernorm.weight"), {D}, ni);
         switch (ls.mixer) {
           case MixerKind::KDA: make_kda_mixer(cfg, int(i), *ck, p); break;
           case MixerKind::GDN: make_gdn_mixer(cfg, int(i), *ck, p); break;
@@ -179,6 +191,7 @@ int inspect(const std::string& dir, bool as_json, bool structural) {
             break;
           }
           case MixerKind::GQA: make_gqa_mixer(cfg, int(i), *ck, p); break;
+          case MixerKind::DSV4: make_dsv4_mixer(cfg, int(i), *ck, p); break;
         }
       });
       Row f{str("layer ", i), "ffn", to_string(ls.ffn), ffn_signature(cfg, ls), "", ""};
@@ -187,7 +200,7 @@ int inspect(const std::string& dir, bool as_json, bool structural) {
       else
         classify(f, f.params);
       attempt(f, [&] {
-        ck->get(p + "post_attention_layernorm.weight", {D}, ni);
+        ck->get(p + (v4 ? "ffn_norm.weight" : "post_attention_layernorm.weight"), {D}, ni);
         if (ls.ffn == FfnKind::MoE)
           make_moe_ffn(cfg, int(i), *ck, p);
         else
@@ -199,9 +212,15 @@ int inspect(const std::string& dir, bool as_json, bool structural) {
                cfg.attn_res_block_size == 12 ? "reusable" : "reusable with different parameters",
                cfg.attn_res_block_size == 12 ? "Kimi K3" : ""},
               [&] { AttnRes ar(cfg, *ck); });
+    if (cfg.hc_head_weighted)
+      attempt({"model", "hyper-connection head", "mHC (weighted)", str("streams=", cfg.hc_mult), "reusable", ""}, [&] {
+        ck->get("model.hc_head.hc_fn", {cfg.hc_mult, cfg.hc_mult * D});
+        ck->get("model.hc_head.hc_base", {cfg.hc_mult});
+        ck->get("model.hc_head.hc_scale", {1});
+      });
     attempt({"model", "final norm + LM head", "rmsnorm + linear", str(D, " -> ", V), "reusable", ""}, [&] {
       ck->get("model.norm.weight", {D}, ni);
-      if (!cfg.tie_word_embeddings) ck->get("lm_head.weight", {V, D});
+      if (!cfg.tie_word_embeddings) ck->get(cfg.family == Family::DeepseekV4 ? "head.weight" : "lm_head.weight", {V, D});
     });
     if (cfg.mtp_layers > 0) {
       const int64_t k = skip_mtp_layers(cfg, *ck);

@@ -49,7 +49,8 @@ const std::set<std::string>& known_keys() {
       "routed_scaling_factor", "scoring_func", "shared_expert_intermediate_size", "short_conv_kernel_size",
       "tie_word_embeddings", "topk_group", "topk_method", "use_full_rank_gate", "use_grouped_topk", "v_head_dim",
       "vocab_size", "qk_head_dim", "hc_mult", "hc_eps", "hc_sinkhorn_iters", "swiglu_limit", "index_kpool",
-      "index_kpool_always_select_tail",
+      "index_kpool_always_select_tail", "compress_rates", "compress_ratios", "compress_rate_csa", "compress_rate_hca",
+      "compress_rope_theta", "sliding_window", "o_groups", "o_lora_rank", "num_hash_layers",
       // generic: bookkeeping, training-only, special tokens, the wrapper's own
       "architectures", "auto_map", "dtype", "torch_dtype", "transformers_version", "use_cache", "initializer_range",
       "attention_dropout", "attention_bias", "mlp_bias", "output_router_logits", "router_aux_loss_coef",
@@ -132,6 +133,23 @@ const std::vector<Fingerprint>& mixers() {
          if (has(n, "indexer.index_kpool_compress_ape")) s += str(" kpool=", dim(n, "indexer.index_kpool_compress_ape", 0));
          return s;
        }},
+      {"DSV4",
+       {{{"wq_a.weight", "q_norm.weight", "wq_b.weight", "wkv.weight", "norm.weight", "wo_a.weight", "wo_b.weight",
+          "attn_sink"}}},
+       {"compressor.wkv.weight", "compressor.wgate.weight", "compressor.ape", "compressor.norm.weight",
+        "indexer.compressor.", "indexer.wq_b.weight", "indexer.weights_proj.weight"},
+       [](const Names& n, const json& c) {
+         const int64_t H = ji(c, "num_attention_heads"), D = count(n, "norm.weight");
+         std::string s = str("DSV4 heads=", H, " head_dim=", D, " q_lora=", dim(n, "wq_a.weight", 0),
+                             " out_groups=", H > 0 && D > 0 ? (H * D) / std::max<int64_t>(dim(n, "wo_a.weight", 1), 1) : -1,
+                             "x", H > 0 ? dim(n, "wo_a.weight", 0) / std::max<int64_t>((H * D) / std::max<int64_t>(dim(n, "wo_a.weight", 1), 1), 1) : -1);
+         if (has(n, "compressor.ape"))
+           s += str(has(n, "indexer.wq_b.weight") ? " CSA/" : " HCA/", dim(n, "compressor.ape", 0));
+         if (has(n, "indexer.wq_b.weight"))
+           s += str(" indexer=", dim(n, "indexer.weights_proj.weight", 0), "x",
+                    count(n, "indexer.compressor.norm.weight"), "/top", ji(c, "index_topk"));
+         return s;
+       }},
       {"KDA",
        {{{"q_proj.weight", "k_proj.weight", "v_proj.weight", "o_proj.weight", "b_proj.weight", "g_a_proj.weight",
           "g_b_proj.weight", "o_norm.weight"}},
@@ -178,7 +196,7 @@ const std::vector<Fingerprint>& ffns() {
          {"experts.0.gate_proj.weight", "experts.0.up_proj.weight", "experts.0.down_proj.weight"},
          {"experts.gate_up_proj", "experts.down_proj"}}},
        {"experts.", "gate.e_score_correction_bias", "e_score_correction_bias", "gate.bias", "shared_experts.",
-        "shared_expert.", "shared_expert_gate.weight"},
+        "shared_expert.", "shared_expert_gate.weight", "gate.tid2eid"},
        [](const Names& n, const json&) {
          const int64_t E = dim(n, "gate.weight", 0);
          int64_t w = has(n, "experts.0.w1.weight")          ? dim(n, "experts.0.w1.weight", 0)
@@ -189,7 +207,8 @@ const std::vector<Fingerprint>& ffns() {
            if (has(n, k)) sh = k;
          return str("MoE experts=", E, " width=", w, " shared_width=", has(n, sh) ? dim(n, sh, 0) : 0, " correction_bias=",
                     int(has(n, "gate.e_score_correction_bias") || has(n, "e_score_correction_bias") || has(n, "gate.bias")),
-                    " shared_gate=", int(has(n, "shared_expert_gate.weight")));
+                    " shared_gate=", int(has(n, "shared_expert_gate.weight")),
+                    has(n, "gate.tid2eid") ? " hash_routed=1" : "");
        }},
       {"MLP",
        {{{"gate_proj.weight", "up_proj.weight", "down_proj.weight"}}},
@@ -372,9 +391,16 @@ std::vector<StructRow> structural_diff(const std::string& dir, const nlohmann::j
     }
     rows.push_back({"model", "embedding, final norm, LM head", "embedding + rmsnorm + linear", list(known),
                     known.empty() ? "new" : "reusable", ""});
-    if (!hc.empty())
-      rows.push_back({"model", "hyper-connection head", "mHC (weighted)", "", "new",
-                      str("dayzero's mHC head is the streams' mean; these weight it: ", list(hc))});
+    if (!hc.empty()) {  // DeepSeek-V4's weighted head: hc_fn [N, N·D], hc_base [N], hc_scale [1]
+      const int64_t N = ji(c, "hc_mult", 0), D = ji(c, "hidden_size", 0);
+      const bool ok = hc.size() == 3 && top.count("model.hc_head.hc_fn") && top.at("model.hc_head.hc_fn") == Shape{N, N * D} &&
+                      top.count("model.hc_head.hc_base") && top.at("model.hc_head.hc_base") == Shape{N} &&
+                      top.count("model.hc_head.hc_scale") && top.at("model.hc_head.hc_scale") == Shape{1};
+      rows.push_back({"model", "hyper-connection head", "mHC (weighted)", str("streams=", N),
+                      ok ? "reusable with different parameters" : "new",
+                      ok ? str("3 tensors, all of dayzero's weighted mHC head: ", list(hc))
+                         : str("not dayzero's weighted mHC head (hc_mult ", N, "): ", list(hc))});
+    }
     if (!other.empty())
       rows.push_back({"model", "other", "?", "", "new", str("no dayzero module has these tensors: ", list(other))});
   }

@@ -126,6 +126,18 @@ MemoryPlan plan_memory(const ModelConfig& cfg, const MemoryQuery& q) {
         mixer_act = std::max(mixer_act, T * (3 * H * Dh + 2 * Hkv * Dh) * act * 2);
         break;
       }
+      case MixerKind::DSV4: {  // replicated over TP: whole heads on every rank
+        const double Dh = double(cfg.head_dim), Hf = double(cfg.num_heads), m = double(ls.compress_rate);
+        const double Di = ls.has_indexer ? double(cfg.index_head_dim) : 0;
+        // every token's kv row, the compressed entries (and the indexer's), the pending window rows
+        p.state += cap * Dh * act + (m > 0 ? cap / m * (Dh + Di) * act + 2 * m * 4 * (Dh + Di) * act : 0);
+        // q, o (and its rotation), the compressor / indexer projections and queries, the selection
+        double a = T * (3 * Hf * Dh + double(cfg.q_lora_rank) + 2 * Dh) * act;
+        if (m > 0) a += T * 4 * (Dh + Di) * act * 2;
+        if (ls.has_indexer) a += T * (double(cfg.index_n_heads) * Di * act + double(cfg.index_topk) * 4);
+        mixer_act = std::max(mixer_act, a);
+        break;
+      }
     }
   }
   // ---- one forward's activations: residual stream + the largest sub-layer + the LM head ----

@@ -247,6 +247,8 @@ int run_job(const RunOptions& opt) {
   std::unique_ptr<InputFile> input;
   agree(world, [&] {
     const ModelConfig c = ModelConfig::from_file(opt.model + "/config.json");
+    DZ_CHECK(c.family != Family::DeepseekV4 || grid.cp == 1, "--cp ", grid.cp, ": DeepSeek-V4 (", opt.model,
+             ") runs with --cp 1 only for now (its compressors are not split across CP ranks); --tp and DP work");
     input = std::make_unique<InputFile>(opt.input);
     if (world.rank() != 0) return;
     input->validate(c.vocab_size);

@@ -57,6 +57,12 @@ struct AttnCache : MixerState {
   Backend* sel_be = nullptr;
   std::vector<int32_t> last_topk() const;
   int64_t topk_width = 0;
+  bool topk_sets(std::vector<int32_t>& sel, int64_t& width) const override {
+    if (topk_width <= 0) return false;
+    sel = last_topk();
+    width = topk_width;
+    return true;
+  }
 
   std::unique_ptr<MixerState> clone() const override;
 };

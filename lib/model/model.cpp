@@ -136,16 +136,18 @@ std::unique_ptr<Model> Model::build(const ModelConfig& cfg, Checkpoint& ck, cons
         L.hc_base[w] = param(t.base);
         L.hc_scale[w] = param(t.scale);
       }
-    L.attn_norm = param(ck.get(p + "input_layernorm.weight", {D}, norm_init));
+    const bool v4 = cfg.family == Family::DeepseekV4;  // DeepSeek's own names: attn_norm / ffn_norm
+    L.attn_norm = param(ck.get(p + (v4 ? "attn_norm.weight" : "input_layernorm.weight"), {D}, norm_init));
     switch (ls.mixer) {
       case MixerKind::KDA: L.mixer = make_kda_mixer(cfg, int(i), ck, p, tp, be); break;
       case MixerKind::GDN: L.mixer = make_gdn_mixer(cfg, int(i), ck, p, tp, be); break;
       case MixerKind::MLA: L.mixer = make_mla_mixer_linked(cfg, int(i), ck, p, tp, be, link); break;
       case MixerKind::GQA: L.mixer = make_gqa_mixer(cfg, int(i), ck, p, tp, be); break;
+      case MixerKind::DSV4: L.mixer = make_dsv4_mixer(cfg, int(i), ck, p, tp, be); break;
     }
-    L.ffn_norm = param(ck.get(p + "post_attention_layernorm.weight", {D}, norm_init));
+    L.ffn_norm = param(ck.get(p + (v4 ? "ffn_norm.weight" : "post_attention_layernorm.weight"), {D}, norm_init));
     L.ffn = ls.ffn == FfnKind::MoE ? make_moe_ffn(cfg, int(i), ck, p, tp, be) : make_mlp_ffn(cfg, int(i), ck, p, tp, be);
-    const char* mk[] = {"mixer_kda", "mixer_gdn", "mixer_mla", "mixer_gqa"};
+    const char* mk[kMixerKinds] = {"mixer_kda", "mixer_gdn", "mixer_mla", "mixer_gqa", "mixer_dsv4"};
     L.mixer_key = ls.mixer == MixerKind::MLA && ls.has_indexer ? (ls.shared_indexer ? "mixer_mla_dsa_shared" : "mixer_mla_dsa")
                                                                 : mk[int(ls.mixer)];
     L.ffn_key = ls.ffn == FfnKind::MoE ? "ffn_moe" : "ffn_mlp";
@@ -157,11 +159,25 @@ std::unique_ptr<Model> Model::build(const ModelConfig& cfg, Checkpoint& ck, cons
     m->attn_res_ = std::make_unique<AttnRes>(cfg, ck);
     m->attn_res_->upload(be);
   }
+  if (cfg.hc_head_weighted) {
+    const int64_t N = cfg.hc_mult, Cn = (2 + N) * N;
+    const Tensor fn = ck.get("model.hc_head.hc_fn", {N, N * D}, Init::normal(0.02f));
+    const Tensor base = ck.get("model.hc_head.hc_base", {N}, Init::zeros());
+    const Tensor scale = ck.get("model.hc_head.hc_scale", {1}, Init::ones());
+    if (!fn.empty()) {
+      Tensor f({Cn, N * D}), b({Cn}), sc({3});
+      std::copy_n(fn.ptr(), N * N * D, f.ptr());
+      std::copy_n(base.ptr(), N, b.ptr());
+      sc.ptr()[0] = scale.ptr()[0], sc.ptr()[1] = sc.ptr()[2] = 1.f;
+      m->head_fn_ = be.param(f), m->head_base_ = be.param(b), m->head_scale_ = be.param(sc);
+    }
+  }
   m->final_norm_ = param(ck.get("model.norm.weight", {D}, norm_init));
+  const std::string head = cfg.family == Family::DeepseekV4 ? "head.weight" : "lm_head.weight";
   if (cfg.tie_word_embeddings)
     m->head_ = LmHead(embed, V, D, tp, be);
   else
-    m->head_ = LmHead(ck.get("lm_head.weight", {V, D}, Init::normal(0.02f)), V, D, tp, be);
+    m->head_ = LmHead(ck.get(head, {V, D}, Init::normal(0.02f)), V, D, tp, be);
   return m;
 }
 
@@ -238,6 +254,7 @@ void Model::embed_into(const int32_t* tokens, Pass& p) const {
   const int64_t T = p.h.rows(), V = cfg_.vocab_size;
   for (int64_t t = 0; t < T; ++t)
     DZ_CHECK(tokens[t] >= 0 && tokens[t] < V, "token id ", tokens[t], " outside the vocabulary of ", V);
+  p.tokens = tokens;
   const DTensor ids = be.upload_i32(tokens, {T});
   be.embed(embed_, ids, p.h);
   if (hc_) be.hc_expand(p.h, hc_, p.streams);  // every stream starts as the embedding
@@ -269,7 +286,7 @@ void Model::sublayer(int64_t k, const MixFn& mix, Pass& p, WorkStats* stats) con
     if (which == 0)
       mix(i, *L.mixer, p.normed, p.out);
     else
-      L.ffn->forward(p.normed, p.out);
+      L.ffn->forward_tokens(p.normed, p.tokens, p.out);
   }
   if (ar) attn_res_->add_output(be, *ar, int(i), which, p.out);
   if (hc_) {
@@ -282,7 +299,13 @@ void Model::sublayer(int64_t k, const MixFn& mix, Pass& p, WorkStats* stats) con
 DTensor Model::finish(Pass& p) const {
   Backend& be = *be_;
   if (p.ar) attn_res_->final_output(be, *p.ar, p.h);
-  if (hc_) be.hc_mean(p.streams, hc_, p.h);  // GLM-5.3-Flash's head: the mean of the streams
+  if (hc_ && head_fn_.defined()) {  // DeepSeek-V4's weighted head
+    HcParams hp;
+    hp.N = hc_, hp.iters = int(cfg_.hc_sinkhorn_iters), hp.eps_norm = cfg_.rms_norm_eps, hp.eps_hc = cfg_.hc_eps;
+    be.hc_pre(p.streams, head_fn_, head_base_, head_scale_, hp, p.coeff, p.h);
+  } else if (hc_) {
+    be.hc_mean(p.streams, hc_, p.h);  // GLM-5.3-Flash's head: the mean of the streams
+  }
   DTensor y = be.act(p.h.shape);
   be.rmsnorm(p.h, final_norm_, y, cfg_.rms_norm_eps, cfg_.norm_zero_centered);
   return y;

@@ -84,6 +84,7 @@ class Model {
     DTensor h, normed, out, input;
     DTensor streams, coeff;  // mHC models: the N residual streams [T, N·D] F32, a sub-layer's coefficients
     std::shared_ptr<AttnRes::Stream> ar;  // AttnRes models, from the first embed_into
+    const int32_t* tokens = nullptr;      // the rows' token ids (host), from embed_into (hash-routed MoE)
   };
   Pass make_pass(int64_t T) const;
   void embed_into(const int32_t* tokens, Pass& p) const;  // tokens [T] (host) -> p.h; (re)starts p.ar
@@ -110,6 +111,9 @@ class Model {
   std::vector<Layer> layers_;
   std::unique_ptr<AttnRes> attn_res_;
   int64_t hc_ = 0;  // mHC streams (cfg.hc_mult); 0: the plain residual
+  // DeepSeek-V4's weighted head (hc_head): its [N, N·D] weights zero-padded to hc_pre's
+  // [(2+N)N, N·D] (base likewise, scale [hc_scale, 1, 1]): hc_pre's collapse is then the head.
+  DTensor head_fn_, head_base_, head_scale_;
 };
 
 // Marks the multi-token-prediction layers a config declares (DeepSeek num_nextn_predict_layers,

@@ -62,6 +62,13 @@ class Ffn {
   // x [T, D] -> out [T, D] (act dtype)
   virtual void forward(const DTensor& x, const DTensor& out) const = 0;
   virtual int64_t hidden() const = 0;
+  // The same with the rows' token ids (host, [T]): DeepSeek-V4's hash-routed MoE picks its experts
+  // by token id; every other FFN ignores them.
+  virtual void forward_tokens(const DTensor& x, const int32_t* tokens, const DTensor& out) const {
+    (void)tokens;
+    forward(x, out);
+  }
+  virtual bool needs_tokens() const { return false; }
   // True when forward may be captured in a CUDA graph (no host round trip: no TP all-reduce
   // through MPI, no upload).
   virtual bool graph_safe() const { return false; }
@@ -96,6 +103,9 @@ std::unique_ptr<Mixer> make_mla_mixer_linked(const ModelConfig& cfg, int layer, 
                                              const TpShard& tp, Backend& be, const TopkLink& topk);
 std::unique_ptr<Mixer> make_gqa_mixer(const ModelConfig& cfg, int layer, Checkpoint& ck, const std::string& prefix,
                                       const TpShard& tp = TpShard{}, Backend& be = cpu_backend());
+// DeepSeek-V4's attention (sliding window + CSA / HCA compressed entries, sinks, grouped output).
+std::unique_ptr<Mixer> make_dsv4_mixer(const ModelConfig& cfg, int layer, Checkpoint& ck, const std::string& prefix,
+                                       const TpShard& tp = TpShard{}, Backend& be = cpu_backend());
 std::unique_ptr<Ffn> make_mlp_ffn(const ModelConfig& cfg, int layer, Checkpoint& ck, const std::string& prefix,
                                   const TpShard& tp = TpShard{}, Backend& be = cpu_backend());
 std::unique_ptr<Ffn> make_moe_ffn(const ModelConfig& cfg, int layer, Checkpoint& ck, const std::string& prefix,

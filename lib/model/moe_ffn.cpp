@@ -27,9 +27,10 @@ namespace {
 enum class ExpertLayout { PerExpertW, PerExpertProj, Fused };
 
 struct MoeNames {
-  std::string base;    // "block_sparse_moe." or "mlp." (after PREFIX)
+  std::string base;    // "block_sparse_moe.", "mlp." or "ffn." (after PREFIX)
   ExpertLayout layout = ExpertLayout::PerExpertProj;
   std::string shared;  // "shared_experts." or "shared_expert."
+  bool shared_w = false;  // the shared expert as w1 / w3 / w2 (DeepSeek-V4) instead of *_proj
   std::string bias;    // full name of the correction bias
 };
 
@@ -51,13 +52,19 @@ MoeNames published_names(Family f) {
       n.base = "mlp.";
       n.shared = "shared_expert.";
       break;
+    case Family::DeepseekV4:  // DeepSeek's own names: ffn.gate.{weight,bias,tid2eid}, w1 / w3 / w2
+      n.base = "ffn.";
+      n.layout = ExpertLayout::PerExpertW;
+      n.shared = "shared_experts.";
+      n.shared_w = true;
+      break;
   }
   return n;
 }
 
 MoeNames find_names(const ModelConfig& cfg, int layer, const Checkpoint& ck, const std::string& prefix) {
   MoeNames n = published_names(cfg.family);
-  n.bias = prefix + n.base + "gate.e_score_correction_bias";
+  n.bias = prefix + n.base + (cfg.family == Family::DeepseekV4 ? "gate.bias" : "gate.e_score_correction_bias");
   if (ck.generating()) return n;
 
   const std::string other = n.base == "mlp." ? "block_sparse_moe." : "mlp.";
@@ -76,23 +83,46 @@ MoeNames find_names(const ModelConfig& cfg, int layer, const Checkpoint& ck, con
   else
     fail(str("layer ", layer, ": no routed expert tensors under ", P, "experts. (looked for experts.gate_up_proj, ",
              "experts.0.w1.weight, experts.0.gate_proj.weight) in ", ck.dir()));
+  n.shared_w = false;
   if (ck.has(P + "shared_experts.gate_proj.weight"))
     n.shared = "shared_experts.";
   else if (ck.has(P + "shared_expert.gate_proj.weight"))
     n.shared = "shared_expert.";
+  else if (ck.has(P + "shared_experts.w1.weight"))
+    n.shared = "shared_experts.", n.shared_w = true;
   n.bias = P + "gate.e_score_correction_bias";
   if (!ck.has(n.bias) && ck.has(P + "e_score_correction_bias")) n.bias = P + "e_score_correction_bias";
+  if (!ck.has(n.bias) && ck.has(P + "gate.bias")) n.bias = P + "gate.bias";  // DeepSeek-V4's published name
   return n;
 }
 
 class MoeFfn : public Ffn {
  public:
   void forward(const DTensor& x, const DTensor& out) const override {
+    DZ_CHECK(tid2eid_.empty(), "MoE: a hash-routed layer needs its token ids (forward_tokens)");
     be_->moe(rc_, w_, x, out);
     tp_.allreduce(*be_, out);  // width shards: partial sums of every expert
   }
+  // Hash routing (DeepSeek-V4 hash_moe): row t takes the experts tid2eid[tokens[t]].
+  void forward_tokens(const DTensor& x, const int32_t* tokens, const DTensor& out) const override {
+    if (tid2eid_.empty()) return forward(x, out);
+    const int64_t T = x.rows(), k = rc_.top_k;
+    DZ_CHECK(tokens || T == 0, "MoE: a hash-routed layer needs its token ids");
+    std::vector<int32_t> ids(static_cast<size_t>(T * k));
+    for (int64_t t = 0; t < T; ++t) {
+      DZ_CHECK(tokens[t] >= 0 && tokens[t] < int64_t(tid2eid_.size()) / k, "MoE hash routing: token id ", tokens[t],
+               " outside gate.tid2eid's ", int64_t(tid2eid_.size()) / k, " rows");
+      std::copy_n(tid2eid_.data() + int64_t(tokens[t]) * k, k, ids.data() + t * k);
+    }
+    MoeWeights w = w_;
+    if (T > 0) w.fixed = be_->upload_i32(ids.data(), {T, k});
+    be_->moe(rc_, w, x, out);
+    tp_.allreduce(*be_, out);
+  }
+  bool needs_tokens() const override { return !tid2eid_.empty(); }
   int64_t hidden() const override { return D_; }
-  bool graph_safe() const override { return tp_.size == 1; }
+  bool graph_safe() const override { return tp_.size == 1 && tid2eid_.empty(); }
+  std::vector<int32_t> tid2eid_;  // [vocab, top_k] (hash_moe), else empty
 
   // Uploads the (sharded) host views: experts stacked [E, I, D] / [E, D, I].
   void upload_experts(const std::vector<SwigluView>& ex) {
@@ -209,7 +239,23 @@ std::unique_ptr<Ffn> make_moe_ffn(const ModelConfig& cfg, int layer, Checkpoint&
   const std::string P = prefix + n.base;
   const Tensor router = ck.get(P + "gate.weight", {E, D});
   Tensor bias, shared_gate;
-  if (cfg.router_correction_bias) bias = ck.get(n.bias, {E}, Init::uniform(-0.05f, 0.05f));
+  // (module tests build an FFN from a config without a layer list)
+  const bool hash = layer >= 0 && size_t(layer) < cfg.layers.size() && cfg.layers[size_t(layer)].hash_moe;
+  if (hash) {  // a fixed token -> experts table, ids as stored (I64)
+    const int64_t V = cfg.vocab_size, k = cfg.num_experts_per_tok;
+    const Tensor t = ck.get(P + "gate.tid2eid", {V, k}, Init::uniform(0.f, float(E) - 0.5f));
+    m->tid2eid_.resize(size_t(V * k));
+    for (int64_t i = 0; i < V * k && !t.empty(); ++i) {
+      const float v = std::floor(t.ptr()[i]);
+      DZ_CHECK(v >= 0.f && v < float(E), "layer ", layer, ": ", P, "gate.tid2eid holds expert ", t.ptr()[i], " (0..",
+               E - 1, ")");
+      m->tid2eid_[size_t(i)] = int32_t(v);
+    }
+    if (t.empty()) m->tid2eid_.assign(size_t(V * k), 0);  // a dry run: shapes only
+  }
+  // (a hash-routed layer selects nothing: no correction bias)
+  if (cfg.router_correction_bias && !hash)
+    bias = ck.get(n.bias, {E}, Init::uniform(-0.05f, 0.05f));
 
   std::vector<SwigluView> experts(static_cast<size_t>(E));
   std::vector<Tensor> owned;
@@ -254,9 +300,9 @@ std::unique_ptr<Ffn> make_moe_ffn(const ModelConfig& cfg, int layer, Checkpoint&
                                                       : cfg.n_shared_experts * cfg.moe_intermediate_size;
   if (S > 0) {
     const std::string q = P + n.shared;
-    owned.push_back(ck.get(q + "gate_proj.weight", {S, D}));
-    owned.push_back(ck.get(q + "up_proj.weight", {S, D}));
-    owned.push_back(ck.get(q + "down_proj.weight", {D, S}));
+    owned.push_back(ck.get(q + (n.shared_w ? "w1.weight" : "gate_proj.weight"), {S, D}));
+    owned.push_back(ck.get(q + (n.shared_w ? "w3.weight" : "up_proj.weight"), {S, D}));
+    owned.push_back(ck.get(q + (n.shared_w ? "w2.weight" : "down_proj.weight"), {D, S}));
     const size_t o = owned.size() - 3;
     shared = view_of(owned[o], owned[o + 1], owned[o + 2]);
     has_shared = true;

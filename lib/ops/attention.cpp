@@ -10,6 +10,7 @@
 
 #include "core/error.hpp"
 #include "core/linalg.hpp"
+#include "core/parallel.hpp"
 
 namespace dz {
 
@@ -128,6 +129,44 @@ void mla_attention_absorbed(const float* q, const float* latent, const float* k_
       for (int64_t d = 0; d < vd; ++d) o[d] = dot(wv + d * R, o_lat.data(), R);
     }
   }
+}
+
+void dsv4_attention(const float* q, const float* raw, const float* comp, int64_t n_comp, const int32_t* sel, int64_t K,
+                    const float* sink, float* out, int64_t T, int64_t pos0, int64_t H, int64_t D, int64_t W, int64_t m,
+                    float scale) {
+  DZ_CHECK(W > 0 && (sel || m > 0 || n_comp == 0), "dsv4_attention: window ", W, ", compress rate ", m);
+  parallel_for(T * H, [&](int64_t i0, int64_t i1) {
+    std::vector<const float*> keys;
+    std::vector<float> lg;
+    for (int64_t i = i0; i < i1; ++i) {
+      const int64_t t = i / H, h = i % H, s = pos0 + t;
+      keys.clear();
+      for (int64_t j = std::max<int64_t>(0, s - W + 1); j <= s; ++j) keys.push_back(raw + j * D);
+      if (sel) {
+        for (int64_t j = 0; j < K; ++j) {
+          const int32_t e = sel[t * K + j];
+          if (e < 0) continue;
+          DZ_CHECK(e < n_comp, "dsv4_attention: selected entry ", e, " of ", n_comp);
+          keys.push_back(comp + int64_t(e) * D);
+        }
+      } else if (comp) {
+        const int64_t nv = std::min<int64_t>((s + 1) / m, n_comp);
+        for (int64_t e = 0; e < nv; ++e) keys.push_back(comp + e * D);
+      }
+      const float* qh = q + (t * H + h) * D;
+      lg.resize(keys.size());
+      float mx = sink ? sink[h] : -INFINITY;
+      for (size_t j = 0; j < keys.size(); ++j) mx = std::max(mx, lg[j] = scale * dot(qh, keys[j], D));
+      float z = sink ? std::exp(sink[h] - mx) : 0.f;
+      for (size_t j = 0; j < keys.size(); ++j) z += (lg[j] = std::exp(lg[j] - mx));
+      float* o = out + (t * H + h) * D;
+      std::fill(o, o + D, 0.f);
+      for (size_t j = 0; j < keys.size(); ++j) {
+        const float p = lg[j] / z;
+        for (int64_t d = 0; d < D; ++d) o[d] += p * keys[j][d];
+      }
+    }
+  });
 }
 
 }  // namespace dz

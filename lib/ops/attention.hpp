@@ -30,4 +30,15 @@ void mla_attention_absorbed(const float* q, const float* latent, const float* k_
                             float* out, int64_t T, int64_t pos0, int64_t S, int64_t H, int64_t nope, int64_t rope,
                             int64_t R, int64_t vd, float scale, const int32_t* sel = nullptr, int64_t n_sel = 0);
 
+// DeepSeek-V4's shared-KV attention (one row per key, used as key and value), per query t at
+// position s = pos0 + t and head h:
+//   keys = raw rows max(0, s - W + 1) .. s   (the sliding window, raw [>= pos0 + T, D])
+//        ∪ compressed rows comp[e] for e in sel[t, :] (>= 0; CSA: the indexer's choice) or, with
+//          sel == nullptr, every e < (s + 1) / m (HCA: the entries whose window has closed)
+//   out[t, h] = Σ_j p_j key_j,  p = softmax over {scale · q[t, h] · key_j} ∪ {sink[h]}
+// (the sink takes probability mass and adds no value). q, out [T, H, D]; sel [T, K].
+void dsv4_attention(const float* q, const float* raw, const float* comp, int64_t n_comp, const int32_t* sel, int64_t K,
+                    const float* sink, float* out, int64_t T, int64_t pos0, int64_t H, int64_t D, int64_t W, int64_t m,
+                    float scale);
+
 }  // namespace dz

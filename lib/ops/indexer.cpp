@@ -107,12 +107,11 @@ void kpool_pooled_keys(const float* cache, const float* ape, int64_t S, int64_t 
     }
 }
 
-void kpool_select(const float* q, const float* w, const float* kp, int64_t T, int64_t pos0, int64_t S, int64_t H,
-                  int64_t D, int64_t P, int64_t Kp, bool tail, int32_t* sel) {
-  DZ_CHECK(P > 0 && Kp > 0, "kpool_select: group ", P, ", groups per query ", Kp);
-  DZ_CHECK(pos0 + T <= S, "kpool_select: rows reach position ", pos0 + T - 1, " beyond ", S, " keys");
-  const int64_t NP = S / P, width = Kp * P + (tail ? P - 1 : 0);
-  std::vector<float> sc(static_cast<size_t>(std::max<int64_t>(NP, 1)));
+void group_select(const float* q, const float* w, const float* keys, int64_t T, int64_t pos0, int64_t NG, int64_t H,
+                  int64_t D, int64_t P, int64_t K, int32_t* sel) {
+  DZ_CHECK(P > 0 && K > 0, "group_select: group ", P, ", groups per query ", K);
+  DZ_CHECK((pos0 + T) / P <= NG, "group_select: rows reach group ", (pos0 + T) / P - 1, " beyond ", NG, " groups");
+  std::vector<float> sc(static_cast<size_t>(std::max<int64_t>(NG, 1)));
   std::vector<int32_t> idx;
   for (int64_t t = 0; t < T; ++t) {
     const int64_t s = pos0 + t, nvis = (s + 1) / P;
@@ -121,22 +120,35 @@ void kpool_select(const float* q, const float* w, const float* kp, int64_t T, in
       float v = 0.f;
       for (int64_t h = 0; h < H; ++h) {
         float d = 0.f;
-        for (int64_t c = 0; c < D; ++c) d += qt[h * D + c] * kp[p * D + c];
+        for (int64_t c = 0; c < D; ++c) d += qt[h * D + c] * keys[p * D + c];
         v += w[t * H + h] * std::max(d, 0.f);
       }
       sc[size_t(p)] = v;
     }
     idx.resize(size_t(nvis));
     std::iota(idx.begin(), idx.end(), 0);
-    if (nvis > Kp) {
-      std::nth_element(idx.begin(), idx.begin() + (Kp - 1), idx.end(), Better{sc.data()});
-      idx.resize(size_t(Kp));
+    if (nvis > K) {
+      std::nth_element(idx.begin(), idx.begin() + (K - 1), idx.end(), Better{sc.data()});
+      idx.resize(size_t(K));
     }
     std::sort(idx.begin(), idx.end());
+    for (int64_t j = 0; j < K; ++j) sel[t * K + j] = j < int64_t(idx.size()) ? idx[size_t(j)] : -1;
+  }
+}
+
+void kpool_select(const float* q, const float* w, const float* kp, int64_t T, int64_t pos0, int64_t S, int64_t H,
+                  int64_t D, int64_t P, int64_t Kp, bool tail, int32_t* sel) {
+  DZ_CHECK(P > 0 && Kp > 0, "kpool_select: group ", P, ", groups per query ", Kp);
+  DZ_CHECK(pos0 + T <= S, "kpool_select: rows reach position ", pos0 + T - 1, " beyond ", S, " keys");
+  const int64_t NP = S / P, width = Kp * P + (tail ? P - 1 : 0);
+  std::vector<int32_t> groups(static_cast<size_t>(T * Kp));
+  group_select(q, w, kp, T, pos0, NP, H, D, P, Kp, groups.data());
+  for (int64_t t = 0; t < T; ++t) {
+    const int64_t s = pos0 + t, nvis = (s + 1) / P;
     int32_t* out = sel + t * width;
     int64_t n = 0;
-    for (int32_t p : idx)
-      for (int64_t j = 0; j < P; ++j) out[n++] = int32_t(p * P + j);
+    for (int64_t j = 0; j < Kp && groups[size_t(t * Kp + j)] >= 0; ++j)
+      for (int64_t i = 0; i < P; ++i) out[n++] = int32_t(groups[size_t(t * Kp + j)] * P + i);
     if (tail)
       for (int64_t u = nvis * P; u <= s; ++u) out[n++] = int32_t(u);
     for (; n < width; ++n) out[n] = -1;

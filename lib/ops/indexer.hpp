@@ -44,6 +44,13 @@ void topk_positions(const float* scores, int32_t* sel, int64_t T, int64_t pos0, 
 // group), and attends to their tokens and, with `tail`, to the tokens of its own incomplete group
 // (the last (s + 1) mod P positions). sel [T, Kp·P + (tail ? P − 1 : 0)]: ascending, −1 padded.
 void kpool_pooled_keys(const float* cache, const float* ape, int64_t S, int64_t D, int64_t P, float* kp);
+// Group Top-K (the k-pool selection's groups; DeepSeek-V4's indexer over compressed entries):
+// query t at position s = pos0 + t sees groups g < (s + 1) / P of keys [NG, D] (a group closes
+// with its last token) and scores them as Σ_h w[t, h] · relu(q[t, h] · keys[g]) -> sel [T, K]:
+// its K best visible groups ascending (all of them while at most K are visible), -1 padded; ties
+// to the lower group.
+void group_select(const float* q, const float* w, const float* keys, int64_t T, int64_t pos0, int64_t NG, int64_t H,
+                  int64_t D, int64_t P, int64_t K, int32_t* sel);
 void kpool_select(const float* q, const float* w, const float* kp, int64_t T, int64_t pos0, int64_t S, int64_t H,
                   int64_t D, int64_t P, int64_t Kp, bool tail, int32_t* sel);
 

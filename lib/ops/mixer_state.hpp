@@ -15,6 +15,13 @@ struct MixerState {
   // The device buffers a captured decode step reads and writes in place (a replayed graph is valid
   // only while they stay where they were at capture).
   virtual std::vector<const void*> device_buffers() const { return {}; }
+  // The sparse attention's choices in the last forward call ([T_last, width], ascending, -1
+  // padded: DSA key positions, or DeepSeek-V4's compressed-entry ids); false for a mixer without.
+  virtual bool topk_sets(std::vector<int32_t>& sel, int64_t& width) const {
+    (void)sel;
+    (void)width;
+    return false;
+  }
 };
 
 }  // namespace dz

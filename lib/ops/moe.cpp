@@ -35,7 +35,8 @@ void order_desc(const float* v, int64_t n, std::vector<int32_t>& ord) {
 }
 }  // namespace
 
-void moe_select(const RouterConfig& rc, const float* logits, const float* bias, int32_t* idx, float* w) {
+void moe_select(const RouterConfig& rc, const float* logits, const float* bias, int32_t* idx, float* w,
+                const int32_t* fixed) {
   const int64_t E = rc.n_experts;
   std::vector<float> s(static_cast<size_t>(E)), c(static_cast<size_t>(E));  // scores [E], selection scores [E]
   if (rc.score_func == ScoreFunc::Softmax) {
@@ -44,8 +45,27 @@ void moe_select(const RouterConfig& rc, const float* logits, const float* bias, 
     float sum = 0.f;
     for (int64_t e = 0; e < E; ++e) sum += (s[size_t(e)] = std::exp(logits[e] - mx));
     for (int64_t e = 0; e < E; ++e) s[size_t(e)] /= sum;
-  } else {
+  } else if (rc.score_func == ScoreFunc::Sigmoid) {
     for (int64_t e = 0; e < E; ++e) s[size_t(e)] = sigmoid(logits[e]);
+  } else {  // sqrt(softplus(x)), softplus as torch computes it (x itself above 20)
+    for (int64_t e = 0; e < E; ++e) {
+      const float x = logits[e];
+      s[size_t(e)] = std::sqrt(x > 20.f ? x : std::log1p(std::exp(x)));
+    }
+  }
+  if (fixed) {
+    std::vector<int32_t> f(fixed, fixed + rc.top_k);
+    std::sort(f.begin(), f.end());
+    float sum = 0.f;
+    for (int64_t j = 0; j < rc.top_k; ++j) {
+      DZ_CHECK(f[size_t(j)] >= 0 && f[size_t(j)] < E, "moe router: hash-routed expert ", f[size_t(j)], " outside 0..", E - 1);
+      idx[j] = f[size_t(j)];
+      w[j] = s[size_t(f[size_t(j)])];
+      DZ_CHECK(std::isfinite(w[j]), "moe router: score of expert ", idx[j], " is not finite (", w[j], ")");
+      sum += w[j];
+    }
+    for (int64_t j = 0; j < rc.top_k; ++j) w[j] = (rc.norm_topk_prob ? w[j] / (sum + 1e-20f) : w[j]) * rc.routed_scaling_factor;
+    return;
   }
   for (int64_t e = 0; e < E; ++e) {
     c[size_t(e)] = bias ? s[size_t(e)] + bias[e] : s[size_t(e)];
@@ -95,13 +115,14 @@ void moe_select(const RouterConfig& rc, const float* logits, const float* bias, 
 }
 
 void moe_route(const RouterConfig& rc, const float* x, const float* W_gate, const float* bias, int64_t T, int64_t D,
-               int32_t* idx, float* w) {
+               int32_t* idx, float* w, const int32_t* fixed) {
   rc.validate();
   const int64_t E = rc.n_experts;
   std::vector<float> logits(static_cast<size_t>(T * E));  // [T, E]
   linear(x, W_gate, nullptr, logits.data(), T, D, E);
   for (int64_t t = 0; t < T; ++t)
-    moe_select(rc, logits.data() + t * E, bias, idx + t * rc.top_k, w + t * rc.top_k);
+    moe_select(rc, logits.data() + t * E, bias, idx + t * rc.top_k, w + t * rc.top_k,
+               fixed ? fixed + t * rc.top_k : nullptr);
 }
 
 SwigluView SwigluView::slice(int64_t i0, int64_t i1, int64_t D) const {

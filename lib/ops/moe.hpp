@@ -5,7 +5,7 @@
 //
 // Routing, per token (T rows of x [T, D]):
 //   logits = x · W_gate^T                               [E]
-//   s      = softmax(logits) | sigmoid(logits)          (weights come from s)
+//   s      = softmax(logits) | sigmoid(logits) | sqrt(softplus(logits))   (weights come from s)
 //   c      = s + bias        (bias == nullptr: c = s)   (selection only)
 //   groups : E split into n_group contiguous groups; group score = sum of the two largest c in the
 //            group (Top2Sum: DeepSeek-V3 / V3.2 / Kimi) or the largest c (Max: DeepSeek's own code
@@ -38,11 +38,15 @@ struct RouterConfig {
 };
 
 // Selection for one token from its logits [E]; bias [E] or nullptr. idx/w [top_k], idx ascending.
-void moe_select(const RouterConfig& rc, const float* logits, const float* bias, int32_t* idx, float* w);
+// fixed [top_k] (DeepSeek-V4's hash routing: the experts of the token id) replaces the selection:
+// those experts (in ascending order), weighted by their scores as above.
+void moe_select(const RouterConfig& rc, const float* logits, const float* bias, int32_t* idx, float* w,
+                const int32_t* fixed = nullptr);
 
-// Router for T tokens: x [T, D], W_gate [E, D], bias [E] or nullptr -> idx [T, top_k], w [T, top_k].
+// Router for T tokens: x [T, D], W_gate [E, D], bias [E] or nullptr -> idx [T, top_k], w [T, top_k];
+// fixed [T, top_k] or nullptr (moe_select).
 void moe_route(const RouterConfig& rc, const float* x, const float* W_gate, const float* bias, int64_t T,
-               int64_t D, int32_t* idx, float* w);
+               int64_t D, int32_t* idx, float* w, const int32_t* fixed = nullptr);
 
 // One SwiGLU MLP (or a width slice of one): y = down(silu(gate·x) * up·x).
 //   gate, up: [inter, D] row-major (rows of a wider matrix are fine: row stride is D)

@@ -67,10 +67,24 @@ Rope::Rope(const RopeConfig& cfg, int64_t rot_dim) : cfg_(cfg), rot_dim_(rot_dim
   const double ms = cfg.yarn_mscale, ms_all = cfg.yarn_mscale_all_dim;
   cos_sin_mult_ = (ms != 0.0 && ms_all != 0.0) ? float(yarn_get_mscale(factor, ms) / yarn_get_mscale(factor, ms_all))
                                                : float(yarn_get_mscale(factor, 1.0));
+  if (cfg.yarn_attention_factor >= 0.f) cos_sin_mult_ = cfg.yarn_attention_factor;  // given (DeepSeek-V4: 1)
   if (ms_all != 0.0) {
     const double m = yarn_get_mscale(factor, ms_all);
     softmax_mult_ = float(m * m);
   }
+}
+
+Rope Rope::inverse() const {
+  Rope r = *this;
+  for (float& f : r.inv_freq_) f = -f;  // cos(-a) = cos a, sin(-a) = -sin a
+  return r;
+}
+
+Rope Rope::strided(int64_t m) const {
+  DZ_CHECK(m >= 1, "rope: stride ", m);
+  Rope r = *this;
+  for (float& f : r.inv_freq_) f *= float(m);
+  return r;
 }
 
 void Rope::apply(float* x, int64_t T, int64_t H, int64_t head_stride, int64_t offset, int64_t pos0) const {

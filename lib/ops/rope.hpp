@@ -22,6 +22,11 @@ class Rope {
   const std::vector<float>& inv_freq() const { return inv_freq_; }
   float cos_sin_mult() const { return cos_sin_mult_; }
   bool interleaved() const { return cfg_.style == RopeStyle::Interleaved; }
+  // The rotation by -angle (inverse(): DeepSeek-V4 un-rotates its attention output at the query
+  // position), and the one whose position p stands for absolute position p · m (strided(m): the
+  // compressed entry of window p, which sits at p · m).
+  Rope inverse() const;
+  Rope strided(int64_t m) const;
 
  private:
   RopeConfig cfg_;

@@ -154,19 +154,26 @@ TEST_CASE("inspect: GLM-5.3-Flash and DeepSeek-V4 (transformers 5.23 checkpoints
   CHECK(mla["status"] == "reusable with different parameters");
   CHECK(mla["params"] == "MLA heads=4 q_lora=32 kv_lora=32 nope=32 rope=0 v=32 out_gate=0 indexer=16x32/top16 kpool=4");
 
-  auto d = inspect_json(fx + "deepseek_v4", dir, &code);
+  // DeepSeek-V4: dayzero parses it; with its support switched off every module is still dayzero's
+  auto dp = inspect_json(fx + "deepseek_v4", dir, &code);
+  CHECK(code == 0);
+  CHECK(dp["summary"]["new"] == 0);
+  auto d = inspect_json(variant(fx + "deepseek_v4", dir + "/v4", [](nlohmann::json& j) { j["model_type"] = "deepseek_v4_off"; }),
+                        dir, &code);
   CHECK(code == 2);
-  CHECK(rows(d, "model", "hyper-connection head")[0]["status"] == "new");  // weighted, not GLM's mean
+  CHECK(d["summary"]["new"] == 1);  // the normaliser
+  CHECK(rows(d, "config", "keys").empty());  // compress_rates, o_groups, sliding_window: keys dayzero reads
+  CHECK(rows(d, "model", "hyper-connection head")[0]["status"] == "reusable with different parameters");
   CHECK(rows(d, "layer 1", "residual")[0]["status"] == "reusable with different parameters");  // the same mHC
-  const std::string dkeys = rows(d, "config", "keys")[0]["note"];
-  for (const char* k : {"compress_rates=", "o_groups=2", "o_lora_rank=16", "sliding_window=8"})
-    CHECK(dkeys.find(k) != std::string::npos);
   CHECK(rows(d, "model", "embedding, final norm, LM head")[0]["status"] == "reusable");  // head.weight
-  const std::string att = rows(d, "layer 3", "token mixer")[0]["note"];
-  CHECK(att.find("compressor") != std::string::npos);
+  auto att = rows(d, "layer 3", "token mixer")[0];
+  CHECK(att["status"] == "reusable with different parameters");
+  CHECK(att["params"].get<std::string>().find("DSV4 heads=4 head_dim=32") == 0);
+  CHECK(att["params"].get<std::string>().find("CSA/4 indexer=16x32") != std::string::npos);
+  CHECK(rows(d, "layer 0", "token mixer")[0]["params"].get<std::string>().find("HCA/128") != std::string::npos);
   auto hash = rows(d, "layer 0", "ffn")[0];  // a hash-routed MoE layer: the MoE plus gate.tid2eid
-  CHECK(hash["status"] == "new");
-  CHECK(hash["note"].get<std::string>().find("ffn.gate.tid2eid") != std::string::npos);
+  CHECK(hash["status"] == "reusable with different parameters");
+  CHECK(hash["params"].get<std::string>().find("hash_routed=1") != std::string::npos);
   CHECK(rows(d, "layer 3", "ffn")[0]["status"] == "reusable with different parameters");
   CHECK(rows(d, "model", "MTP layers").empty());  // the fixture's MTP layer is not saved by transformers
 }

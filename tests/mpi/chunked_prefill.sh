@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
 # --max-batch-tokens C prefills a document in forwards of at most C tokens, the state carrying
 # across them: every mode equals the whole-document prefill, on the demo preset (KDA + MLA/DSA +
-# MoE + Block AttnRes) and the qwen3_next golden (GDN + GQA), for chunk sizes that do and do not
+# MoE + Block AttnRes), the qwen3_next golden (GDN + GQA) and the deepseek_v4 golden (sliding window,
+# compressors with their pending windows, indexer), for chunk sizes that do and do not
 # divide the documents. Log-probs, last logits and top-k log-probs within 1e-4, the tolerance of the
 # CP x TP equality test and for the same reason: the linear-attention scan regroups its fp32 sums
 # at the new chunk boundaries (chunks below 64 tokens take the recurrent form), and the tiny
 # std-0.15 golden amplifies that (measured below); top-k ids and greedy tokens identical.
 source "$(dirname "$0")/lib.sh"
 "$DZ" make-model --preset demo --out "$W/demo" >/dev/null
-models=("$W/demo" "$SRC/tests/golden/qwen3_next")
+models=("$W/demo" "$SRC/tests/golden/qwen3_next" "$SRC/tests/golden/deepseek_v4")
 for m in "${models[@]}"; do
   name=$(basename "$m")
   edge_tokens 256 "$W/t.txt" 6

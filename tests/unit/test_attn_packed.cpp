@@ -122,6 +122,18 @@ class CountingBackend final : public Backend {
                           int64_t P, int64_t pos0, int64_t H, int64_t Kp, bool tail, const DTensor& sel) override {
     be.indexer_kpool_topk(q, w, wscale, cache, ape, P, pos0, H, Kp, tail, sel);
   }
+  void pool_softmax(const DTensor& src, const DTensor& ape, int64_t P, const DTensor& out) override {
+    be.pool_softmax(src, ape, P, out);
+  }
+  void group_topk(const DTensor& q, const DTensor& w, float wscale, const DTensor& keys, int64_t P, int64_t pos0,
+                  int64_t H, int64_t K, const DTensor& sel) override {
+    be.group_topk(q, w, wscale, keys, P, pos0, H, K, sel);
+  }
+  void dsv4_attention(const DTensor& q, const DTensor& raw, const DTensor& comp, const DTensor& sel,
+                      const DTensor& sinks, int64_t pos0, int64_t H, int64_t W, int64_t m, float scale,
+                      const DTensor& out) override {
+    be.dsv4_attention(q, raw, comp, sel, sinks, pos0, H, W, m, scale, out);
+  }
   void hc_pre(const DTensor& x, const DTensor& fn, const DTensor& base, const DTensor& scale, const dz::HcParams& p,
               const DTensor& coeff, const DTensor& in) override {
     be.hc_pre(x, fn, base, scale, p, coeff, in);

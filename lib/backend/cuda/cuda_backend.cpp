@@ -25,6 +25,7 @@
 #include "core/fp8.hpp"
 #include "core/parallel.hpp"
 #include "indexer.cuh"
+#include "dsv4_attention.cuh"
 #include "indexer_kpool.cuh"
 #include "linear_attn.cuh"
 #include "paged_cache.cuh"
@@ -438,12 +439,15 @@ class CudaBackend final : public Backend {
     rp.top_k = int(k);
     rp.n_group = int(rc.n_group);
     rp.topk_group = int(rc.topk_group);
-    rp.softmax = rc.score_func == ScoreFunc::Softmax;
+    rp.score = rc.score_func == ScoreFunc::Softmax ? 0 : rc.score_func == ScoreFunc::Sigmoid ? 1 : 2;
     rp.norm_topk_prob = rc.norm_topk_prob;
     rp.top2sum = rc.group_score == GroupScore::Top2Sum;
     rp.scaling = rc.routed_scaling_factor;
     DTensor idx = alloc({T, k}, DType::I32), wt = alloc({T, k}, DType::F32);
-    cuda::moe_select(logits.ptr<float>(), optf(w.bias), T, rp, idx.ptr<int32_t>(), wt.ptr<float>(), route_bad_, st());
+    DZ_CHECK(!w.fixed.defined() || (w.fixed.dtype == DType::I32 && w.fixed.numel() == T * k), "moe: fixed experts ",
+             shape_str(w.fixed.shape), " for ", T, " rows of ", k);
+    cuda::moe_select(logits.ptr<float>(), optf(w.bias), T, rp, idx.ptr<int32_t>(), wt.ptr<float>(), route_bad_, st(),
+                     w.fixed.defined() ? w.fixed.ptr<int32_t>() : nullptr);
     // Dispatch: assignments grouped by expert, 64-row tiles per expert for the grouped GEMMs.
     const int64_t n = T * k, max_tiles = n / 64 + E + 1;
     DTensor counts = alloc({E}, DType::I32), offsets = alloc({E + 1}, DType::I32),
@@ -866,18 +870,63 @@ class CudaBackend final : public Backend {
     const int64_t T = w.rows(), D = cache.cols() / 2, S = cache.rows(), NP = S / P;
     if (T == 0) return;
     DZ_CHECK(cache.dtype == DType::BF16 && q.dtype == DType::BF16, "indexer_kpool_topk: bf16 cache and queries");
+    DTensor kp = alloc({std::max<int64_t>(NP, 1), D}, DType::F32);
+    cuda::kpool_pooled_keys(b16(cache), ape.ptr<float>(), S, D, P, kp.ptr<float>(), st());
+    group_pick(q, w, wscale, kp, NP, P, pos0, H, Kp, tail, sel);
+  }
+  void pool_softmax(const DTensor& src, const DTensor& ape, int64_t P, const DTensor& out) override {
+    const int64_t D = src.cols() / 2, S = src.rows();
+    DZ_CHECK(src.cols() == 2 * D && ape.numel() == P * D && out.numel() == (S / P) * D && S % P == 0 &&
+                 src.dtype == DType::BF16,
+             "pool_softmax: src ", shape_str(src.shape), " ", to_string(src.dtype), ", ape ", shape_str(ape.shape),
+             ", groups of ", P, " -> ", shape_str(out.shape));
+    if (S == 0) return;
+    DTensor f = alloc({S / P, D}, DType::F32);
+    cuda::kpool_pooled_keys(b16(src), ape.ptr<float>(), S, D, P, f.ptr<float>(), st());
+    convert(f, out);
+  }
+  void group_topk(const DTensor& q, const DTensor& w, float wscale, const DTensor& keys, int64_t P, int64_t pos0,
+                  int64_t H, int64_t K, const DTensor& sel) override {
+    const int64_t T = w.rows(), D = keys.cols(), NG = keys.rows();
+    DZ_CHECK(q.numel() == T * H * D && sel.numel() == T * K && sel.dtype == DType::I32 && q.dtype == DType::BF16,
+             "group_topk: q ", shape_str(q.shape), ", keys ", shape_str(keys.shape), ", sel ", shape_str(sel.shape));
+    DZ_CHECK((pos0 + T) / P <= NG, "group_topk: rows reach group ", (pos0 + T) / P - 1, " beyond ", NG, " groups");
+    if (T == 0) return;
+    DTensor kf = alloc({std::max<int64_t>(NG, 1), D}, DType::F32);
+    if (NG > 0) convert(keys, kf.slab(0, NG));
+    group_pick(q, w, wscale, kf, NG, P, pos0, H, K, false, sel, true);
+  }
+  void dsv4_attention(const DTensor& q, const DTensor& raw, const DTensor& comp, const DTensor& sel,
+                      const DTensor& sinks, int64_t pos0, int64_t H, int64_t W, int64_t m, float scale,
+                      const DTensor& out) override {
+    const int64_t D = raw.cols(), T = q.rows();
+    const bool has_sel = sel.defined() && sel.numel() > 0;
+    const int64_t nc = comp.defined() ? comp.rows() : 0;
+    DZ_CHECK(q.numel() == T * H * D && out.numel() == T * H * D && raw.rows() >= pos0 + T &&
+                 (nc == 0 || comp.cols() == D) && sinks.numel() == H && (!has_sel || sel.rows() == T) &&
+                 q.dtype == DType::BF16 && raw.dtype == DType::BF16,
+             "dsv4_attention: q ", shape_str(q.shape), ", raw ", shape_str(raw.shape), ", comp ", shape_str(comp.shape),
+             ", sel ", shape_str(sel.shape), ", ", H, " heads");
+    DTensor dsel = sel;
+    if (has_sel && sel.device == Device::Host) dsel = upload_i32(static_cast<const int32_t*>(sel.data), sel.shape);
+    cuda::dsv4_attention(b16(q), b16(raw), nc ? b16(comp) : nullptr, nc, has_sel ? dsel.ptr<int32_t>() : nullptr,
+                         has_sel ? sel.cols() : 0, sinks.ptr<float>(), b16w(out), T, pos0, H, D, W, m, scale, st());
+  }
+  // The group selection of indexer_kpool_topk / group_topk from fp32 keys kp [>= NP, D]: the
+  // products q_h · kp_p as one fp32 GEMM per block of queries (CUBLAS_COMPUTE_32F: no TF32, the
+  // CPU's fp32 scores within summation order) over the groups the block's last query sees, then
+  // the head-weighted ReLU sum and the block Top-K; blocks keep the [rows * H, groups] product
+  // scratch near 512 MiB. groups_only: sel [T, Kp] holds the groups, else their tokens.
+  void group_pick(const DTensor& q, const DTensor& w, float wscale, const DTensor& kp, int64_t NP, int64_t P,
+                  int64_t pos0, int64_t H, int64_t Kp, bool tail, const DTensor& sel, bool groups_only = false) {
+    const int64_t T = w.rows(), D = kp.cols();
     DTensor ws = alloc({T, H}, DType::F32);
     CUDA_CHECK(cudaMemcpyAsync(ws.data, w.data, size_t(T * H) * 4, cudaMemcpyDeviceToDevice, st()));
     cuda::scale(ws.ptr<float>(), wscale, T * H, st());
-    DTensor kp = alloc({std::max<int64_t>(NP, 1), D}, DType::F32);
-    cuda::kpool_pooled_keys(b16(cache), ape.ptr<float>(), S, D, P, kp.ptr<float>(), st());
-    // The products q_h · kp_p as one fp32 GEMM per block of queries (CUBLAS_COMPUTE_32F: no TF32,
-    // the CPU's fp32 scores within summation order), over the groups the block's last query sees;
-    // blocks keep the [rows * H, groups] product scratch near 512 MiB.
     const int64_t block = std::max<int64_t>(1, std::min<int64_t>(T, (int64_t(1) << 27) / std::max<int64_t>(H * NP, 1)));
     const int64_t cols = std::max<int64_t>(NP, 1);
-    DTensor qf = alloc({block, H * D}, DType::F32), prod = alloc({block * H, cols}, DType::F32), scores = alloc({block, cols}, DType::F32),
-            groups = alloc({block, Kp}, DType::I32);
+    DTensor qf = alloc({block, H * D}, DType::F32), prod = alloc({block * H, cols}, DType::F32),
+            scores = alloc({block, cols}, DType::F32), groups = alloc({block, Kp}, DType::I32);
     const int64_t width = sel.cols();
     const float one = 1.f, zero = 0.f;
     for (int64_t t0 = 0; t0 < T; t0 += block) {
@@ -886,10 +935,12 @@ class CudaBackend final : public Backend {
       cuda::convert(b16(q) + t0 * H * D, Dt::BF16, qf.data, Dt::F32, n * H * D, st());
       if (nv > 0)  // prod^T [nv, n*H] (column-major) = kp [nv, D] (rows of D) x qf rows
         CUBLAS_CHECK(cublasGemmEx(blas_, CUBLAS_OP_T, CUBLAS_OP_N, int(nv), int(n * H), int(D), &one, kp.data,
-                                  CUDA_R_32F, int(D), qf.data, CUDA_R_32F, int(D), &zero,
-                                  prod.data, CUDA_R_32F, int(ld), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+                                  CUDA_R_32F, int(D), qf.data, CUDA_R_32F, int(D), &zero, prod.data, CUDA_R_32F,
+                                  int(ld), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+      int32_t* out = sel.ptr<int32_t>() + t0 * width;
       cuda::kpool_pick(prod.ptr<float>(), ld, ws.ptr<float>() + t0 * H, n, pos0 + t0, H, P, Kp, tail,
-                       scores.ptr<float>(), groups.ptr<int32_t>(), sel.ptr<int32_t>() + t0 * width, st());
+                       scores.ptr<float>(), groups_only ? out : groups.ptr<int32_t>(), groups_only ? nullptr : out,
+                       st());
     }
   }
   void quant_round(const DTensor& x, Round kind) override {
