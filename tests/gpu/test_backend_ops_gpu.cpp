@@ -695,6 +695,92 @@ TEST_CASE("backend ops: k-pool DSA selection on cuda equals the cpu backend", "[
 }
 
 // mHC: coefficients + collapse, the expand-and-mix, the start and the mean head, on both backends.
+// DeepSeek-V4's pieces: the compressors' softmax pooling, the indexer's group Top-K over
+// compressed entries (sets: >= 99% agree, as the other indexers), and the attention over the
+// sliding window plus compressed entries with sinks (CSA: a selection; HCA: every closed entry;
+// the window alone), at the golden's sizes and the published head of 512.
+TEST_CASE("backend ops: DeepSeek-V4 pooling, group Top-K and attention on cuda equal the cpu backend", "[gpu]") {
+  Both& b = backends();
+  for (int64_t P : {4, 8, 128}) {
+    const int64_t D = 64, S = P * 37;
+    const auto src = rnd(size_t(S * 2 * D), 301), ape = rnd(size_t(P * D), 302);
+    check("pool_softmax", "P=" + std::to_string(P) + " groups=37", 1e-4, [&](Backend& be) {
+      DTensor o = be.act({S / P, D});
+      be.pool_softmax(be.upload(src.data(), {S, 2 * D}, be.act_dtype()), be.upload(ape.data(), {P, D}, DType::F32), P, o);
+      return be.to_host(o);
+    });
+  }
+  struct G {
+    int64_t H, D, P, K, pos0, T;
+  };
+  for (const G& c : {G{16, 16, 4, 4, 0, 130}, G{64, 128, 4, 512, 0, 4000}, G{8, 32, 4, 8, 900, 7}}) {
+    const int64_t NG = (c.pos0 + c.T) / c.P;
+    const auto q = rnd(size_t(c.T * c.H * c.D), 311), w = rnd(size_t(c.T * c.H), 312), k = rnd(size_t(NG * c.D), 313);
+    std::vector<int32_t> sel[2];
+    Backend* bes[2] = {b.cpu.get(), b.gpu.get()};
+    for (int i = 0; i < 2; ++i) {
+      Backend& be = *bes[i];
+      DTensor out = be.alloc({c.T, c.K}, DType::I32);
+      be.group_topk(be.upload(q.data(), {c.T, c.H * c.D}, be.act_dtype()), be.upload(w.data(), {c.T, c.H}, DType::F32),
+                    0.1f, be.upload(k.data(), {NG, c.D}, be.act_dtype()), c.P, c.pos0, c.H, c.K, out);
+      sel[i].resize(size_t(c.T * c.K));
+      be.download_i32(out, sel[i].data());
+    }
+    int64_t agree = 0, total = 0;
+    for (int64_t t = 0; t < c.T; ++t) {
+      const int64_t nvis = (c.pos0 + t + 1) / c.P, m = std::min(nvis, c.K);
+      const int32_t* g = sel[1].data() + t * c.K;
+      for (int64_t j = 0; j < c.K; ++j) {
+        REQUIRE((j < m) == (g[j] >= 0));
+        if (j > 0 && j < m) REQUIRE(g[j] > g[j - 1]);
+        REQUIRE(g[j] < nvis);
+        const int32_t r = sel[0][size_t(t * c.K + j)];
+        if (r < 0) continue;
+        ++total;
+        agree += std::binary_search(g, g + m, r) ? 1 : 0;
+      }
+    }
+    const double frac = total ? double(agree) / double(total) : 1.0;
+    std::printf("  group_topk       H=%lld D=%lld P=%lld K=%lld T=%lld pos0=%lld: %.4f of the cpu selection\n",
+                (long long)c.H, (long long)c.D, (long long)c.P, (long long)c.K, (long long)c.T, (long long)c.pos0, frac);
+    CHECK(frac >= 0.99);
+  }
+  struct A {
+    const char* name;
+    int64_t H, D, W, m, K, pos0, T;  // K > 0: a CSA selection; K == 0 and m > 0: HCA; m == 0: window only
+  };
+  for (const A& c : {A{"CSA", 4, 32, 8, 4, 4, 0, 130}, A{"HCA", 4, 32, 8, 16, 0, 0, 130}, A{"window", 4, 32, 8, 0, 0, 0, 70},
+                     A{"CSA decode", 64, 512, 128, 4, 512, 4095, 1}, A{"HCA 512", 16, 512, 128, 128, 0, 0, 1000},
+                     A{"CSA chunk", 16, 512, 128, 4, 64, 300, 50}}) {
+    const int64_t S = c.pos0 + c.T, NC = c.m > 0 ? S / c.m : 0;
+    const auto q = rnd(size_t(c.T * c.H * c.D), 321), raw = rnd(size_t(S * c.D), 322), comp = rnd(size_t(NC * c.D), 323),
+               sink = rnd(size_t(c.H), 324);
+    std::vector<int32_t> sel;
+    if (c.K > 0) {  // distinct closed entries per query, ascending, -1 padded
+      std::mt19937 g(325);
+      sel.assign(size_t(c.T * c.K), -1);
+      for (int64_t t = 0; t < c.T; ++t) {
+        const int64_t nv = (c.pos0 + t + 1) / c.m;
+        std::vector<int32_t> e(static_cast<size_t>(nv));
+        std::iota(e.begin(), e.end(), 0);
+        std::shuffle(e.begin(), e.end(), g);
+        e.resize(size_t(std::min(nv, c.K - (t % 3))));
+        std::sort(e.begin(), e.end());
+        std::copy(e.begin(), e.end(), sel.begin() + t * c.K);
+      }
+    }
+    check("dsv4_attention", std::string(c.name) + " H=" + std::to_string(c.H) + " D=" + std::to_string(c.D) + " T=" +
+                                std::to_string(c.T), 1e-4, [&](Backend& be) {
+      DTensor o = be.act({c.T, c.H * c.D});
+      be.dsv4_attention(be.upload(q.data(), {c.T, c.H * c.D}, be.act_dtype()), be.upload(raw.data(), {S, c.D}, be.act_dtype()),
+                        NC ? be.upload(comp.data(), {NC, c.D}, be.act_dtype()) : DTensor{},
+                        c.K ? be.upload_i32(sel.data(), {c.T, c.K}) : DTensor{}, be.upload(sink.data(), {c.H}, DType::F32),
+                        c.pos0, c.H, c.W, c.m, float(1.0 / std::sqrt(double(c.D))), o);
+      return be.to_host(o);
+    });
+  }
+}
+
 TEST_CASE("backend ops: mHC hyper-connections on cuda equal the cpu backend", "[gpu]") {
   for (int64_t N : {4, 1, 8})
     for (int64_t T : kRows) {
@@ -890,6 +976,7 @@ TEST_CASE("backend ops: MoE routing and grouped experts on cuda equal the cpu ba
     bool bias, shared, shared_gate, renorm;
     int64_t D = 64, I = 40;  // D = 60, I = 36: rows not whole 16-byte chunks (the element loads)
     float limit = 0.f;       // SwiGLU clamp of the experts and the shared expert
+    bool fixed = false;      // DeepSeek-V4 hash routing: the experts given per row
   };
   const Case cases[] = {{"softmax top-2", 8, 2, 1, 1, dz::ScoreFunc::Softmax, false, false, false, false},
                         {"sigmoid+bias groups", 16, 4, 4, 2, dz::ScoreFunc::Sigmoid, true, true, false, true},
@@ -897,7 +984,12 @@ TEST_CASE("backend ops: MoE routing and grouped experts on cuda equal the cpu ba
                         // more experts than the dispatch scan's block of 1024 threads: two chunks
                         {"1100 experts", 1100, 8, 1, 1, dz::ScoreFunc::Softmax, false, false, false, true},
                         {"odd widths", 8, 2, 1, 1, dz::ScoreFunc::Softmax, false, true, false, true, 60, 36},
-                        {"SwiGLU clamp", 16, 4, 1, 1, dz::ScoreFunc::Sigmoid, true, true, false, true, 64, 40, 0.05f}};
+                        {"SwiGLU clamp", 16, 4, 1, 1, dz::ScoreFunc::Sigmoid, true, true, false, true, 64, 40, 0.05f},
+                        // DeepSeek-V4: sqrt(softplus) scores, selected with the bias / taken from the hash table
+                        {"sqrtsoftplus+bias", 16, 4, 1, 1, dz::ScoreFunc::SqrtSoftplus, true, true, false, true, 64, 40,
+                         0.5f},
+                        {"hash routed", 16, 4, 1, 1, dz::ScoreFunc::SqrtSoftplus, false, true, false, true, 64, 40, 0.5f,
+                         true}};
   // T = 1 and 3: a decode step's few rows per expert (mostly padding in the 64-row tiles).
   for (const Case& c : cases)
     for (int64_t T : kRows) {
@@ -926,6 +1018,12 @@ TEST_CASE("backend ops: MoE routing and grouped experts on cuda equal the cpu ba
           w.shared = {be.upload(sg.data(), {I, D}, be.weight_dtype()), be.upload(su.data(), {I, D}, be.weight_dtype()),
                       be.upload(sd.data(), {D, I}, be.weight_dtype()), c.limit};
           if (c.shared_gate) w.shared_gate = be.upload(sgate.data(), {1, D}, DType::F32);
+        }
+        if (c.fixed) {  // k distinct experts per row, not in ascending order
+          std::vector<int32_t> ids(size_t(T * c.k));
+          for (int64_t t = 0; t < T; ++t)
+            for (int64_t j = 0; j < c.k; ++j) ids[size_t(t * c.k + j)] = int32_t((t * 5 + (c.k - j) * 3) % c.E);
+          w.fixed = be.upload_i32(ids.data(), {T, c.k});
         }
         DTensor a = be.upload(x.data(), {T, D}, be.act_dtype()), o = be.act({T, D});
         be.moe(rc, w, a, o);
