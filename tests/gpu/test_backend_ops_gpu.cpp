@@ -699,7 +699,7 @@ TEST_CASE("backend ops: k-pool DSA selection on cuda equals the cpu backend", "[
 // compressed entries (sets: >= 99% agree, as the other indexers), and the attention over the
 // sliding window plus compressed entries with sinks (CSA: a selection; HCA: every closed entry;
 // the window alone), at the golden's sizes and the published head of 512.
-TEST_CASE("backend ops: DeepSeek-V4 pooling, group Top-K and attention on cuda equal the cpu backend", "[gpu]") {
+TEST_CASE("backend ops: DeepSeek-V4 pooling + group Top-K + attention on cuda equal the cpu backend", "[gpu]") {
   Both& b = backends();
   for (int64_t P : {4, 8, 128}) {
     const int64_t D = 64, S = P * 37;
