@@ -64,24 +64,19 @@ if has decodeb; then
     --tokens 2048 --batch 32 --modes generate --new-tokens 17 --repeats 2 --json "$L/decode_batch32_dayzero.json" 2>&1 |
     grep -v '^{'
 fi
-if has ncu; then
-  for m in kimi_linear_48b_a3b_8l qwen3_next_80b_a3b_8l; do
+ncu_over() {  # $1 = tokens, $2.. = models: kernel time by group (scripts/ncu_summary.py)
+  local T=$1 m
+  shift
+  for m in "$@"; do
     ncu --clock-control none --profile-from-start off --csv --log-file "$L/ncu_$m.csv" \
       --metrics gpu__time_duration.sum,sm__throughput.avg.pct_of_peak_sustained_elapsed,dram__throughput.avg.pct_of_peak_sustained_elapsed,sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active \
-      "$DZ" bench e2e --model "configs/bench/$m" --tokens 32768 --modes last-logits --repeats 1 >/dev/null 2>&1 ||
+      "$DZ" bench e2e --model "configs/bench/$m" --tokens "$T" --modes last-logits --repeats 1 >/dev/null 2>&1 ||
       echo "ncu over $m failed (see $L/ncu_$m.csv)"
-    python3 scripts/ncu_summary.py "$L/ncu_$m.csv" "$L/ncu_$m.json" --title "$m T=32768 last-logits" || true
+    python3 scripts/ncu_summary.py "$L/ncu_$m.csv" "$L/ncu_$m.json" --title "$m T=$T last-logits" || true
   done
-fi
-if has ncu26; then
-  for m in qwen3_5_35b_a3b_8l glm5_3_flash_4l; do
-    ncu --clock-control none --profile-from-start off --csv --log-file "$L/ncu_$m.csv" \
-      --metrics gpu__time_duration.sum,sm__throughput.avg.pct_of_peak_sustained_elapsed,dram__throughput.avg.pct_of_peak_sustained_elapsed,sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active \
-      "$DZ" bench e2e --model "configs/bench/$m" --tokens 8192 --modes last-logits --repeats 1 >/dev/null 2>&1 ||
-      echo "ncu over $m failed (see $L/ncu_$m.csv)"
-    python3 scripts/ncu_summary.py "$L/ncu_$m.csv" "$L/ncu_$m.json" --title "$m T=8192 last-logits" || true
-  done
-fi
+}
+if has ncu; then ncu_over 32768 kimi_linear_48b_a3b_8l qwen3_next_80b_a3b_8l; fi
+if has ncu26; then ncu_over 8192 qwen3_5_35b_a3b_8l glm5_3_flash_4l; fi
 W=$(mktemp -d)
 K=configs/bench/kimi_linear_48b_a3b
 if has k131k; then

@@ -220,25 +220,31 @@ std::vector<bool> parse_mlp_types(const Fields& f, int64_t L) {
 }
 
 // rope_theta, rope_scaling (v4: {"type"|"rope_type": "yarn", ...}) or rope_parameters (v5).
+// One RoPE parameter set (a rope_parameters entry): theta, default or YaRN.
+void parse_rope_params(const Fields& p, RopeConfig* r, int64_t max_pos) {
+  r->theta = float(p.num({"rope_theta"}, r->theta));
+  const std::string type = p.string({"rope_type", "type"}, "default");
+  if (type == "default") return;
+  if (type != "yarn") p.bad("rope_type", str("'", type, "' is not supported (default or yarn)"));
+  r->yarn = true;
+  r->yarn_factor = float(p.num({"factor"}, 1.0));
+  r->yarn_original_max_pos = p.i64({"original_max_position_embeddings"}, max_pos);
+  r->yarn_beta_fast = float(p.num({"beta_fast"}, 32.0));
+  r->yarn_beta_slow = float(p.num({"beta_slow"}, 1.0));
+  r->yarn_mscale = float(p.num({"mscale"}, 1.0));
+  r->yarn_mscale_all_dim = float(p.num({"mscale_all_dim"}, 0.0));
+  if (p.has("attention_factor")) r->yarn_attention_factor = float(p.num({"attention_factor"}, 1.0));
+}
+
 void parse_rope(const Fields& f, RopeConfig* r, float default_partial) {
   r->theta = float(f.num({"rope_theta"}, 10000.0));
   r->partial_rotary_factor = float(f.num({"partial_rotary_factor"}, default_partial));
   const char* key = f.pick({"rope_parameters", "rope_scaling"});
   if (!key) return;
   Fields p = f.sub(key);
-  r->theta = float(p.num({"rope_theta"}, r->theta));
   r->partial_rotary_factor = float(p.num({"partial_rotary_factor"}, r->partial_rotary_factor));
-  const std::string type = p.string({"rope_type", "type"}, "default");
-  if (type == "default") return;
-  if (type != "yarn") p.bad("rope_type", str("'", type, "' is not supported (default or yarn)"));
-  r->yarn = true;
-  r->yarn_factor = float(p.num({"factor"}, 1.0));
   // transformers falls back to max_position_embeddings when the original length is absent
-  r->yarn_original_max_pos = p.i64({"original_max_position_embeddings"}, f.i64({"max_position_embeddings"}, 4096));
-  r->yarn_beta_fast = float(p.num({"beta_fast"}, 32.0));
-  r->yarn_beta_slow = float(p.num({"beta_slow"}, 1.0));
-  r->yarn_mscale = float(p.num({"mscale"}, 1.0));
-  r->yarn_mscale_all_dim = float(p.num({"mscale_all_dim"}, 0.0));
+  parse_rope_params(p, r, f.i64({"max_position_embeddings"}, 4096));
 }
 
 void parse_common(const Fields& f, const json& j, ModelConfig* c, double default_eps) {
@@ -666,22 +672,6 @@ void parse_glm5_next(const Fields& f, const json& j, ModelConfig* c) {
       f.bad("indexer_types", str("makes layer ", i, " 'shared' but layer ", i - 1, " runs no indexer"));
     l.ffn = moe[size_t(i)] ? FfnKind::MoE : FfnKind::Dense;
   }
-}
-
-// One RoPE parameter set (a rope_parameters entry): theta, default or YaRN.
-void parse_rope_params(const Fields& p, RopeConfig* r, int64_t max_pos) {
-  r->theta = float(p.num({"rope_theta"}, r->theta));
-  const std::string type = p.string({"rope_type", "type"}, "default");
-  if (type == "default") return;
-  if (type != "yarn") p.bad("rope_type", str("'", type, "' is not supported (default or yarn)"));
-  r->yarn = true;
-  r->yarn_factor = float(p.num({"factor"}, 1.0));
-  r->yarn_original_max_pos = p.i64({"original_max_position_embeddings"}, max_pos);
-  r->yarn_beta_fast = float(p.num({"beta_fast"}, 32.0));
-  r->yarn_beta_slow = float(p.num({"beta_slow"}, 1.0));
-  r->yarn_mscale = float(p.num({"mscale"}, 1.0));
-  r->yarn_mscale_all_dim = float(p.num({"mscale_all_dim"}, 0.0));
-  if (p.has("attention_factor")) r->yarn_attention_factor = float(p.num({"attention_factor"}, 1.0));
 }
 
 // deepseek_v4 (transformers 5.23 DeepseekV4Config, with the legacy keys its __post_init__ folds in:

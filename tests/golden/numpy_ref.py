@@ -431,6 +431,15 @@ def v4_expert(x, w1, w3, w2, limit):
     return (silu(g) * u) @ w2.T
 
 
+def routed_sum(h, P, pre, idx, w, names, lim, y):
+    """y[t] += Σ_j w[t, j] · expert idx[t, j] (the clamped SwiGLU; names: gate, up, down suffixes)."""
+    for t in range(h.shape[0]):
+        for j in range(idx.shape[1]):
+            e_ = f"{pre}experts.{idx[t, j]}."
+            y[t] += w[t, j] * v4_expert(h[t:t + 1], *(P[e_ + n] for n in names), lim)[0]
+    return y
+
+
 def deepseek_v4_forward(cfg, P, tok):
     T = len(tok)
     N, D, H, eps = cfg["hc_mult"], cfg["head_dim"], cfg["num_attention_heads"], cfg["rms_norm_eps"]
@@ -502,11 +511,7 @@ def deepseek_v4_forward(cfg, P, tok):
         wsel = wsel / (wsel.sum(-1, keepdims=True) + 1e-20) * cfg["routed_scaling_factor"]
         y = v4_expert(h, P[f + "shared_experts.w1.weight"], P[f + "shared_experts.w3.weight"],
                       P[f + "shared_experts.w2.weight"], lim)
-        for t in range(T):
-            for j in range(k):
-                e_ = f"{f}experts.{idx[t, j]}."
-                y[t] += wsel[t, j] * v4_expert(h[t:t + 1], P[e_ + "w1.weight"], P[e_ + "w3.weight"],
-                                               P[e_ + "w2.weight"], lim)[0]
+        routed_sum(h, P, f, idx, wsel, ("w1.weight", "w3.weight", "w2.weight"), lim, y)
         X = hc_post(X, y, post, comb)
         hs.append(X.reshape(T, -1))
     hs.pop()  # the last layer's output is compared as last_layer_prenorm
@@ -609,11 +614,7 @@ def glm5_next_forward(cfg, P, tok):
             ws = ws * cfg["routed_scaling_factor"]
             y = v4_expert(h, P[m + "shared_experts.gate_proj.weight"], P[m + "shared_experts.up_proj.weight"],
                           P[m + "shared_experts.down_proj.weight"], lim)
-            for t in range(T):
-                for j in range(k):
-                    e_ = f"{m}experts.{idx[t, j]}."
-                    y[t] += ws[t, j] * v4_expert(h[t:t + 1], P[e_ + "gate_proj.weight"], P[e_ + "up_proj.weight"],
-                                                 P[e_ + "down_proj.weight"], lim)[0]
+            routed_sum(h, P, m, idx, ws, ("gate_proj.weight", "up_proj.weight", "down_proj.weight"), lim, y)
         X = hc_post(X, y, post, comb)
         hs.append(X.reshape(T, -1))
     hs.pop()
