@@ -70,15 +70,38 @@ def delta_rule(q, k, v, g, beta):
     return out
 
 
-def mlp(x, P, pre):
-    return (silu(x @ P[pre + "gate_proj.weight"].T) * (x @ P[pre + "up_proj.weight"].T)) @ P[pre + "down_proj.weight"].T
+def expert(x, gate, up, down, limit=0.0):
+    """SwiGLU; limit > 0: the clamp silu(min(g, L)) * clip(u, -L, L) (swiglu_limit)."""
+    g, u = x @ gate.T, x @ up.T
+    if limit > 0:
+        g, u = np.minimum(g, limit), np.clip(u, -limit, limit)
+    return (silu(g) * u) @ down.T
 
 
-def expert(x, gate, up, down):
-    return (silu(x @ gate.T) * (x @ up.T)) @ down.T
+def mlp(x, P, pre, limit=0.0):
+    return expert(x, P[pre + "gate_proj.weight"], P[pre + "up_proj.weight"], P[pre + "down_proj.weight"], limit)
 
 
-def sigmoid_router_moe(x, P, pre, E, G, topk_group, top_k, renorm, scale, names, shared_pre):
+def kda_mix(cfg, P, a, h, eps, lower_bound=None):
+    """KDA token mixer (docs/families.md §1) of normed input h [T, D]; lower_bound: GLM-5.3-Flash's
+    gate lower_bound * sigmoid(exp(A_log) * f) instead of -exp(A_log) * softplus(f)."""
+    T = h.shape[0]
+    Hh, K = cfg["linear_num_heads"], cfg["linear_head_dim"]
+    q = causal_conv_silu(h @ P[a + "q_proj.weight"].T, P[a + "q_conv1d.weight"]).reshape(T, Hh, K)
+    k = causal_conv_silu(h @ P[a + "k_proj.weight"].T, P[a + "k_conv1d.weight"]).reshape(T, Hh, K)
+    v = causal_conv_silu(h @ P[a + "v_proj.weight"].T, P[a + "v_conv1d.weight"]).reshape(T, Hh, K)
+    q, k = l2n(q) * K ** -0.5, l2n(k)
+    graw = ((h @ P[a + "f_a_proj.weight"].T) @ P[a + "f_b_proj.weight"].T + P[a + "dt_bias"]).reshape(T, Hh, K)
+    A = np.exp(P[a + "A_log"].reshape(Hh))[None, :, None]
+    g = lower_bound * sigmoid(A * graw) if lower_bound is not None else -A * softplus(graw)
+    beta = sigmoid(h @ P[a + "b_proj.weight"].T)
+    o = delta_rule(q, k, v, g, beta)
+    gate = ((h @ P[a + "g_a_proj.weight"].T) @ P[a + "g_b_proj.weight"].T).reshape(T, Hh, K)
+    o = rms(o, P[a + "o_norm.weight"], eps) * sigmoid(gate)
+    return o.reshape(T, -1) @ P[a + "o_proj.weight"].T
+
+
+def sigmoid_router_moe(x, P, pre, E, G, topk_group, top_k, renorm, scale, names, shared_pre, limit=0.0):
     s = sigmoid(x @ P[pre + "gate.weight"].T)
     c = s + P[pre + "gate.e_score_correction_bias"][None]
     y = np.zeros_like(x)
@@ -95,8 +118,8 @@ def sigmoid_router_moe(x, P, pre, E, G, topk_group, top_k, renorm, scale, names,
         w = w * scale
         for e, we in zip(sel, w):
             gname, uname, dname = names(e)
-            y[t] += we * expert(x[t:t + 1], P[pre + gname], P[pre + uname], P[pre + dname])[0]
-    return y + mlp(x, P, shared_pre)
+            y[t] += we * expert(x[t:t + 1], P[pre + gname], P[pre + uname], P[pre + dname], limit)[0]
+    return y + mlp(x, P, shared_pre, limit)
 
 
 def rope_neox(x, cos, sin):  # x [T, ..., d]; cos/sin [T, d/2]
@@ -155,19 +178,7 @@ def kimi_forward(cfg, P, tok):
         a = p + "self_attn."
         h = rms(x, P[p + "input_layernorm.weight"], eps)
         if lt == "linear_attention":
-            Hh, K = cfg["linear_num_heads"], cfg["linear_head_dim"]
-            q = causal_conv_silu(h @ P[a + "q_proj.weight"].T, P[a + "q_conv1d.weight"]).reshape(T, Hh, K)
-            k = causal_conv_silu(h @ P[a + "k_proj.weight"].T, P[a + "k_conv1d.weight"]).reshape(T, Hh, K)
-            v = causal_conv_silu(h @ P[a + "v_proj.weight"].T, P[a + "v_conv1d.weight"]).reshape(T, Hh, K)
-            q, k = l2n(q) * K ** -0.5, l2n(k)
-            graw = (h @ P[a + "f_a_proj.weight"].T) @ P[a + "f_b_proj.weight"].T + P[a + "dt_bias"]
-            A = np.exp(P[a + "A_log"].reshape(Hh))
-            g = -A[None, :, None] * softplus(graw.reshape(T, Hh, K))
-            beta = sigmoid(h @ P[a + "b_proj.weight"].T)
-            o = delta_rule(q, k, v, g, beta)
-            gate = ((h @ P[a + "g_a_proj.weight"].T) @ P[a + "g_b_proj.weight"].T).reshape(T, Hh, K)
-            o = rms(o, P[a + "o_norm.weight"], eps) * sigmoid(gate)
-            attn = o.reshape(T, -1) @ P[a + "o_proj.weight"].T
+            attn = kda_mix(cfg, P, a, h, eps)
         else:
             nh, dn, dr, dv, r = (cfg["num_attention_heads"], cfg["qk_nope_head_dim"], cfg["qk_rope_head_dim"],
                                  cfg["v_head_dim"], cfg["kv_lora_rank"])
@@ -425,18 +436,12 @@ def v4_compress(h, P, c, m, D, overlap, cos_of, eps):
     return out
 
 
-def v4_expert(x, w1, w3, w2, limit):
-    g = np.minimum(x @ w1.T, limit)
-    u = np.clip(x @ w3.T, -limit, limit)
-    return (silu(g) * u) @ w2.T
-
-
 def routed_sum(h, P, pre, idx, w, names, lim, y):
     """y[t] += Σ_j w[t, j] · expert idx[t, j] (the clamped SwiGLU; names: gate, up, down suffixes)."""
     for t in range(h.shape[0]):
         for j in range(idx.shape[1]):
             e_ = f"{pre}experts.{idx[t, j]}."
-            y[t] += w[t, j] * v4_expert(h[t:t + 1], *(P[e_ + n] for n in names), lim)[0]
+            y[t] += w[t, j] * expert(h[t:t + 1], *(P[e_ + n] for n in names), lim)[0]
     return y
 
 
@@ -509,7 +514,7 @@ def deepseek_v4_forward(cfg, P, tok):
             idx = np.argsort(-(sc + P[f + "gate.bias"]), -1, kind="stable")[:, :k]
         wsel = np.take_along_axis(sc, idx, -1)
         wsel = wsel / (wsel.sum(-1, keepdims=True) + 1e-20) * cfg["routed_scaling_factor"]
-        y = v4_expert(h, P[f + "shared_experts.w1.weight"], P[f + "shared_experts.w3.weight"],
+        y = expert(h, P[f + "shared_experts.w1.weight"], P[f + "shared_experts.w3.weight"],
                       P[f + "shared_experts.w2.weight"], lim)
         routed_sum(h, P, f, idx, wsel, ("w1.weight", "w3.weight", "w2.weight"), lim, y)
         X = hc_post(X, y, post, comb)
@@ -545,20 +550,7 @@ def glm5_next_forward(cfg, P, tok):
         post, comb, xc = hc_pre(X, P[p + "hc_attn_fn"], P[p + "hc_attn_base"], P[p + "hc_attn_scale"], cfg)
         h = rms(xc, P[p + "input_layernorm.weight"], eps)
         if lt == "linear_attention":
-            Hh, K = cfg["linear_num_heads"], cfg["linear_head_dim"]
-            q = causal_conv_silu(h @ P[a + "q_proj.weight"].T, P[a + "q_conv1d.weight"]).reshape(T, Hh, K)
-            k = causal_conv_silu(h @ P[a + "k_proj.weight"].T, P[a + "k_conv1d.weight"]).reshape(T, Hh, K)
-            v = causal_conv_silu(h @ P[a + "v_proj.weight"].T, P[a + "v_conv1d.weight"]).reshape(T, Hh, K)
-            q, k = l2n(q) * K ** -0.5, l2n(k)
-            graw = ((h @ P[a + "f_a_proj.weight"].T) @ P[a + "f_b_proj.weight"].T + P[a + "dt_bias"]).reshape(T, Hh, K)
-            A = np.exp(P[a + "A_log"].reshape(Hh))[None, :, None]
-            lb = cfg.get("linear_lower_bound")
-            g = lb * sigmoid(A * graw) if lb is not None else -A * softplus(graw)
-            beta = sigmoid(h @ P[a + "b_proj.weight"].T)
-            o = delta_rule(q, k, v, g, beta)
-            gate = ((h @ P[a + "g_a_proj.weight"].T) @ P[a + "g_b_proj.weight"].T).reshape(T, Hh, K)
-            o = rms(o, P[a + "o_norm.weight"], eps) * sigmoid(gate)
-            y = o.reshape(T, -1) @ P[a + "o_proj.weight"].T
+            y = kda_mix(cfg, P, a, h, eps, cfg.get("linear_lower_bound"))
             sels.append(None)
         else:
             nh, dn, dv, r = cfg["num_attention_heads"], cfg["qk_nope_head_dim"], cfg["v_head_dim"], cfg["kv_lora_rank"]
@@ -603,18 +595,13 @@ def glm5_next_forward(cfg, P, tok):
         h = rms(xc, P[p + "post_attention_layernorm.weight"], eps)
         m = p + "mlp."
         if cfg["mlp_layer_types"][i] == "dense":
-            y = v4_expert(h, P[m + "gate_proj.weight"], P[m + "up_proj.weight"], P[m + "down_proj.weight"], lim)
+            y = mlp(h, P, m, lim)
         else:
-            E, k = cfg["n_routed_experts"], cfg["num_experts_per_tok"]
-            sg = sigmoid(h @ P[m + "gate.weight"].T)
-            idx = np.argsort(-(sg + P[m + "gate.e_score_correction_bias"]), -1, kind="stable")[:, :k]
-            ws = np.take_along_axis(sg, idx, -1)
-            if cfg.get("norm_topk_prob", True):
-                ws = ws / (ws.sum(-1, keepdims=True) + 1e-20)
-            ws = ws * cfg["routed_scaling_factor"]
-            y = v4_expert(h, P[m + "shared_experts.gate_proj.weight"], P[m + "shared_experts.up_proj.weight"],
-                          P[m + "shared_experts.down_proj.weight"], lim)
-            routed_sum(h, P, m, idx, ws, ("gate_proj.weight", "up_proj.weight", "down_proj.weight"), lim, y)
+            y = sigmoid_router_moe(h, P, m, cfg["n_routed_experts"], 1, 1, cfg["num_experts_per_tok"],
+                                   cfg.get("norm_topk_prob", True), cfg["routed_scaling_factor"],
+                                   lambda e: (f"experts.{e}.gate_proj.weight", f"experts.{e}.up_proj.weight",
+                                              f"experts.{e}.down_proj.weight"),
+                                   m + "shared_experts.", lim)
         X = hc_post(X, y, post, comb)
         hs.append(X.reshape(T, -1))
     hs.pop()
