@@ -31,8 +31,7 @@ namespace {
 struct Dsv4State : MixerState {
   RowStore raw;           // [pos, D]: every token's key-value row (normed, rotated)
   RowStore comp, icomp;   // compressed entries [NC, D] and the indexer's [NC, Di]
-  RowStore pend, ipend;   // compressor projections of positions pend0 .. pos - 1 not yet pooled
-  int64_t pend0 = 0;
+  RowStore pend, ipend;   // compressor projections not yet pooled (Compressor::pending_start ..)
   DTensor last_sel;  // CSA: the indexer's entry ids of the last forward call [T, K] (on sel_be)
   Backend* sel_be = nullptr;
   bool topk_sets(std::vector<int32_t>& sel, int64_t& width) const override {
@@ -50,7 +49,6 @@ struct Dsv4State : MixerState {
     s->icomp = icomp.deep_copy();
     s->pend = pend.deep_copy();
     s->ipend = ipend.deep_copy();
-    s->pend0 = pend0;
     s->last_sel = last_sel, s->sel_be = sel_be;  // never written after the call that made it
     return s;
   }
@@ -67,6 +65,9 @@ struct Compressor {
   DTensor norm;   // [Dc]
   std::unique_ptr<Rope> rope;  // the compress RoPE strided by m: entry e sits at position e·m
   int64_t width() const { return (overlap ? 4 : 2) * Dc; }
+  // First position of the rows a later window still reads, after nc entries: the last closed
+  // window's (CSA pools it with the next) or the open window's (HCA).
+  int64_t pending_start(int64_t nc) const { return overlap ? std::max<int64_t>(nc - 1, 0) * m : nc * m; }
 
   void load(Checkpoint& ck, const std::string& p, int64_t hid, int64_t rate, int64_t dc, bool ov, const RopeConfig& rc,
             int64_t rot, float e, Backend& be) {
@@ -103,8 +104,8 @@ struct Compressor {
   // Appends proj [T, width()] (positions pos0 ..) to pend and returns the entries of the windows
   // closed by them (entries nc .. , [n, Dc] act; undefined when none), normed and rotated; drops
   // the pending rows no later window needs.
-  DTensor run(Backend& be, RowStore& pend, int64_t& pend0, const DTensor& proj, int64_t pos0, int64_t nc) const {
-    const int64_t T = proj.rows(), S = pos0 + T, closed = S / m, n = closed - nc;
+  DTensor run(Backend& be, RowStore& pend, const DTensor& proj, int64_t pos0, int64_t nc) const {
+    const int64_t T = proj.rows(), S = pos0 + T, closed = S / m, n = closed - nc, pend0 = pending_start(nc);
     DZ_CHECK(pend0 + pend.rows() == pos0, "compressor: pending rows end at ", pend0 + pend.rows(), ", not ", pos0);
     if (T > 0) be.copy_rows(proj, 0, pend.append(T), 0, T);
     DTensor out;
@@ -135,15 +136,13 @@ struct Compressor {
       be.rmsnorm(out, norm, out, eps, false);
       be.rope(*rope, out, 1, Dc, Dc - rd, nc);
     }
-    // keep what a later window reads: from the last closed window (CSA) or the open one (HCA)
-    const int64_t keep0 = overlap ? std::max<int64_t>(closed - 1, 0) * m : closed * m;
+    const int64_t keep0 = pending_start(closed);
     if (keep0 > pend0) {
       RowStore kept;
       kept.init(be, pend.width, pend.dtype);
       const int64_t nk = pend0 + pend.rows() - keep0;
       if (nk > 0) be.copy_rows(pend.all(), keep0 - pend0, kept.append(nk), 0, nk);
       pend = std::move(kept);
-      pend0 = keep0;
     }
     return out;
   }
@@ -221,14 +220,12 @@ class Dsv4Mixer : public Mixer {
       const int64_t nc = st.comp.rows();
       DTensor pr = be.act({T, comp_.width()});
       be.linear(x, comp_.w, DTensor{}, pr);
-      int64_t p0 = st.pend0;
-      const DTensor e = comp_.run(be, st.pend, p0, pr, pos0, nc);
+      const DTensor e = comp_.run(be, st.pend, pr, pos0, nc);
       if (e.defined()) be.copy_rows(e, 0, st.comp.append(e.rows()), 0, e.rows());
       if (indexed_) {
         DTensor ip = be.act({T, icomp_.width()});
         be.linear(x, icomp_.w, DTensor{}, ip);
-        int64_t ip0 = st.pend0;
-        const DTensor ie = icomp_.run(be, st.ipend, ip0, ip, pos0, st.icomp.rows());
+        const DTensor ie = icomp_.run(be, st.ipend, ip, pos0, st.icomp.rows());
         if (ie.defined()) be.copy_rows(ie, 0, st.icomp.append(ie.rows()), 0, ie.rows());
         DTensor iq = be.act({T, Hi_ * Di_}), iw = be.alloc({T, Hi_}, DType::F32);
         be.linear(qr, iwq_b_, DTensor{}, iq);
@@ -239,7 +236,6 @@ class Dsv4Mixer : public Mixer {
                       sel);
         st.last_sel = sel, st.sel_be = &be;
       }
-      st.pend0 = p0;  // both compressors keep the same positions
     }
     DTensor o = be.act({T, H_ * D_});
     be.dsv4_attention(q, st.raw.all(), st.comp.all(), sel, sinks_, pos0, H_, W_, m_,

@@ -181,6 +181,12 @@ std::unique_ptr<Model> Model::build(const ModelConfig& cfg, Checkpoint& ck, cons
   return m;
 }
 
+HcParams Model::hc_params() const {
+  HcParams hp;
+  hp.N = hc_, hp.iters = int(cfg_.hc_sinkhorn_iters), hp.eps_norm = cfg_.rms_norm_eps, hp.eps_hc = cfg_.hc_eps;
+  return hp;
+}
+
 Model::State Model::make_state() const {
   State st;
   for (const auto& L : layers_) st.mixers.push_back(L.mixer->make_state());
@@ -274,11 +280,8 @@ void Model::sublayer(int64_t k, const MixFn& mix, Pass& p, WorkStats* stats) con
   const Layer& L = layers_[i];
   AttnRes::Stream* ar = p.ar.get();
   if (ar) attn_res_->sublayer_input(be, *ar, int(i), which, p.input);
-  HcParams hp;
-  if (hc_) {  // the streams collapsed by this sub-layer's pre weights
-    hp.N = hc_, hp.iters = int(cfg_.hc_sinkhorn_iters), hp.eps_norm = cfg_.rms_norm_eps, hp.eps_hc = cfg_.hc_eps;
-    be.hc_pre(p.streams, L.hc_fn[which], L.hc_base[which], L.hc_scale[which], hp, p.coeff, p.input);
-  }
+  if (hc_)  // the streams collapsed by this sub-layer's pre weights
+    be.hc_pre(p.streams, L.hc_fn[which], L.hc_base[which], L.hc_scale[which], hc_params(), p.coeff, p.input);
   be.rmsnorm(ar || hc_ ? p.input : p.h, which == 0 ? L.attn_norm : L.ffn_norm, p.normed, cfg_.rms_norm_eps,
              cfg_.norm_zero_centered);
   {
@@ -300,9 +303,7 @@ DTensor Model::finish(Pass& p) const {
   Backend& be = *be_;
   if (p.ar) attn_res_->final_output(be, *p.ar, p.h);
   if (hc_ && head_fn_.defined()) {  // DeepSeek-V4's weighted head
-    HcParams hp;
-    hp.N = hc_, hp.iters = int(cfg_.hc_sinkhorn_iters), hp.eps_norm = cfg_.rms_norm_eps, hp.eps_hc = cfg_.hc_eps;
-    be.hc_pre(p.streams, head_fn_, head_base_, head_scale_, hp, p.coeff, p.h);
+    be.hc_pre(p.streams, head_fn_, head_base_, head_scale_, hc_params(), p.coeff, p.h);
   } else if (hc_) {
     be.hc_mean(p.streams, hc_, p.h);  // GLM-5.3-Flash's head: the mean of the streams
   }

@@ -114,6 +114,7 @@ class Model {
   // DeepSeek-V4's weighted head (hc_head): its [N, N·D] weights zero-padded to hc_pre's
   // [(2+N)N, N·D] (base likewise, scale [hc_scale, 1, 1]): hc_pre's collapse is then the head.
   DTensor head_fn_, head_base_, head_scale_;
+  HcParams hc_params() const;  // the mHC settings of every hc_pre call (sub-layers, the weighted head)
 };
 
 // Marks the multi-token-prediction layers a config declares (DeepSeek num_nextn_predict_layers,
