@@ -9,6 +9,7 @@
 
 #include "backend_ops.cuh"
 #include "common.cuh"
+#include "glu.cuh"
 
 namespace dz::cuda {
 
@@ -133,11 +134,15 @@ __global__ void k_add_bias(void* y, Dt ydt, const float* bias, int64_t rows, int
     stv(y, ydt, i, ldv(y, ydt, i) + bias[i % cols]);
 }
 // L > 0: the SwiGLU clamp silu(min(g, L)) * clamp(u, -L, L); 0: none (NaNs pass as they are).
-__global__ void k_silu_mul(const bf16* g, const bf16* u, bf16* h, int64_t n, float L) {
+__global__ void k_silu_mul(const bf16* g, const bf16* u, bf16* h, int64_t n, GluAct act) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
     float a = __bfloat162float(g[i]), b = __bfloat162float(u[i]);
-    if (L > 0.f) a = fminf(a, L), b = fminf(fmaxf(b, -L), L);
-    h[i] = __float2bfloat16_rn(a / (1.f + expf(-a)) * b);
+    if (act.situ_beta > 0.f) {
+      h[i] = __float2bfloat16_rn(glu_dev(act, a, b));
+    } else {  // SwiGLU (and its clamp) with the accurate expf, as before
+      if (act.limit > 0.f) a = fminf(a, act.limit), b = fminf(fmaxf(b, -act.limit), act.limit);
+      h[i] = __float2bfloat16_rn(a / (1.f + expf(-a)) * b);
+    }
   }
 }
 
@@ -677,9 +682,9 @@ void add_bias(void* y, Dt ydt, const float* bias, int64_t rows, int64_t cols, cu
   k_add_bias<<<grid_for(rows * cols, 256), 256, 0, s>>>(y, ydt, bias, rows, cols);
   CUDA_CHECK_LAUNCH();
 }
-void silu_mul(const bf16* g, const bf16* u, bf16* h, int64_t n, float limit, cudaStream_t s) {
+void silu_mul(const bf16* g, const bf16* u, bf16* h, int64_t n, const GluAct& act, cudaStream_t s) {
   if (n <= 0) return;
-  k_silu_mul<<<grid_for(n, 256), 256, 0, s>>>(g, u, h, n, limit);
+  k_silu_mul<<<grid_for(n, 256), 256, 0, s>>>(g, u, h, n, act);
   CUDA_CHECK_LAUNCH();
 }
 void rope(void* x, Dt dt, int64_t T, int64_t H, int64_t hs, int64_t offset, int64_t pos0, const RopeParams& p,

@@ -10,6 +10,7 @@
 #include <cstdint>
 
 #include "core/dummy_values.hpp"
+#include "ops/glu.hpp"
 
 namespace dz::cuda {
 
@@ -43,9 +44,9 @@ void add(void* h, Dt hdt, const void* y, Dt ydt, int64_t n, cudaStream_t s);
 void mul_sigmoid(void* x, Dt xdt, const void* g, Dt gdt, int64_t n, cudaStream_t s);
 // y[r, c] += bias[c] (rows × cols)
 void add_bias(void* y, Dt ydt, const float* bias, int64_t rows, int64_t cols, cudaStream_t s);
-// h[i] = silu(g[i]) * u[i] (bf16 in/out, fp32 math)
-// h = silu(g) * u, or with limit > 0 the SwiGLU clamp silu(min(g, limit)) * clamp(u, -limit, limit).
-void silu_mul(const __nv_bfloat16* g, const __nv_bfloat16* u, __nv_bfloat16* h, int64_t n, float limit, cudaStream_t s);
+// h[i] = act(g[i], u[i]) (bf16 in/out, fp32 math; ops/glu.hpp: SwiGLU, its clamp, SiTU)
+void silu_mul(const __nv_bfloat16* g, const __nv_bfloat16* u, __nv_bfloat16* h, int64_t n, const GluAct& act,
+              cudaStream_t s);
 
 // RoPE (ops/rope Rope::apply): dims [offset, offset + 2*half) of every head of x [T, H, hs], positions
 // pos0 + t; inv_freq [half] (host values, passed by value), interleaved pairs or NeoX halves.

@@ -25,6 +25,9 @@
 //    is moved up to end at n, and when n < 128 the threads load A themselves.
 //  - cp.async (K % 8 == 0 without TMA) and element loads (K % 8 != 0 or unaligned pointers):
 //    each thread fills 16-byte chunks, zero past the expert, N and K.
+//  - MXFP4 weights (MX4): A by cp.async; each thread loads the 4 packed bytes and the scale of each
+//    of its B chunks into registers, and one produce() later (while the stages in between are
+//    multiplied) decodes them to 8 bf16 each and stores them, swizzled as the other loaders do.
 #include <cuda.h>
 #include <cudaTypedefs.h>
 
@@ -33,6 +36,7 @@
 #include <cstring>
 
 #include "common.cuh"
+#include "glu.cuh"
 #include "mma_sm80.cuh"
 #include "moe_gemm.cuh"
 
@@ -98,16 +102,32 @@ __device__ __forceinline__ void tma_load_2d(uint32_t dst, const CUtensorMap* map
       "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(bar)
       : "memory");
 }
-// silu in fp32 (fast exp and divide: ~2 ulp, far below the bf16 rounding; -> -0 for g << 0)
-__device__ __forceinline__ float silu(float g) { return __fdividef(g, 1.f + __expf(-g)); }
-// v = silu(g) * u for two columns; limit > 0: the SwiGLU clamp silu(min(g, L)) * clamp(u, -L, L).
-__device__ __forceinline__ void swiglu_pair(float& g0, float& g1, float u0, float u1, float L) {
-  if (L > 0.f) {
-    g0 = fminf(g0, L), g1 = fminf(g1, L);
-    u0 = fminf(fmaxf(u0, -L), L), u1 = fminf(fmaxf(u1, -L), L);
+// v = act(g, u) for two columns (glu.cuh: SwiGLU with fast exp, its clamp, SiTU).
+__device__ __forceinline__ void swiglu_pair(float& g0, float& g1, float u0, float u1, const GluAct& act) {
+  g0 = glu_dev(act, g0, u0);
+  g1 = glu_dev(act, g1, u1);
+}
+
+// 8 MXFP4 elements (the nibbles of pk, element j in bits 4j..4j+3) with E8M0 scale code sc -> 8
+// bf16 in a 16-byte chunk (element 0 at the lowest address). Exact: e2m1 * 2^(sc - 127) has one
+// mantissa bit, and 2^-128 at the smallest is a subnormal of fp32 and of bf16.
+__device__ __forceinline__ uint4 mx4_decode8(uint32_t pk, uint32_t sc) {
+  const float s = sc ? __int_as_float(int(sc << 23)) : __int_as_float(0x00400000);  // 2^(sc-127); sc 0: 2^-127
+  uint32_t w[4];
+#pragma unroll
+  for (int h = 0; h < 4; ++h) {
+    float v[2];
+#pragma unroll
+    for (int q = 0; q < 2; ++q) {
+      const uint32_t n = (pk >> (8 * h + 4 * q)) & 15u, mag = n & 7u;
+      // |e2m1|: 0, 0.5 (mag 1), else (2 + m) * 2^(e - 2) with e = mag >> 1, m = mag & 1
+      const uint32_t bits = mag == 0u ? 0u : mag == 1u ? 0x3F000000u : ((126u + (mag >> 1)) << 23) | ((mag & 1u) << 22);
+      v[q] = __uint_as_float(bits | ((n & 8u) << 28)) * s;
+    }
+    const __nv_bfloat162 b = __floats2bfloat162_rn(v[0], v[1]);
+    w[h] = *reinterpret_cast<const uint32_t*>(&b);
   }
-  g0 = silu(g0) * u0;
-  g1 = silu(g1) * u1;
+  return make_uint4(w[0], w[1], w[2], w[3]);
 }
 
 struct Args {
@@ -119,7 +139,9 @@ struct Args {
   int E, N, K;
   int n_col_tiles;  // column tiles per pair
   int vec_store;    // N even and y 4-byte aligned: bf16x2 stores
-  float limit;      // SwiGLU clamp (> 0) or none (0)
+  GluAct act;       // SwiGLU / clamp / SiTU
+  // MXFP4 weights (MX4 kernels): packed [E*N, K/2] and scales [E*N, K/32] of W / Wg and of Wu
+  const uint8_t *q0, *q1, *s0, *s1;
 };
 struct Maps {  // TMA descriptors (kTma only): xs, W / Wg, Wu
   CUtensorMap a, b0, b1;
@@ -162,9 +184,10 @@ __device__ __forceinline__ Item map_item(int item, int n_col_tiles, const int32_
   return it;
 }
 
-template <bool SWIGLU, int MODE>
+template <bool SWIGLU, int MODE, bool MX4 = false>
 __global__ void __launch_bounds__(kThreads, 1) k_moe_gemm(const __grid_constant__ Args a,
                                                           const __grid_constant__ Maps maps) {
+  static_assert(!MX4 || MODE == kCpAsync, "MXFP4 weights: A by cp.async, B decoded by the threads");
   constexpr int BN = SWIGLU ? kBR / 2 : kBR;  // output columns per item
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   // 1024-byte aligned base (the 128-byte swizzle repeats every 8 rows of 128 bytes).
@@ -223,6 +246,12 @@ __global__ void __launch_bounds__(kThreads, 1) k_moe_gemm(const __grid_constant_
   const int64_t rstride = int64_t(32) * K;  // 32 rows, elements
   const bf16 *pa = a.xs, *pb0 = a.w0, *pb1 = a.w0;
   uint32_t rmask = 0;  // bit i: A row i valid; 4 + i: B row i valid
+  // MX4: this thread's packed-byte and scale rows (chunk pch of B rows prow + 32 i), and the loads
+  // of one stage held in registers until the next produce() stores them (stage mx_stage; -1: none)
+  const uint8_t *pq0 = nullptr, *pq1 = nullptr, *ps0 = nullptr, *ps1 = nullptr;
+  uint32_t mx_pk[8], mx_sc[8];
+  int mx_stage = -1;
+  const int64_t qstride = int64_t(32) * (K / 2), sstride = int64_t(32) * (K / 32);  // 32 rows
   Item ld_it;
   int ld_k = 0;
   int ld_q = 0, ld_e = -1;
@@ -237,15 +266,17 @@ __global__ void __launch_bounds__(kThreads, 1) k_moe_gemm(const __grid_constant_
     } else {
       pa = a.xs + (int64_t(it.r0) + prow) * K + pch * 8;
       const int64_t wrow = (int64_t(it.e) * N + it.n0 + prow) * K + pch * 8;
-      int lim0 = N - it.n0, lim1;
-      if constexpr (SWIGLU) {
+      if constexpr (MX4) {
+        const int64_t qrow = int64_t(it.e) * N + it.n0 + prow;
+        pq0 = a.q0 + qrow * (K / 2) + pch * 4;
+        ps0 = a.s0 + qrow * (K / 32) + pch / 4;
+        pq1 = SWIGLU ? a.q1 + qrow * (K / 2) + pch * 4 : pq0 + 4 * qstride;
+        ps1 = SWIGLU ? a.s1 + qrow * (K / 32) + pch / 4 : ps0 + 4 * sstride;
+      }
+      int lim0 = N - it.n0, lim1 = SWIGLU ? lim0 : lim0 - 128;
+      if constexpr (!MX4) {
         pb0 = a.w0 + wrow;
-        pb1 = a.w1 + wrow;
-        lim1 = lim0;
-      } else {
-        pb0 = a.w0 + wrow;
-        pb1 = pb0 + 4 * rstride;
-        lim1 = lim0 - 128;
+        pb1 = SWIGLU ? a.w1 + wrow : pb0 + 4 * rstride;
       }
       rmask = 0;
 #pragma unroll
@@ -285,11 +316,22 @@ __global__ void __launch_bounds__(kThreads, 1) k_moe_gemm(const __grid_constant_
         const bool ok = kin && ((rmask >> i) & 1);
         cp_async16(sA + pdst + i * 32 * kRowB, ok ? pa + i * rstride : a.xs, ok);
       }
+      if constexpr (MX4) {  // 4 packed bytes + the scale of each chunk, stored by the next produce()
+        const int64_t qo = int64_t(ld_k) * (kBK / 2), so = int64_t(ld_k) * (kBK / 32);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+          const bool ok = kin && ((rmask >> (4 + i)) & 1);
+          mx_pk[i] = ok ? __ldg(reinterpret_cast<const uint32_t*>((i < 4 ? pq0 : pq1) + (i & 3) * qstride + qo)) : 0u;
+          mx_sc[i] = ok ? uint32_t(__ldg((i < 4 ? ps0 : ps1) + (i & 3) * sstride + so)) : 127u;
+        }
+        mx_stage = stage;
+      } else {
 #pragma unroll
       for (int i = 0; i < 8; ++i) {
         const bool ok = kin && ((rmask >> (4 + i)) & 1);
         const bf16* src = (i < 4 ? pb0 : pb1) + (i & 3) * rstride;
         cp_async16(sB + pdst + i * 32 * kRowB, ok ? src : a.w0, ok);
+      }
       }
     } else {
       auto fill = [&](uint32_t dst, const bf16* src, bool rok) {
@@ -317,7 +359,18 @@ __global__ void __launch_bounds__(kThreads, 1) k_moe_gemm(const __grid_constant_
   };
   // empty_parity >= 0: (TMA, A not from the threads) thread 0 first waits until every warp has
   // released the stage's previous use.
+  // MX4: the B chunks loaded by the last produce(), decoded into their stage.
+  auto mx_store = [&]() {
+    if constexpr (MX4) {
+      if (mx_stage < 0) return;
+      const uint32_t sB = sbase + mx_stage * kStageB + kAStage;
+#pragma unroll
+      for (int i = 0; i < 8; ++i) st_shared16(sB + pdst + i * 32 * kRowB, mx4_decode8(mx_pk[i], mx_sc[i]));
+      mx_stage = -1;
+    }
+  };
   auto produce = [&](int stage, int empty_parity) {
+    mx_store();  // that stage is read two iterations from now, after block barriers
     if (ld_q < nq) {
       if (MODE == kTma && tid == 0 && empty_parity >= 0) mbar_wait(sbar + 8 * (kStages + stage), empty_parity);
       load_stage(stage);
@@ -441,7 +494,7 @@ __global__ void __launch_bounds__(kThreads, 1) k_moe_gemm(const __grid_constant_
             for (int j = 0; j < (SWIGLU ? 4 : 8); ++j) {
               float v0 = acc[i][j][2 * hf], v1 = acc[i][j][2 * hf + 1];
               if constexpr (SWIGLU) {
-                swiglu_pair(v0, v1, acc[i][j + 4][2 * hf], acc[i][j + 4][2 * hf + 1], a.limit);
+                swiglu_pair(v0, v1, acc[i][j + 4][2 * hf], acc[i][j + 4][2 * hf + 1], a.act);
               }
               *reinterpret_cast<__nv_bfloat162*>(yr + j * 8) = __floats2bfloat162_rn(v0, v1);
             }
@@ -458,7 +511,7 @@ __global__ void __launch_bounds__(kThreads, 1) k_moe_gemm(const __grid_constant_
           for (int j = 0; j < (SWIGLU ? 4 : 8); ++j) {
             float v0 = acc[i][j][2 * hf], v1 = acc[i][j][2 * hf + 1];
             if constexpr (SWIGLU) {
-              swiglu_pair(v0, v1, acc[i][j + 4][2 * hf], acc[i][j + 4][2 * hf + 1], a.limit);
+              swiglu_pair(v0, v1, acc[i][j + 4][2 * hf], acc[i][j + 4][2 * hf + 1], a.act);
             }
             const int col = cbase + j * 8;
             if (full_cols) {
@@ -487,10 +540,10 @@ __global__ void __launch_bounds__(kThreads, 1) k_moe_gemm(const __grid_constant_
 
 size_t smem_bytes(int E) { return size_t(1024 + kPipeB + kBarB) + 2 * sizeof(int32_t) * size_t(E + 1); }
 
-template <bool SWIGLU, int MODE>
+template <bool SWIGLU, int MODE, bool MX4 = false>
 void launch(const Args& a, const Maps& m, int64_t max_tiles, cudaStream_t s) {
   const size_t smem = smem_bytes(a.E);
-  auto kern = k_moe_gemm<SWIGLU, MODE>;
+  auto kern = k_moe_gemm<SWIGLU, MODE, MX4>;
   CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
   // Items <= pairs * column tiles <= max_tiles * column tiles (each pair holds >= 1 tile).
   const int64_t max_items = max_tiles * a.n_col_tiles;
@@ -520,16 +573,18 @@ bool encode(PFN_cuTensorMapEncodeTiled_v12000 enc, CUtensorMap* m, const bf16* p
              CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
-void run(const bf16* xs, const bf16* w0, const bf16* w1, const int32_t* offsets, int E, int64_t max_tiles, int64_t N, float limit,
-         int64_t K, bf16* y, bool swiglu, cudaStream_t s, const char* name) {
+void run(const bf16* xs, const bf16* w0, const bf16* w1, const int32_t* offsets, int E, int64_t max_tiles, int64_t N,
+         const GluAct& act, int64_t K, bf16* y, bool swiglu, cudaStream_t s, const char* name,
+         const Mx4Weight* mx0 = nullptr, const Mx4Weight* mx1 = nullptr) {
   if (max_tiles <= 0 || N <= 0 || E <= 0) return;
   DZ_CHECK(K >= 1 && N < (int64_t(1) << 31) && K < (int64_t(1) << 31) && E <= kMaxE, name, ": N ", N, ", K ", K,
            ", E ", E, " (N, K < 2^31, E <= ", kMaxE, ")");
   Args a;
+  memset(&a, 0, sizeof(a));
   a.xs = xs;
   a.w0 = w0;
   a.w1 = swiglu ? w1 : w0;
-  a.limit = limit;
+  a.act = act;
   a.offsets = offsets;
   a.y = y;
   a.E = E;
@@ -540,6 +595,20 @@ void run(const bf16* xs, const bf16* w0, const bf16* w1, const int32_t* offsets,
   DZ_CHECK(max_tiles * a.n_col_tiles < (int64_t(1) << 31), name, ": ", max_tiles, " row tiles x ", a.n_col_tiles,
            " column tiles (< 2^31 work items)");
   a.vec_store = (N % 2 == 0) && (reinterpret_cast<uintptr_t>(y) & 3) == 0;
+  if (mx0) {  // MXFP4 weights: A by cp.async, B decoded by the threads
+    DZ_CHECK(K % 32 == 0 && aligned16(xs) && mx0->packed && mx0->scales && (!swiglu || (mx1 && mx1->packed && mx1->scales)),
+             name, ": MXFP4 weights need K % 32 == 0 (K ", K, ") and 16-byte aligned activations");
+    a.w0 = a.w1 = nullptr;
+    a.q0 = mx0->packed, a.s0 = mx0->scales;
+    a.q1 = swiglu ? mx1->packed : mx0->packed, a.s1 = swiglu ? mx1->scales : mx0->scales;
+    Maps m;
+    memset(&m, 0, sizeof(m));
+    if (swiglu)
+      launch<true, kCpAsync, true>(a, m, max_tiles, s);
+    else
+      launch<false, kCpAsync, true>(a, m, max_tiles, s);
+    return;
+  }
   const bool al = K % 8 == 0 && aligned16(xs) && aligned16(w0) && aligned16(a.w1);
   Maps m;
   memset(&m, 0, sizeof(m));
@@ -580,14 +649,24 @@ void run(const bf16* xs, const bf16* w0, const bf16* w1, const int32_t* offsets,
 void grouped_gemm_tc(const bf16* xs, const bf16* W, const int32_t* offsets, const int32_t* tile_off, int E,
                      int64_t max_tiles, int64_t N, int64_t K, bf16* y, cudaStream_t s) {
   (void)tile_off;
-  run(xs, W, nullptr, offsets, E, max_tiles, N, 0.f, K, y, false, s, "grouped_gemm_tc");
+  run(xs, W, nullptr, offsets, E, max_tiles, N, GluAct{}, K, y, false, s, "grouped_gemm_tc");
 }
 
 void grouped_gemm_swiglu_tc(const bf16* xs, const bf16* Wg, const bf16* Wu, const int32_t* offsets,
                             const int32_t* tile_off, int E, int64_t max_tiles, int64_t N, int64_t K, bf16* h,
-                            cudaStream_t s, float limit) {
+                            cudaStream_t s, const GluAct& act) {
   (void)tile_off;
-  run(xs, Wg, Wu, offsets, E, max_tiles, N, limit, K, h, true, s, "grouped_gemm_swiglu_tc");
+  run(xs, Wg, Wu, offsets, E, max_tiles, N, act, K, h, true, s, "grouped_gemm_swiglu_tc");
+}
+
+void grouped_gemm_mx4_tc(const bf16* xs, const Mx4Weight& W, const int32_t* offsets, int E, int64_t max_tiles,
+                         int64_t N, int64_t K, bf16* y, cudaStream_t s) {
+  run(xs, nullptr, nullptr, offsets, E, max_tiles, N, GluAct{}, K, y, false, s, "grouped_gemm_mx4_tc", &W);
+}
+
+void grouped_gemm_glu_mx4_tc(const bf16* xs, const Mx4Weight& Wg, const Mx4Weight& Wu, const int32_t* offsets, int E,
+                             int64_t max_tiles, int64_t N, int64_t K, bf16* h, cudaStream_t s, const GluAct& act) {
+  run(xs, nullptr, nullptr, offsets, E, max_tiles, N, act, K, h, true, s, "grouped_gemm_glu_mx4_tc", &Wg, &Wu);
 }
 
 }  // namespace dz::cuda

@@ -17,17 +17,33 @@
 
 #include <cstdint>
 
+#include "ops/glu.hpp"
+
 namespace dz::cuda {
 
 void grouped_gemm_tc(const __nv_bfloat16* xs, const __nv_bfloat16* W, const int32_t* offsets,
                      const int32_t* tile_off, int E, int64_t max_tiles, int64_t N, int64_t K,
                      __nv_bfloat16* y, cudaStream_t s);
 
-// Fused gate/up of a SwiGLU expert: h[r, :] = silu(xs[r] . Wg[e]^T) * (xs[r] . Wu[e]^T), both in fp32
-// before the product, h bf16 [*, N]. (Saves a pass over h and one over xs.) limit > 0: the SwiGLU
-// clamp silu(min(g, limit)) * clamp(u, -limit, limit) on the fp32 values.
+// Fused gate/up of a gated expert: h[r, :] = act(xs[r] . Wg[e]^T, xs[r] . Wu[e]^T), both in fp32
+// before the activation (ops/glu.hpp: SwiGLU, its clamp, SiTU), h bf16 [*, N]. (Saves a pass over h
+// and one over xs.)
 void grouped_gemm_swiglu_tc(const __nv_bfloat16* xs, const __nv_bfloat16* Wg, const __nv_bfloat16* Wu,
                             const int32_t* offsets, const int32_t* tile_off, int E, int64_t max_tiles,
-                            int64_t N, int64_t K, __nv_bfloat16* h, cudaStream_t s, float limit = 0.f);
+                            int64_t N, int64_t K, __nv_bfloat16* h, cudaStream_t s, const GluAct& act = GluAct{});
+
+// The same two with MXFP4 weights kept 4-bit (Kimi K3's routed experts, core/fp8.hpp MXFP4): W [E, N, K]
+// as E2M1 pairs packed [E, N, K/2] (even k in the low nibble) and E8M0 scales [E, N, K/32]; K a
+// multiple of 32, xs 16-byte aligned. Each B tile is decoded to bf16 in shared memory (exact: an
+// MXFP4 value has one mantissa bit), so the products equal the bf16 kernels' on the decoded weights.
+struct Mx4Weight {
+  const uint8_t* packed = nullptr;
+  const uint8_t* scales = nullptr;
+};
+void grouped_gemm_mx4_tc(const __nv_bfloat16* xs, const Mx4Weight& W, const int32_t* offsets, int E, int64_t max_tiles,
+                         int64_t N, int64_t K, __nv_bfloat16* y, cudaStream_t s);
+void grouped_gemm_glu_mx4_tc(const __nv_bfloat16* xs, const Mx4Weight& Wg, const Mx4Weight& Wu,
+                             const int32_t* offsets, int E, int64_t max_tiles, int64_t N, int64_t K,
+                             __nv_bfloat16* h, cudaStream_t s, const GluAct& act);
 
 }  // namespace dz::cuda

@@ -20,6 +20,7 @@
 #include "core/dtensor.hpp"
 #include "core/dummy_values.hpp"
 #include "dist/collectives.hpp"
+#include "ops/glu.hpp"   // GluAct
 #include "ops/norm.hpp"  // GateAct
 
 namespace dz {
@@ -28,13 +29,12 @@ struct RouterConfig;
 struct HcParams;
 class Rope;
 
-// Weights of a SwiGLU MLP (gate, up [I, D]; down [D, I]) or of E experts stacked ([E, I, D] and
-// [E, D, I]).
+// Weights of a gated MLP (gate, up [I, D]; down [D, I]) or of E experts stacked ([E, I, D] and
+// [E, D, I]), and its activation (ops/glu.hpp: SwiGLU, SwiGLU clamp, SiTU). Stacked experts may be
+// kept in MXFP4 by a backend (DTensor::mx_scales; Backend::weight of an mxfp4 Tensor).
 struct SwigluWeights {
   DTensor gate, up, down;
-  // SwiGLU clamp (GLM-5.3-Flash, DeepSeek-V4 swiglu_limit L): silu(min(g, L)) * clamp(u, -L, L);
-  // 0: none.
-  float limit = 0.f;
+  GluAct act;
 };
 
 // The MoE block's weights: router [E, D] (F32: routing decisions are made in fp32 on both
@@ -49,6 +49,10 @@ struct MoeWeights {
   // Per call (DeepSeek-V4 hash_moe): [T, top_k] I32 experts of each row, replacing the selection
   // (ops/moe.hpp moe_select's fixed); undefined: the router selects.
   DTensor fixed;
+  // Per call (Kimi K3's latent MoE): the router's input [T, D] when the experts read another one
+  // (x = the latent [T, L]); undefined: the router reads x. No shared expert with it (it would
+  // read which one?): the latent MoE adds its shared experts itself.
+  DTensor route_x;
 };
 
 // Gate of the linear-attention scan, from the raw projections (the kernels' LaGate):
@@ -153,10 +157,13 @@ class Backend {
   virtual DTensor upload(const float* src, const Shape& s, DType dt) = 0;
   DTensor upload(const Tensor& t, DType dt) { return upload(t.ptr(), t.shape, dt); }
   // A weight of a linear layer (linear / swiglu_mlp / the LM head): in weight_dtype(), or kept in
-  // FP8 where the backend runs FP8 block-scaled GEMMs and t carries its block scales.
+  // FP8 where the backend runs FP8 block-scaled GEMMs and t carries its block scales, or (stacked
+  // routed experts [E, N, K], t.mxfp4) kept in MXFP4 where the backend's expert GEMMs read it.
   virtual DTensor weight(const Tensor& t) { return upload(t, weight_dtype()); }
   // FP8 block-scaled weights kept in FP8 so far (the others were uploaded in weight_dtype()).
   virtual int64_t fp8_weights_kept() const { return 0; }
+  // MXFP4 expert stacks kept in MXFP4 so far.
+  virtual int64_t mxfp4_weights_kept() const { return 0; }
   DTensor param(const Tensor& t) { return upload(t, DType::F32); }  // small fp32 parameters
   virtual DTensor upload_i32(const int32_t* src, const Shape& s) = 0;
   // To host: any float dtype widened to fp32; I32 as is.
@@ -205,7 +212,8 @@ class Backend {
   virtual void linear(const DTensor& x, const DTensor& W, const DTensor& bias, const DTensor& y) = 0;
   // y [T, D] = down(silu(gate x) * up x)
   virtual void swiglu_mlp(const DTensor& x, const SwigluWeights& w, const DTensor& y) = 0;
-  // Routed experts (+ shared expert) for T tokens: y [T, D] (overwritten).
+  // Routed experts (+ shared expert) for T tokens: y [T, DX] (overwritten) from the experts' input
+  // x [T, DX]; the router reads w.route_x [T, D] when defined, else x (DX = D).
   virtual void moe(const RouterConfig& rc, const MoeWeights& w, const DTensor& x, const DTensor& y) = 0;
   // Short causal depthwise conv + SiLU over one sequence: x, y [T, C]; w [C, W] act; state
   // [W-1, C] act, in/out (the last W-1 inputs).

@@ -47,7 +47,7 @@ SwigluView view(const SwigluWeights& w, int64_t e = -1) {
     v.down = w.down.f32() + e * D * v.inter;
   }
   v.down_ld = v.inter;
-  v.limit = w.limit;
+  v.act = w.act;
   return v;
 }
 
@@ -166,18 +166,23 @@ class CpuBackend final : public Backend {
     dz::swiglu_mlp(view(w), x.f32(), y.f32(), T, D);
   }
   void moe(const RouterConfig& rc, const MoeWeights& w, const DTensor& x, const DTensor& y) override {
-    const int64_t D = w.router.dim(1), T = x.numel() / D, k = rc.top_k, E = w.experts.gate.dim(0);
+    const DTensor& rx = w.route_x.defined() ? w.route_x : x;  // the router's input
+    const int64_t D = w.router.dim(1), T = rx.numel() / D, k = rc.top_k, E = w.experts.gate.dim(0);
+    const int64_t DX = w.experts.gate.dim(2);  // the experts' input width (the latent, or D)
+    DZ_CHECK(x.numel() == T * DX && y.numel() == T * DX, "moe: x ", shape_str(x.shape), " y ", shape_str(y.shape),
+             " for ", T, " rows of ", DX);
+    DZ_CHECK(!(w.route_x.defined() && w.has_shared), "moe: a shared expert beside a separate router input");
     std::vector<int32_t> idx(static_cast<size_t>(T * k));
     std::vector<float> wt(static_cast<size_t>(T * k));
     DZ_CHECK(!w.fixed.defined() || (w.fixed.dtype == DType::I32 && w.fixed.numel() == T * k), "moe: fixed experts ",
              shape_str(w.fixed.shape), " for ", T, " rows of ", k);
-    moe_route(rc, x.f32(), w.router.f32(), opt(w.bias), T, D, idx.data(), wt.data(),
+    moe_route(rc, rx.f32(), w.router.f32(), opt(w.bias), T, D, idx.data(), wt.data(),
               w.fixed.defined() ? static_cast<const int32_t*>(w.fixed.data) : nullptr);
     float* out = y.f32();
-    std::fill(out, out + T * D, 0.f);
+    std::fill(out, out + T * DX, 0.f);
     std::vector<SwigluView> ex(static_cast<size_t>(E));
     for (int64_t e = 0; e < E; ++e) ex[size_t(e)] = view(w.experts, e);
-    moe_experts_acc(ex, x.f32(), T, D, idx.data(), wt.data(), k, 0, E, out);
+    moe_experts_acc(ex, x.f32(), T, DX, idx.data(), wt.data(), k, 0, E, out);
     if (!w.has_shared) return;
     std::vector<float> sh(static_cast<size_t>(T * D));  // [T, D]
     dz::swiglu_mlp(view(w.shared), x.f32(), sh.data(), T, D);

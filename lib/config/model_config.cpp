@@ -130,6 +130,7 @@ class Fields {
     return Fields(j_[k], where_ + ": " + k);
   }
   const std::string& where() const { return where_; }
+  const json& object() const { return j_; }
 
  private:
   int64_t in_range(const char* k, const json& v) const {
@@ -356,13 +357,25 @@ void parse_kda_gate(const Fields& f, const Fields* la, ModelConfig* c) {
   }
 }
 
-// Recognised K3 features that change the weights or the math and that dayzero does not implement.
-void reject_unsupported_k3(const Fields& f, const Fields* la) {
-  if (f.boolean({"latent_moe_use_norm"}, false)) f.bad("latent_moe_use_norm", "= true (latent MoE) is not supported");
-  if (f.has("routed_expert_hidden_size") &&
-      f.i64({"routed_expert_hidden_size"}, 0) != f.i64({"moe_intermediate_size"}, 0))
-    f.bad("routed_expert_hidden_size", "differs from moe_intermediate_size (latent MoE): not supported");
-  if (la && la->boolean({"use_full_rank_gate"}, false)) la->bad("use_full_rank_gate", "= true is not supported");
+// Kimi K3's additions to the Kimi Linear text config: SiTU, the latent MoE, the full-rank KDA
+// output gate (linear_attn_config.use_full_rank_gate).
+void parse_k3_features(const Fields& f, const json& j, const Fields* la, ModelConfig* c) {
+  if (c->hidden_act == "situ") {
+    c->situ_beta = float(f.num({"activation_situ_beta"}, 4.0));  // the config classes' default (4.0 published)
+    // absent: the default 25.0; null: no bound on the up branch (the reference's linear_beta None)
+    const bool null_lb = j.contains("activation_situ_linear_beta") && j["activation_situ_linear_beta"].is_null();
+    c->situ_linear_beta = null_lb ? 0.f : float(f.num({"activation_situ_linear_beta"}, 25.0));
+    if (!(c->situ_beta > 0.f) || !std::isfinite(c->situ_beta))
+      f.bad("activation_situ_beta", str("must be positive, got ", c->situ_beta));
+    if (!null_lb && (!(c->situ_linear_beta > 0.f) || !std::isfinite(c->situ_linear_beta)))
+      f.bad("activation_situ_linear_beta", str("must be positive (or null), got ", c->situ_linear_beta));
+  }
+  c->moe_latent_size = f.i64({"routed_expert_hidden_size"}, 0);
+  if (f.has("routed_expert_hidden_size") && c->moe_latent_size <= 0)
+    f.bad("routed_expert_hidden_size", str("must be positive (or null: no latent MoE), got ", c->moe_latent_size));
+  c->moe_latent_norm = f.boolean({"latent_moe_use_norm"}, true);
+  if (la) c->kda_full_rank_gate = la->boolean({"use_full_rank_gate"}, false);
+  c->kda_full_rank_gate = f.boolean({"use_full_rank_gate"}, c->kda_full_rank_gate);
 }
 
 void parse_kimi(const Fields& f, const json& j, ModelConfig* c, bool dayzero) {
@@ -396,7 +409,7 @@ void parse_kimi(const Fields& f, const json& j, ModelConfig* c, bool dayzero) {
   c->la_head_k_dim = c->la_head_v_dim = K;
   c->la_conv_kernel = W;
   parse_kda_gate(f, la.get(), c);
-  reject_unsupported_k3(f, la.get());
+  parse_k3_features(f, j, la.get(), c);
 
   // MLA (transformers defaults; Moonshot's are None, i.e. required, but transformers fills them).
   parse_mla(f, c, MlaDefaults{0, 512, 128, 64, 128}, dayzero);
@@ -810,10 +823,49 @@ void parse_deepseek_v4(const Fields& f, const json& j, ModelConfig* c) {
 
 void validate_at(const ModelConfig& m, const std::string& where);
 
+// quantization_config, any family: DeepSeek's block-scaled FP8 (quant_method "fp8": the weights say
+// it, X.weight_scale_inv beside E4M3 X.weight) and compressed-tensors MXFP4 (Kimi K3). Anything else
+// changes what the weights mean and is refused by name.
+void parse_quantization(const Fields& f, ModelConfig* c) {
+  if (!f.has("quantization_config")) return;
+  const Fields q = f.sub("quantization_config");
+  const std::string method = q.string({"quant_method"}, "");
+  if (method == "fp8") return;
+  if (method != "compressed-tensors")
+    q.bad("quant_method", str("'", method, "' is not supported (fp8 block-scaled, or compressed-tensors ",
+                             "mxfp4-pack-quantized)"));
+  // The format at the top level or per config group (K3 writes it in config_groups.group_0).
+  std::string format = q.string({"format"}, "");
+  if (q.has("config_groups")) {
+    const Fields groups = q.sub("config_groups");
+    for (const auto& g : groups.object().items()) {
+      const Fields gf = groups.sub(g.key().c_str());
+      const std::string gfmt = gf.string({"format"}, format);
+      if (format.empty()) format = gfmt;
+      if (gfmt != format) gf.bad("format", str("'", gfmt, "' differs from '", format, "' (one format per checkpoint)"));
+      if (gf.has("input_activations"))
+        gf.bad("input_activations", "are quantised: activation quantisation in the checkpoint is not supported");
+      if (gf.has("weights")) {
+        const Fields w = gf.sub("weights");
+        if (w.i64({"num_bits"}, 4) != 4) w.bad("num_bits", str("is ", w.i64({"num_bits"}, 4), " (MXFP4: 4)"));
+        if (w.i64({"group_size"}, 32) != 32) w.bad("group_size", str("is ", w.i64({"group_size"}, 32), " (MXFP4: 32)"));
+        const std::string type = w.string({"type"}, "float");
+        if (type != "float") w.bad("type", str("is '", type, "' (MXFP4: float)"));
+        const std::string strat = w.string({"strategy"}, "group");
+        if (strat != "group" && strat != "tensor_group")
+          w.bad("strategy", str("is '", strat, "' (MXFP4: group)"));
+      }
+    }
+  }
+  if (format != "mxfp4-pack-quantized")
+    q.bad("format", str("'", format, "' is not supported (compressed-tensors: mxfp4-pack-quantized)"));
+  c->weights_mxfp4 = true;
+}
+
 // Multimodal wrappers scored on their text model: wrapper model_type -> the text_config's.
 const std::map<std::string, std::string>& wrappers() {
-  static const std::map<std::string, std::string> w = {{"qwen3_5_moe", "qwen3_5_moe_text"},
-                                                       {"glm5_next", "glm5_next_text"}};
+  static const std::map<std::string, std::string> w = {
+      {"qwen3_5_moe", "qwen3_5_moe_text"}, {"glm5_next", "glm5_next_text"}, {"kimi_k3", "kimi_linear"}};
   return w;
 }
 
@@ -836,7 +888,7 @@ ModelConfig parse_wrapper(const json& j, const std::string& mt, const std::strin
   const std::string inner = t.value("model_type", text_type);
   DZ_CHECK(inner == text_type, where, ": text_config.model_type is '", inner, "' (", mt, " wraps ", text_type, ")");
   t["model_type"] = text_type;
-  for (const char* k : {"tie_word_embeddings", "bos_token_id", "eos_token_id", "pad_token_id"})
+  for (const char* k : {"tie_word_embeddings", "bos_token_id", "eos_token_id", "pad_token_id", "quantization_config"})
     if (!t.contains(k) && j.contains(k)) t[k] = j[k];
   ModelConfig c = parse_at(t, where + " (text_config)");
   c.wrapper_model_type = mt;
@@ -876,6 +928,7 @@ ModelConfig parse_at(const nlohmann::json& j, const std::string& where) {
   } else {
     f.bad("model_type", str("'", mt, "' is not supported (", supported_model_types(), ")"));
   }
+  parse_quantization(f, &c);
   validate_at(c, where);
   return c;
 }
@@ -929,7 +982,9 @@ void validate_at(const ModelConfig& m, const std::string& where) {
   need(int64_t(m.layers.size()) == m.num_layers, "num_hidden_layers",
        str("is ", m.num_layers, " but the layer list has ", m.layers.size(), " entries"));
   need(m.rms_norm_eps > 0.f, "rms_norm_eps", "must be positive");
-  need(m.hidden_act == "silu", "hidden_act", str("'", m.hidden_act, "' is not supported (silu)"));
+  need(m.hidden_act == "silu" || (m.hidden_act == "situ" && m.situ_beta > 0.f), "hidden_act",
+       str("'", m.hidden_act, "' is not supported (silu; situ in the Kimi family)"));
+  need(m.moe_latent_size >= 0, "routed_expert_hidden_size", "must be >= 0");
   need(m.attn_res_block_size >= 0, "attn_res_block_size", "must be >= 0");
   for (int64_t id : {m.bos_token_id, m.eos_token_id, m.pad_token_id})
     need(id < m.vocab_size, "bos/eos/pad_token_id", str(id, " is outside the vocabulary of ", m.vocab_size));
@@ -1062,6 +1117,7 @@ nlohmann::json ModelConfig::to_json() const {
     if (any[int(MixerKind::KDA)]) {
       j["linear_attention"]["gate"] = kda_gate == KdaGate::Softplus ? "softplus" : "lower_bound_sigmoid";
       if (kda_gate == KdaGate::LowerBoundSigmoid) j["linear_attention"]["lower_bound"] = kda_gate_lower_bound;
+      j["linear_attention"]["output_gate"] = kda_full_rank_gate ? "full_rank" : "low_rank";
     }
   }
   if (any[int(MixerKind::MLA)]) {
@@ -1087,6 +1143,9 @@ nlohmann::json ModelConfig::to_json() const {
     j["rope"] = r;
   }
   j["ffn"] = {{"hidden_act", hidden_act}, {"intermediate_size", intermediate_size}};
+  if (situ_beta > 0.f) j["ffn"]["situ"] = {{"beta", situ_beta}, {"linear_beta", situ_linear_beta}};
+  if (swiglu_limit > 0.f) j["ffn"]["swiglu_limit"] = swiglu_limit;
+  if (weights_mxfp4) j["quantization"] = "compressed-tensors mxfp4-pack-quantized";
   if (any_moe)
     j["moe"] = {{"n_routed_experts", n_routed_experts},
                 {"num_experts_per_tok", num_experts_per_tok},
@@ -1102,6 +1161,7 @@ nlohmann::json ModelConfig::to_json() const {
                 {"n_group", n_group},
                 {"topk_group", topk_group},
                 {"router_correction_bias", router_correction_bias}};
+  if (any_moe && moe_latent_size > 0) j["moe"]["latent"] = {{"size", moe_latent_size}, {"norm", moe_latent_norm}};
   j["attn_res_block_size"] = attn_res_block_size;
   return j;
 }

@@ -72,6 +72,7 @@ struct ModelConfig {
   int64_t la_conv_kernel = 4;
   KdaGate kda_gate = KdaGate::Softplus;
   float kda_gate_lower_bound = -5.f;  // LowerBoundSigmoid: g = lower_bound * sigmoid(...)
+  bool kda_full_rank_gate = false;    // KDA output gate g_proj [H·V, D] (Kimi K3) instead of g_a_proj · g_b_proj
 
   // --- MLA (kimi_linear, deepseek_v32, dayzero) ---
   int64_t num_heads = 0;
@@ -120,6 +121,17 @@ struct ModelConfig {
   bool router_correction_bias = false;  // e_score_correction_bias (selection only)
 
   float swiglu_limit = 0.f;  // SwiGLU clamp of every MLP / expert (GLM-5.3-Flash); 0: none
+  // SiTU (Kimi K3 hidden_act "situ"), in every MLP and expert instead of SiLU:
+  //   beta·tanh(g/beta)·sigmoid(g) · lb·tanh(u/lb)   (activation_situ_beta, activation_situ_linear_beta)
+  float situ_beta = 0.f;         // > 0: SiTU; 0: SiLU
+  float situ_linear_beta = 0.f;  // > 0: the up branch bounded as above; 0: unbounded (linear_beta null)
+  // Latent MoE (Kimi K3 routed_expert_hidden_size): the routed experts run on down(x) [T, L] and
+  // their sum returns through up(RMSNorm(.)); the router and the shared experts read x. 0: none.
+  int64_t moe_latent_size = 0;
+  bool moe_latent_norm = true;  // latent_moe_use_norm
+  // Quantised checkpoint weights (quantization_config): compressed-tensors "mxfp4-pack-quantized"
+  // (Kimi K3's routed experts; any MXFP4 pair in the files needs this declared).
+  bool weights_mxfp4 = false;
 
   // --- manifold-constrained hyper-connections (GLM-5.3-Flash mHC) ---
   int64_t hc_mult = 0;  // residual streams; 0: the plain residual

@@ -24,6 +24,9 @@ struct DTensor {
   // FP8 block-scaled weights (dtype F8_E4M3, [N, K]): the fp32 scales, one per 128 x 128 block,
   // in the layout of the backend that made them (Backend::weight); null otherwise.
   std::shared_ptr<const DTensor> block_scales;
+  // MXFP4 weights (dtype U8 [.., N, K/2]: E2M1 pairs, the even k in the low nibble; core/fp8.hpp):
+  // their E8M0 scales [.., N, K/32] (U8), in the layout of the backend that made them; null otherwise.
+  std::shared_ptr<const DTensor> mx_scales;
 
   bool defined() const { return data != nullptr || (!shape.empty() && numel() == 0); }
   int64_t numel() const { return shape.empty() ? 0 : dz::numel(shape); }

@@ -181,4 +181,65 @@ void bf16_round(const float* x, int64_t n, float* y) {
   for (int64_t i = 0; i < n; ++i) y[i] = round_bf16(x[i]);
 }
 
+float e2m1_to_f32(uint8_t nibble) {
+  static const float kE2m1[16] = {0.f, 0.5f, 1.f, 1.5f, 2.f, 3.f, 4.f, 6.f, -0.f, -0.5f, -1.f, -1.5f, -2.f, -3.f, -4.f, -6.f};
+  return kE2m1[nibble & 0xFu];
+}
+
+void mxfp4_dequantize(const uint8_t* packed, const uint8_t* scales, int64_t rows, int64_t n, float* y) {
+  check_shape("mxfp4_dequantize", rows, n);
+  DZ_CHECK(n % kMx4Group == 0, "mxfp4_dequantize: row length ", n, " is not a multiple of ", kMx4Group);
+  const int64_t G = n / kMx4Group;
+  for (int64_t row = 0; row < rows; ++row)
+    for (int64_t j = 0; j < n; ++j) {
+      const uint8_t b = packed[row * (n / 2) + j / 2];
+      y[row * n + j] = e2m1_to_f32(j % 2 ? uint8_t(b >> 4) : b) * e8m0_to_f32(scales[row * G + j / kMx4Group]);
+    }
+}
+
+namespace {
+// The E2M1 code of v (|v| one of the eight magnitudes, sign kept), or 0xFF when v is not one.
+uint8_t e2m1_code(float v) {
+  for (uint8_t c = 0; c < 8; ++c) {
+    const float m = e2m1_to_f32(c);
+    if (v == m && !std::signbit(v)) return c;
+    if (v == -m && (m != 0.f || std::signbit(v))) return uint8_t(c | 8u);
+  }
+  return 0xFFu;
+}
+}  // namespace
+
+bool mxfp4_encode_exact(const float* x, int64_t rows, int64_t n, uint8_t* packed, uint8_t* scales) {
+  check_shape("mxfp4_encode_exact", rows, n);
+  DZ_CHECK(n % kMx4Group == 0, "mxfp4_encode_exact: row length ", n, " is not a multiple of ", kMx4Group);
+  const int64_t G = n / kMx4Group;
+  for (int64_t row = 0; row < rows; ++row)
+    for (int64_t g = 0; g < G; ++g) {
+      const float* v = x + row * n + g * kMx4Group;
+      float amax = 0.f;
+      for (int64_t j = 0; j < kMx4Group; ++j) {
+        if (!std::isfinite(v[j])) return false;
+        amax = std::max(amax, std::fabs(v[j]));
+      }
+      // smallest e in [-127, 127] with 6 * 2^e >= amax (all-zero groups: 2^-127)
+      int e = -127;
+      while (e < 127 && 6.f * std::ldexp(1.f, e) < amax) ++e;
+      scales[row * G + g] = uint8_t(e + 127);
+      const float inv = std::ldexp(1.f, -e);
+      for (int64_t j = 0; j < kMx4Group; ++j) {
+        // v * 2^-e is exact when v is a code times 2^e (only the exponent changes; subnormal v
+        // are multiples of 2^-149, and so are the products, which then have room to be exact)
+        const float q = v[j] * inv;
+        const uint8_t c = e2m1_code(q);
+        if (c == 0xFFu || std::ldexp(e2m1_to_f32(c), e) != v[j]) return false;
+        uint8_t& b = packed[row * (n / 2) + (g * kMx4Group + j) / 2];
+        if (j % 2 == 0)
+          b = c;
+        else
+          b = uint8_t(b | (c << 4));
+      }
+    }
+  return true;
+}
+
 }  // namespace dz

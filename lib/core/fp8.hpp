@@ -34,6 +34,14 @@
 // zero elements (no division by zero anywhere). A NaN or ±Inf in a tile: scale NaN, codes 0x7F.
 // The last tile of a row may be shorter than 128 (scale from its own elements). The RoPE part of
 // the KV cache is kept in BF16: bf16_round below (round to nearest even, NaN kept).
+//
+// MXFP4 (Kimi K3's routed experts: compressed-tensors "mxfp4-pack-quantized", OCP MX v1.0): FP4
+// E2M1 elements (1 sign, 2 exponent, 1 mantissa: 0, 0.5, 1, 1.5, 2, 3, 4, 6 and their negatives;
+// nibble 8 is -0), groups of 32 consecutive elements of a row share one E8M0 scale. Packed two per
+// byte, the even element in the LOW nibble: packed [rows, n / 2], scales [rows, n / 32], n a
+// multiple of 32. Value = e2m1(nibble) * 2^(scale - 127): exact in f32 and in BF16 (one mantissa
+// bit; 2^-128 at the smallest is a subnormal of both). A scale of 0xFF is NaN: a checkpoint that
+// holds one is refused where it is loaded (a NaN weight is never what a publisher meant).
 #pragma once
 #include <cstdint>
 
@@ -83,5 +91,17 @@ void fp8_block_codes(const float* w, int64_t R, int64_t C, const float* scales, 
 // ---- BF16 storage emulation ----
 // y[i] = bf16 value nearest to x[i] (ties to even), as f32. y may alias x.
 void bf16_round(const float* x, int64_t n, float* y);
+
+// ---- MXFP4 (E2M1 pairs + E8M0 per 32) ----
+constexpr int64_t kMx4Group = 32;
+float e2m1_to_f32(uint8_t nibble);  // low 4 bits: 0, 0.5, 1, 1.5, 2, 3, 4, 6, -0, -0.5, .., -6
+// packed [rows, n / 2], scales [rows, n / 32] -> y [rows, n] (n % 32 == 0).
+void mxfp4_dequantize(const uint8_t* packed, const uint8_t* scales, int64_t rows, int64_t n, float* y);
+// The inverse for values that ARE MXFP4 (a dequantised MXFP4 tensor, or a slice of one on 32-column
+// groups): per group the smallest scale that fits its largest magnitude in 6, then each element's
+// code. Any other scale of the group is a larger power of two (a decoded tensor does not say which
+// one was stored), and the values are the same. Returns false, with the outputs unspecified, when
+// some element is not a code times that scale (not an MXFP4 tensor).
+bool mxfp4_encode_exact(const float* x, int64_t rows, int64_t n, uint8_t* packed, uint8_t* scales);
 
 }  // namespace dz

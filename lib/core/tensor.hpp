@@ -34,6 +34,9 @@ struct Tensor {
   Shape shape;
   std::vector<float> data;
   std::shared_ptr<const Tensor> fp8_block_scales;
+  // Loaded from MXFP4 (core/fp8.hpp): every 32-element group of the last dim is E2M1 codes times
+  // one power of two, so a backend that keeps MXFP4 re-encodes it exactly (mxfp4_encode_exact).
+  bool mxfp4 = false;
 
   Tensor() = default;
   explicit Tensor(Shape s, float fill = 0.f) : shape(std::move(s)), data(size_t(numel(shape)), fill) {}
@@ -54,6 +57,7 @@ struct Tensor {
   void reshape(Shape s) {
     DZ_CHECK(numel(s) == numel(shape), "reshape ", shape_str(shape), " -> ", shape_str(s), " changes the size");
     if (s != shape) fp8_block_scales.reset();  // the blocks are of the 2-D layout
+    if (s.empty() || shape.empty() || s.back() != shape.back()) mxfp4 = false;  // groups run along the last dim
     shape = std::move(s);
   }
 };
@@ -79,6 +83,7 @@ inline Tensor slice_rows(const Tensor& t, int64_t r0, int64_t r1) {
   const int64_t B = kFp8WeightBlock;
   if (t.fp8_block_scales && r0 % B == 0 && (r1 % B == 0 || r1 == t.shape[0]))
     o.fp8_block_scales = std::make_shared<const Tensor>(slice_rows(*t.fp8_block_scales, r0 / B, (r1 + B - 1) / B));
+  o.mxfp4 = t.mxfp4;  // whole rows: their groups are untouched
   return o;
 }
 
@@ -99,6 +104,7 @@ inline Tensor slice_cols(const Tensor& t, int64_t c0, int64_t c1) {
   const int64_t B = kFp8WeightBlock;  // block scales follow as in slice_rows
   if (t.fp8_block_scales && c0 % B == 0 && (c1 % B == 0 || c1 == t.shape[1]))
     o.fp8_block_scales = std::make_shared<const Tensor>(slice_cols(*t.fp8_block_scales, c0 / B, (c1 + B - 1) / B));
+  o.mxfp4 = t.mxfp4 && c0 % 32 == 0 && (c1 - c0) % 32 == 0;  // whole MXFP4 groups only
   return o;
 }
 

@@ -21,6 +21,7 @@
 #include "core/bf16.hpp"
 #include "core/error.hpp"
 #include "core/dummy_values.hpp"
+#include "core/fp8.hpp"
 #include "core/hash.hpp"
 #include "core/parallel.hpp"
 
@@ -304,7 +305,35 @@ std::unique_ptr<Checkpoint> Checkpoint::open(const std::string& dir) {
     DZ_CHECK(t != ck->tensors_.end() && t->second.file == shard, "tensor ", it.key(), " is listed in ", index,
              " under ", shard, " but is not in that file");
   }
+  ck->pair_mxfp4();
   return ck;
+}
+
+// compressed-tensors MXFP4: X.weight_packed U8 [R, C/2] + X.weight_scale U8 [R, C/32] become one
+// entry X.weight [R, C] (get() decodes it). A pair of any other shape or dtype (NVFP4's E4M3 scales
+// per 16, say) is left as it is, so strict loading names its tensors as unexpected.
+void Checkpoint::pair_mxfp4() {
+  const std::string P = "_packed", S = "_scale";
+  std::vector<std::string> packed;
+  for (const auto& kv : tensors_)
+    if (kv.first.size() > 13 && kv.first.compare(kv.first.size() - 13, 13, "weight_packed") == 0) packed.push_back(kv.first);
+  for (const std::string& pn : packed) {
+    const std::string base = pn.substr(0, pn.size() - P.size());  // X.weight
+    auto pit = tensors_.find(pn), sit = tensors_.find(base + S);
+    if (sit == tensors_.end()) continue;
+    const TensorInfo &pi = pit->second, &si = sit->second;
+    if (pi.dtype != DType::U8 || si.dtype != DType::U8 || pi.shape.size() != 2 || si.shape.size() != 2) continue;
+    const int64_t R = pi.shape[0], C = 2 * pi.shape[1];
+    if (si.shape[0] != R || C % 32 != 0 || si.shape[1] != C / 32) continue;
+    DZ_CHECK(!tensors_.count(base), "checkpoint ", dir_, " holds ", base, " both plain and MXFP4-packed (", pn, ")");
+    TensorInfo ti = pi;  // the packed bytes; the scales beside them
+    ti.shape = {R, C};
+    ti.mx_scale = std::make_shared<const TensorInfo>(si);
+    tensors_.erase(sit);
+    tensors_.erase(tensors_.find(pn));
+    tensors_[base] = std::move(ti);
+    ++mxfp4_tensors_;
+  }
 }
 
 std::unique_ptr<Checkpoint> Checkpoint::random(uint64_t seed) {
@@ -410,11 +439,23 @@ Tensor Checkpoint::get(const std::string& name, const Shape& shape, Init init) {
     t.shape = shape;
     return t;
   }
-  const Mapping* m = nullptr;
-  for (const auto& mp : maps_)
-    if (mp->path == ti.file) m = mp.get();
-  DZ_CHECK(m, "internal: no mapping for ", ti.file);
+  auto mapping = [&](const std::string& file) {
+    for (const auto& mp : maps_)
+      if (mp->path == file) return mp.get();
+    fail(str("internal: no mapping for ", file));
+  };
+  const Mapping* m = mapping(ti.file);
   Tensor t(shape);
+  if (ti.mx_scale) {  // MXFP4: decoded exactly; a NaN scale (0xFF) is a broken checkpoint
+    const TensorInfo& si = *ti.mx_scale;
+    const uint8_t* sc = mapping(si.file)->data + si.offset;
+    for (uint64_t i = 0; i < si.nbytes; ++i)
+      DZ_CHECK(sc[i] != 0xFFu, "tensor ", si.name, ": E8M0 scale 0xFF (NaN) at element ", i, " in ", dir_);
+    mxfp4_dequantize(m->data + ti.offset, sc, shape[0], shape[1], t.ptr());
+    t.mxfp4 = true;
+    used_.insert(name);
+    return t;
+  }
   decode(ti.dtype, m->data + ti.offset, size_t(t.size()), t.ptr());
   used_.insert(name);
 

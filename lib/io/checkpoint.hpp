@@ -43,6 +43,10 @@ struct TensorInfo {
   std::string file;      // shard path
   uint64_t offset = 0;   // byte offset of the data inside the mapped file
   uint64_t nbytes = 0;
+  // An MXFP4 weight (compressed-tensors "mxfp4-pack-quantized"): the file holds X.weight_packed U8
+  // [R, C/2] (this entry's file/offset; name is the file's X.weight_packed) and X.weight_scale U8
+  // [R, C/32] (scale); the checkpoint lists the pair once, as X.weight of shape [R, C].
+  std::shared_ptr<const TensorInfo> mx_scale;
 };
 
 class Checkpoint {
@@ -61,6 +65,8 @@ class Checkpoint {
   bool keeps_full() const { return generating_ && keep_; }
   // FP8 block-scaled tensors loaded so far (their Tensors carry fp8_block_scales).
   int64_t fp8_block_tensors() const { return fp8_block_tensors_; }
+  // MXFP4 weights in the file (X.weight_packed + X.weight_scale pairs, listed as X.weight).
+  int64_t mxfp4_tensors() const { return mxfp4_tensors_; }
   // --dummy-weights: modules may generate large tensors in place on their backend
   // (Backend::fill_dummy) from dummy_key(NAME, shape), which also records NAME as asked for.
   bool dummy() const { return generating_ && !keep_; }
@@ -95,6 +101,7 @@ class Checkpoint {
  private:
   Checkpoint() = default;
   uint64_t dummy_key_of(const std::string& name) const;
+  void pair_mxfp4();  // open(): X.weight_packed + X.weight_scale -> X.weight (TensorInfo::mx_scale)
   std::vector<std::pair<std::string, std::string>> renamed_;  // (file prefix, ours)
   struct Mapping;
   std::string dir_;
@@ -107,6 +114,7 @@ class Checkpoint {
   std::set<std::string> used_;
   std::map<std::string, Tensor> generated_;
   int64_t fp8_block_tensors_ = 0;
+  int64_t mxfp4_tensors_ = 0;
 };
 
 // Writes tensors as safetensors (dtype F32 or BF16). shard_bytes > 0 splits into

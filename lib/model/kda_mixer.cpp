@@ -2,6 +2,8 @@
 // gated output norm, output projection. Tensor names are the published kimi_linear ones
 // (moonshotai/Kimi-Linear-48B-A3B: PREFIX self_attn.{q,k,v}_proj, {q,k,v}_conv1d, A_log, dt_bias,
 // f_a_proj, f_b_proj, b_proj, g_a_proj, g_b_proj, o_norm, o_proj); the dayzero family uses the same.
+// Kimi K3 (linear_attn_config.use_full_rank_gate): the output gate is one full-rank g_proj [H·V, D]
+// instead of g_a_proj · g_b_proj, and A_log is stored zero-padded to a multiple of 128 heads.
 //
 // TP shards the heads: a rank keeps heads [h0, h1) of q/k/v_proj, the three convs, A_log, dt_bias,
 // f_b_proj, b_proj, g_b_proj (rows) and of o_proj (columns); the low-rank first factors f_a_proj,
@@ -36,6 +38,28 @@ Tensor get_alt(Checkpoint& ck, const std::string& name, const std::vector<Shape>
   Tensor t = ck.get(name, alts[0], init);
   t.reshape(alts.back());
   return t;
+}
+
+// A_log [H] in any of its published layouts: [1, 1, H, 1] (transformers), [H, 1], [H], or Kimi K3's
+// [ceil(H / 128) * 128] whose entries past H are zero padding (checked: a non-zero one would be a
+// head this config does not have).
+Tensor load_a_log(Checkpoint& ck, const std::string& name, int64_t H) {
+  const Init init = Init::uniform(0.f, std::log(16.f));  // exp(A_log) in [1, 16], Kimi's init
+  const int64_t Hp = (H + 127) / 128 * 128;
+  if (!ck.generating() && ck.has(name) && Hp != H && ck.info(name).shape == Shape{Hp}) {
+    Tensor t = ck.get(name, {Hp}, init);
+    if (t.empty()) {  // dry run: the shape of the heads
+      t.shape = {H};
+      return t;
+    }
+    for (int64_t h = H; h < Hp; ++h)
+      DZ_CHECK(t.ptr()[h] == 0.f, "tensor ", ck.file_name(name), ": entry ", h, " of the padding past the ", H,
+               " heads is ", t.ptr()[h], ", not 0");
+    Tensor o({H});
+    std::copy_n(t.ptr(), H, o.ptr());
+    return o;
+  }
+  return get_alt(ck, name, {{1, 1, H, 1}, {H, 1}, {H}}, init);
 }
 
 // Rows of several [n_i, D] host tensors stacked into one [sum n_i, D]: one GEMM instead of several
@@ -90,13 +114,18 @@ class KdaMixer : public LinearAttnMixer {
     const Tensor ckw = rows(get_alt(ck, p + "k_conv1d.weight", {{HKf, 1, W_}, {HKf, W_}}, Init::uniform(-cb, cb)), K_);
     const Tensor cv = rows(get_alt(ck, p + "v_conv1d.weight", {{HVf, 1, W_}, {HVf, W_}}, Init::uniform(-cb, cb)), V_);
     // A_log: exp(A_log) in [1, 16] as Kimi's init; dt_bias around inverse-softplus of small dt.
-    const Tensor A_log = rows(get_alt(ck, p + "A_log", {{1, 1, Hf, 1}, {Hf, 1}, {Hf}}, Init::uniform(0.f, std::log(16.f))), 1);
+    const Tensor A_log = rows(load_a_log(ck, p + "A_log", Hf), 1);
     const Tensor dt_bias = rows(get_alt(ck, p + "dt_bias", {{HKf}, {Hf, K_}, {HKf}}, Init::uniform(-4.f, -1.f)), K_);
     const Tensor f_a = ck.get(p + "f_a_proj.weight", {K_, D_}, proj);
     const Tensor f_b = rows(ck.get(p + "f_b_proj.weight", {HKf, K_}, proj), K_);
     const Tensor b = rows(ck.get(p + "b_proj.weight", {Hf, D_}, proj), 1);
-    const Tensor g_a = ck.get(p + "g_a_proj.weight", {V_, D_}, proj);
-    const Tensor g_b = rows(ck.get(p + "g_b_proj.weight", {HVf, V_}, proj), V_);
+    Tensor g_a, g_b, g_full;  // output gate: low rank (Kimi Linear) or full rank (K3)
+    if (cfg.kda_full_rank_gate) {
+      g_full = rows(ck.get(p + "g_proj.weight", {HVf, D_}, proj), V_);
+    } else {
+      g_a = ck.get(p + "g_a_proj.weight", {V_, D_}, proj);
+      g_b = rows(ck.get(p + "g_b_proj.weight", {HVf, V_}, proj), V_);
+    }
     const Tensor o_norm = ck.get(p + "o_norm.weight", {V_}, Init::ones());
     Tensor wo = ck.get(p + "o_proj.weight", {D_, HVf}, proj);
     if (shard) wo = slice_cols(wo, h0 * V_, h1 * V_);
@@ -109,8 +138,12 @@ class KdaMixer : public LinearAttnMixer {
     f_a_ = be.weight(f_a);
     f_b_ = be.weight(f_b);
     b_ = be.weight(b);
-    g_a_ = be.weight(g_a);
-    g_b_ = be.weight(g_b);
+    if (cfg.kda_full_rank_gate) {
+      g_full_ = be.weight(g_full);
+    } else {
+      g_a_ = be.weight(g_a);
+      g_b_ = be.weight(g_b);
+    }
     out_norm_ = be.param(o_norm);
     wo_ = be.weight(wo);
   }
@@ -128,10 +161,14 @@ class KdaMixer : public LinearAttnMixer {
     be.linear(low, f_b_, DTensor{}, tk.f);
     tk.beta = be.act({T, H_});
     be.linear(x, b_, DTensor{}, tk.beta);
-    DTensor lowg = be.act({T, V_});  // output gate (low rank)
-    be.linear(x, g_a_, DTensor{}, lowg);
     tk.gate = be.act({T, H_ * V_});
-    be.linear(lowg, g_b_, DTensor{}, tk.gate);
+    if (g_full_.defined()) {  // output gate (full rank)
+      be.linear(x, g_full_, DTensor{}, tk.gate);
+    } else {  // output gate (low rank)
+      DTensor lowg = be.act({T, V_});
+      be.linear(x, g_a_, DTensor{}, lowg);
+      be.linear(lowg, g_b_, DTensor{}, tk.gate);
+    }
     return tk;
   }
 
@@ -139,6 +176,7 @@ class KdaMixer : public LinearAttnMixer {
   DTensor wqkv_;              // [H*K + H*K + H*V, D]: q_proj, k_proj, v_proj stacked
   DTensor f_a_, f_b_, b_;     // [K, D] (replicated), [H*K, K], [H, D]
   DTensor g_a_, g_b_;         // [V, D] (replicated), [H*V, V]; out_norm_ o_norm [V]
+  DTensor g_full_;            // [H*V, D]: K3's full-rank output gate (then no g_a_ / g_b_)
 };
 
 }  // namespace

@@ -1,4 +1,4 @@
-// Dense SwiGLU FFN: out = down(silu(gate(x)) * up(x)); TP shards the width I. Same tensor names in every family:
+// Dense gated FFN: out = down(act(gate(x), up(x))) (ops/glu.hpp: SwiGLU, its clamp, SiTU); TP shards the width I. Same tensor names in every family:
 //   PREFIX mlp.gate_proj.weight [I, D], mlp.up_proj.weight [I, D], mlp.down_proj.weight [D, I]
 #include "core/error.hpp"
 #include "model/module.hpp"
@@ -9,10 +9,11 @@ namespace dz {
 namespace {
 class MlpFfn : public Ffn {
  public:
-  MlpFfn(const Tensor& gate, const Tensor& up, const Tensor& down, int64_t D, float limit, const TpShard& tp, Backend& be)
+  MlpFfn(const Tensor& gate, const Tensor& up, const Tensor& down, int64_t D, const GluAct& act, const TpShard& tp,
+         Backend& be)
       : be_(&be), D_(D), tp_(tp) {
     if (gate.empty()) return;  // dry run (inspect)
-    w_.limit = limit;  // SwiGLU clamp (0: none)
+    w_.act = act;
     w_.gate = be.weight(gate);
     w_.up = be.weight(up);
     w_.down = be.weight(down);
@@ -35,8 +36,8 @@ class MlpFfn : public Ffn {
 
 std::unique_ptr<Ffn> make_mlp_ffn(const ModelConfig& cfg, int layer, Checkpoint& ck, const std::string& prefix,
                                   const TpShard& tp, Backend& be) {
-  DZ_CHECK(cfg.hidden_act == "silu" || cfg.hidden_act == "swish", "layer ", layer, ": hidden_act '", cfg.hidden_act,
-           "' is not supported (only silu / SwiGLU)");
+  DZ_CHECK(cfg.hidden_act == "silu" || cfg.hidden_act == "swish" || (cfg.hidden_act == "situ" && cfg.situ_beta > 0.f),
+           "layer ", layer, ": hidden_act '", cfg.hidden_act, "' is not supported (silu / SwiGLU, situ)");
   const int64_t D = cfg.hidden_size, I = cfg.intermediate_size;
   DZ_CHECK(D > 0 && I > 0, "layer ", layer, ": dense MLP needs hidden_size and intermediate_size > 0");
   // Published Kimi checkpoints keep a dense layer under `mlp.`; transformers 5.17's save_pretrained
@@ -54,7 +55,7 @@ std::unique_ptr<Ffn> make_mlp_ffn(const ModelConfig& cfg, int layer, Checkpoint&
     d = slice_cols(d, i0, i1);
   }
   // generating mode keeps the full width: no shard, no all-reduce
-  return std::make_unique<MlpFfn>(g, u, d, D, cfg.swiglu_limit, ck.keeps_full() ? TpShard{} : tp, be);
+  return std::make_unique<MlpFfn>(g, u, d, D, glu_of(cfg), ck.keeps_full() ? TpShard{} : tp, be);
 }
 
 }  // namespace dz

@@ -84,6 +84,9 @@ std::unique_ptr<Model> Model::load(const std::string& dir, const TpShard& tp, bo
     return build(cfg, *ck, tp, be);
   }
   auto ck = Checkpoint::open(dir);
+  DZ_CHECK(ck->mxfp4_tensors() == 0 || cfg.weights_mxfp4, dir, ": the checkpoint holds ", ck->mxfp4_tensors(),
+           " MXFP4-packed weights (X.weight_packed + X.weight_scale) but config.json declares no compressed-tensors ",
+           "mxfp4-pack-quantized quantization_config");
   const TextPackaging pk = adopt_text_model(cfg, *ck);
   if (!cfg.wrapper_model_type.empty())
     log_root(str(cfg.wrapper_model_type, ": scoring its text model (tensors under ", pk.prefix, ")",
@@ -91,6 +94,10 @@ std::unique_ptr<Model> Model::load(const std::string& dir, const TpShard& tp, bo
   auto m = build(cfg, *ck, tp, be);
   skip_mtp_layers(cfg, *ck);
   ck->check_all_used();
+  if (const int64_t n4 = ck->mxfp4_tensors())
+    log_root(str("MXFP4 weights: ", n4, " in the checkpoint (decoded exactly); ", be.mxfp4_weights_kept(),
+                 " routed-expert stacks kept in MXFP4 on ", be.name(), ", the others as ", to_string(be.weight_dtype()),
+                 " (the CPU reference; or a TP slice of the experts' width off the 32-column groups, or not a routed expert)"));
   if (const int64_t n8 = ck->fp8_block_tensors())
     log_root(str("FP8 block-scaled weights: ", n8, " in the checkpoint, ", be.fp8_weights_kept(), " kept in FP8 on ",
                  be.name(), "; the others as ", to_string(be.weight_dtype()),

@@ -106,6 +106,13 @@ std::unique_ptr<Mixer> make_gqa_mixer(const ModelConfig& cfg, int layer, Checkpo
 // DeepSeek-V4's attention (sliding window + CSA / HCA compressed entries, sinks, grouped output).
 std::unique_ptr<Mixer> make_dsv4_mixer(const ModelConfig& cfg, int layer, Checkpoint& ck, const std::string& prefix,
                                        const TpShard& tp = TpShard{}, Backend& be = cpu_backend());
+// The gate activation of every MLP and expert of the model (swiglu_limit, SiTU).
+inline GluAct glu_of(const ModelConfig& cfg) {
+  GluAct a;
+  a.limit = cfg.swiglu_limit;
+  if (cfg.hidden_act == "situ") a.situ_beta = cfg.situ_beta, a.situ_linear_beta = cfg.situ_linear_beta;
+  return a;
+}
 std::unique_ptr<Ffn> make_mlp_ffn(const ModelConfig& cfg, int layer, Checkpoint& ck, const std::string& prefix,
                                   const TpShard& tp = TpShard{}, Backend& be = cpu_backend());
 std::unique_ptr<Ffn> make_moe_ffn(const ModelConfig& cfg, int layer, Checkpoint& ck, const std::string& prefix,

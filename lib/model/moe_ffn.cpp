@@ -1,5 +1,12 @@
-// Routed MoE FFN with optional shared expert(s) (CPU reference).
+// Routed MoE FFN with optional shared expert(s), written once on the backend seam.
 //   out = sum_k w_k * expert_k(x) + [sigmoid(x · g)] * shared(x)
+// Kimi K3's latent MoE (routed_expert_hidden_size L): the routed experts run on the latent
+//   u = sum_k w_k * expert_k(down · x)  [T, L],   out = up · RMSNorm(u) + shared(x)
+// (the router and the shared experts read x; experts are [I, L] / [L, I]), tensors
+// block_sparse_moe.routed_expert_down_proj.weight [L, D], routed_expert_up_proj.weight [D, L],
+// routed_expert_norm.weight [L] (latent_moe_use_norm). Experts use the model's gate activation
+// (ops/glu.hpp: SiLU, its clamp, K3's SiTU); routed experts may be MXFP4 in the file
+// (experts.{e}.w1.weight_packed + weight_scale: Checkpoint decodes them; a backend may keep them).
 // Routing: ops/moe.hpp. The family's published tensor names, under PREFIX (e.g. "model.layers.3."):
 //   kimi_linear, dayzero : block_sparse_moe.gate.weight [E, D], block_sparse_moe.gate.e_score_correction_bias [E],
 //                          block_sparse_moe.experts.{e}.w1|w3|w2.weight (gate [I, D] | up [I, D] | down [D, I]),
@@ -14,6 +21,7 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <tuple>
 
 #include "core/error.hpp"
 #include "core/linalg.hpp"
@@ -100,8 +108,38 @@ class MoeFfn : public Ffn {
  public:
   void forward(const DTensor& x, const DTensor& out) const override {
     DZ_CHECK(tid2eid_.empty(), "MoE: a hash-routed layer needs its token ids (forward_tokens)");
+    if (L_ > 0) return forward_latent(x, out);
     be_->moe(rc_, w_, x, out);
     tp_.allreduce(*be_, out);  // width shards: partial sums of every expert
+  }
+  // The latent MoE. Under TP the experts' width shards give partial sums of u, all-reduced before
+  // the norm (it needs the whole of u); up then takes this rank's latent columns [l0, l1), so
+  // its product is a partial sum of the output that the one all-reduce of the layer completes
+  // together with the width-sharded shared experts.
+  void forward_latent(const DTensor& x, const DTensor& out) const {
+    Backend& be = *be_;
+    const int64_t T = x.rows();
+    DTensor xl = be.act({T, L_}), u = be.act({T, L_});
+    be.linear(x, lat_down_, DTensor{}, xl);
+    MoeWeights w = w_;
+    w.route_x = x;
+    w.has_shared = false;
+    be.moe(rc_, w, xl, u);
+    tp_.allreduce(be, u);
+    if (lat_norm_.defined()) be.rmsnorm(u, lat_norm_, u, lat_eps_, false);
+    if (l1_ - l0_ == L_) {
+      be.linear(u, lat_up_, DTensor{}, out);
+    } else {
+      DTensor us = be.act({T, l1_ - l0_});
+      be.copy_cols(u, l0_, us, 0, l1_ - l0_);
+      be.linear(us, lat_up_, DTensor{}, out);
+    }
+    if (w_.has_shared) {
+      DTensor sh = be.act({T, D_});
+      be.swiglu_mlp(x, w_.shared, sh);
+      be.add(out, sh);
+    }
+    tp_.allreduce(be, out);
   }
   // Hash routing (DeepSeek-V4 hash_moe): row t takes the experts tid2eid[tokens[t]].
   void forward_tokens(const DTensor& x, const int32_t* tokens, const DTensor& out) const override {
@@ -116,6 +154,7 @@ class MoeFfn : public Ffn {
     }
     MoeWeights w = w_;
     if (T > 0) w.fixed = be_->upload_i32(ids.data(), {T, k});
+    DZ_CHECK(L_ == 0, "MoE: hash routing with a latent MoE");
     be_->moe(rc_, w, x, out);
     tp_.allreduce(*be_, out);
   }
@@ -124,10 +163,12 @@ class MoeFfn : public Ffn {
   bool graph_safe() const override { return tp_.size == 1 && tid2eid_.empty(); }
   std::vector<int32_t> tid2eid_;  // [vocab, top_k] (hash_moe), else empty
 
-  // Uploads the (sharded) host views: experts stacked [E, I, D] / [E, D, I].
-  void upload_experts(const std::vector<SwigluView>& ex) {
-    const int64_t E = int64_t(ex.size()), I = ex[0].inter, D = D_;
+  // Uploads the (sharded) host views: experts stacked [E, I, DX] / [E, DX, I] (DX: the experts'
+  // input, D or the latent); mx: every one of them is MXFP4 (the backend may keep it so).
+  void upload_experts(const std::vector<SwigluView>& ex, bool mx) {
+    const int64_t E = int64_t(ex.size()), I = ex[0].inter, D = DX_;
     Tensor g({E, I, D}), u({E, I, D}), d({E, D, I});
+    g.mxfp4 = u.mxfp4 = d.mxfp4 = mx;
     for (int64_t e = 0; e < E; ++e) {
       const SwigluView& v = ex[size_t(e)];
       std::copy(v.gate, v.gate + I * D, g.ptr() + e * I * D);
@@ -140,7 +181,7 @@ class MoeFfn : public Ffn {
   // MoE model: no host copy of them ever exists), equal to the same slices of the host-made tensors.
   // keys[e]: gate, up, down of expert e (Checkpoint::dummy_key).
   void dummy_experts(const std::vector<std::array<uint64_t, 3>>& keys, int64_t I, const TpShard& tp) {
-    const int64_t D = D_, E = int64_t(keys.size());
+    const int64_t D = DX_, E = int64_t(keys.size());
     auto [i0, i1] = tp.range(I, "moe_intermediate_size");
     const int64_t n = i1 - i0;
     const DummyDist dist{false, Init{}.a, 0.f};  // the experts' Init: Normal(0.02)
@@ -172,9 +213,15 @@ class MoeFfn : public Ffn {
 
   Backend* be_ = nullptr;
   RouterConfig rc_;
-  int64_t D_ = 0;
+  int64_t D_ = 0;   // hidden size
+  int64_t DX_ = 0;  // the routed experts' input: D, or the latent L
   TpShard tp_;
   MoeWeights w_;
+  // latent MoE (L_ > 0): down [L, D] (replicated), norm [L] F32 (or none), up [D, l1 - l0] (this
+  // rank's latent columns)
+  int64_t L_ = 0, l0_ = 0, l1_ = 0;
+  float lat_eps_ = 1e-6f;
+  DTensor lat_down_, lat_norm_, lat_up_;
 };
 
 SwigluView view_of(const Tensor& g, const Tensor& u, const Tensor& d) {
@@ -210,14 +257,16 @@ static void shard_width(std::vector<SwigluView>& views, std::vector<Tensor>& sto
 
 std::unique_ptr<Ffn> make_moe_ffn(const ModelConfig& cfg, int layer, Checkpoint& ck, const std::string& prefix,
                                   const TpShard& tp, Backend& be) {
-  DZ_CHECK(cfg.hidden_act == "silu" || cfg.hidden_act == "swish", "layer ", layer, ": hidden_act '", cfg.hidden_act,
-           "' is not supported (only silu / SwiGLU experts)");
+  DZ_CHECK(cfg.hidden_act == "silu" || cfg.hidden_act == "swish" || (cfg.hidden_act == "situ" && cfg.situ_beta > 0.f),
+           "layer ", layer, ": hidden_act '", cfg.hidden_act, "' is not supported (silu / SwiGLU, situ experts)");
   const int64_t D = cfg.hidden_size, E = cfg.n_routed_experts, I = cfg.moe_intermediate_size;
+  const int64_t L = cfg.moe_latent_size, DX = L > 0 ? L : D;  // the routed experts' input width
   DZ_CHECK(D > 0 && E > 0 && I > 0, "layer ", layer, ": MoE needs hidden_size, n_routed_experts and ",
            "moe_intermediate_size > 0");
   auto m = std::make_unique<MoeFfn>();
   m->be_ = &be;
   m->D_ = D;
+  m->DX_ = DX;
   RouterConfig& rc = m->rc_;
   rc.n_experts = E;
   rc.top_k = cfg.num_experts_per_tok;
@@ -261,18 +310,19 @@ std::unique_ptr<Ffn> make_moe_ffn(const ModelConfig& cfg, int layer, Checkpoint&
   std::vector<Tensor> owned;
   owned.reserve(size_t(3 * E + 3));  // views point into these tensors: no reallocation
   std::vector<std::array<uint64_t, 3>> dummy_keys;  // --dummy-weights: per expert gate, up, down
+  bool experts_mx = !ck.dummy() && !ck.generating();  // every routed expert loaded from MXFP4
   SwigluView shared;
   bool has_shared = false;
   if (n.layout == ExpertLayout::Fused) {
-    owned.push_back(ck.get(P + "experts.gate_up_proj", {E, 2 * I, D}));
-    owned.push_back(ck.get(P + "experts.down_proj", {E, D, I}));
+    owned.push_back(ck.get(P + "experts.gate_up_proj", {E, 2 * I, DX}));
+    owned.push_back(ck.get(P + "experts.down_proj", {E, DX, I}));
     const float* gu = owned[0].ptr();
     const float* dn = owned[1].ptr();
     for (int64_t e = 0; e < E; ++e) {
       SwigluView& v = experts[size_t(e)];
-      v.gate = gu + e * 2 * I * D;  // rows [0, I) of expert e: gate
-      v.up = v.gate + I * D;        // rows [I, 2I): up
-      v.down = dn + e * D * I;
+      v.gate = gu + e * 2 * I * DX;  // rows [0, I) of expert e: gate
+      v.up = v.gate + I * DX;        // rows [I, 2I): up
+      v.down = dn + e * DX * I;
       v.inter = I;
       v.down_ld = I;
     }
@@ -280,21 +330,23 @@ std::unique_ptr<Ffn> make_moe_ffn(const ModelConfig& cfg, int layer, Checkpoint&
     const bool w = n.layout == ExpertLayout::PerExpertW;
     for (int64_t e = 0; e < E; ++e) {
       const std::string q = P + "experts." + std::to_string(e) + ".";
-      dummy_keys.push_back({ck.dummy_key(q + (w ? "w1.weight" : "gate_proj.weight"), {I, D}),
-                            ck.dummy_key(q + (w ? "w3.weight" : "up_proj.weight"), {I, D}),
-                            ck.dummy_key(q + (w ? "w2.weight" : "down_proj.weight"), {D, I})});
+      dummy_keys.push_back({ck.dummy_key(q + (w ? "w1.weight" : "gate_proj.weight"), {I, DX}),
+                            ck.dummy_key(q + (w ? "w3.weight" : "up_proj.weight"), {I, DX}),
+                            ck.dummy_key(q + (w ? "w2.weight" : "down_proj.weight"), {DX, I})});
     }
   } else {
     const bool w = n.layout == ExpertLayout::PerExpertW;
     for (int64_t e = 0; e < E; ++e) {
       const std::string q = P + "experts." + std::to_string(e) + ".";
-      owned.push_back(ck.get(q + (w ? "w1.weight" : "gate_proj.weight"), {I, D}));
-      owned.push_back(ck.get(q + (w ? "w3.weight" : "up_proj.weight"), {I, D}));
-      owned.push_back(ck.get(q + (w ? "w2.weight" : "down_proj.weight"), {D, I}));
+      owned.push_back(ck.get(q + (w ? "w1.weight" : "gate_proj.weight"), {I, DX}));
+      owned.push_back(ck.get(q + (w ? "w3.weight" : "up_proj.weight"), {I, DX}));
+      owned.push_back(ck.get(q + (w ? "w2.weight" : "down_proj.weight"), {DX, I}));
       const size_t o = owned.size() - 3;
       experts[size_t(e)] = view_of(owned[o], owned[o + 1], owned[o + 2]);
+      experts_mx &= owned[o].mxfp4 && owned[o + 1].mxfp4 && owned[o + 2].mxfp4;
     }
   }
+  if (n.layout != ExpertLayout::PerExpertW && n.layout != ExpertLayout::PerExpertProj) experts_mx = false;
 
   const int64_t S = cfg.shared_intermediate_size > 0 ? cfg.shared_intermediate_size
                                                       : cfg.n_shared_experts * cfg.moe_intermediate_size;
@@ -314,7 +366,10 @@ std::unique_ptr<Ffn> make_moe_ffn(const ModelConfig& cfg, int layer, Checkpoint&
   if (tp.size > 1 && !ck.keeps_full()) {
     std::vector<Tensor> sharded;
     sharded.reserve(size_t(3 * E + 3));
-    if (!ck.dummy()) shard_width(experts, sharded, D, tp);
+    if (!ck.dummy()) shard_width(experts, sharded, DX, tp);
+    // the down projections' columns [i0, i1): whole MXFP4 groups only, else they are BF16 values
+    auto [i0, i1] = tp.range(I, "moe_intermediate_size");
+    experts_mx &= i0 % 32 == 0 && (i1 - i0) % 32 == 0;
     if (has_shared) {
       std::vector<SwigluView> one{shared};
       shard_width(one, sharded, D, tp);
@@ -322,13 +377,32 @@ std::unique_ptr<Ffn> make_moe_ffn(const ModelConfig& cfg, int layer, Checkpoint&
     }
     owned = std::move(sharded);  // the full weights are released; views point into the shards
   }
+  // Latent MoE: down and the norm replicated, up's latent columns sharded under TP.
+  Tensor lat_down, lat_norm, lat_up;
+  if (L > 0) {
+    DZ_CHECK(!hash, "layer ", layer, ": a hash-routed layer with a latent MoE");
+    lat_down = ck.get(P + "routed_expert_down_proj.weight", {L, D});
+    if (cfg.moe_latent_norm) lat_norm = ck.get(P + "routed_expert_norm.weight", {L}, Init::ones());
+    lat_up = ck.get(P + "routed_expert_up_proj.weight", {D, L});
+    m->L_ = L, m->l0_ = 0, m->l1_ = L;
+    if (tp.size > 1 && !ck.keeps_full()) {
+      std::tie(m->l0_, m->l1_) = tp.range(L, "routed_expert_hidden_size");
+      lat_up = slice_cols(lat_up, m->l0_, m->l1_);
+    }
+    m->lat_eps_ = cfg.rms_norm_eps;
+  }
   if (router.empty()) return m;  // dry run (inspect): names and shapes only
   if (ck.dummy())
     m->dummy_experts(dummy_keys, I, tp);
   else
-    m->upload_experts(experts);
+    m->upload_experts(experts, experts_mx);
   m->upload_rest(has_shared ? &shared : nullptr, router, bias, shared_gate);
-  m->w_.experts.limit = m->w_.shared.limit = cfg.swiglu_limit;  // GLM-5.3-Flash's SwiGLU clamp (0: none)
+  m->w_.experts.act = m->w_.shared.act = glu_of(cfg);  // SiLU, GLM-5.3-Flash's clamp, K3's SiTU
+  if (L > 0) {
+    m->lat_down_ = be.weight(lat_down);
+    if (!lat_norm.empty()) m->lat_norm_ = be.param(lat_norm);
+    m->lat_up_ = be.weight(lat_up);
+  }
   return m;
 }
 

@@ -133,12 +133,12 @@ SwigluView SwigluView::slice(int64_t i0, int64_t i1, int64_t D) const {
   v.down = down + i0;
   v.inter = i1 - i0;
   v.down_ld = down_ld;
-  v.limit = limit;
+  v.act = act;
   return v;
 }
 
 namespace {
-// a[T, I] = silu(x·gate^T) * (x·up^T); returns down as a contiguous [D, I] pointer (copied into
+// a[T, I] = act(x·gate^T, x·up^T); returns down as a contiguous [D, I] pointer (copied into
 // dbuf when it is a column slice).
 const float* swiglu_hidden(const SwigluView& m, const float* x, int64_t T, int64_t D, std::vector<float>& a,
                            std::vector<float>& dbuf) {
@@ -148,12 +148,7 @@ const float* swiglu_hidden(const SwigluView& m, const float* x, int64_t T, int64
   a.resize(size_t(T * I));
   linear(x, m.gate, nullptr, a.data(), T, D, I);
   linear(x, m.up, nullptr, u.data(), T, D, I);
-  if (m.limit > 0.f) {
-    const float L = m.limit;
-    for (size_t i = 0; i < a.size(); ++i) a[i] = silu(std::min(a[i], L)) * std::min(std::max(u[i], -L), L);
-  } else {
-    for (size_t i = 0; i < a.size(); ++i) a[i] = silu(a[i]) * u[i];
-  }
+  for (size_t i = 0; i < a.size(); ++i) a[i] = glu_act(m.act, a[i], u[i]);
   if (m.down_ld == I) return m.down;
   dbuf.resize(size_t(D * I));
   for (int64_t r = 0; r < D; ++r) std::copy(m.down + r * m.down_ld, m.down + r * m.down_ld + I, dbuf.data() + r * I);

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "config/model_config.hpp"
+#include "ops/glu.hpp"
 
 namespace dz {
 
@@ -48,7 +49,7 @@ void moe_select(const RouterConfig& rc, const float* logits, const float* bias, 
 void moe_route(const RouterConfig& rc, const float* x, const float* W_gate, const float* bias, int64_t T,
                int64_t D, int32_t* idx, float* w, const int32_t* fixed = nullptr);
 
-// One SwiGLU MLP (or a width slice of one): y = down(silu(gate·x) * up·x).
+// One gated MLP (or a width slice of one): y = down(act(gate·x, up·x)), act as ops/glu.hpp.
 //   gate, up: [inter, D] row-major (rows of a wider matrix are fine: row stride is D)
 //   down    : [D, inter] with row stride down_ld (>= inter; a column slice of a wider [D, I] matrix)
 struct SwigluView {
@@ -57,7 +58,7 @@ struct SwigluView {
   const float* down = nullptr;
   int64_t inter = 0;
   int64_t down_ld = 0;
-  float limit = 0.f;  // SwiGLU clamp (SwigluWeights::limit); 0: none
+  GluAct act;  // SwiGLU, its clamp, or SiTU
   // Columns/rows [i0, i1) of this MLP's intermediate dimension: the TP width shard.
   SwigluView slice(int64_t i0, int64_t i1, int64_t D) const;
 };

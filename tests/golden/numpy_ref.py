@@ -614,23 +614,173 @@ def glm5_next_head(cfg, P, X):
     return xn, xn @ P["lm_head.weight"].T
 
 
+# ---- Kimi K3 (docs/families.md §8): no transformers class; this forward IS the golden's reference,
+# written from the public formulas (pytorch/torchtitan models/kimi_k3, NVIDIA-NeMo/Automodel
+# models/kimi_k3). R() is the identity, or (k3_bf16_drift) a round to bf16 after every op, as a bf16
+# torch module would: the yardstick for the CUDA backend's bf16 error on this golden.
+R = None
+
+
+def rr(x):
+    return x if R is None else R(x)
+
+
+def bf16_round(x):
+    """float64 -> the nearest bf16 (ties to even), returned as float64 (via the fp32 bits)."""
+    f = np.asarray(x, np.float32)
+    b = f.view(np.uint32).astype(np.uint64)
+    b = (b + 0x7FFF + ((b >> 16) & 1)) & 0xFFFF0000
+    return b.astype(np.uint32).view(np.float32).astype(np.float64)
+
+
+E2M1 = np.array([0, .5, 1, 1.5, 2, 3, 4, 6, -0., -.5, -1, -1.5, -2, -3, -4, -6])
+
+
+def mxfp4_decode(packed, scale):
+    """compressed-tensors mxfp4-pack-quantized: packed [R, C/2] (even element in the low nibble),
+    scale [R, C/32] E8M0 -> [R, C] float64."""
+    nib = np.stack([packed & 15, packed >> 4], -1).reshape(packed.shape[0], -1)
+    assert not (scale == 255).any(), "E8M0 NaN scale"
+    return E2M1[nib] * np.repeat(np.exp2(scale.astype(np.float64) - 127), 32, axis=1)
+
+
+def situ_mlp(x, gate, up, down, beta, lbeta):
+    """K3's SiTU gated MLP: beta tanh(g/beta) sigmoid(g) * lbeta tanh(u/lbeta) (lbeta None: u)."""
+    g, u = rr(x @ gate.T), rr(x @ up.T)
+    a = beta * np.tanh(g / beta) * sigmoid(g)
+    if lbeta:
+        u = lbeta * np.tanh(u / lbeta)
+    return rr(rr(a * u) @ down.T)
+
+
+def attn_res_mix(vals, proj, norm, eps):
+    """Block AttnRes: softmax over the values of (norm_w * proj_w) . RMSNorm(v), weighted sum of v."""
+    V = np.stack(vals, 0)  # [N, T, D]
+    k = V / np.sqrt((V * V).mean(-1, keepdims=True) + eps)
+    sc = k @ (norm * proj.reshape(-1))
+    p = np.exp(sc - sc.max(0, keepdims=True))
+    p /= p.sum(0, keepdims=True)
+    return rr((p[..., None] * V).sum(0))
+
+
+def k3_forward(cfg, P, tok):
+    la = cfg["linear_attn_config"]
+    Hh, K, eps = la["num_heads"], la["head_dim"], cfg["rms_norm_eps"]
+    kda = set(la["kda_layers"])  # 1-indexed
+    beta, lbeta = cfg.get("activation_situ_beta", 4.0), cfg.get("activation_situ_linear_beta", 25.0)
+    bs = cfg["attn_res_block_size"]
+    T = len(tok)
+    causal = np.tril(np.ones((T, T), bool))
+    x = rr(P["model.embed_tokens.weight"][tok])
+    blocks, partial, plain = [], x, x
+    hs = [x]
+
+    def lin(h, name):
+        return rr(h @ P[name].T)
+
+    for i in range(cfg["num_hidden_layers"]):
+        p = f"model.layers.{i}."
+        a = p + "self_attn."
+        h = attn_res_mix(blocks + [partial], P[p + "self_attention_res_proj.weight"],
+                         P[p + "self_attention_res_norm.weight"], eps) if blocks else partial
+        if i % bs == 0:
+            blocks, partial = blocks + [partial], None
+        h = rr(rms(h, P[p + "input_layernorm.weight"], eps))
+        if i + 1 in kda:
+            q = rr(causal_conv_silu(lin(h, a + "q_proj.weight"), P[a + "q_conv1d.weight"])).reshape(T, Hh, K)
+            k = rr(causal_conv_silu(lin(h, a + "k_proj.weight"), P[a + "k_conv1d.weight"])).reshape(T, Hh, K)
+            v = rr(causal_conv_silu(lin(h, a + "v_proj.weight"), P[a + "v_conv1d.weight"])).reshape(T, Hh, K)
+            q, k = l2n(q) * K ** -0.5, l2n(k)
+            f = (lin(lin(h, a + "f_a_proj.weight"), a + "f_b_proj.weight") + P[a + "dt_bias"]).reshape(T, Hh, K)
+            A = np.exp(P[a + "A_log"].reshape(-1)[:Hh])[None, :, None]  # the file pads A_log to 128 heads
+            g = la["gate_lower_bound"] * sigmoid(A * f)
+            bt = sigmoid(lin(h, a + "b_proj.weight"))
+            o = rr(delta_rule(q, k, v, g, bt))
+            gate = lin(h, a + "g_proj.weight").reshape(T, Hh, K)  # full-rank output gate
+            o = rr(rms(o, P[a + "o_norm.weight"], eps) * sigmoid(gate))
+            y = lin(o.reshape(T, -1), a + "o_proj.weight")
+        else:
+            nh, dn, dr, dv, r = (cfg["num_attention_heads"], cfg["qk_nope_head_dim"], cfg["qk_rope_head_dim"],
+                                 cfg["v_head_dim"], cfg["kv_lora_rank"])
+            q = lin(rr(rms(lin(h, a + "q_a_proj.weight"), P[a + "q_a_layernorm.weight"], 1e-6)), a + "q_b_proj.weight")
+            q = q.reshape(T, nh, dn + dr)
+            c = lin(h, a + "kv_a_proj_with_mqa.weight")
+            ckv = rr(rms(c[:, :r], P[a + "kv_a_layernorm.weight"], 1e-6))
+            kv = lin(ckv, a + "kv_b_proj.weight").reshape(T, nh, dn + dv)
+            key = np.concatenate([kv[..., :dn], np.broadcast_to(c[:, None, r:], (T, nh, dr))], -1)  # NoPE
+            o = rr(softmax_attn(q, key, kv[..., dn:], (dn + dr) ** -0.5, causal)).reshape(T, -1)
+            o = rr(o * sigmoid(lin(h, a + "g_proj.weight")))  # the output gate
+            y = lin(o, a + "o_proj.weight")
+        partial = y if partial is None else rr(partial + y)
+        plain = plain + y
+        h = attn_res_mix(blocks + [partial], P[p + "mlp_res_proj.weight"], P[p + "mlp_res_norm.weight"], eps)
+        h = rr(rms(h, P[p + "post_attention_layernorm.weight"], eps))
+        if i < cfg["first_k_dense_replace"]:
+            m = p + "mlp."
+            y = situ_mlp(h, P[m + "gate_proj.weight"], P[m + "up_proj.weight"], P[m + "down_proj.weight"], beta, lbeta)
+        else:
+            m = p + "block_sparse_moe."
+            E, top = cfg["num_experts"], cfg["num_experts_per_token"]
+            sc = sigmoid(h @ P[m + "gate.weight"].T)  # the router in fp32 (fp64 here)
+            ch = sc + P[m + "gate.e_score_correction_bias"][None]
+            xl = lin(h, m + "routed_expert_down_proj.weight")  # the experts' latent input
+            u = np.zeros_like(xl)
+            for t in range(T):
+                sel = np.argsort(-ch[t], kind="stable")[:top]
+                w = sc[t, sel]
+                if cfg.get("moe_renormalize", True):
+                    w = w / (w.sum() + 1e-20)
+                w = w * cfg["routed_scaling_factor"]
+                for e, we in zip(sel, w):
+                    q_ = f"{m}experts.{e}."
+                    u[t] += we * situ_mlp(xl[t:t + 1], P[q_ + "w1.weight"], P[q_ + "w3.weight"], P[q_ + "w2.weight"],
+                                          beta, lbeta)[0]
+            u = rr(u)
+            if cfg.get("latent_moe_use_norm", True):
+                u = rr(rms(u, P[m + "routed_expert_norm.weight"], eps))
+            y = lin(u, m + "routed_expert_up_proj.weight")
+            s_ = m + "shared_experts."
+            y = rr(y + situ_mlp(h, P[s_ + "gate_proj.weight"], P[s_ + "up_proj.weight"], P[s_ + "down_proj.weight"],
+                                beta, lbeta))
+        partial = rr(partial + y)
+        plain = plain + y
+        hs.append(plain)
+    hs.pop()
+    final = attn_res_mix(blocks + [partial], P["model.output_attn_res_proj.weight"],
+                         P["model.output_attn_res_norm.weight"], eps)
+    return (plain, final), hs, None
+
+
+def k3_head(cfg, P, X):
+    """The output-site AttnRes mixture (computed by the forward), the final norm, the LM head."""
+    plain, final = X
+    xn = rr(rms(final, P["model.norm.weight"], cfg["rms_norm_eps"]))
+    return xn, xn @ P["lm_head.weight"].T
+
+
 FORWARD = {"kimi_linear": kimi_forward, "deepseek_v32": deepseek_forward, "glm_moe_dsa": deepseek_forward, "qwen3_next": qwen3_next_forward,
            "qwen3_5_moe_text": qwen3_next_forward}
-FORWARD.update(deepseek_v4=deepseek_v4_forward, glm5_next_text=glm5_next_forward)
-HEAD = {"deepseek_v4": deepseek_v4_head, "glm5_next_text": glm5_next_head}  # default: final RMSNorm, lm_head
+FORWARD.update(deepseek_v4=deepseek_v4_forward, glm5_next_text=glm5_next_forward, kimi_k3=k3_forward)
+HEAD = {"deepseek_v4": deepseek_v4_head, "glm5_next_text": glm5_next_head, "kimi_k3": k3_head}  # default: final RMSNorm, lm_head
 CENTRED = {"qwen3_next", "qwen3_5_moe_text"}  # zero-centred RMSNorm (1 + w)
 
 
 def load(d):
     """config (a wrapper's text_config) and fp64 tensors under plain names (model.language_model.X as
     model.X; the vision tower dropped; a dense Kimi layer saved under block_sparse_moe. as mlp.)."""
-    cfg = json.load(open(os.path.join(d, "config.json")))
-    cfg = cfg.get("text_config") or cfg
-    P = {}
-    for k, v in load_file(os.path.join(d, "model.safetensors")).items():
-        if k.startswith("model.visual."):
+    top = json.load(open(os.path.join(d, "config.json")))
+    cfg = dict(top.get("text_config") or top)
+    if top.get("model_type") == "kimi_k3":  # the K3 wrapper's text model is a kimi_linear config
+        cfg["model_type"] = "kimi_k3"
+    P, raw = {}, load_file(os.path.join(d, "model.safetensors"))
+    for k, v in raw.items():
+        if k.startswith(("model.visual.", "vision_tower.", "mm_projector.")) or k.endswith("weight_scale"):
             continue
+        if k.endswith(".weight_packed"):  # MXFP4 (compressed-tensors): decoded with its scale
+            v, k = mxfp4_decode(v, raw[k[:-len("_packed")] + "_scale"]), k[:-len("_packed")]
         k = k.replace("model.language_model.", "model.", 1)
+        if k.startswith("language_model."):  # K3's text model: language_model.model.* / language_model.lm_head.*
+            k = k[len("language_model."):]
         P[k] = v.astype(np.float64)
     if cfg["model_type"] == "kimi_linear":
         for i, t in enumerate(cfg.get("mlp_layer_types", [])):
@@ -655,7 +805,7 @@ def check(dirname):
         x, hs, sel = FORWARD[family](cfg, P, tok)
         if family in HEAD:
             xn, logits = HEAD[family](cfg, P, x)
-            x = x.reshape(len(tok), -1)
+            x = (x[0] if isinstance(x, tuple) else x).reshape(len(tok), -1)
         else:
             xn = rms(x, P["model.norm.weight"], cfg["rms_norm_eps"], centred=(family in CENTRED))
             logits = xn @ P["lm_head.weight"].T

@@ -165,3 +165,12 @@ TEST_CASE("golden: qwen3_5_moe_text matches transformers 5.23", "[golden]") {
 TEST_CASE("golden: qwen3_5_moe (multimodal wrapper) matches transformers 5.23", "[golden]") {
   check_family("qwen3_5_moe", {3e-4, 5e-4});
 }
+// Kimi K3 (no transformers class: the fp64 NumPy forward of tests/golden/numpy_ref.py is the
+// reference, tests/golden/make_k3.py): the kimi_k3 wrapper with MXFP4 routed experts (decoded
+// exactly), SiTU, the latent MoE, the full-rank KDA gate with the lower bound, gated MLA NoPE with
+// q-LoRA, Block AttnRes. Against fp64 our fp32 forward sits where kimi_linear's transformers
+// forward does (~2e-5 on log-probs), so its log-prob tolerance; the hidden sums grow to ~22 here
+// (nothing normalises the plain sum of an AttnRes model), twice kimi_linear's ~12: twice its 2e-4.
+TEST_CASE("golden: kimi_k3 matches the fp64 reference (MXFP4 experts, SiTU, latent MoE, AttnRes)", "[golden]") {
+  check_family("kimi_k3", {1e-4, 4e-4});
+}

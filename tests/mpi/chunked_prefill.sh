@@ -9,7 +9,7 @@
 # std-0.15 golden amplifies that (measured below); top-k ids and greedy tokens identical.
 source "$(dirname "$0")/lib.sh"
 "$DZ" make-model --preset demo --out "$W/demo" >/dev/null
-models=("$W/demo" "$SRC/tests/golden/qwen3_next" "$SRC/tests/golden/deepseek_v4")
+models=("$W/demo" "$SRC/tests/golden/qwen3_next" "$SRC/tests/golden/deepseek_v4" "$SRC/tests/golden/kimi_k3")
 for m in "${models[@]}"; do
   name=$(basename "$m")
   edge_tokens 256 "$W/t.txt" 6

@@ -7,7 +7,8 @@
 # generate mode the documents of a packed forward also decode together, one row each per step.
 source "$(dirname "$0")/lib.sh"
 "$DZ" make-model --preset demo --out "$W/demo" >/dev/null
-for m in "$W/demo" "$SRC/tests/golden/qwen3_next" "$SRC/tests/golden/kimi_linear" "$SRC/tests/golden/deepseek_v32"; do
+for m in "$W/demo" "$SRC/tests/golden/qwen3_next" "$SRC/tests/golden/kimi_linear" "$SRC/tests/golden/deepseek_v32" \
+         "$SRC/tests/golden/kimi_k3"; do
   name=$(basename "$m")
   edge_tokens 256 "$W/t.txt" 8
   "$DZ" make-input --tokens-file "$W/t.txt" --out "$W/in.h5" --overwrite >/dev/null

@@ -486,3 +486,70 @@ TEST_CASE("checkpoint: FP8 block codes come back exactly from the dequantised va
   fp8_block_codes(r1.ptr(), 172, C, r1.fp8_block_scales->ptr(), back1.data());
   CHECK(std::equal(back1.begin(), back1.begin() + 260, back.begin() + 128 * C));
 }
+
+// compressed-tensors MXFP4 (Kimi K3's routed experts): X.weight_packed U8 [R, C/2] + X.weight_scale U8
+// [R, C/32] read as X.weight [R, C], decoded exactly; the values re-encode to the same numbers
+// (what the CUDA backend keeps); broken pairs are named.
+TEST_CASE("checkpoint: MXFP4 packed pairs decode exactly, re-encode, and bad scales are named", "[unit]") {
+  Scratch sd("mxfp4");
+  const std::string& dir = sd.path;
+  const int R = 3, C = 64;  // two groups of 32 per row
+  // E2M1 by hand: nibble -> value (sign in bit 3), the spec's table, independent of core/fp8
+  const float e2m1[16] = {0.f, 0.5f, 1.f, 1.5f, 2.f, 3.f, 4.f, 6.f, -0.f, -0.5f, -1.f, -1.5f, -2.f, -3.f, -4.f, -6.f};
+  std::vector<uint8_t> packed(size_t(R * C / 2)), scale(size_t(R * C / 32));
+  for (size_t i = 0; i < packed.size(); ++i) packed[i] = uint8_t((i * 37 + 11) & 0xFF);
+  const uint8_t sc[6] = {127, 130, 1, 0, 200, 120};  // 2^0, 2^3, 2^-126, 2^-127 (subnormal), 2^73, 2^-7
+  std::copy(sc, sc + 6, scale.begin());
+  std::vector<uint8_t> bytes = packed;
+  bytes.insert(bytes.end(), scale.begin(), scale.end());
+  const int P = R * C / 2;
+  auto header = [&](const char* sdtype) {
+    return nlohmann::json{
+        {"e.w1.weight_packed", {{"dtype", "U8"}, {"shape", {R, C / 2}}, {"data_offsets", {0, P}}}},
+        {"e.w1.weight_scale", {{"dtype", sdtype}, {"shape", {R, C / 32}}, {"data_offsets", {P, P + R * C / 32}}}}}.dump();
+  };
+  write_raw(dir + "/model.safetensors", header("U8"), bytes);
+  auto ck = Checkpoint::open(dir);
+  CHECK(ck->mxfp4_tensors() == 1);
+  REQUIRE(ck->has("e.w1.weight"));
+  CHECK(!ck->has("e.w1.weight_packed"));
+  CHECK(ck->info("e.w1.weight").shape == Shape({R, C}));
+  Tensor w = ck->get("e.w1.weight", {R, C});
+  CHECK(w.mxfp4);
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < C; ++c) {
+      const uint8_t b = packed[size_t((r * C + c) / 2)];
+      const float v = std::ldexp(e2m1[c % 2 ? b >> 4 : b & 15], int(scale[size_t(r * 2 + c / 32)]) - 127);
+      REQUIRE(w.row(r)[c] == v);
+      REQUIRE(std::signbit(w.row(r)[c]) == std::signbit(v));
+    }
+  ck->check_all_used();  // both files' tensors count as used
+  // the decoded values re-encode exactly; decoding that gives the same numbers
+  std::vector<uint8_t> p2(packed.size()), s2(scale.size());
+  REQUIRE(mxfp4_encode_exact(w.ptr(), R, C, p2.data(), s2.data()));
+  std::vector<float> back(size_t(R * C));
+  mxfp4_dequantize(p2.data(), s2.data(), R, C, back.data());
+  for (int i = 0; i < R * C; ++i) REQUIRE(back[size_t(i)] == w.ptr()[i]);
+  // ... and anything that is not MXFP4 is refused
+  std::vector<float> notmx(w.data);
+  notmx[5] = 0.1f;
+  CHECK(!mxfp4_encode_exact(notmx.data(), R, C, p2.data(), s2.data()));
+  // TP slices keep the flag on whole 32-column groups only; rows always
+  CHECK(slice_rows(w, 1, 3).mxfp4);
+  CHECK(slice_cols(w, 32, 64).mxfp4);
+  CHECK(!slice_cols(w, 16, 48).mxfp4);
+
+  // a NaN scale (0xFF) is a broken checkpoint, named by the file's tensor
+  bytes[size_t(P + 2)] = 0xFF;
+  write_raw(dir + "/model.safetensors", header("U8"), bytes);
+  auto bad = Checkpoint::open(dir);
+  CHECK(error_of([&] { bad->get("e.w1.weight", {R, C}); }).find("e.w1.weight_scale: E8M0 scale 0xFF (NaN)") !=
+        std::string::npos);
+  // scales of another dtype (NVFP4's E4M3 per 16, say) are not an MXFP4 pair: the files' names stay
+  bytes[size_t(P + 2)] = 1;
+  write_raw(dir + "/model.safetensors", header("F8_E4M3"), bytes);
+  auto other = Checkpoint::open(dir);
+  CHECK(other->mxfp4_tensors() == 0);
+  CHECK(other->has("e.w1.weight_packed"));
+  CHECK(error_of([&] { other->get("e.w1.weight", {R, C}); }).find("missing tensor e.w1.weight") != std::string::npos);
+}

@@ -222,6 +222,48 @@ TEST_CASE("config: kimi_linear K3 fields and moe_layer_freq", "[unit]") {
                {{KDA, D, false}, {KDA, D, false}, {MLA, M, false}, {KDA, M, false}, {MLA, M, false}});
 }
 
+#ifdef DZ_SOURCE_DIR
+// Kimi K3 (tests/golden/kimi_k3, the published packaging): the kimi_k3 wrapper's text_config of type
+// kimi_linear with SiTU, the latent MoE, the full-rank KDA gate and the compressed-tensors MXFP4
+// quantization_config.
+TEST_CASE("config: kimi_k3 wrapper (SiTU, latent MoE, full-rank gate, MXFP4 metadata)", "[unit]") {
+  const std::string g = std::string(DZ_SOURCE_DIR) + "/tests/golden/kimi_k3/config.json";
+  std::ifstream in(g);
+  const json j = json::parse(in);
+  ModelConfig c = ModelConfig::from_json(j);
+  CHECK((c.family == Family::KimiLinear && c.model_type == "kimi_linear" && c.wrapper_model_type == "kimi_k3"));
+  CHECK(c.has_vision);
+  check_layers(c, {{KDA, D, false}, {KDA, M, false}, {KDA, M, false}, {MLA, M, false}, {KDA, M, false}, {MLA, M, false}});
+  CHECK((c.hidden_act == "situ" && c.situ_beta == 1.5f && c.situ_linear_beta == 2.f));
+  CHECK((c.moe_latent_size == 32 && c.moe_latent_norm && c.kda_full_rank_gate && c.weights_mxfp4));
+  CHECK((c.kda_gate == KdaGate::LowerBoundSigmoid && c.kda_gate_lower_bound == -5.f && c.mla_output_gate));
+  CHECK((c.q_lora_rank == 32 && c.attn_res_block_size == 2 && c.n_shared_experts == 2 && c.routed_scaling_factor == 2.f));
+  // the published defaults: betas 4 / 25 when absent; linear_beta null leaves the up branch unbounded
+  json d = j;
+  d["text_config"].erase("activation_situ_beta");
+  d["text_config"].erase("activation_situ_linear_beta");
+  ModelConfig cd = ModelConfig::from_json(d);
+  CHECK((cd.situ_beta == 4.f && cd.situ_linear_beta == 25.f));
+  d["text_config"]["activation_situ_linear_beta"] = nullptr;
+  CHECK(ModelConfig::from_json(d).situ_linear_beta == 0.f);
+  // quantization_config beside text_config (the wrapper's) reaches the text model too
+  json w = j;
+  w["quantization_config"] = w["text_config"]["quantization_config"];
+  w["text_config"].erase("quantization_config");
+  CHECK(ModelConfig::from_json(w).weights_mxfp4);
+  // the full-rank gate at the top level of the text config is the same switch
+  json f = j;
+  f["text_config"]["linear_attn_config"].erase("use_full_rank_gate");
+  CHECK(!ModelConfig::from_json(f).kda_full_rank_gate);
+  f["text_config"]["use_full_rank_gate"] = true;
+  CHECK(ModelConfig::from_json(f).kda_full_rank_gate);
+  // a kimi_k3 wrapper must wrap a kimi_linear text model
+  json bad = j;
+  bad["text_config"]["model_type"] = "qwen3_next";
+  CHECK(contains(error_of([&] { ModelConfig::from_json(bad); }), "kimi_k3 wraps kimi_linear"));
+}
+#endif
+
 TEST_CASE("config: deepseek_v32", "[unit]") {
   ModelConfig c = ModelConfig::from_json(deepseek());
   CHECK(c.family == Family::DeepseekV32);
@@ -402,16 +444,36 @@ TEST_CASE("config: errors name the field and the file", "[unit]") {
   CHECK(contains(file_error(j), "field linear_attn_config is missing"));
 
   j = kimi_transformers();
+  j["hidden_act"] = "gelu";
+  CHECK(contains(file_error(j), "field hidden_act 'gelu' is not supported"));
+  j = qwen();  // SiTU is Kimi K3's: its betas are parsed by the Kimi family only
   j["hidden_act"] = "situ";
   CHECK(contains(file_error(j), "field hidden_act 'situ' is not supported"));
+  j = kimi_transformers();
+  j["hidden_act"] = "situ";
+  j["activation_situ_beta"] = -1.0;
+  CHECK(contains(file_error(j), "field activation_situ_beta must be positive"));
 
   j = kimi_transformers();
   j["hidden_size"] = "24";
   CHECK(contains(file_error(j), "field hidden_size must be an integer"));
 
-  j = kimi_original();
-  j["linear_attn_config"]["use_full_rank_gate"] = true;
-  CHECK(contains(file_error(j), "use_full_rank_gate = true is not supported"));
+  j = kimi_transformers();
+  j["routed_expert_hidden_size"] = 0;
+  CHECK(contains(file_error(j), "field routed_expert_hidden_size must be positive"));
+  // quantization_config: what dayzero does not load is refused by name
+  j = kimi_transformers();
+  j["quantization_config"] = {{"quant_method", "awq"}};
+  CHECK(contains(file_error(j), "field quant_method 'awq' is not supported"));
+  j["quantization_config"] = {{"quant_method", "compressed-tensors"}, {"format", "nvfp4-pack-quantized"}};
+  CHECK(contains(file_error(j), "field format 'nvfp4-pack-quantized' is not supported"));
+  j["quantization_config"] = {{"quant_method", "compressed-tensors"},
+                              {"config_groups", {{"group_0", {{"format", "mxfp4-pack-quantized"},
+                                                              {"weights", {{"num_bits", 4}, {"group_size", 16}}}}}}}};
+  CHECK(contains(file_error(j), "field group_size is 16 (MXFP4: 32)"));
+  j["quantization_config"]["config_groups"]["group_0"]["weights"]["group_size"] = 32;
+  j["quantization_config"]["config_groups"]["group_0"]["input_activations"] = {{"num_bits", 8}};
+  CHECK(contains(file_error(j), "field input_activations are quantised"));
 
   j = kimi_transformers();
   j["mlp_layer_types"][2] = "moe";

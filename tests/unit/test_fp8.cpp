@@ -372,3 +372,37 @@ TEST_CASE("fp8: bf16 round trip, ties to even", "[unit]") {
   CHECK(y[6] == kInf);
   CHECK(bits(y[7]) == bits(-0.f));
 }
+
+// MXFP4 (E2M1 + E8M0 per 32): every nibble at a few scales decodes to the spec's value, and the
+// exact re-encoding of decoded data picks the smallest scale that holds each group's largest value.
+TEST_CASE("fp8: MXFP4 decode of every code, exact re-encoding", "[unit]") {
+  const float mags[8] = {0.f, 0.5f, 1.f, 1.5f, 2.f, 3.f, 4.f, 6.f};
+  for (int n = 0; n < 16; ++n) {
+    const float v = (n & 8 ? -1.f : 1.f) * mags[n & 7];
+    CHECK(e2m1_to_f32(uint8_t(n)) == v);
+    CHECK(std::signbit(e2m1_to_f32(uint8_t(n))) == bool(n & 8));
+  }
+  // one row of 32: nibbles 0..15 twice, scale 2^-3
+  uint8_t packed[16], scale[1] = {124};
+  for (int i = 0; i < 16; ++i) packed[i] = uint8_t((2 * i) % 16 | (((2 * i + 1) % 16) << 4));
+  float y[32];
+  mxfp4_dequantize(packed, scale, 1, 32, y);
+  for (int j = 0; j < 32; ++j) CHECK(y[j] == e2m1_to_f32(uint8_t(j % 16)) * 0.125f);
+  uint8_t p2[16], s2[1];
+  REQUIRE(mxfp4_encode_exact(y, 1, 32, p2, s2));
+  CHECK(s2[0] == 124);  // the largest magnitude is 6 * 2^-3: no smaller scale holds it
+  for (int i = 0; i < 16; ++i) CHECK(p2[i] == packed[i]);
+  // a group whose largest value is 1 * 2^-3 re-encodes with scale 2^-5 (as 4 * 2^-5): same numbers
+  float z[32] = {};
+  z[3] = 0.125f, z[7] = -0.0625f;
+  REQUIRE(mxfp4_encode_exact(z, 1, 32, p2, s2));
+  CHECK(s2[0] == 122);
+  mxfp4_dequantize(p2, s2, 1, 32, y);
+  for (int j = 0; j < 32; ++j) CHECK(y[j] == z[j]);
+  // all zeros: the smallest scale (2^-127), codes 0; not a multiple of 32: refused
+  float zero[32] = {};
+  REQUIRE(mxfp4_encode_exact(zero, 1, 32, p2, s2));
+  CHECK(s2[0] == 0);
+  z[0] = 0.3f;  // not a code times any power of two that also holds 0.125
+  CHECK(!mxfp4_encode_exact(z, 1, 32, p2, s2));
+}

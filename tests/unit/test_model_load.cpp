@@ -71,6 +71,15 @@ std::string swap_prefix(const std::string& n, const std::string& from, const std
   return n.rfind(from, 0) == 0 ? to + n.substr(from.size()) : n;
 }
 
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const dz::Error& e) {
+    return e.what();
+  }
+  return "<no error>";
+}
+
 std::vector<float> last_hidden(const dz::Model& m, const std::vector<int32_t>& tok) {
   auto st = m.make_state();
   return m.backend().to_host(m.forward(tok.data(), int64_t(tok.size()), st));
@@ -174,4 +183,58 @@ TEST_CASE("model load: Qwen3.5 MTP tensors are accepted only as the config decla
   two.push_back("mtp.layers.1.input_layernorm.weight");
   CHECK_THROWS_WITH(dz::Model::load(rewrite_golden("mtp_two", fam, same, declare(1), two)),
                     Catch::Contains("mtp.layers.1.input_layernorm.weight"));
+}
+
+// Kimi K3 (tests/golden/kimi_k3, the release's packaging: the kimi_k3 wrapper, language_model.*,
+// MXFP4 routed experts, A_log padded to 128 heads) and the other layouts of the same weights that
+// users have: a dequantised export (plain BF16/F32 experts beside the same quantization_config),
+// the text-only checkpoint (model.* / lm_head.weight under a kimi_linear config).
+TEST_CASE("model load: Kimi K3 layouts (MXFP4 or plain experts, wrapped or text-only, padded A_log)", "[unit]") {
+  const std::string src = std::string(DZ_SOURCE_DIR) + "/tests/golden/kimi_k3";
+  const std::vector<int32_t> tok = {5, 17, 200, 3, 99, 31, 64, 7, 250, 12};
+  auto packed = dz::Model::load(src);
+  const auto ref = last_hidden(*packed, tok);
+
+  // the experts written plain (their decoded values): the same numbers
+  auto plain = rewrite_golden("k3plain", "kimi_k3", [](const std::string& n) { return n; });
+  CHECK(last_hidden(*dz::Model::load(plain), tok) == ref);
+  // text-only: model.* and lm_head.weight under the text config itself
+  auto text = rewrite_golden(
+      "k3text", "kimi_k3",
+      [](const std::string& n) {
+        if (n.rfind("vision_tower.", 0) == 0 || n.rfind("mm_projector.", 0) == 0) return std::string();
+        return swap_prefix(swap_prefix(n, "language_model.model.", "model."), "language_model.lm_head.", "lm_head.");
+      },
+      [](nlohmann::json& j) { j = nlohmann::json(j["text_config"]); });
+  CHECK(last_hidden(*dz::Model::load(text), tok) == ref);
+  // A_log as [H] (not padded) loads the same; a non-zero padding entry is a head the config lacks
+  auto unpadded = rewrite_golden("k3alog", "kimi_k3", [](const std::string& n) { return n; });
+  {
+    auto ck = dz::Checkpoint::open(unpadded);
+    std::map<std::string, dz::Tensor> ts;
+    for (const auto& n : ck->names()) ts[n] = ck->get(n, ck->info(n).shape);
+    const std::string a = "language_model.model.layers.0.self_attn.A_log";
+    dz::Tensor h({4});
+    std::copy_n(ts[a].ptr(), 4, h.ptr());
+    ts[a] = h;
+    dz::write_safetensors(unpadded, ts, dz::DType::F32);
+    CHECK(last_hidden(*dz::Model::load(unpadded), tok) == ref);
+    ts[a] = dz::Tensor({128}, 0.f);
+    ts[a].ptr()[9] = 0.5f;
+    dz::write_safetensors(unpadded, ts, dz::DType::F32);
+    const std::string e = error_of([&] { dz::Model::load(unpadded); });
+    CHECK(e.find("A_log: entry 9 of the padding past the 4 heads is 0.5") != std::string::npos);
+  }
+  // MXFP4 pairs in the files without the quantization_config that declares them
+  const std::string noq = "/tmp/dz_model_load_k3noq";
+  REQUIRE(std::system(("rm -rf " + noq + " && mkdir -p " + noq + " && cp " + src + "/model.safetensors " + noq).c_str()) == 0);
+  {
+    std::ifstream f(src + "/config.json");
+    nlohmann::json j = nlohmann::json::parse(f);
+    j["text_config"].erase("quantization_config");
+    std::ofstream(noq + "/config.json") << j.dump(2);
+  }
+  const std::string e = error_of([&] { dz::Model::load(noq); });
+  CHECK(e.find("MXFP4-packed weights") != std::string::npos);
+  CHECK(e.find("declares no compressed-tensors mxfp4-pack-quantized quantization_config") != std::string::npos);
 }

@@ -67,9 +67,9 @@ std::map<int, double> ref_select(const RouterConfig& rc, const std::vector<doubl
   return r;
 }
 
-// fp64 SwiGLU MLP of one row.
+// fp64 gated MLP of one row: SwiGLU, its clamp (limit > 0) or SiTU (beta > 0; lbeta > 0 bounds u).
 std::vector<double> ref_swiglu(const float* x, const float* g, const float* u, const float* dn, int64_t D, int64_t I,
-                               int64_t down_ld, double limit = 0) {
+                               int64_t down_ld, double limit = 0, double beta = 0, double lbeta = 0) {
   std::vector<double> a(static_cast<size_t>(I)), y(static_cast<size_t>(D), 0.0);
   for (int64_t i = 0; i < I; ++i) {
     double hg = 0, hu = 0;
@@ -78,7 +78,10 @@ std::vector<double> ref_swiglu(const float* x, const float* g, const float* u, c
       hu += double(x[d]) * u[i * D + d];
     }
     if (limit > 0) hg = std::min(hg, limit), hu = std::min(std::max(hu, -limit), limit);  // SwiGLU clamp
-    a[size_t(i)] = hg * sig64(hg) * hu;
+    if (beta > 0)  // SiTU (Kimi K3)
+      a[size_t(i)] = beta * std::tanh(hg / beta) * sig64(hg) * (lbeta > 0 ? lbeta * std::tanh(hu / lbeta) : hu);
+    else
+      a[size_t(i)] = hg * sig64(hg) * hu;
   }
   for (int64_t d = 0; d < D; ++d)
     for (int64_t i = 0; i < I; ++i) y[size_t(d)] += double(dn[d * down_ld + i]) * a[size_t(i)];
@@ -235,7 +238,7 @@ TEST_CASE("moe: SwiGLU experts, expert-range and width shards match fp64", "[uni
   }
   // The SwiGLU clamp (swiglu_limit): at 0.2 most gate / up values of these weights are clipped.
   SwigluView cl = ex[0];
-  cl.limit = 0.2f;
+  cl.act.limit = 0.2f;
   swiglu_mlp(cl, x.data(), y.data(), T, D);
   for (int64_t t = 0; t < T; ++t) {
     auto r = ref_swiglu(x.data() + t * D, Wg[0].data(), Wu[0].data(), Wd[0].data(), D, I, I, 0.2);
@@ -246,7 +249,24 @@ TEST_CASE("moe: SwiGLU experts, expert-range and width shards match fp64", "[uni
     for (int64_t d = 0; d < D; ++d) REQUIRE(std::abs(y[size_t(t * D + d)] - r[size_t(d)]) <= 1e-5 * mx);
   }
   // and a TP width slice keeps the limit
-  CHECK(cl.slice(1, 4, D).limit == 0.2f);
+  CHECK(cl.slice(1, 4, D).act.limit == 0.2f);
+  // SiTU (Kimi K3's activation) with small betas so both tanh bounds bite on these weights; and
+  // with the up branch unbounded (linear_beta null).
+  for (const float lb : {0.3f, 0.f}) {
+    SwigluView st = ex[0];
+    st.act.situ_beta = 0.25f;
+    st.act.situ_linear_beta = lb;
+    swiglu_mlp(st, x.data(), y.data(), T, D);
+    for (int64_t t = 0; t < T; ++t) {
+      auto r = ref_swiglu(x.data() + t * D, Wg[0].data(), Wu[0].data(), Wd[0].data(), D, I, I, 0, 0.25, lb);
+      auto plain = ref_swiglu(x.data() + t * D, Wg[0].data(), Wu[0].data(), Wd[0].data(), D, I, I);
+      double mx = 0, moved = 0;
+      for (size_t d = 0; d < r.size(); ++d) mx = std::max(mx, std::abs(r[d])), moved = std::max(moved, std::abs(r[d] - plain[d]));
+      CHECK(moved > 1e-2 * mx);  // SiTU is not SiLU here
+      for (int64_t d = 0; d < D; ++d) REQUIRE(std::abs(y[size_t(t * D + d)] - r[size_t(d)]) <= 1e-5 * mx);
+    }
+    CHECK(st.slice(1, 4, D).act == st.act);
+  }
   // Routed sum with fixed picks.
   const int32_t idx[T * k] = {0, 3, 1, 5, 2, 3, 0, 4, 4, 5};
   const float w[T * k] = {0.7f, 0.3f, 1.2f, -0.4f, 0.5f, 0.5f, 2.f, 0.1f, 0.9f, 0.05f};

@@ -9,6 +9,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <map>
@@ -311,6 +312,7 @@ class CudaBackend final : public Backend {
   // BLK128x128 mode reads, measured in kernels/dev/fp8_gemm/probe_blockscale.cu). cuBLASLt needs
   // K to be a multiple of 128; other weights go up in BF16 like any plain weight.
   DTensor weight(const Tensor& t) override {
+    if (t.mxfp4 && t.ndim() == 3 && !t.empty() && t.dim(2) % 32 == 0) return mxfp4_weight(t);
     // cuBLASLt has no block-scaled kernel for some small shapes (the heuristic says so; e.g.
     // 64 x 128 weights): those go up in BF16 too, counted out of fp8_weights_kept().
     if (!t.fp8_block_scales || t.ndim() != 2 || t.empty() || t.dim(1) % kFp8WeightBlock != 0 ||
@@ -337,6 +339,28 @@ class CudaBackend final : public Backend {
     return w;
   }
   int64_t fp8_weights_kept() const override { return fp8_kept_; }
+  int64_t mxfp4_weights_kept() const override { return mx_kept_; }
+  // A stack of routed experts [E, N, K] loaded from MXFP4, kept 4-bit: packed [E, N, K/2] U8 with
+  // mx_scales [E, N, K/32] U8, re-encoded exactly from the decoded values (core/fp8.hpp; the
+  // Tensor's mxfp4 flag promises they are MXFP4, so a value that is not is an internal error).
+  DTensor mxfp4_weight(const Tensor& t) {
+    const int64_t E = t.dim(0), N = t.dim(1), K = t.dim(2), rows = E * N;
+    std::vector<uint8_t> packed(size_t(rows * K / 2)), scales(size_t(rows * K / 32));
+    std::atomic<bool> ok{true};
+    parallel_for(rows, [&](int64_t r0, int64_t r1) {
+      if (!mxfp4_encode_exact(t.ptr() + r0 * K, r1 - r0, K, packed.data() + r0 * K / 2, scales.data() + r0 * K / 32))
+        ok = false;
+    }, 64);
+    DZ_CHECK(ok, "internal: an expert stack ", shape_str(t.shape), " marked MXFP4 holds values that are not");
+    DTensor w = alloc({E, N, K / 2}, DType::U8);
+    CUDA_CHECK(cudaMemcpyAsync(w.data, packed.data(), packed.size(), cudaMemcpyHostToDevice, st()));
+    auto s = std::make_shared<DTensor>(alloc({E, N, K / 32}, DType::U8));
+    CUDA_CHECK(cudaMemcpyAsync(s->data, scales.data(), scales.size(), cudaMemcpyHostToDevice, st()));
+    host_wait();  // the host buffers go out of scope
+    w.mx_scales = std::move(s);
+    ++mx_kept_;
+    return w;
+  }
 
   // y [T, N] = x [T, K] · W^T with W FP8 block-scaled: x quantised per 128 of a row (E4M3, fp32
   // scale amax / 448, as DeepSeek's act_quant), one cuBLASLt FP8 GEMM with the block scales
@@ -423,16 +447,19 @@ class CudaBackend final : public Backend {
     DTensor g = alloc({T, I}, DType::BF16), u = alloc({T, I}, DType::BF16);
     linear(x, w.gate, DTensor{}, g);
     linear(x, w.up, DTensor{}, u);
-    cuda::silu_mul(b16(g), b16(u), b16w(g), T * I, w.limit, st());
+    cuda::silu_mul(b16(g), b16(u), b16w(g), T * I, w.act, st());
     linear(g, w.down, DTensor{}, y);
   }
   void moe(const RouterConfig& rc, const MoeWeights& w, const DTensor& x, const DTensor& y) override {
-    const int64_t D = w.router.dim(1), T = x.numel() / D, k = rc.top_k, E = rc.n_experts;
-    const int64_t I = w.experts.gate.dim(1);
+    const DTensor& rx = w.route_x.defined() ? w.route_x : x;  // the router's input (latent MoE: not x)
+    const int64_t D = w.router.dim(1), T = rx.numel() / D, k = rc.top_k, E = rc.n_experts;
+    const int64_t I = w.experts.gate.dim(1), DX = T ? x.numel() / T : 0;  // DX: the experts' input width
     if (T == 0) return;
+    DZ_CHECK(x.numel() == T * DX && y.numel() == T * DX && !(w.route_x.defined() && w.has_shared), "moe: x ",
+             shape_str(x.shape), " y ", shape_str(y.shape), " for ", T, " routed rows");
     // Routing in fp32 (decisions must not depend on bf16 rounding of the logits).
     DTensor xf = alloc({T, D}, DType::F32), logits = alloc({T, E}, DType::F32);
-    cuda::convert(x.data, dt_of(x), xf.data, Dt::F32, T * D, st());
+    cuda::convert(rx.data, dt_of(rx), xf.data, Dt::F32, T * D, st());
     gemm(xf.data, w.router.data, logits.data, DType::F32, DType::F32, T, D, E);
     cuda::RouteParams rp;
     rp.E = int(E);
@@ -454,15 +481,24 @@ class CudaBackend final : public Backend {
             tile_off = alloc({E + 1}, DType::I32), perm = alloc({n}, DType::I32), pos_of = alloc({n}, DType::I32);
     cuda::moe_dispatch(idx.ptr<int32_t>(), T, int(k), int(E), counts.ptr<int32_t>(), offsets.ptr<int32_t>(),
                        tile_off.ptr<int32_t>(), perm.ptr<int32_t>(), pos_of.ptr<int32_t>(), st());
-    DTensor xs = alloc({n, D}, DType::BF16), hg = alloc({n, I}, DType::BF16), ys = alloc({n, D}, DType::BF16);
-    cuda::gather_rows(b16(x), perm.ptr<int32_t>(), n, int(k), D, b16w(xs), st());
-    // Tensor-core grouped GEMMs over each expert's rows: gate and up fused with the SiLU product.
+    DTensor xs = alloc({n, DX}, DType::BF16), hg = alloc({n, I}, DType::BF16), ys = alloc({n, DX}, DType::BF16);
+    cuda::gather_rows(b16(x), perm.ptr<int32_t>(), n, int(k), DX, b16w(xs), st());
+    // Tensor-core grouped GEMMs over each expert's rows: gate and up fused with the activation.
     // (At a decode step's few rows a GEMV version ran slower than these: docs/cuda_backend.md.)
-    cuda::grouped_gemm_swiglu_tc(b16(xs), b16(w.experts.gate), b16(w.experts.up), offsets.ptr<int32_t>(),
-                                 tile_off.ptr<int32_t>(), int(E), max_tiles, I, D, b16w(hg), st(), w.experts.limit);
-    cuda::grouped_gemm_tc(b16(hg), b16(w.experts.down), offsets.ptr<int32_t>(), tile_off.ptr<int32_t>(), int(E),
-                          max_tiles, D, I, b16w(ys), st());
-    cuda::moe_combine(b16(ys), pos_of.ptr<int32_t>(), wt.ptr<float>(), T, int(k), D, b16w(y), st());
+    if (w.experts.gate.mx_scales) {  // MXFP4 experts, decoded tile by tile in the GEMMs
+      DZ_CHECK(w.experts.up.mx_scales && w.experts.down.mx_scales, "moe: MXFP4 gate without MXFP4 up / down");
+      auto mx = [](const DTensor& t) { return cuda::Mx4Weight{t.ptr<uint8_t>(), t.mx_scales->ptr<uint8_t>()}; };
+      cuda::grouped_gemm_glu_mx4_tc(b16(xs), mx(w.experts.gate), mx(w.experts.up), offsets.ptr<int32_t>(), int(E),
+                                    max_tiles, I, DX, b16w(hg), st(), w.experts.act);
+      cuda::grouped_gemm_mx4_tc(b16(hg), mx(w.experts.down), offsets.ptr<int32_t>(), int(E), max_tiles, DX, I,
+                                b16w(ys), st());
+    } else {
+      cuda::grouped_gemm_swiglu_tc(b16(xs), b16(w.experts.gate), b16(w.experts.up), offsets.ptr<int32_t>(),
+                                   tile_off.ptr<int32_t>(), int(E), max_tiles, I, DX, b16w(hg), st(), w.experts.act);
+      cuda::grouped_gemm_tc(b16(hg), b16(w.experts.down), offsets.ptr<int32_t>(), tile_off.ptr<int32_t>(), int(E),
+                            max_tiles, DX, I, b16w(ys), st());
+    }
+    cuda::moe_combine(b16(ys), pos_of.ptr<int32_t>(), wt.ptr<float>(), T, int(k), DX, b16w(y), st());
     if (w.has_shared) {
       DTensor sh = alloc({T, D}, DType::BF16);
       swiglu_mlp(x, w.shared, sh);
@@ -1192,6 +1228,7 @@ class CudaBackend final : public Backend {
   size_t ring_head_ = 0;
   int ring_half_ = 0;
   cudaEvent_t ring_done_[2] = {nullptr, nullptr};  // recorded when a half filled up
+  int64_t mx_kept_ = 0;  // MXFP4 expert stacks kept 4-bit
   int32_t* route_bad_ = nullptr;       // [1] device: set by moe_select on a non-finite score
   int32_t* route_bad_host_ = nullptr;  // [1] pinned: its copy at each host_wait
 };
