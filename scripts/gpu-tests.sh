@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The GPU tests, on a GPU node (DESIGN §8: no package mirror needed): builds dayzero and the gpu
 # label against an offline prefix, runs the GPU test binary (Catch2 test specs may follow), then
-# `dayzero run` on the golden models (kimi_linear, qwen3_next, deepseek_v32, qwen3_5_moe, glm_moe_dsa, glm5_next)
+# `dayzero run` on the golden models (kimi_linear, qwen3_next, deepseek_v32, qwen3_5_moe, glm_moe_dsa, glm5_next,
+# deepseek_v4, kimi_k3)
 # and their golden documents with
 # --backend cpu and --backend cuda (one rank; two DP ranks; --cp 2, --tp 2 and --cp 2 --tp 2 with the
 # ranks sharing the GPU) and checks every cuda layout against the cpu run and the one-rank cuda
@@ -24,12 +25,16 @@ set -e
 EXE=$B/dayzero
 W=$(mktemp -d)
 # DZ_GPU_FAMILIES: a subset of the families (a partial run while iterating; the full list is the test)
-for fam in ${DZ_GPU_FAMILIES:-kimi_linear qwen3_next deepseek_v32 qwen3_5_moe glm_moe_dsa glm5_next}; do
+for fam in ${DZ_GPU_FAMILIES:-kimi_linear qwen3_next deepseek_v32 qwen3_5_moe glm_moe_dsa glm5_next deepseek_v4 kimi_k3}; do
   M=tests/golden/$fam
   cp "$M/golden.h5" "$W/$fam.in.h5"  # /tokens + /offsets: a dayzero input as it is
   "$EXE" run --model "$M" --input "$W/$fam.in.h5" --output "$W/$fam.cpu.h5" --backend cpu >/dev/null
   "$EXE" run --model "$M" --input "$W/$fam.in.h5" --output "$W/$fam.cuda.h5" --backend cuda \
-    --report "$W/$fam.report.json" | tail -2
+    --report "$W/$fam.report.json" 2>"$W/$fam.cuda.log" | tail -2
+  if [[ $fam == kimi_k3 ]]; then  # the MXFP4 routed experts stay 4-bit on the GPU: 5 MoE layers x 3 stacks
+    grep -o "MXFP4 weights: .*" "$W/$fam.cuda.log" | head -1 | tee -a "$L/cli.log"
+    grep -q "15 routed-expert stacks kept in MXFP4 on cuda" "$W/$fam.cuda.log" || { echo "cli kimi_k3: MXFP4 experts not kept 4-bit FAILED" | tee -a "$L/cli.log"; rc=1; }
+  fi
   mpirun -np 2 "$EXE" run --model "$M" --input "$W/$fam.in.h5" --output "$W/$fam.dp2.h5" --backend cuda >/dev/null
   # CP x TP with the ranks sharing the one GPU (collectives through MPI, staged via pinned memory)
   lays=("--cp 2" "--tp 2" "--cp 2 --tp 2")
@@ -66,6 +71,8 @@ d = np.abs(a - b)
 tol = json.load(open("tests/golden/bf16_drift.json"))[fam]
 tm, tx = 1.5 * tol["mean_abs"], 1.5 * tol["max_abs"]
 ok = d.mean() <= tm and d.max() <= tx
+if fam == "kimi_k3":  # no transformers class: the drift is the fp64 reference's own bf16-rounded run
+    print(f"cli {fam}: bf16 yardstick from {tol.get('how', '?')[:60]}...")
 dp_same = bool(np.array_equal(b, lp(f"{w}/{fam}.dp2.h5")))
 print(f"cli {fam}: {a.size} log-probs, cuda vs cpu mean |dlp| {d.mean():.3g} max {d.max():.3g} "
       f"(tol {tm:.3g} / {tx:.3g}: 1.5x transformers' bf16 drift) {'ok' if ok else 'FAILED'}; "

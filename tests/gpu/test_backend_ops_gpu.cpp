@@ -72,6 +72,26 @@ double check(const char* op, const std::string& shape, double tol, F&& f) {
 
 const int64_t kRows[] = {1, 3, 7, 19, 733};
 
+// Rounds rows of K (K % 32 == 0) to MXFP4 values: per 32 a power-of-two scale 2^(floor(log2 amax) - 2)
+// (OCP MX) and the nearest E2M1 magnitude (ties to the smaller).
+void mx4_round(std::vector<float>& v, int64_t K) {
+  const float mags[8] = {0.f, 0.5f, 1.f, 1.5f, 2.f, 3.f, 4.f, 6.f};
+  for (size_t g0 = 0; g0 < v.size(); g0 += 32) {
+    float amax = 0.f;
+    for (size_t j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(v[g0 + j]));
+    if (amax == 0.f) continue;
+    const float sc = std::ldexp(1.f, int(std::floor(std::log2(amax))) - 2);
+    for (size_t j = 0; j < 32; ++j) {
+      const float q = std::fabs(v[g0 + j]) / sc;
+      int best = 0;
+      for (int m = 1; m < 8; ++m)
+        if (std::fabs(q - mags[m]) < std::fabs(q - mags[best])) best = m;
+      v[g0 + j] = std::copysign(mags[best] * sc, v[g0 + j]);
+    }
+  }
+  (void)K;
+}
+
 }  // namespace
 
 TEST_CASE("backend ops: elementwise, norms, linear, SwiGLU on cuda equal the cpu backend", "[gpu]") {
@@ -139,6 +159,14 @@ TEST_CASE("backend ops: elementwise, norms, linear, SwiGLU on cuda equal the cpu
       check("swiglu_mlp clamp", sh, 1e-4, [&](Backend& be) {
         dz::SwigluWeights sw{be.upload(g.data(), {I, D}, be.weight_dtype()), be.upload(u.data(), {I, D}, be.weight_dtype()),
                              be.upload(dn.data(), {D, I}, be.weight_dtype()), 0.05f};
+        DTensor a = be.upload(x.data(), {T, D}, be.act_dtype()), o = be.act({T, D});
+        be.swiglu_mlp(a, sw, o);
+        return be.to_host(o);
+      });
+      // SiTU (Kimi K3), with betas the projections cross: both tanh bounds bite
+      check("swiglu_mlp situ", sh, 1e-4, [&](Backend& be) {
+        dz::SwigluWeights sw{be.upload(g.data(), {I, D}, be.weight_dtype()), be.upload(u.data(), {I, D}, be.weight_dtype()),
+                             be.upload(dn.data(), {D, I}, be.weight_dtype()), dz::GluAct{0.f, 0.2f, 0.3f}};
         DTensor a = be.upload(x.data(), {T, D}, be.act_dtype()), o = be.act({T, D});
         be.swiglu_mlp(a, sw, o);
         return be.to_host(o);
@@ -977,6 +1005,9 @@ TEST_CASE("backend ops: MoE routing and grouped experts on cuda equal the cpu ba
     int64_t D = 64, I = 40;  // D = 60, I = 36: rows not whole 16-byte chunks (the element loads)
     float limit = 0.f;       // SwiGLU clamp of the experts and the shared expert
     bool fixed = false;      // DeepSeek-V4 hash routing: the experts given per row
+    float situ_beta = 0.f, situ_lb = 0.f;  // Kimi K3's SiTU experts
+    bool mx4 = false;        // experts MXFP4 (kept 4-bit on the GPU: the decoding grouped GEMMs)
+    int64_t latent = 0;      // > 0: the experts read a latent [T, latent], the router x [T, D] (route_x)
   };
   const Case cases[] = {{"softmax top-2", 8, 2, 1, 1, dz::ScoreFunc::Softmax, false, false, false, false},
                         {"sigmoid+bias groups", 16, 4, 4, 2, dz::ScoreFunc::Sigmoid, true, true, false, true},
@@ -989,7 +1020,17 @@ TEST_CASE("backend ops: MoE routing and grouped experts on cuda equal the cpu ba
                         {"sqrtsoftplus+bias", 16, 4, 1, 1, dz::ScoreFunc::SqrtSoftplus, true, true, false, true, 64, 40,
                          0.5f},
                         {"hash routed", 16, 4, 1, 1, dz::ScoreFunc::SqrtSoftplus, false, true, false, true, 64, 40, 0.5f,
-                         true}};
+                         true},
+                        // Kimi K3: SiTU experts, MXFP4 weights (K = 96: a half-filled last 64-wide stage), the
+                        // latent MoE's separate router input; and MXFP4 with SwiGLU at the plain kernel's widths
+                        {"situ", 16, 4, 1, 1, dz::ScoreFunc::Sigmoid, true, true, false, true, 64, 40, 0.f, false, 0.4f,
+                         0.6f},
+                        {"mxfp4", 16, 4, 1, 1, dz::ScoreFunc::Sigmoid, true, false, false, true, 96, 160, 0.f, false, 0.f,
+                         0.f, true},
+                        {"k3 latent mxfp4 situ", 16, 4, 1, 1, dz::ScoreFunc::Sigmoid, true, false, false, true, 64, 64, 0.f,
+                         false, 0.4f, 0.6f, true, 32},
+                        {"mxfp4 300 experts", 300, 8, 1, 1, dz::ScoreFunc::Sigmoid, true, false, false, true, 32, 320, 0.f,
+                         false, 0.f, 0.f, true}};
   // T = 1 and 3: a decode step's few rows per expert (mostly padding in the 64-row tiles).
   for (const Case& c : cases)
     for (int64_t T : kRows) {
@@ -1003,16 +1044,28 @@ TEST_CASE("backend ops: MoE routing and grouped experts on cuda equal the cpu ba
       rc.n_group = c.groups;
       rc.topk_group = c.topk_group;
       const auto x = rnd(size_t(T * D), 41), router = rnd(size_t(c.E * D), 42, 0.5f), bias = rnd(size_t(c.E), 43, 0.1f);
-      const auto g = rnd(size_t(c.E * I * D), 44, 0.15f), u = rnd(size_t(c.E * I * D), 45, 0.15f),
-                 dn = rnd(size_t(c.E * D * I), 46, 0.15f);
+      const int64_t DX = c.latent ? c.latent : D;  // the experts' input width
+      auto g = rnd(size_t(c.E * I * DX), 44, 0.15f), u = rnd(size_t(c.E * I * DX), 45, 0.15f),
+           dn = rnd(size_t(c.E * DX * I), 46, 0.15f);
+      if (c.mx4)  // make them MXFP4 values (what a K3 checkpoint decodes to)
+        for (auto* v : {&g, &u}) mx4_round(*v, DX);
+      if (c.mx4) mx4_round(dn, I);
+      const auto xl = rnd(size_t(T * DX), 51);
       const auto sg = rnd(size_t(I * D), 47, 0.15f), su = rnd(size_t(I * D), 48, 0.15f), sd = rnd(size_t(D * I), 49, 0.15f),
                  sgate = rnd(size_t(D), 50, 0.2f);
       check("moe", std::string(c.name) + " T=" + std::to_string(T), 1e-3, [&](Backend& be) {
         dz::MoeWeights w;
         w.router = be.upload(router.data(), {c.E, D}, DType::F32);
         if (c.bias) w.bias = be.upload(bias.data(), {c.E}, DType::F32);
-        w.experts = {be.upload(g.data(), {c.E, I, D}, be.weight_dtype()), be.upload(u.data(), {c.E, I, D}, be.weight_dtype()),
-                     be.upload(dn.data(), {c.E, D, I}, be.weight_dtype()), c.limit};
+        auto ex = [&](const std::vector<float>& v, Shape s) {
+          dz::Tensor t(s);
+          std::copy(v.begin(), v.end(), t.ptr());
+          t.mxfp4 = c.mx4;
+          return c.mx4 ? be.weight(t) : be.upload(t, be.weight_dtype());
+        };
+        w.experts = {ex(g, {c.E, I, DX}), ex(u, {c.E, I, DX}), ex(dn, {c.E, DX, I}),
+                     dz::GluAct{c.limit, c.situ_beta, c.situ_lb}};
+        if (c.mx4 && be.device() == dz::Device::Cuda) REQUIRE(w.experts.gate.mx_scales);  // kept 4-bit
         if (c.shared) {
           w.has_shared = true;
           w.shared = {be.upload(sg.data(), {I, D}, be.weight_dtype()), be.upload(su.data(), {I, D}, be.weight_dtype()),
@@ -1025,7 +1078,11 @@ TEST_CASE("backend ops: MoE routing and grouped experts on cuda equal the cpu ba
             for (int64_t j = 0; j < c.k; ++j) ids[size_t(t * c.k + j)] = int32_t((t * 5 + (c.k - j) * 3) % c.E);
           w.fixed = be.upload_i32(ids.data(), {T, c.k});
         }
-        DTensor a = be.upload(x.data(), {T, D}, be.act_dtype()), o = be.act({T, D});
+        DTensor a = be.upload(x.data(), {T, D}, be.act_dtype()), o = be.act({T, DX});
+        if (c.latent) {
+          w.route_x = a;
+          a = be.upload(xl.data(), {T, DX}, be.act_dtype());
+        }
         be.moe(rc, w, a, o);
         return be.to_host(o);
       });

@@ -162,7 +162,7 @@ void compare(const std::string& what, const dz::Model& cpu, const dz::Model& gpu
 TEST_CASE("e2e gpu: golden models on the cuda backend against the cpu backend", "[gpu]") {
   auto gpu = dz::make_cuda_backend(0);
   for (const std::string fam : {"kimi_linear", "qwen3_next", "deepseek_v32", "qwen3_5_moe", "qwen3_5_moe_text",
-                                 "glm_moe_dsa", "glm5_next"}) {
+                                 "glm_moe_dsa", "glm5_next", "deepseek_v4", "kimi_k3"}) {
     const std::string dir = std::string(DZ_SOURCE_DIR) + "/tests/golden/" + fam;
     auto cpu_m = dz::Model::load(dir);
     auto gpu_m = dz::Model::load(dir, dz::TpShard{}, false, false, *gpu);
@@ -213,7 +213,8 @@ TEST_CASE("e2e gpu: kimi_linear and qwen3_next at head dims 64 / 128 (chunked ke
 // changes halfway (a document finishes): the runner warms up, captures again and stays equal.
 TEST_CASE("e2e gpu: decode steps replayed from CUDA graphs equal eager steps bitwise", "[gpu]") {
   auto gpu = dz::make_cuda_backend(0);
-  for (const std::string name : {"kimi_linear", "qwen3_next", "deepseek_v32", "qwen3_5_moe", "glm_moe_dsa", "glm5_next", "demo"}) {
+  for (const std::string name : {"kimi_linear", "qwen3_next", "deepseek_v32", "qwen3_5_moe", "glm_moe_dsa", "glm5_next",
+                                 "deepseek_v4", "kimi_k3", "demo"}) {
     INFO(name);
     std::unique_ptr<dz::Model> m;
     if (name == "demo") {
