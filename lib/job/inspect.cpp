@@ -43,6 +43,11 @@ const std::map<std::string, std::string>& known_modules() {
       {"MoE experts=256 top=8 width=1024 shared=1x1024 score=sigmoid groups=1/1", "Kimi-Linear-48B-A3B"},
       {"MoE experts=256 top=8 width=2048 shared=1x2048 score=sigmoid groups=8/4", "DeepSeek-V3.2"},
       {"MoE experts=512 top=10 width=512 shared=1x512 score=softmax groups=1/1", "Qwen3-Next-80B-A3B"},
+      {"KDA heads=96 k=128 v=128 conv=4 gate=lower_bound_sigmoid out_gate=full_rank", "Kimi K3"},
+      {"MLA heads=96 q_lora=1536 kv_lora=512 nope=128 rope=64 v=128 out_gate=1 indexer=none", "Kimi K3"},
+      {"MoE experts=896 top=16 width=3072 shared=2x3072 score=sigmoid groups=1/1 act=situ(4,25) latent=3584 mxfp4",
+       "Kimi K3"},
+      {"MLP width=33792 act=situ(4,25)", "Kimi K3"},
   };
   return k;
 }
@@ -51,7 +56,8 @@ std::string mixer_signature(const ModelConfig& c, const LayerSpec& l) {
   switch (l.mixer) {
     case MixerKind::KDA:
       return str("KDA heads=", c.la_num_k_heads, " k=", c.la_head_k_dim, " v=", c.la_head_v_dim, " conv=",
-                 c.la_conv_kernel, " gate=", c.kda_gate == KdaGate::Softplus ? "softplus" : "lower_bound_sigmoid");
+                 c.la_conv_kernel, " gate=", c.kda_gate == KdaGate::Softplus ? "softplus" : "lower_bound_sigmoid",
+                 c.kda_full_rank_gate ? " out_gate=full_rank" : "");
     case MixerKind::GDN:
       return str("GDN k_heads=", c.la_num_k_heads, " v_heads=", c.la_num_v_heads, " k=", c.la_head_k_dim,
                  " v=", c.la_head_v_dim, " conv=", c.la_conv_kernel);
@@ -77,15 +83,24 @@ std::string mixer_signature(const ModelConfig& c, const LayerSpec& l) {
   return "?";
 }
 
+// The gate activation as the signatures print it: silu, situ(beta,linear_beta), silu clamp=L.
+std::string act_signature(const ModelConfig& c) {
+  if (c.hidden_act == "situ") return str("situ(", c.situ_beta, ",", c.situ_linear_beta, ")");
+  return c.swiglu_limit > 0.f ? str(c.hidden_act, " clamp=", c.swiglu_limit) : c.hidden_act;
+}
+
 std::string ffn_signature(const ModelConfig& c, const LayerSpec& l) {
-  if (l.ffn == FfnKind::Dense) return str("MLP width=", c.intermediate_size, " act=", c.hidden_act);
+  if (l.ffn == FfnKind::Dense) return str("MLP width=", c.intermediate_size, " act=", act_signature(c));
   int64_t per_shared = c.n_shared_experts > 0 ? c.shared_intermediate_size / c.n_shared_experts : 0;
   return str("MoE experts=", c.n_routed_experts, " top=", c.num_experts_per_tok, " width=", c.moe_intermediate_size,
              " shared=", c.n_shared_experts, "x", per_shared, " score=",
              c.score_func == ScoreFunc::Softmax   ? "softmax"
              : c.score_func == ScoreFunc::Sigmoid ? "sigmoid"
                                                   : "sqrtsoftplus",
-             " groups=", c.n_group, "/", c.topk_group, l.hash_moe ? " hash" : "");
+             " groups=", c.n_group, "/", c.topk_group, l.hash_moe ? " hash" : "",
+             c.hidden_act != "silu" || c.swiglu_limit > 0.f ? " act=" + act_signature(c) : std::string(),
+             c.moe_latent_size > 0 ? str(" latent=", c.moe_latent_size, c.moe_latent_norm ? "" : "(no norm)") : std::string(),
+             c.weights_mxfp4 ? " mxfp4" : "");
 }
 
 void classify(Row& r, const std::string& sig) {
@@ -137,7 +152,7 @@ int inspect(const std::string& dir, bool as_json, bool structural) {
   } else {
     try {
       cfg = ModelConfig::from_file(dir + "/config.json");
-      family = cfg.model_type;
+      family = cfg.model_type + (cfg.wrapper_model_type.empty() ? "" : " (in " + cfg.wrapper_model_type + ")");
     } catch (const Error& e) {
       rows.push_back({"config", "config.json", "?", "", "new", e.what()});
     }

@@ -51,12 +51,14 @@ const std::set<std::string>& known_keys() {
       "vocab_size", "qk_head_dim", "hc_mult", "hc_eps", "hc_sinkhorn_iters", "swiglu_limit", "index_kpool",
       "index_kpool_always_select_tail", "compress_rates", "compress_ratios", "compress_rate_csa", "compress_rate_hca",
       "compress_rope_theta", "sliding_window", "o_groups", "o_lora_rank", "num_hash_layers",
+      "activation_situ_beta", "activation_situ_linear_beta", "quantization_config",
       // generic: bookkeeping, training-only, special tokens, the wrapper's own
       "architectures", "auto_map", "dtype", "torch_dtype", "transformers_version", "use_cache", "initializer_range",
       "attention_dropout", "attention_bias", "mlp_bias", "output_router_logits", "router_aux_loss_coef",
       "aux_loss_alpha", "seq_aux", "ep_size", "bos_token_id", "eos_token_id", "pad_token_id", "text_config",
       "vision_config", "image_token_id", "video_token_id", "vision_start_token_id", "vision_end_token_id",
       "image_start_token_id", "image_end_token_id", "video_start_token_id", "video_end_token_id",
+      "media_placeholder_token_id",
       "tie_encoder_decoder", "is_encoder_decoder", "return_dict", "output_hidden_states", "output_attentions",
       "chunk_size_feed_forward", "pretraining_tp", "id2label", "label2id", "problem_type", "name_or_path",
       "keys_to_ignore_at_inference", "base_config_key", "sub_configs", "model_max_length", "max_window_layers",
@@ -151,8 +153,8 @@ const std::vector<Fingerprint>& mixers() {
          return s;
        }},
       {"KDA",
-       {{{"q_proj.weight", "k_proj.weight", "v_proj.weight", "o_proj.weight", "b_proj.weight", "g_a_proj.weight",
-          "g_b_proj.weight", "o_norm.weight"}},
+       {{{"q_proj.weight", "k_proj.weight", "v_proj.weight", "o_proj.weight", "b_proj.weight", "o_norm.weight"}},
+        {{"g_a_proj.weight", "g_b_proj.weight"}, {"g_proj.weight"}},  // output gate: low rank, or K3's full rank
         {{"f_a_proj.weight", "f_b_proj.weight", "A_log", "dt_bias"},
          {"forget_gate.f_a_proj.weight", "forget_gate.f_b_proj.weight", "forget_gate.A_log", "forget_gate.dt_bias"}},
         {{"q_conv1d.weight", "k_conv1d.weight", "v_conv1d.weight"}, {"conv1d.weight"}}},
@@ -161,7 +163,8 @@ const std::vector<Fingerprint>& mixers() {
          const int64_t K = count(n, "o_norm.weight"), HK = dim(n, "q_proj.weight", 0);
          const std::string cv = has(n, "q_conv1d.weight") ? "q_conv1d.weight" : "conv1d.weight";
          auto it = n.find(cv);
-         return str("KDA heads=", K > 0 ? HK / K : -1, " k=", K, " v=", K, " conv=", it->second.back());
+         return str("KDA heads=", K > 0 ? HK / K : -1, " k=", K, " v=", K, " conv=", it->second.back(),
+                    has(n, "g_proj.weight") ? " out_gate=full_rank" : "");
        }},
       {"GDN",
        {{{"conv1d.weight", "A_log", "dt_bias", "norm.weight", "out_proj.weight"}},
@@ -196,7 +199,8 @@ const std::vector<Fingerprint>& ffns() {
          {"experts.0.gate_proj.weight", "experts.0.up_proj.weight", "experts.0.down_proj.weight"},
          {"experts.gate_up_proj", "experts.down_proj"}}},
        {"experts.", "gate.e_score_correction_bias", "e_score_correction_bias", "gate.bias", "shared_experts.",
-        "shared_expert.", "shared_expert_gate.weight", "gate.tid2eid"},
+        "shared_expert.", "shared_expert_gate.weight", "gate.tid2eid", "routed_expert_down_proj.weight",
+        "routed_expert_up_proj.weight", "routed_expert_norm.weight"},
        [](const Names& n, const json&) {
          const int64_t E = dim(n, "gate.weight", 0);
          int64_t w = has(n, "experts.0.w1.weight")          ? dim(n, "experts.0.w1.weight", 0)
@@ -208,7 +212,10 @@ const std::vector<Fingerprint>& ffns() {
          return str("MoE experts=", E, " width=", w, " shared_width=", has(n, sh) ? dim(n, sh, 0) : 0, " correction_bias=",
                     int(has(n, "gate.e_score_correction_bias") || has(n, "e_score_correction_bias") || has(n, "gate.bias")),
                     " shared_gate=", int(has(n, "shared_expert_gate.weight")),
-                    has(n, "gate.tid2eid") ? " hash_routed=1" : "");
+                    has(n, "gate.tid2eid") ? " hash_routed=1" : "",
+                    // K3's latent MoE: experts on down(x) [L], back through up(RMSNorm(.))
+                    has(n, "routed_expert_down_proj.weight") ? str(" latent=", dim(n, "routed_expert_down_proj.weight", 0))
+                                                             : std::string());
        }},
       {"MLP",
        {{{"gate_proj.weight", "up_proj.weight", "down_proj.weight"}}},
@@ -231,6 +238,9 @@ const std::map<std::string, std::string>& adapted() {
       {"MoE experts=256 width=1024 shared_width=1024 correction_bias=1 shared_gate=0", "Kimi-Linear-48B-A3B"},
       {"MoE experts=256 width=2048 shared_width=2048 correction_bias=1 shared_gate=0", "DeepSeek-V3.2"},
       {"MoE experts=512 width=512 shared_width=512 correction_bias=0 shared_gate=1", "Qwen3-Next-80B-A3B"},
+      {"KDA heads=96 k=128 v=128 conv=4 out_gate=full_rank", "Kimi K3"},
+      {"MLA heads=96 q_lora=1536 kv_lora=512 nope=128 rope=64 v=128 out_gate=1", "Kimi K3"},
+      {"MoE experts=896 width=3072 shared_width=6144 correction_bias=1 shared_gate=0 latent=3584 mxfp4", "Kimi K3"},
   };
   return k;
 }
@@ -337,6 +347,7 @@ std::vector<StructRow> structural_diff(const std::string& dir, const nlohmann::j
   std::unique_ptr<Checkpoint> ck = Checkpoint::open(dir);
   // The text model's tensors under model.; a wrapper's vision tower and MTP layers set apart.
   std::map<int64_t, std::map<std::string, Names>> layers;  // layer -> group -> names
+  std::map<int64_t, std::set<std::string>> mx4;             // layer -> groups holding MXFP4 weights
   Names top, vision, mtp;
   const int64_t L = ji(c, "num_hidden_layers", -1);
   for (const auto& name : ck->names()) {
@@ -373,17 +384,24 @@ std::vector<StructRow> structural_diff(const std::string& dir, const nlohmann::j
     if (d2 == std::string::npos || group == "input_layernorm" || group == "post_attention_layernorm" ||
         group == "attn_norm" || group == "ffn_norm")
       group = "";
-    layers[li][group][group.empty() ? rest : rest.substr(d2 + 1)] = s;
+    // Block AttnRes (Kimi K3): the two sites' pseudo-query projections and key norms
+    if (group == "self_attention_res_norm" || group == "self_attention_res_proj" || group == "mlp_res_norm" ||
+        group == "mlp_res_proj")
+      group = "attn_res";
+    layers[li][group][group.empty() || group == "attn_res" ? rest : rest.substr(d2 + 1)] = s;
+    if (ck->info(name).mx_scale) mx4[li].insert(group);
   }
   // model-level tensors
   {
-    std::vector<std::string> known, other;
+    std::vector<std::string> known, other, attn_res;
     std::vector<std::string> hc;
     for (const auto& kv : top) {
       const std::string& k = kv.first;
       const std::string e = k + " " + shape_str(kv.second);
       if (k == "model.embed_tokens.weight" || k == "model.norm.weight" || k == "lm_head.weight" || k == "head.weight")
         known.push_back(e);  // head.weight: DeepSeek's own name for the LM head
+      else if (k.rfind("model.output_attn_res_", 0) == 0)
+        attn_res.push_back(e);
       else if (k.rfind("model.hc_head.", 0) == 0)
         hc.push_back(e);
       else
@@ -401,6 +419,16 @@ std::vector<StructRow> structural_diff(const std::string& dir, const nlohmann::j
                       ok ? str("3 tensors, all of dayzero's weighted mHC head: ", list(hc))
                          : str("not dayzero's weighted mHC head (hc_mult ", N, "): ", list(hc))});
     }
+    if (!attn_res.empty()) {  // Block AttnRes's output site: key norm [D], pseudo-query [1, D]
+      const int64_t D = ji(c, "hidden_size", 0);
+      const bool ok = attn_res.size() == 2 && top.count("model.output_attn_res_norm.weight") &&
+                      top.at("model.output_attn_res_norm.weight") == Shape{D} &&
+                      top.count("model.output_attn_res_proj.weight") && top.at("model.output_attn_res_proj.weight") == Shape{1, D};
+      rows.push_back({"model", "residual (output site)", "Block AttnRes", str("block=", ji(c, "attn_res_block_size")),
+                      ok ? "reusable with different parameters" : "new",
+                      ok ? str("2 tensors, all of dayzero's Block AttnRes: ", list(attn_res))
+                         : str("not dayzero's Block AttnRes: ", list(attn_res))});
+    }
     if (!other.empty())
       rows.push_back({"model", "other", "?", "", "new", str("no dayzero module has these tensors: ", list(other))});
   }
@@ -409,11 +437,31 @@ std::vector<StructRow> structural_diff(const std::string& dir, const nlohmann::j
     const size_t first = rows.size();
     for (const auto& gv : lv.second) {
       const std::string& g = gv.first;
-      const std::string pre = str("model.layers.", lv.first, ".", g.empty() ? "" : g + ".");
+      // (the AttnRes group is the layer's own *_res_{norm,proj} tensors: no group in their names)
+      const std::string pre = str("model.layers.", lv.first, ".", g.empty() || g == "attn_res" ? "" : g + ".");
       if (g == "self_attn" || g == "linear_attn" || g == "attn" || g == "mixer") {
         rows.push_back(classify(where, "token mixer", gv.second, c, mixers(), pre));
       } else if (g == "mlp" || g == "block_sparse_moe" || g == "feed_forward" || g == "moe" || g == "ffn") {
-        rows.push_back(classify(where, "ffn", gv.second, c, ffns(), pre));
+        Module m = classify(where, "ffn", gv.second, c, ffns(), pre);
+        if (mx4[lv.first].count(g)) {  // MXFP4 weights (compressed-tensors): dayzero decodes them
+          m.params += " mxfp4";
+          if (m.status == "reusable with different parameters")
+            if (auto it = adapted().find(m.params); it != adapted().end())
+              m.status = "reusable", m.evidence = str("tensors and shapes as ", it->second, "'s");
+        }
+        rows.push_back(m);
+      } else if (g == "attn_res") {  // [D] key norm and [1, D] pseudo-query per site
+        const int64_t D = ji(c, "hidden_size", 0);
+        bool ok = gv.second.size() == 4;
+        for (const char* site : {"self_attention_res", "mlp_res"})
+          ok = ok && has(gv.second, str(site, "_norm.weight")) && gv.second.at(str(site, "_norm.weight")) == Shape{D} &&
+               has(gv.second, str(site, "_proj.weight")) && gv.second.at(str(site, "_proj.weight")) == Shape{1, D};
+        std::vector<std::string> all;
+        for (const auto& kv : gv.second) all.push_back(pre + kv.first + " " + shape_str(kv.second));
+        rows.push_back({where, "residual", "Block AttnRes", str("block=", ji(c, "attn_res_block_size")),
+                        ok ? "reusable with different parameters" : "new",
+                        ok ? str("4 tensors, all of dayzero's Block AttnRes: ", list(all, 2))
+                           : str("not dayzero's Block AttnRes: ", list(all))});
       } else if (g.empty()) {
         // pre-norms are dayzero's; anything else at layer level is residual mixing
         std::vector<std::string> other, hc;

@@ -127,6 +127,46 @@ TEST_CASE("inspect: the 2026 families with their support switched off are classi
   CHECK(rows(glm, "layer 1", "token mixer")[0]["params"] == "MLA heads=4 q_lora=32 kv_lora=32 nope=16 rope=16 v=16 out_gate=0");
 }
 
+TEST_CASE("inspect: Kimi K3 parsed, and from tensors alone with its support switched off", "[unit][cli]") {
+  const std::string dir = tmpdir("inspect_k3");
+  const std::string g = std::string(DZ_SOURCE_DIR) + "/tests/golden/kimi_k3";
+  int code = 0;
+  auto parsed = inspect_json(g, dir, &code);
+  CHECK(code == 0);
+  CHECK(parsed["summary"]["new"] == 0);
+  CHECK(parsed["family"] == "kimi_linear (in kimi_k3)");
+  CHECK(rows(parsed, "layer 0", "token mixer")[0]["params"] ==
+        "KDA heads=4 k=16 v=16 conv=4 gate=lower_bound_sigmoid out_gate=full_rank");
+  CHECK(rows(parsed, "layer 1", "ffn")[0]["params"] ==
+        "MoE experts=8 top=2 width=128 shared=2x128 score=sigmoid groups=1/1 act=situ(1.5,2) latent=32 mxfp4");
+  // the wrapper and its text model renamed: only the normaliser is new; the MXFP4 experts, the latent
+  // MoE, the full-rank KDA gate, the gated MLA and the AttnRes sites are dayzero's, read off the tensors
+  // (the files copied as they are: the MXFP4 pairs stay packed)
+  REQUIRE(std::system(("rm -rf " + dir + "/k3 && mkdir -p " + dir + "/k3 && cp " + g + "/model.safetensors " + dir + "/k3")
+                          .c_str()) == 0);
+  {
+    std::ifstream f(g + "/config.json");
+    nlohmann::json j = nlohmann::json::parse(f);
+    j["model_type"] = "kimi_k3_off";
+    j["text_config"]["model_type"] = "kimi_linear_off";
+    std::ofstream(dir + "/k3/config.json") << j.dump(2);
+  }
+  auto k = inspect_json(dir + "/k3", dir, &code);
+  CHECK(code == 2);
+  CHECK(k["structural"] == true);
+  CHECK(k["family"] == "kimi_linear_off (in kimi_k3_off)");
+  CHECK(k["summary"]["new"] == 1);  // the normaliser
+  CHECK(rows(k, "config", "keys").empty());  // activation_situ_*, quantization_config: keys dayzero reads
+  CHECK(rows(k, "layer 0", "token mixer")[0]["params"] == "KDA heads=4 k=16 v=16 conv=4 out_gate=full_rank");
+  CHECK(rows(k, "layer 3", "token mixer")[0]["params"] == "MLA heads=4 q_lora=32 kv_lora=32 nope=16 rope=8 v=16 out_gate=1");
+  const auto moe = rows(k, "layer 1", "ffn")[0];
+  CHECK(moe["status"] == "reusable with different parameters");
+  CHECK(moe["params"] == "MoE experts=8 width=128 shared_width=256 correction_bias=1 shared_gate=0 latent=32 mxfp4");
+  for (int l = 0; l < 6; ++l) CHECK(rows(k, "layer " + std::to_string(l), "residual")[0]["kind"] == "Block AttnRes");
+  CHECK(rows(k, "model", "residual (output site)")[0]["status"] == "reusable with different parameters");
+  CHECK(rows(k, "model", "vision tower")[0]["status"] == "reusable");
+}
+
 TEST_CASE("inspect: GLM-5.3-Flash and DeepSeek-V4 (transformers 5.23 checkpoints) show what is new", "[unit][cli]") {
   std::string dir = tmpdir("inspect_struct");
   const std::string fx = std::string(DZ_SOURCE_DIR) + "/tests/fixtures/";
