@@ -106,6 +106,21 @@ __global__ void k_fill_dummy(void* y, Dt dt, int64_t R, int64_t C, uint64_t key,
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
     stv(y, dt, i, dummy_value(key, uint64_t((r0 + i / C) * ld + c0 + i % C), d));
 }
+// One thread per group of 32: the MXFP4 codes of dummy values (core/dummy_values.hpp), packed two a
+// byte (even element low) with the group's E8M0 scale, for expert stacks [E, R, C] of keys[e].
+__global__ void k_dummy_mx4(uint8_t* packed, uint8_t* scales, const uint64_t* keys, int64_t E, int64_t R, int64_t C,
+                            DummyDist d, int64_t ld, int64_t r0, int64_t c0) {
+  const int64_t G = C / 32, n = E * R * G;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t e = i / (R * G), r = (i / G) % R, g = i % G;
+    uint8_t codes[32], sc;
+    dummy_mx4_group(keys[e], uint64_t((r0 + r) * ld + c0 + g * 32), d, codes, &sc);
+    uint8_t* p = packed + i * 16;
+#pragma unroll
+    for (int j = 0; j < 16; ++j) p[j] = uint8_t(codes[2 * j] | (codes[2 * j + 1] << 4));
+    scales[i] = sc;
+  }
+}
 __global__ void k_set_i32(int32_t* dst, int n, SmallI32 v) {
   if (threadIdx.x < n) dst[threadIdx.x] = v.v[threadIdx.x];
 }
@@ -629,6 +644,12 @@ __global__ void k_row_topk(const float* lg, int64_t n, int k, int32_t* ids, floa
 void convert(const void* src, Dt sdt, void* dst, Dt ddt, int64_t n, cudaStream_t s) {
   if (n <= 0) return;
   k_convert<<<grid_for(n, 256), 256, 0, s>>>(src, sdt, dst, ddt, n);
+  CUDA_CHECK_LAUNCH();
+}
+void dummy_mx4(uint8_t* packed, uint8_t* scales, const uint64_t* keys, int64_t E, int64_t R, int64_t C, DummyDist d,
+               int64_t ld, int64_t r0, int64_t c0, cudaStream_t s) {
+  if (E * R * C <= 0) return;
+  k_dummy_mx4<<<grid_for(E * R * C / 32, 256), 256, 0, s>>>(packed, scales, keys, E, R, C, d, ld, r0, c0);
   CUDA_CHECK_LAUNCH();
 }
 void fill_dummy(void* y, Dt dt, int64_t R, int64_t C, uint64_t key, DummyDist d, int64_t ld, int64_t r0, int64_t c0,

@@ -19,6 +19,11 @@ enum class Dt : int { F32 = 0, BF16 = 1 };
 // dst = src, converting (n elements).
 void convert(const void* src, Dt sdt, void* dst, Dt ddt, int64_t n, cudaStream_t s);
 // --dummy-weights in place (core/dummy_values.hpp): y [R, C] = dummy_value(key, (r0 + r) * ld + c0 + c, d).
+// --dummy-weights of MXFP4 expert stacks [E, R, C] (C % 32 == 0): packed [E, R, C/2], scales
+// [E, R, C/32] of dummy_mx4_group over the [R, C] window at (r0, c0) of each key's [*, ld] tensor;
+// keys [E] on the device.
+void dummy_mx4(uint8_t* packed, uint8_t* scales, const uint64_t* keys, int64_t E, int64_t R, int64_t C, DummyDist d,
+               int64_t ld, int64_t r0, int64_t c0, cudaStream_t s);
 void fill_dummy(void* y, Dt dt, int64_t R, int64_t C, uint64_t key, DummyDist d, int64_t ld, int64_t r0, int64_t c0,
                 cudaStream_t s);
 // dst[0..n) = v[0..n), n <= kSmallI32: small index arrays (cu_seqlens, state slots) written on the

@@ -19,6 +19,9 @@
 #   ncu:    Nsight Compute (--clock-control none) over one timed last-logits forward at T=32768 of
 #           each 8-layer shape: kernel time by group (scripts/ncu_summary.py)
 #   ncu26:  the same over the 2026 shapes (Qwen3.5 8 layers, GLM-5.3-Flash 4 layers) at T=8192
+#   e2e26b: the 2026 shapes with no transformers anchor here: Kimi K3 cut to 4 layers (MXFP4 experts
+#           kept 4-bit; 8192 / 32768, last-logits and logprobs) and DeepSeek-V4-Flash cut to its first
+#           8 layers (8192, last-logits)
 # The device tool returns a bounded number of files per command (8 on 2026-12-01; a ninth JSON
 # was left out): tar LOG_DIR into one file under $OUT.
 set -euo pipefail
@@ -47,6 +50,12 @@ if has e2e26; then
     --repeats 3 --json "$L/e2e_dayzero_2026_full.json" 2>&1 | grep -v '^{'
   "$DZ" bench e2e --model configs/bench/glm5_3_flash_4l --tokens 8192,32768 --modes last-logits \
     --repeats 3 --json "$L/e2e_dayzero_2026_glm.json" 2>&1 | grep -v '^{'
+fi
+if has e2e26b; then
+  "$DZ" bench e2e --model configs/bench/kimi_k3_4l --tokens 8192,32768 --modes last-logits,logprobs \
+    --repeats 3 --json "$L/e2e_dayzero_2026_k3.json" 2>&1 | grep -v '^{'
+  "$DZ" bench e2e --model configs/bench/deepseek_v4_flash_8l --tokens 8192 --modes last-logits \
+    --repeats 3 --json "$L/e2e_dayzero_2026_dsv4.json" 2>&1 | grep -v '^{'
 fi
 if has e2e; then
   "$DZ" bench e2e --model configs/bench/kimi_linear_48b_a3b_8l --model configs/bench/qwen3_next_80b_a3b_8l \
@@ -99,7 +108,7 @@ def load(n):
     return json.load(open(p)) if os.path.exists(p) else None
 a = [load(n) for n in ("e2e_transformers.json", "e2e_transformers_2026.json")]
 d = [load(n) for n in ("e2e_dayzero.json", "e2e_dayzero_2026.json", "e2e_dayzero_2026_full.json",
-                       "e2e_dayzero_2026_glm.json")]
+                       "e2e_dayzero_2026_glm.json", "e2e_dayzero_2026_k3.json", "e2e_dayzero_2026_dsv4.json")]
 if any(d):
     anchor = {(r["model"], r["T"]): r for x in a for r in (x or {}).get("results", []) if "model" in r and "ms" in r}
     for r in [r for x in d for r in (x or {}).get("results", [])]:

@@ -139,20 +139,28 @@ done
 "$EXE" make-model --preset demo --out "$W/demo" >/dev/null
 mkdir -p "$W/demo_cfg" && cp "$W/demo/config.json" "$W/demo_cfg/"
 "$EXE" make-input --model "$W/demo" --docs 24 --min-len 1 --max-len 300 --out "$W/demo_in.h5" >/dev/null
+mkdir -p "$W/k3_cfg" && cp tests/golden/kimi_k3/config.json "$W/k3_cfg/"  # MXFP4 dummy experts (4-bit on cuda)
+"$EXE" make-input --docs 24 --min-len 1 --max-len 300 --vocab 256 --out "$W/k3_in.h5" >/dev/null
 for bk in cpu cuda; do
   "$EXE" run --model "$W/demo_cfg" --dummy-weights --input "$W/demo_in.h5" --output "$W/demo_dummy.$bk.h5" \
     --backend "$bk" --max-batch-tokens 1024 >/dev/null 2>&1
+  "$EXE" run --model "$W/k3_cfg" --dummy-weights --input "$W/k3_in.h5" --output "$W/k3_dummy.$bk.h5" \
+    --backend "$bk" --max-batch-tokens 1024 >/dev/null 2>"$W/k3_dummy.$bk.log"
 done
+grep -o "MXFP4 weights: .*\|[0-9]* routed-expert stacks kept .*" "$W/k3_dummy.cuda.log" | head -1 | tee -a "$L/cli.log" || true
 "$EXE" bench e2e --model "$W/demo_cfg" --backend cuda --tokens 512,2048 --repeats 2 --json "$L/bench_e2e_demo.json" \
   >/dev/null || rc=1
 python3 - "$W" <<'PY' | tee -a "$L/cli.log" || rc=1
 import sys, h5py, numpy as np
 w = sys.argv[1]
-a, b = (h5py.File(f"{w}/demo_dummy.{bk}.h5", "r")["/logprobs"][:] for bk in ("cpu", "cuda"))
-d = np.abs(a - b)
-ok = a.size > 0 and np.isfinite(b).all() and d.mean() <= 1e-2 and d.max() <= 0.1
-print(f"cli demo --dummy-weights (packed, 1024-token forwards) cuda vs cpu: {a.size} log-probs, mean |dlp| "
-      f"{d.mean():.3g} max {d.max():.3g} {'ok' if ok else 'FAILED'}")
+ok = True
+for m in ("demo", "k3"):  # k3: the kimi_k3 golden's config, dummy MXFP4 experts generated in place on cuda
+    a, b = (h5py.File(f"{w}/{m}_dummy.{bk}.h5", "r")["/logprobs"][:] for bk in ("cpu", "cuda"))
+    d = np.abs(a - b)
+    good = a.size > 0 and np.isfinite(b).all() and d.mean() <= 1e-2 and d.max() <= 0.1
+    ok &= good
+    print(f"cli {m} --dummy-weights (packed, 1024-token forwards) cuda vs cpu: {a.size} log-probs, mean |dlp| "
+          f"{d.mean():.3g} max {d.max():.3g} {'ok' if good else 'FAILED'}")
 sys.exit(0 if ok else 1)
 PY
 # Packed forwards with the varlen chunked scan (hybrid-small: KDA heads of 128, the chunked kernel)

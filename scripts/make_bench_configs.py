@@ -2,6 +2,10 @@
 ../shared/anchors/e2e_transformers.py builds them (transformers' AutoConfig.for_model with the same
 keyword arguments), so `dayzero bench e2e` and the transformers + fla anchor run the same model.
 Needs transformers (no torch): pip install transformers==5.17.0. Rerun only when the shapes change.
+With transformers >= 5.23 it also writes DeepSeek-V4 (its config class's defaults are the released
+DeepSeek-V4-Flash shape) cut to its first 8 layers (3 HCA + hash MoE, then CSA / HCA alternating);
+and always Kimi K3 cut to 4 layers (no transformers class: the released config's values, by hand,
+docs/families.md section 8), 3 KDA + 1 gated MLA, the first layer dense, MXFP4 routed experts.
 """
 import json, os, sys
 from transformers import AutoConfig
@@ -26,3 +30,45 @@ for name, mt, kw in (("kimi_linear_48b_a3b_8l", "kimi_linear", kimi(8)),
     os.makedirs(d, exist_ok=True)
     AutoConfig.for_model(mt, **kw).to_json_file(os.path.join(d, "config.json"))
     print(d)
+
+# DeepSeek-V4-Flash (transformers 5.23's DeepseekV4Config defaults), its first 8 layers.
+import transformers  # noqa: E402
+if tuple(int(x) for x in transformers.__version__.split(".")[:2]) >= (5, 23):
+    base = AutoConfig.for_model("deepseek_v4")
+    kw = dict(num_hidden_layers=8, layer_types=base.layer_types[:8], mlp_layer_types=base.mlp_layer_types[:8],
+              num_nextn_predict_layers=0)
+    d = os.path.join(out, "deepseek_v4_flash_8l")
+    os.makedirs(d, exist_ok=True)
+    AutoConfig.for_model("deepseek_v4", **kw).to_json_file(os.path.join(d, "config.json"))
+    print(d)
+
+# Kimi K3 cut to 4 layers: the released config.json's text values (hidden 7168, 96 heads, q-LoRA 1536,
+# 896 experts top-16 of width 3072 in a latent of 3584, 2 shared, dense layer 0 of 33792, SiTU 4 / 25,
+# attn_res_block_size 12, MXFP4 routed experts), the wrapper as released.
+k3_text = dict(
+    model_type="kimi_linear", architectures=["KimiK3ForCausalLM"], vocab_size=163840, hidden_size=7168,
+    num_hidden_layers=4, intermediate_size=33792, num_attention_heads=96, num_key_value_heads=96, head_dim=128,
+    hidden_act="situ", activation_situ_beta=4.0, activation_situ_linear_beta=25.0, rms_norm_eps=1e-5,
+    tie_word_embeddings=False, max_position_embeddings=1048576, rope_theta=10000.0, q_lora_rank=1536,
+    kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128, mla_use_nope=True,
+    mla_use_output_gate=True, num_experts=896, num_experts_per_token=16, num_shared_experts=2,
+    moe_intermediate_size=3072, moe_renormalize=True, moe_router_activation_func="sigmoid",
+    routed_scaling_factor=1.0, first_k_dense_replace=1, moe_layer_freq=1, use_grouped_topk=True,
+    num_expert_group=1, topk_group=1, topk_method="noaux_tc", routed_expert_hidden_size=3584,
+    latent_moe_use_norm=True, attn_res_block_size=12, num_nextn_predict_layers=0,
+    pad_token_id=0, bos_token_id=1, eos_token_id=2,
+    linear_attn_config=dict(num_heads=96, head_dim=128, short_conv_kernel_size=4, kda_layers=[1, 2, 3],
+                            full_attn_layers=[4], use_full_rank_gate=True, gate_lower_bound=-5.0),
+    quantization_config=dict(
+        quant_method="compressed-tensors", format="mxfp4-pack-quantized", quantization_status="compressed",
+        config_groups=dict(group_0=dict(format="mxfp4-pack-quantized", targets=["Linear"], input_activations=None,
+                                        weights=dict(num_bits=4, type="float", strategy="group", group_size=32,
+                                                     symmetric=True, dynamic=False, scale_dtype="torch.uint8"))),
+        ignore=["re:.*self_attn.*", "re:.*shared_experts.*", "re:.*mlp\\.(gate|up|gate_up|down)_proj.*",
+                "re:.*lm_head.*", "re:.*vision_tower.*", "re:.*mm_projector.*"]))
+d = os.path.join(out, "kimi_k3_4l")
+os.makedirs(d, exist_ok=True)
+with open(os.path.join(d, "config.json"), "w") as f:
+    json.dump(dict(model_type="kimi_k3", architectures=["KimiK3ForConditionalGeneration"], text_config=k3_text,
+                   media_placeholder_token_id=163605, pad_token_id=0), f, indent=2)
+print(d)

@@ -2,6 +2,8 @@
 #include "backend/backend.hpp"
 
 #include "core/error.hpp"
+#include "core/fp8.hpp"
+#include "core/parallel.hpp"
 
 namespace dz {
 
@@ -83,6 +85,27 @@ void Backend::short_conv_slots(const DTensor& x, const DTensor& w, const DTensor
     short_conv(x.slab(int64_t(b), int64_t(b) + 1), w,
                states.slab(slots[b], slots[b] + 1).reshaped({states.dim(1), states.dim(2)}),
                y.slab(int64_t(b), int64_t(b) + 1));
+}
+
+DTensor Backend::dummy_mx4_experts(const std::vector<uint64_t>& keys, int64_t R, int64_t C, const DummyDist& d,
+                                   int64_t ld, int64_t r0, int64_t c0) {
+  DZ_CHECK(C % 32 == 0 && c0 % 32 == 0 && ld % 32 == 0, "dummy_mx4_experts: columns ", c0, " + ", C, " of ", ld,
+           " are not whole groups of 32");
+  const int64_t E = int64_t(keys.size());
+  Tensor t({E, R, C});
+  parallel_for(E * R, [&](int64_t i0, int64_t i1) {
+    uint8_t codes[32], sc;
+    for (int64_t i = i0; i < i1; ++i) {
+      const int64_t e = i / R, r = i % R;
+      for (int64_t g = 0; g < C / 32; ++g) {
+        dummy_mx4_group(keys[size_t(e)], uint64_t((r0 + r) * ld + c0 + g * 32), d, codes, &sc);
+        const float s = e8m0_to_f32(sc);
+        for (int j = 0; j < 32; ++j) t.ptr()[i * C + g * 32 + j] = e2m1_to_f32(codes[j]) * s;
+      }
+    }
+  });
+  t.mxfp4 = true;
+  return weight(t);
 }
 
 void Backend::capture_begin() { fail(str("the ", name(), " backend has no graphs (capture_begin)")); }

@@ -185,6 +185,13 @@ class Backend {
   // dummy_value(key, (r0 + r) * ld + c0 + c, d): the [R, C] window at (r0, c0) of a virtual row-major
   // tensor with rows of ld elements (a TP slice of it is the same slice of the whole).
   virtual void fill_dummy(const DTensor& t, uint64_t key, const DummyDist& d, int64_t ld, int64_t r0, int64_t c0) = 0;
+  // --dummy-weights of an MXFP4 expert stack (Kimi K3): what weight() returns for the stack [E, R, C]
+  // whose expert e is the [R, C] window at (r0, c0) of a virtual [*, ld] tensor of key keys[e],
+  // dummy values rounded to MXFP4 per 32 columns (core/dummy_values.hpp dummy_mx4_group; c0, C and
+  // ld multiples of 32). This default decodes them on the host and calls weight(); the CUDA backend
+  // writes the 4-bit codes in place.
+  virtual DTensor dummy_mx4_experts(const std::vector<uint64_t>& keys, int64_t R, int64_t C, const DummyDist& d,
+                                    int64_t ld, int64_t r0, int64_t c0);
   // Waits for every op issued so far (host timers, downloads the host reads).
   virtual void sync() = 0;
 

@@ -28,4 +28,36 @@ DZ_HD float dummy_value(uint64_t key, uint64_t i, DummyDist d) {
   return (d.a * c) * (1.7320508f / 65536.f);  // unit variance: 4 * (65536^2 - 1) / 12
 }
 
+// --dummy-weights of MXFP4 weights (Kimi K3's routed experts): the 32 dummy values of group g
+// (elements base .. base + 31 of the virtual tensor) rounded to MXFP4 as OCP MX does: the E8M0
+// scale 2^(floor(log2 amax) - 2) (code 0, 2^-127, for an all-zero group), each element the nearest
+// E2M1 code of v / scale (ties to the smaller magnitude; |v| / scale < 8, so 6 is the largest).
+// codes[32]: nibbles (sign in bit 3). Exact float steps only: the host and the GPU agree bit for bit.
+DZ_HD void dummy_mx4_group(uint64_t key, uint64_t base, DummyDist d, uint8_t* codes, uint8_t* scale) {
+  float v[32];
+  float amax = 0.f;
+  for (int j = 0; j < 32; ++j) {
+    v[j] = dummy_value(key, base + uint64_t(j), d);
+    const float a = v[j] < 0.f ? -v[j] : v[j];
+    amax = a > amax ? a : amax;
+  }
+  uint32_t bits;
+  __builtin_memcpy(&bits, &amax, 4);
+  const int ex = int((bits >> 23) & 0xFFu);  // biased exponent: floor(log2 amax) + 127 for a normal amax
+  if (amax == 0.f || ex < 3) {  // all zero (or amax below 2^-124: never from these values): zeros
+    for (int j = 0; j < 32; ++j) codes[j] = 0;
+    *scale = 0;
+    return;
+  }
+  *scale = uint8_t(ex - 2);  // 2^(floor(log2 amax) - 2)
+  uint32_t ib = uint32_t(127 + 127 - (ex - 2)) << 23;  // 2^-(e) with e = ex - 2 - 127: exact
+  float inv;
+  __builtin_memcpy(&inv, &ib, 4);
+  for (int j = 0; j < 32; ++j) {
+    const float q = (v[j] < 0.f ? -v[j] : v[j]) * inv;  // exact: a power-of-two scaling
+    const uint8_t m = q <= 0.25f ? 0 : q <= 0.75f ? 1 : q <= 1.25f ? 2 : q <= 1.75f ? 3 : q <= 2.5f ? 4 : q <= 3.5f ? 5 : q <= 5.f ? 6 : 7;
+    codes[j] = uint8_t(m | (v[j] < 0.f ? 8u : 0u));
+  }
+}
+
 }  // namespace dz

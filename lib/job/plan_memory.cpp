@@ -15,7 +15,8 @@ namespace {
 // projections, the DSA indexer, KDA's low-rank gate inputs, AttnRes); everything else is split.
 bool replicated(const std::string& n) {
   for (const char* k : {"embed_tokens", "norm", ".gate.weight", "e_score_correction_bias", "kv_a_proj_with_mqa",
-                        "q_a_proj", ".indexer.", "f_a_proj", "g_a_proj", "attn_res", "shared_expert_gate"})
+                        "q_a_proj", ".indexer.", "f_a_proj", "g_a_proj", "attn_res", "shared_expert_gate",
+                        "routed_expert_down_proj"})
     if (n.find(k) != std::string::npos) return true;
   return false;
 }
@@ -40,6 +41,17 @@ bool kept_fp8(const std::string& n, const Shape& s, const MemoryQuery& q, bool r
 double fp8_bytes(const Shape& s) {
   const double nb = double((s[0] + 127) / 128), kb = double((s[1] / 128 + 3) / 4 * 4);
   return double(numel(s)) + nb * kb * 4;
+}
+
+// Kimi K3's routed experts on the GPU stay MXFP4 (CudaBackend::mxfp4_weight, dummy_mx4_experts)
+// when the config declares MXFP4 and every expert input is whole 32-groups (under TP the width
+// slice too): half a byte per weight plus one E8M0 byte per 32.
+bool kept_mx4(const std::string& n, const Shape& s, const ModelConfig& cfg, const MemoryQuery& q) {
+  if (!q.cuda || !cfg.weights_mxfp4 || s.size() != 2 || n.find(".experts.") == std::string::npos ||
+      n.find("shared") != std::string::npos)
+    return false;
+  const int64_t I = cfg.moe_intermediate_size, DX = cfg.moe_latent_size > 0 ? cfg.moe_latent_size : cfg.hidden_size;
+  return DX % 32 == 0 && I % (32 * q.tp) == 0;
 }
 
 // RowStore capacity after n appends: 64, doubling.
@@ -73,9 +85,9 @@ MemoryPlan plan_memory(const ModelConfig& cfg, const MemoryQuery& q) {
   for (const auto& n : ck->names()) {
     const Shape& s = ck->info(n).shape;
     const bool repl = replicated(n);
-    const bool f8 = kept_fp8(n, s, q, repl);
+    const bool f8 = kept_fp8(n, s, q, repl), mx = kept_mx4(n, s, cfg, q);
     p.fp8_weights += f8;
-    double b = f8 ? fp8_bytes(s) : double(numel(s)) * (fp32_param(n, s) ? 4 : wt);
+    double b = f8 ? fp8_bytes(s) : mx ? double(numel(s)) * (0.5 + 1.0 / 32) : double(numel(s)) * (fp32_param(n, s) ? 4 : wt);
     if (!repl) b = n.find("lm_head") != std::string::npos ? double((s[0] + q.tp - 1) / q.tp) * double(s[1]) * wt
                                                           : b / t;
     p.weights += b;
@@ -147,8 +159,9 @@ MemoryPlan plan_memory(const ModelConfig& cfg, const MemoryQuery& q) {
       const double n = T * double(cfg.num_experts_per_tok), I = double(cfg.moe_intermediate_size) / t;
       const double S = double(cfg.shared_intermediate_size > 0 ? cfg.shared_intermediate_size
                                                                : cfg.n_shared_experts * cfg.moe_intermediate_size) / t;
+      const double DX = cfg.moe_latent_size > 0 ? double(cfg.moe_latent_size) : D;  // the experts' input
       ffn_act = std::max(ffn_act, T * D * 4 + T * double(cfg.n_routed_experts) * 4 + n * 40 +
-                                      n * (2 * D + 2 * I) * act + T * (3 * S + D) * act);
+                                      n * (2 * DX + 2 * I) * act + T * (3 * S + D + 2 * DX) * act);
     } else {
       ffn_act = std::max(ffn_act, T * 3 * double(cfg.intermediate_size) / t * act);
     }

@@ -180,11 +180,19 @@ class MoeFfn : public Ffn {
   // --dummy-weights: the routed experts' shards generated in place on the backend (the bulk of a
   // MoE model: no host copy of them ever exists), equal to the same slices of the host-made tensors.
   // keys[e]: gate, up, down of expert e (Checkpoint::dummy_key).
-  void dummy_experts(const std::vector<std::array<uint64_t, 3>>& keys, int64_t I, const TpShard& tp) {
+  void dummy_experts(const std::vector<std::array<uint64_t, 3>>& keys, int64_t I, const TpShard& tp, bool mx) {
     const int64_t D = DX_, E = int64_t(keys.size());
     auto [i0, i1] = tp.range(I, "moe_intermediate_size");
     const int64_t n = i1 - i0;
     const DummyDist dist{false, Init{}.a, 0.f};  // the experts' Init: Normal(0.02)
+    if (mx && D % 32 == 0 && I % 32 == 0 && i0 % 32 == 0 && n % 32 == 0) {
+      // MXFP4 (a quantization_config declares it): the dummy values rounded to MXFP4, as a 4-bit stack
+      std::vector<uint64_t> kg(static_cast<size_t>(E)), ku(static_cast<size_t>(E)), kd(static_cast<size_t>(E));
+      for (int64_t e = 0; e < E; ++e) kg[size_t(e)] = keys[size_t(e)][0], ku[size_t(e)] = keys[size_t(e)][1], kd[size_t(e)] = keys[size_t(e)][2];
+      w_.experts = {be_->dummy_mx4_experts(kg, n, D, dist, D, i0, 0), be_->dummy_mx4_experts(ku, n, D, dist, D, i0, 0),
+                    be_->dummy_mx4_experts(kd, D, n, dist, I, 0, i0)};
+      return;
+    }
     DTensor g = be_->alloc({E, n, D}, be_->weight_dtype()), u = be_->alloc({E, n, D}, be_->weight_dtype()),
             d = be_->alloc({E, D, n}, be_->weight_dtype());
     for (int64_t e = 0; e < E; ++e) {
@@ -393,7 +401,7 @@ std::unique_ptr<Ffn> make_moe_ffn(const ModelConfig& cfg, int layer, Checkpoint&
   }
   if (router.empty()) return m;  // dry run (inspect): names and shapes only
   if (ck.dummy())
-    m->dummy_experts(dummy_keys, I, tp);
+    m->dummy_experts(dummy_keys, I, tp, cfg.weights_mxfp4);
   else
     m->upload_experts(experts, experts_mx);
   m->upload_rest(has_shared ? &shared : nullptr, router, bias, shared_gate);

@@ -15,6 +15,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/bf16.hpp"
+#include "core/dummy_values.hpp"
 #include "core/fp8.hpp"
 #include "io/checkpoint.hpp"
 #include "backend/backend.hpp"
@@ -552,4 +553,33 @@ TEST_CASE("checkpoint: MXFP4 packed pairs decode exactly, re-encode, and bad sca
   CHECK(other->mxfp4_tensors() == 0);
   CHECK(other->has("e.w1.weight_packed"));
   CHECK(error_of([&] { other->get("e.w1.weight", {R, C}); }).find("missing tensor e.w1.weight") != std::string::npos);
+}
+
+// --dummy-weights of MXFP4 experts (Kimi K3): the dummy values rounded per 32 columns to MXFP4, the
+// same window of the same virtual tensor whatever slice asks for it, and every group an MXFP4 group.
+TEST_CASE("checkpoint: dummy MXFP4 expert stacks are MXFP4, and windows equal the whole tensor's", "[unit]") {
+  const DummyDist d{false, 0.02f, 0.f};
+  const std::vector<uint64_t> keys = {0x1234, 0x9876};
+  const int64_t R = 6, C = 96;
+  const std::vector<float> whole = cpu_backend().to_host(cpu_backend().dummy_mx4_experts(keys, R, C, d, C, 0, 0));
+  REQUIRE(int64_t(whole.size()) == 2 * R * C);
+  std::vector<uint8_t> p(size_t(2 * R * C / 2)), s(size_t(2 * R * C / 32));
+  CHECK(mxfp4_encode_exact(whole.data(), 2 * R, C, p.data(), s.data()));
+  // rounded, not the plain dummy values: at most half an E2M1 step away from them, and close in mean
+  double err = 0, mag = 0;
+  for (int64_t r = 0; r < R; ++r)
+    for (int64_t c = 0; c < C; ++c) {
+      const float v = dummy_value(keys[0], uint64_t(r * C + c), d);
+      err = std::max(err, double(std::fabs(whole[size_t(r * C + c)] - v)) / 0.02);
+      mag += std::fabs(v);
+    }
+  CHECK(err < 0.6);  // |v - q| <= 1 * scale, scale <= amax / 4 <= 0.87 sigma at 3.46 sigma
+  CHECK(mag > 0);
+  // a [3, 32] window at (2, 64) equals that part of the whole, bit for bit (a TP slice of the width)
+  const std::vector<float> win = cpu_backend().to_host(cpu_backend().dummy_mx4_experts(keys, 3, 32, d, C, 2, 64));
+  for (int64_t e = 0; e < 2; ++e)
+    for (int64_t r = 0; r < 3; ++r)
+      for (int64_t c = 0; c < 32; ++c)
+        CHECK(win[size_t((e * 3 + r) * 32 + c)] == whole[size_t((e * R + 2 + r) * C + 64 + c)]);
+  CHECK_THROWS_WITH(cpu_backend().dummy_mx4_experts(keys, 3, 16, d, C, 0, 0), Catch::Contains("groups of 32"));
 }

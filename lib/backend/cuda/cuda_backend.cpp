@@ -236,6 +236,22 @@ class CudaBackend final : public Backend {
   void fill_dummy(const DTensor& t, uint64_t key, const DummyDist& d, int64_t ld, int64_t r0, int64_t c0) override {
     cuda::fill_dummy(t.data, dt_of(t), t.rows(), t.cols(), key, d, ld, r0, c0, st());
   }
+  DTensor dummy_mx4_experts(const std::vector<uint64_t>& keys, int64_t R, int64_t C, const DummyDist& d, int64_t ld,
+                            int64_t r0, int64_t c0) override {
+    DZ_CHECK(C % 32 == 0 && c0 % 32 == 0 && ld % 32 == 0, "dummy_mx4_experts: columns ", c0, " + ", C, " of ", ld,
+             " are not whole groups of 32");
+    const int64_t E = int64_t(keys.size());
+    DTensor k = alloc({E}, DType::I64);
+    CUDA_CHECK(cudaMemcpyAsync(k.data, keys.data(), size_t(E) * 8, cudaMemcpyHostToDevice, st()));
+    DTensor w = alloc({E, R, C / 2}, DType::U8);
+    auto s = std::make_shared<DTensor>(alloc({E, R, C / 32}, DType::U8));
+    cuda::dummy_mx4(w.ptr<uint8_t>(), s->ptr<uint8_t>(), static_cast<const uint64_t*>(k.data), E, R, C, d, ld, r0, c0,
+                    st());
+    host_wait();  // the keys' host vector is the caller's
+    w.mx_scales = std::move(s);
+    ++mx_kept_;
+    return w;
+  }
   void sync() override { host_wait(); }
   void profile(bool on) override {
     sync();
