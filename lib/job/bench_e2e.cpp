@@ -208,7 +208,10 @@ int bench_e2e(const BenchE2eOptions& opt) {
     j["date"] = date;
     j["device"] = be->describe();
     j["backend"] = opt.backend;
-    j["weights"] = opt.dummy_weights ? "dummy bf16 (--dummy-weights)" : "checkpoint";
+    j["weights"] = opt.dummy_weights ? str("dummy ", to_string(be->weight_dtype()),
+                                           be->mxfp4_weights_kept() ? " (routed experts MXFP4 where declared)" : "",
+                                           " (--dummy-weights)")
+                                     : std::string("checkpoint");
     j["method"] = str("one random document per T, compute_document (the job's path), median of ", opt.repeats,
                       " after one warm-up; mfu_dense = 2 x active non-embedding params x T / 989 TFLOP/s");
     j["results"] = results;
