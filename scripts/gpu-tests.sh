@@ -38,7 +38,6 @@ for fam in ${DZ_GPU_FAMILIES:-kimi_linear qwen3_next deepseek_v32 qwen3_5_moe gl
   mpirun -np 2 "$EXE" run --model "$M" --input "$W/$fam.in.h5" --output "$W/$fam.dp2.h5" --backend cuda >/dev/null
   # CP x TP with the ranks sharing the one GPU (collectives through MPI, staged via pinned memory)
   lays=("--cp 2" "--tp 2" "--cp 2 --tp 2")
-  [[ $fam == deepseek_v4 ]] && lays=("--tp 2")  # DeepSeek-V4 refuses --cp (its compressors are not split)
   for lay in "${lays[@]}"; do
     name=$(echo "$lay" | tr -d ' -')
     # shellcheck disable=SC2086  # $lay is a list of options

@@ -14,7 +14,13 @@
 // State: every token's kv row (the window reads the last W; kept whole for now), the entries, and
 // the compressor projections of the rows a later window still needs.
 // Tensor parallelism: the attention is replicated on every rank (as transformers' TP plan keeps
-// it: one shared KV head); context parallelism is refused until the compressors are split.
+// it: one shared KV head).
+// Context parallelism (forward_cp): each rank projects its own rows (kv rows and q at their global
+// positions, the compressors' per-token projections, which depend on the token alone); the rows
+// [kv | compressor | indexer compressor] of every rank are all-gathered in the CP group and put in
+// sequence order, so every rank pools the same entries from the same projections as one rank would
+// (bitwise on the CPU) and holds the whole document's state for decode; then each rank selects
+// (CSA) and attends for its own queries, whose window and visible entries are positional.
 #include <algorithm>
 #include <cmath>
 #include <memory>
@@ -22,6 +28,7 @@
 #include "core/error.hpp"
 #include "model/attn_cache.hpp"
 #include "model/module.hpp"
+#include "model/work_model.hpp"
 #include "ops/rope.hpp"
 
 namespace dz {
@@ -150,7 +157,8 @@ struct Compressor {
 
 class Dsv4Mixer : public Mixer {
  public:
-  Dsv4Mixer(const ModelConfig& cfg, int layer, Checkpoint& ck, const std::string& prefix, Backend& be) : be_(&be) {
+  Dsv4Mixer(const ModelConfig& cfg, int layer, Checkpoint& ck, const std::string& prefix, Backend& be)
+      : be_(&be), cfg_(cfg), layer_(layer) {
     const LayerSpec& ls = cfg.layers[size_t(layer)];
     hid_ = cfg.hidden_size, H_ = cfg.num_heads, D_ = cfg.head_dim, QL_ = cfg.q_lora_rank, rd_ = cfg.qk_rope_head_dim;
     W_ = cfg.sliding_window, m_ = ls.compress_rate, indexed_ = ls.has_indexer;
@@ -247,13 +255,115 @@ class Dsv4Mixer : public Mixer {
     be.linear(g, wo_b_, DTensor{}, out);
     st.pos += T;
   }
-  void forward_cp(const DTensor&, const CpCtx&, MixerState&, const DTensor&) const override {
-    fail("DeepSeek-V4: context parallelism (--cp > 1) is not supported yet (its compressors are not split); "
-         "run with --cp 1");
+  void forward_cp(const DTensor& x, const CpCtx& ctx, MixerState& ms, const DTensor& out) const override {
+    auto& st = static_cast<Dsv4State&>(ms);
+    DZ_CHECK(st.pos == 0 && st.raw.rows() == 0, "DeepSeek-V4 forward_cp: the state must be fresh (pos ", st.pos, ")");
+    DZ_CHECK(ctx.cp && ctx.lay, "DeepSeek-V4 forward_cp: missing CP group or layout");
+    const SeqLayout& lay = *ctx.lay;
+    DZ_CHECK(lay.cp_size == ctx.cp->size() && lay.cp_rank == ctx.cp->rank(), "DeepSeek-V4 forward_cp: layout for rank ",
+             lay.cp_rank, " of ", lay.cp_size, " used on rank ", ctx.cp->rank(), " of ", ctx.cp->size());
+    Backend& be = *be_;
+    const int64_t L = lay.length, Rl = lay.local_rows();
+    const std::vector<int> segs = lay.local_segments();
+    const int64_t cw = m_ > 0 ? comp_.width() : 0, icw = indexed_ ? icomp_.width() : 0, Wd = D_ + cw + icw;
+
+    // 1. Local rows: q, kv and the indexer's q at their global positions; the compressor projections.
+    DTensor qr = be.act({Rl, QL_}), q = be.act({Rl, H_ * D_}), pack = be.act({Rl, Wd});
+    DTensor iq = indexed_ ? be.act({Rl, Hi_ * Di_}) : DTensor{}, iw = indexed_ ? be.alloc({Rl, Hi_}, DType::F32) : DTensor{};
+    if (Rl > 0) {
+      be.linear(x, wq_a_, DTensor{}, qr);
+      be.rmsnorm(qr, q_norm_, qr, eps_, false);
+      be.linear(qr, wq_b_, DTensor{}, q);
+      be.rmsnorm(q.reshaped({Rl * H_, D_}), DTensor{}, q.reshaped({Rl * H_, D_}), eps_, false);
+      DTensor kv = be.act({Rl, D_});
+      be.linear(x, wkv_, DTensor{}, kv);
+      be.rmsnorm(kv, kv_norm_, kv, eps_, false);
+      if (indexed_) {
+        be.linear(qr, iwq_b_, DTensor{}, iq);
+        be.linear(x, iw_, DTensor{}, iw);
+      }
+      int64_t r = 0;
+      for (int j : segs) {  // RoPE at the segment's positions
+        const int64_t T = lay.seg_len(j), pos0 = lay.seg_begin(j);
+        if (T == 0) continue;
+        be.rope(*rope_, q.slab(r, r + T), H_, D_, D_ - rd_, pos0);
+        be.rope(*rope_, kv.slab(r, r + T), 1, D_, D_ - rd_, pos0);
+        if (indexed_) be.rope(*rope_, iq.slab(r, r + T), Hi_, Di_, Di_ - rd_, pos0);
+        r += T;
+      }
+      be.copy_cols(kv, 0, pack, 0, D_);
+      if (m_ > 0) {
+        DTensor pr = be.act({Rl, cw});
+        be.linear(x, comp_.w, DTensor{}, pr);
+        be.copy_cols(pr, 0, pack, D_, cw);
+      }
+      if (indexed_) {
+        DTensor ip = be.act({Rl, icw});
+        be.linear(x, icomp_.w, DTensor{}, ip);
+        be.copy_cols(ip, 0, pack, D_ + cw, icw);
+      }
+    }
+    // 2. Every rank's rows in sequence order: the raw rows and the pooled entries of the document.
+    {
+      auto tm = ctx.time("kv_gather");
+      const std::vector<float> all = ctx.cp->allgatherv(be.to_host(pack));
+      DZ_CHECK(int64_t(all.size()) == L * Wd, "DeepSeek-V4 forward_cp: gathered ", all.size() / size_t(Wd),
+               " rows for a document of ", L);
+      std::vector<float> seq(size_t(L * Wd));
+      const float* e = all.data();
+      for (int rank = 0; rank < lay.cp_size; ++rank)
+        for (int j : lay.segments_of(rank))
+          for (int64_t s = lay.seg_begin(j); s < lay.seg_begin(j) + lay.seg_len(j); ++s, e += Wd)
+            std::copy(e, e + Wd, seq.begin() + s * Wd);
+      const DTensor full = be.upload(seq.data(), {L, Wd}, be.act_dtype());  // act values: exact
+      be.copy_cols(full, 0, st.raw.append(L), 0, D_);
+      if (m_ > 0) {
+        DTensor pr = be.act({L, cw});
+        be.copy_cols(full, D_, pr, 0, cw);
+        const DTensor en = comp_.run(be, st.pend, pr, 0, 0);
+        if (en.defined()) be.copy_rows(en, 0, st.comp.append(en.rows()), 0, en.rows());
+      }
+      if (indexed_) {
+        DTensor ip = be.act({L, icw});
+        be.copy_cols(full, D_ + cw, ip, 0, icw);
+        const DTensor ie = icomp_.run(be, st.ipend, ip, 0, 0);
+        if (ie.defined()) be.copy_rows(ie, 0, st.icomp.append(ie.rows()), 0, ie.rows());
+      }
+      st.pos = L;
+    }
+    // 3. Selection and attention for the local queries, segment by segment.
+    DTensor o = be.act({Rl, H_ * D_});
+    int64_t r = 0;
+    for (int j : segs) {
+      const int64_t T = lay.seg_len(j), pos0 = lay.seg_begin(j);
+      if (T == 0) continue;
+      auto tm = ctx.time("attention");
+      DTensor sel;
+      if (indexed_) {
+        sel = be.alloc({T, K_}, DType::I32);
+        be.group_topk(iq.slab(r, r + T), iw.slab(r, r + T), float(1.0 / std::sqrt(double(Hi_) * double(Di_))),
+                      st.icomp.all(), m_, pos0, Hi_, K_, sel);
+      }
+      DTensor os = o.slab(r, r + T);
+      be.dsv4_attention(q.slab(r, r + T), st.raw.all(), st.comp.all(), sel, sinks_, pos0, H_, W_, m_,
+                        float(1.0 / std::sqrt(double(D_))), os);
+      be.rope(*rope_inv_, os, H_, D_, D_ - rd_, pos0);
+      ctx.flops("attention", WorkModel::attention(cfg_, cfg_.layers[size_t(layer_)], pos0, T));
+      if (indexed_) ctx.flops("indexer", WorkModel::indexer(cfg_, cfg_.layers[size_t(layer_)], pos0, T));
+      r += T;
+    }
+    st.last_sel = DTensor{};  // (the sets of a CP prefill are spread over the ranks)
+    if (Rl == 0) return;
+    const int64_t gw = H_ * D_ / G_;
+    DTensor g = be.act({Rl, G_ * R_});
+    be.head_matmul(o, gw, gw, wo_a_, 0, R_ * gw, true, g, R_, R_, G_);
+    be.linear(g, wo_b_, DTensor{}, out);
   }
 
  private:
   Backend* be_;
+  ModelConfig cfg_;  // (the work model's counts under CP)
+  int layer_ = 0;
   int64_t hid_ = 0, H_ = 0, D_ = 0, QL_ = 0, rd_ = 0, W_ = 0, m_ = 0, G_ = 0, R_ = 0, Hi_ = 0, Di_ = 0, K_ = 0;
   bool indexed_ = false;
   float eps_ = 1e-6f;

@@ -11,11 +11,32 @@ static double causal_keys(int64_t p0, int64_t n) {
   return double(n) * double(p0) + double(n) * double(n + 1) / 2.0;
 }
 
+// sum_{p = p0}^{p0 + n - 1} floor((p + 1) / m): the entries of rate m closed by position p
+static double closed_entries(int64_t p0, int64_t n, int64_t m) {
+  double s = 0;
+  for (int64_t p = p0; p < p0 + n; ++p) s += double((p + 1) / m);
+  return s;
+}
+
 double WorkModel::indexer(const ModelConfig& c, int64_t p0, int64_t n) {
   return 2.0 * double(c.index_n_heads) * double(c.index_head_dim) * causal_keys(p0, n);
 }
 
+double WorkModel::indexer(const ModelConfig& c, const LayerSpec& l, int64_t p0, int64_t n) {
+  // DeepSeek-V4's CSA indexer scores the closed compressed entries, not every position
+  if (l.mixer == MixerKind::DSV4) return 2.0 * double(c.index_n_heads) * double(c.index_head_dim) * closed_entries(p0, n, l.compress_rate);
+  return indexer(c, p0, n);
+}
+
 double WorkModel::attention(const ModelConfig& c, const LayerSpec& l, int64_t p0, int64_t n) {
+  if (l.mixer == MixerKind::DSV4) {  // the window rows plus the selected (CSA) or all closed (HCA) entries
+    double keys = 0;
+    for (int64_t p = p0; p < p0 + n; ++p) {
+      const int64_t e = l.compress_rate > 0 ? (p + 1) / l.compress_rate : 0;
+      keys += double(std::min<int64_t>(c.sliding_window, p + 1) + (l.has_indexer ? std::min<int64_t>(c.index_topk, e) : e));
+    }
+    return 2.0 * double(c.num_heads) * keys * double(2 * c.head_dim);  // shared KV rows: dk = dv = head_dim
+  }
   double keys;
   if (l.has_indexer && c.index_topk > 0) {
     // min(K, p + 1) keys per query
@@ -58,7 +79,7 @@ std::map<std::string, double> WorkModel::document(const ModelConfig& c, const Se
       if (l.mixer == MixerKind::KDA || l.mixer == MixerKind::GDN) {
         w["linear_attention"] += linear_attention(c, l, n);
       } else {
-        if (l.has_indexer && !l.shared_indexer) w["indexer"] += indexer(c, p0, n);
+        if (l.has_indexer && !l.shared_indexer) w["indexer"] += indexer(c, l, p0, n);
         w["attention"] += attention(c, l, p0, n);
       }
     }

@@ -15,6 +15,8 @@ struct WorkModel {
   // DSA lightning indexer for queries at positions [p0, p0 + n): every query scores all visible
   // keys with every index head (dense causal: the part CP must balance).
   static double indexer(const ModelConfig& c, int64_t p0, int64_t n);
+  // The same for layer l (DeepSeek-V4's CSA indexer scores the closed compressed entries).
+  static double indexer(const ModelConfig& c, const LayerSpec& l, int64_t p0, int64_t n);
   // Softmax attention core for queries at [p0, p0 + n): QK^T and PV over the visible keys, or
   // over the Top-K selected ones when the layer has an indexer.
   static double attention(const ModelConfig& c, const LayerSpec& l, int64_t p0, int64_t n);

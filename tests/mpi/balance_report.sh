@@ -29,3 +29,23 @@ print("per-rank FLOPs equal the work model; zigzag max/mean", round(plan["zigzag
       "vs contiguous", round(plan["contiguous"]["max_over_mean"], 4))
 PY
 say "report per-rank work matches the zigzag work model"
+# DeepSeek-V4 (its golden, one 300-token document: past its CSA and HCA windows): the window rows
+# plus selected (CSA) or closed (HCA) entries of its queries, and the CSA indexer over the closed
+# entries, per rank as the work model counts them.
+python3 -c "
+import random; r = random.Random(4)
+open('$W/t4.txt', 'w').write(' '.join(str(r.randrange(3, 256)) for _ in range(300)) + '\n')"
+"$DZ" make-input --tokens-file "$W/t4.txt" --out "$W/in4.h5" >/dev/null
+mpi 4 run --model "$SRC/tests/golden/deepseek_v4" --input "$W/in4.h5" --output "$W/o4.h5" --cp 4 --report "$W/r4.json" 2>/dev/null
+"$DZ" plan --model "$SRC/tests/golden/deepseek_v4" --length 300 --cp 4 --json >"$W/plan4.json"
+python3 - "$W/r4.json" "$W/plan4.json" <<'PY'
+import json, sys
+rep, plan = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))
+pred = {r["rank"]: r["flops"] for r in plan["zigzag"]["per_rank"]}
+for r in sorted(rep["per_rank"], key=lambda r: r["rank"]):
+    for k in ("indexer", "attention"):
+        want, got = pred[r["cp"]][k], r["flops"].get(k, 0.0)
+        assert want > 0 and abs(got - want) <= 1e-9 * max(1.0, want), (r["rank"], k, got, want)
+print("deepseek_v4 --cp 4: per-rank indexer and attention FLOPs equal the work model; zigzag max/mean",
+      round(plan["zigzag"]["max_over_mean"], 4))
+PY

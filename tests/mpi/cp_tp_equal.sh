@@ -17,7 +17,8 @@ models=("$W/demo" "$SRC/tests/golden/kimi_linear" "$SRC/tests/golden/deepseek_v3
         "$SRC/tests/golden/qwen3_5_moe"   # Qwen3.5: the wrapper (split GDN projections under TP)
         "$SRC/tests/golden/glm_moe_dsa"   # GLM-5: shared-indexer layers (Top-K handed over under CP, TP)
         "$SRC/tests/golden/glm5_next"     # GLM-5.3-Flash: mHC streams, k-pool indexer, SwiGLU clamp
-        "$SRC/tests/golden/kimi_k3")      # Kimi K3: latent MoE (latent all-reduced under TP), MXFP4 experts, AttnRes
+        "$SRC/tests/golden/kimi_k3"       # Kimi K3: latent MoE (latent all-reduced under TP), MXFP4 experts, AttnRes
+        "$SRC/tests/golden/deepseek_v4")  # DeepSeek-V4: compressors pooled from gathered rows under CP, mHC, hash MoE
 if [ -n "${DZ_CP_TP_MODELS:-}" ]; then read -r -a models <<<"$DZ_CP_TP_MODELS"; fi  # a subset, by path
 python3 - "$W/t.txt" <<'PY'
 import random, sys
