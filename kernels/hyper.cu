@@ -19,11 +19,14 @@ unsigned blocks_for(int64_t n, int threads) {
 __device__ float sigmoidf_(float v) { return 1.f / (1.f + expf(-v)); }
 
 // One block per token: r = rsqrt(mean x² + eps) over N·D (block reduction), the coefficients by
-// thread 0 (N <= 8: Sinkhorn on an 8x8 is nothing), then the collapse over d by all threads.
+// warp 0 (a lane per entry of the N x N mixing matrix, two for N > 5; every row and column sum in
+// the CPU reference's order, so the values are the serial ones), then the collapse over d by all
+// threads. (Sinkhorn on thread 0 alone kept the whole block waiting on ~10^3 dependent divisions:
+// 13 ms of a GLM-5.3-Flash forward at T = 8192 went to the mHC ops, docs/perf/README.md.)
 __global__ void k_hc_pre(const float* x, const float* m, const float* base, const float* scale, HcKernelParams p,
                          int64_t D, float* coeff, float* in) {
   const int64_t t = blockIdx.x;
-  const int N = p.N, C = (2 + N) * N;
+  const int N = p.N, C = (2 + N) * N, NN = N * N;
   const float* xt = x + t * N * D;
   __shared__ float red[32];
   __shared__ float cf[(2 + kMaxN) * kMaxN];
@@ -32,7 +35,8 @@ __global__ void k_hc_pre(const float* x, const float* m, const float* base, cons
   for (int o = 16; o; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
   if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = ss;
   __syncthreads();
-  if (threadIdx.x == 0) {
+  if (threadIdx.x < 32) {
+    const int lane = threadIdx.x;
     float tot = 0.f;
     for (int w = 0; w < int(blockDim.x + 31) / 32; ++w) tot += red[w];
     const float r = rsqrtf(tot / float(N * D) + p.eps_norm);
@@ -40,34 +44,58 @@ __global__ void k_hc_pre(const float* x, const float* m, const float* base, cons
     float* pre = cf;
     float* post = cf + N;
     float* comb = cf + 2 * N;
-    for (int n = 0; n < N; ++n) {
-      pre[n] = sigmoidf_(mt[n] * r * scale[0] + base[n]) + p.eps_hc;
-      post[n] = 2.f * sigmoidf_(mt[N + n] * r * scale[1] + base[N + n]);
+    if (lane < N) {
+      pre[lane] = sigmoidf_(mt[lane] * r * scale[0] + base[lane]) + p.eps_hc;
+      post[lane] = 2.f * sigmoidf_(mt[N + lane] * r * scale[1] + base[N + lane]);
     }
-    for (int a = 0; a < N; ++a) {
+    // this lane's entries i0 = lane and i1 = lane + 32 of comb (row-major a * N + b)
+    const int i0 = lane, i1 = lane + 32;
+    const bool h0 = i0 < NN, h1 = i1 < NN;
+    float v0 = h0 ? mt[2 * N + i0] * r * scale[2] + base[2 * N + i0] : 0.f;
+    float v1 = h1 ? mt[2 * N + i1] * r * scale[2] + base[2 * N + i1] : 0.f;
+    if (h0) comb[i0] = v0;
+    if (h1) comb[i1] = v1;
+    __syncwarp();
+    // row softmax + eps: the row's max and sum of exps in column order, as the serial loop
+    auto row_softmax = [&](int i, float v) {
+      const int a = i / N;
       float mx = -INFINITY;
-      for (int b = 0; b < N; ++b) {
-        comb[a * N + b] = mt[2 * N + a * N + b] * r * scale[2] + base[2 * N + a * N + b];
-        mx = fmaxf(mx, comb[a * N + b]);
-      }
-      float s = 0.f;
-      for (int b = 0; b < N; ++b) s += (comb[a * N + b] = expf(comb[a * N + b] - mx));
-      for (int b = 0; b < N; ++b) comb[a * N + b] = comb[a * N + b] / s + p.eps_hc;
-    }
+      for (int b = 0; b < N; ++b) mx = fmaxf(mx, comb[a * N + b]);
+      float sum = 0.f;
+      for (int b = 0; b < N; ++b) sum += expf(comb[a * N + b] - mx);
+      return expf(v - mx) / sum + p.eps_hc;
+    };
+    if (h0) v0 = row_softmax(i0, v0);
+    if (h1) v1 = row_softmax(i1, v1);
+    __syncwarp();
+    if (h0) comb[i0] = v0;
+    if (h1) comb[i1] = v1;
+    __syncwarp();
+    auto row_sum = [&](int i) {
+      float sum = 0.f;
+      for (int b = 0; b < N; ++b) sum += comb[(i / N) * N + b];
+      return sum;
+    };
+    auto col_sum = [&](int i) {
+      float sum = 0.f;
+      for (int a = 0; a < N; ++a) sum += comb[a * N + i % N];
+      return sum;
+    };
     for (int it = 0; it < p.iters; ++it) {
-      if (it > 0)
-        for (int a = 0; a < N; ++a) {
-          float s = 0.f;
-          for (int b = 0; b < N; ++b) s += comb[a * N + b];
-          for (int b = 0; b < N; ++b) comb[a * N + b] /= s + p.eps_hc;
-        }
-      for (int b = 0; b < N; ++b) {
-        float s = 0.f;
-        for (int a = 0; a < N; ++a) s += comb[a * N + b];
-        for (int a = 0; a < N; ++a) comb[a * N + b] /= s + p.eps_hc;
+      if (it > 0) {
+        const float s0 = h0 ? row_sum(i0) : 1.f, s1 = h1 ? row_sum(i1) : 1.f;
+        __syncwarp();
+        if (h0) comb[i0] = v0 = v0 / (s0 + p.eps_hc);
+        if (h1) comb[i1] = v1 = v1 / (s1 + p.eps_hc);
+        __syncwarp();
       }
+      const float s0 = h0 ? col_sum(i0) : 1.f, s1 = h1 ? col_sum(i1) : 1.f;
+      __syncwarp();
+      if (h0) comb[i0] = v0 = v0 / (s0 + p.eps_hc);
+      if (h1) comb[i1] = v1 = v1 / (s1 + p.eps_hc);
+      __syncwarp();
     }
-    for (int i = 0; i < C; ++i) coeff[t * C + i] = cf[i];
+    for (int i = lane; i < C; i += 32) coeff[t * C + i] = cf[i];
   }
   __syncthreads();
   for (int64_t d = threadIdx.x; d < D; d += blockDim.x) {

@@ -22,6 +22,7 @@
 #   e2e26b: the 2026 shapes with no transformers anchor here: Kimi K3 cut to 4 layers (MXFP4 experts
 #           kept 4-bit; 8192 / 32768, last-logits and logprobs) and DeepSeek-V4-Flash cut to its first
 #           8 layers (8192, last-logits)
+#   e2e26c: GLM-5 cut to its first 6 layers (3 dense + 3 MoE, MLA + DSA throughout), 8192 / 32768
 # The device tool returns a bounded number of files per command (8 on 2026-12-01; a ninth JSON
 # was left out): tar LOG_DIR into one file under $OUT.
 set -euo pipefail
@@ -56,6 +57,10 @@ if has e2e26b; then
     --repeats 3 --json "$L/e2e_dayzero_2026_k3.json" 2>&1 | grep -v '^{'
   "$DZ" bench e2e --model configs/bench/deepseek_v4_flash_8l --tokens 8192 --modes last-logits \
     --repeats 3 --json "$L/e2e_dayzero_2026_dsv4.json" 2>&1 | grep -v '^{'
+fi
+if has e2e26c; then  # GLM-5 (no anchor shape in the anchor script either), its first 6 layers
+  "$DZ" bench e2e --model configs/bench/glm5_6l --tokens 8192,32768 --modes last-logits \
+    --repeats 3 --json "$L/e2e_dayzero_2026_glm5.json" 2>&1 | grep -v '^{'
 fi
 if has e2e; then
   "$DZ" bench e2e --model configs/bench/kimi_linear_48b_a3b_8l --model configs/bench/qwen3_next_80b_a3b_8l \
@@ -108,7 +113,8 @@ def load(n):
     return json.load(open(p)) if os.path.exists(p) else None
 a = [load(n) for n in ("e2e_transformers.json", "e2e_transformers_2026.json")]
 d = [load(n) for n in ("e2e_dayzero.json", "e2e_dayzero_2026.json", "e2e_dayzero_2026_full.json",
-                       "e2e_dayzero_2026_glm.json", "e2e_dayzero_2026_k3.json", "e2e_dayzero_2026_dsv4.json")]
+                       "e2e_dayzero_2026_glm.json", "e2e_dayzero_2026_k3.json", "e2e_dayzero_2026_dsv4.json",
+                       "e2e_dayzero_2026_glm5.json")]
 if any(d):
     anchor = {(r["model"], r["T"]): r for x in a for r in (x or {}).get("results", []) if "model" in r and "ms" in r}
     for r in [r for x in d for r in (x or {}).get("results", [])]:

@@ -3,7 +3,8 @@
 keyword arguments), so `dayzero bench e2e` and the transformers + fla anchor run the same model.
 Needs transformers (no torch): pip install transformers==5.17.0. Rerun only when the shapes change.
 With transformers >= 5.23 it also writes DeepSeek-V4 (its config class's defaults are the released
-DeepSeek-V4-Flash shape) cut to its first 8 layers (3 HCA + hash MoE, then CSA / HCA alternating);
+DeepSeek-V4-Flash shape) cut to its first 8 layers (3 HCA + hash MoE, then CSA / HCA alternating) and
+GLM-5 (GlmMoeDsaConfig's defaults) cut to its first 6 layers (3 dense, 3 MoE);
 and always Kimi K3 cut to 4 layers (no transformers class: the released config's values, by hand,
 docs/families.md section 8), 3 KDA + 1 gated MLA, the first layer dense, MXFP4 routed experts.
 """
@@ -40,6 +41,15 @@ if tuple(int(x) for x in transformers.__version__.split(".")[:2]) >= (5, 23):
     d = os.path.join(out, "deepseek_v4_flash_8l")
     os.makedirs(d, exist_ok=True)
     AutoConfig.for_model("deepseek_v4", **kw).to_json_file(os.path.join(d, "config.json"))
+    print(d)
+    # GLM-5 (GlmMoeDsaConfig's defaults: 78 layers of MLA + DSA, 256 experts, the first 3 dense),
+    # its first 6 layers: the 3 dense ones and 3 MoE
+    base = AutoConfig.for_model("glm_moe_dsa")
+    kw = dict(num_hidden_layers=6, mlp_layer_types=base.mlp_layer_types[:6], indexer_types=base.indexer_types[:6],
+              num_nextn_predict_layers=0)
+    d = os.path.join(out, "glm5_6l")
+    os.makedirs(d, exist_ok=True)
+    AutoConfig.for_model("glm_moe_dsa", **kw).to_json_file(os.path.join(d, "config.json"))
     print(d)
 
 # Kimi K3 cut to 4 layers: the released config.json's text values (hidden 7168, 96 heads, q-LoRA 1536,
