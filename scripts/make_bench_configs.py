@@ -32,25 +32,20 @@ for name, mt, kw in (("kimi_linear_48b_a3b_8l", "kimi_linear", kimi(8)),
     AutoConfig.for_model(mt, **kw).to_json_file(os.path.join(d, "config.json"))
     print(d)
 
-# DeepSeek-V4-Flash (transformers 5.23's DeepseekV4Config defaults), its first 8 layers.
+# transformers 5.23's config classes, their defaults (the released shapes) cut to the first n layers:
+# DeepSeek-V4-Flash (DeepseekV4Config: 3 HCA + hash MoE, then CSA / HCA) to 8; GLM-5 (GlmMoeDsaConfig:
+# 78 layers of MLA + DSA, 256 experts, the first 3 dense) to 6, the 3 dense ones and 3 MoE.
 import transformers  # noqa: E402
 if tuple(int(x) for x in transformers.__version__.split(".")[:2]) >= (5, 23):
-    base = AutoConfig.for_model("deepseek_v4")
-    kw = dict(num_hidden_layers=8, layer_types=base.layer_types[:8], mlp_layer_types=base.mlp_layer_types[:8],
-              num_nextn_predict_layers=0)
-    d = os.path.join(out, "deepseek_v4_flash_8l")
-    os.makedirs(d, exist_ok=True)
-    AutoConfig.for_model("deepseek_v4", **kw).to_json_file(os.path.join(d, "config.json"))
-    print(d)
-    # GLM-5 (GlmMoeDsaConfig's defaults: 78 layers of MLA + DSA, 256 experts, the first 3 dense),
-    # its first 6 layers: the 3 dense ones and 3 MoE
-    base = AutoConfig.for_model("glm_moe_dsa")
-    kw = dict(num_hidden_layers=6, mlp_layer_types=base.mlp_layer_types[:6], indexer_types=base.indexer_types[:6],
-              num_nextn_predict_layers=0)
-    d = os.path.join(out, "glm5_6l")
-    os.makedirs(d, exist_ok=True)
-    AutoConfig.for_model("glm_moe_dsa", **kw).to_json_file(os.path.join(d, "config.json"))
-    print(d)
+    for name, mt, n, lists in (("deepseek_v4_flash_8l", "deepseek_v4", 8, ("layer_types", "mlp_layer_types")),
+                               ("glm5_6l", "glm_moe_dsa", 6, ("mlp_layer_types", "indexer_types"))):
+        base = AutoConfig.for_model(mt)
+        kw = {k: getattr(base, k)[:n] for k in lists}
+        d = os.path.join(out, name)
+        os.makedirs(d, exist_ok=True)
+        AutoConfig.for_model(mt, num_hidden_layers=n, num_nextn_predict_layers=0, **kw).to_json_file(
+            os.path.join(d, "config.json"))
+        print(d)
 
 # Kimi K3 cut to 4 layers: the released config.json's text values (hidden 7168, 96 heads, q-LoRA 1536,
 # 896 experts top-16 of width 3072 in a latent of 3584, 2 shared, dense layer 0 of 33792, SiTU 4 / 25,
