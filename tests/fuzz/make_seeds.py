@@ -80,6 +80,15 @@ def safetensors_seeds():
     write("safetensors", "fp8_bad_scale_shape", single(safetensors(
         [("w", "F8_E4M3", [4, 4]), ("w_scale_inv", "F32", [2, 2])])))
     write("safetensors", "fp8_1d_with_scale", single(safetensors([("w", "F8_E4M3", [16]), ("w_scale_inv", "F32", [1])])))
+    # compressed-tensors MXFP4 (Kimi K3's experts): X.weight_packed U8 [R, C/2] + X.weight_scale U8
+    # [R, C/32] read as X.weight; a scale of 0xFF is refused; a pair of another shape stays two tensors
+    mx = "model.layers.1.block_sparse_moe.experts.0.w1.weight"
+    write("safetensors", "mxfp4_pair", single(safetensors(
+        [(mx + "_packed", "U8", [3, 32]), (mx + "_scale", "U8", [3, 2], bytes([127, 120, 1, 0, 130, 200]))])))
+    write("safetensors", "mxfp4_nan_scale", single(safetensors(
+        [(mx + "_packed", "U8", [2, 16]), (mx + "_scale", "U8", [2, 1], bytes([127, 255]))])))
+    write("safetensors", "mxfp4_odd_shape", single(safetensors(
+        [(mx + "_packed", "U8", [2, 15]), (mx + "_scale", "U8", [2, 1])])))
     write("safetensors", "empty_and_scalar", single(safetensors(
         [("z", "F32", [0, 4]), ("s", "F32", []), ("e", "BF16", [3, 0, 2])])))
     write("safetensors", "no_tensors", single(safetensors([], {"format": "pt"})))
