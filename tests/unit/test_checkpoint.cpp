@@ -17,6 +17,7 @@
 #include "core/bf16.hpp"
 #include "core/dummy_values.hpp"
 #include "core/fp8.hpp"
+#include "error_of.hpp"
 #include "io/checkpoint.hpp"
 #include "backend/backend.hpp"
 
@@ -37,14 +38,7 @@ struct Scratch {
   ~Scratch() { fs::remove_all(path); }
 };
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const dz::Error& e) {
-    return e.what();
-  }
-  return "<no error>";
-}
+using dz::test::error_of;
 
 // Writes a safetensors file from a literal header JSON and raw data bytes.
 void write_raw(const std::string& path, const std::string& header, const std::vector<uint8_t>& bytes) {

@@ -10,6 +10,7 @@
 #include <functional>
 
 #include "config/model_config.hpp"
+#include "error_of.hpp"
 #include "core/error.hpp"
 
 using namespace dz;
@@ -17,14 +18,7 @@ using json = nlohmann::json;
 
 namespace {
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const dz::Error& e) {
-    return e.what();
-  }
-  return "<no error>";
-}
+using dz::test::error_of;
 
 // Parses J through from_file so messages carry the file name; returns the message or "<no error>".
 std::string file_error(const json& j, std::string* path_out = nullptr) {

@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "io/checkpoint.hpp"
+#include "error_of.hpp"
 #include "model/model.hpp"
 
 namespace {
@@ -71,14 +72,7 @@ std::string swap_prefix(const std::string& n, const std::string& from, const std
   return n.rfind(from, 0) == 0 ? to + n.substr(from.size()) : n;
 }
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const dz::Error& e) {
-    return e.what();
-  }
-  return "<no error>";
-}
+using dz::test::error_of;
 
 std::vector<float> last_hidden(const dz::Model& m, const std::vector<int32_t>& tok) {
   auto st = m.make_state();
