@@ -36,8 +36,7 @@ class MlpFfn : public Ffn {
 
 std::unique_ptr<Ffn> make_mlp_ffn(const ModelConfig& cfg, int layer, Checkpoint& ck, const std::string& prefix,
                                   const TpShard& tp, Backend& be) {
-  DZ_CHECK(cfg.hidden_act == "silu" || cfg.hidden_act == "swish" || (cfg.hidden_act == "situ" && cfg.situ_beta > 0.f),
-           "layer ", layer, ": hidden_act '", cfg.hidden_act, "' is not supported (silu / SwiGLU, situ)");
+  const GluAct act = glu_of(cfg, layer);
   const int64_t D = cfg.hidden_size, I = cfg.intermediate_size;
   DZ_CHECK(D > 0 && I > 0, "layer ", layer, ": dense MLP needs hidden_size and intermediate_size > 0");
   // Published Kimi checkpoints keep a dense layer under `mlp.`; transformers 5.17's save_pretrained
@@ -55,7 +54,7 @@ std::unique_ptr<Ffn> make_mlp_ffn(const ModelConfig& cfg, int layer, Checkpoint&
     d = slice_cols(d, i0, i1);
   }
   // generating mode keeps the full width: no shard, no all-reduce
-  return std::make_unique<MlpFfn>(g, u, d, D, glu_of(cfg), ck.keeps_full() ? TpShard{} : tp, be);
+  return std::make_unique<MlpFfn>(g, u, d, D, act, ck.keeps_full() ? TpShard{} : tp, be);
 }
 
 }  // namespace dz

@@ -106,8 +106,11 @@ std::unique_ptr<Mixer> make_gqa_mixer(const ModelConfig& cfg, int layer, Checkpo
 // DeepSeek-V4's attention (sliding window + CSA / HCA compressed entries, sinks, grouped output).
 std::unique_ptr<Mixer> make_dsv4_mixer(const ModelConfig& cfg, int layer, Checkpoint& ck, const std::string& prefix,
                                        const TpShard& tp = TpShard{}, Backend& be = cpu_backend());
-// The gate activation of every MLP and expert of the model (swiglu_limit, SiTU).
-inline GluAct glu_of(const ModelConfig& cfg) {
+// The gate activation of every MLP and expert of the model (swiglu_limit, SiTU); refuses the
+// hidden_act values no gated MLP of dayzero computes (layer: for the message).
+inline GluAct glu_of(const ModelConfig& cfg, int layer) {
+  DZ_CHECK(cfg.hidden_act == "silu" || cfg.hidden_act == "swish" || (cfg.hidden_act == "situ" && cfg.situ_beta > 0.f),
+           "layer ", layer, ": hidden_act '", cfg.hidden_act, "' is not supported (silu / SwiGLU, situ)");
   GluAct a;
   a.limit = cfg.swiglu_limit;
   if (cfg.hidden_act == "situ") a.situ_beta = cfg.situ_beta, a.situ_linear_beta = cfg.situ_linear_beta;

@@ -265,8 +265,7 @@ static void shard_width(std::vector<SwigluView>& views, std::vector<Tensor>& sto
 
 std::unique_ptr<Ffn> make_moe_ffn(const ModelConfig& cfg, int layer, Checkpoint& ck, const std::string& prefix,
                                   const TpShard& tp, Backend& be) {
-  DZ_CHECK(cfg.hidden_act == "silu" || cfg.hidden_act == "swish" || (cfg.hidden_act == "situ" && cfg.situ_beta > 0.f),
-           "layer ", layer, ": hidden_act '", cfg.hidden_act, "' is not supported (silu / SwiGLU, situ experts)");
+  const GluAct act = glu_of(cfg, layer);
   const int64_t D = cfg.hidden_size, E = cfg.n_routed_experts, I = cfg.moe_intermediate_size;
   const int64_t L = cfg.moe_latent_size, DX = L > 0 ? L : D;  // the routed experts' input width
   DZ_CHECK(D > 0 && E > 0 && I > 0, "layer ", layer, ": MoE needs hidden_size, n_routed_experts and ",
@@ -318,7 +317,7 @@ std::unique_ptr<Ffn> make_moe_ffn(const ModelConfig& cfg, int layer, Checkpoint&
   std::vector<Tensor> owned;
   owned.reserve(size_t(3 * E + 3));  // views point into these tensors: no reallocation
   std::vector<std::array<uint64_t, 3>> dummy_keys;  // --dummy-weights: per expert gate, up, down
-  bool experts_mx = !ck.dummy() && !ck.generating();  // every routed expert loaded from MXFP4
+  bool experts_mx = false;  // every routed expert loaded from MXFP4 (per-expert files only)
   SwigluView shared;
   bool has_shared = false;
   if (n.layout == ExpertLayout::Fused) {
@@ -344,6 +343,7 @@ std::unique_ptr<Ffn> make_moe_ffn(const ModelConfig& cfg, int layer, Checkpoint&
     }
   } else {
     const bool w = n.layout == ExpertLayout::PerExpertW;
+    experts_mx = true;  // (generated tensors are never MXFP4)
     for (int64_t e = 0; e < E; ++e) {
       const std::string q = P + "experts." + std::to_string(e) + ".";
       owned.push_back(ck.get(q + (w ? "w1.weight" : "gate_proj.weight"), {I, DX}));
@@ -354,7 +354,6 @@ std::unique_ptr<Ffn> make_moe_ffn(const ModelConfig& cfg, int layer, Checkpoint&
       experts_mx &= owned[o].mxfp4 && owned[o + 1].mxfp4 && owned[o + 2].mxfp4;
     }
   }
-  if (n.layout != ExpertLayout::PerExpertW && n.layout != ExpertLayout::PerExpertProj) experts_mx = false;
 
   const int64_t S = cfg.shared_intermediate_size > 0 ? cfg.shared_intermediate_size
                                                       : cfg.n_shared_experts * cfg.moe_intermediate_size;
@@ -405,7 +404,7 @@ std::unique_ptr<Ffn> make_moe_ffn(const ModelConfig& cfg, int layer, Checkpoint&
   else
     m->upload_experts(experts, experts_mx);
   m->upload_rest(has_shared ? &shared : nullptr, router, bias, shared_gate);
-  m->w_.experts.act = m->w_.shared.act = glu_of(cfg);  // SiLU, GLM-5.3-Flash's clamp, K3's SiTU
+  m->w_.experts.act = m->w_.shared.act = act;  // SiLU, GLM-5.3-Flash's clamp, K3's SiTU
   if (L > 0) {
     m->lat_down_ = be.weight(lat_down);
     if (!lat_norm.empty()) m->lat_norm_ = be.param(lat_norm);
