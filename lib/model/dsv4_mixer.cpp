@@ -108,16 +108,17 @@ struct Compressor {
     norm = be.param(nw);
   }
 
-  // Appends proj [T, width()] (positions pos0 ..) to pend and returns the entries of the windows
-  // closed by them (entries nc .. , [n, Dc] act; undefined when none), normed and rotated; drops
-  // the pending rows no later window needs.
-  DTensor run(Backend& be, RowStore& pend, const DTensor& proj, int64_t pos0, int64_t nc) const {
+  // Appends proj [T, width()] (positions pos0 ..) to pend and the entries of the windows closed by
+  // them to entries (entries nc .., [n, Dc], normed and rotated); drops the pending rows no later
+  // window needs.
+  void run(Backend& be, RowStore& pend, RowStore& entries, const DTensor& proj, int64_t pos0) const {
+    DZ_CHECK(entries.width == Dc, "compressor: entries of width ", entries.width, ", not ", Dc);
+    const int64_t nc = entries.rows();
     const int64_t T = proj.rows(), S = pos0 + T, closed = S / m, n = closed - nc, pend0 = pending_start(nc);
     DZ_CHECK(pend0 + pend.rows() == pos0, "compressor: pending rows end at ", pend0 + pend.rows(), ", not ", pos0);
     if (T > 0) be.copy_rows(proj, 0, pend.append(T), 0, T);
-    DTensor out;
     if (n > 0) {
-      out = be.act({n, Dc});
+      const DTensor out = entries.append(n);  // pooled, normed and rotated in place
       const DTensor rows = pend.all();  // positions pend0 ..
       const int64_t W2 = 2 * Dc;
       if (!overlap) {
@@ -151,7 +152,6 @@ struct Compressor {
       if (nk > 0) be.copy_rows(pend.all(), keep0 - pend0, kept.append(nk), 0, nk);
       pend = std::move(kept);
     }
-    return out;
   }
 };
 
@@ -211,48 +211,32 @@ class Dsv4Mixer : public Mixer {
     Backend& be = *be_;
     const int64_t T = x.rows(), pos0 = st.pos;
     if (T == 0) return;
-    DTensor qr = be.act({T, QL_}), q = be.act({T, H_ * D_});
-    be.linear(x, wq_a_, DTensor{}, qr);
-    be.rmsnorm(qr, q_norm_, qr, eps_, false);
-    be.linear(qr, wq_b_, DTensor{}, q);
-    be.rmsnorm(q.reshaped({T * H_, D_}), DTensor{}, q.reshaped({T * H_, D_}), eps_, false);
+    DTensor qr = be.act({T, QL_}), q = be.act({T, H_ * D_}), kv = be.act({T, D_});
+    project(x, qr, q, kv);
     be.rope(*rope_, q, H_, D_, D_ - rd_, pos0);
-    DTensor kv = be.act({T, D_});
-    be.linear(x, wkv_, DTensor{}, kv);
-    be.rmsnorm(kv, kv_norm_, kv, eps_, false);
     be.rope(*rope_, kv, 1, D_, D_ - rd_, pos0);
     be.copy_rows(kv, 0, st.raw.append(T), 0, T);
 
     DTensor sel;  // CSA: [T, K] entry ids
     if (m_ > 0) {
-      const int64_t nc = st.comp.rows();
       DTensor pr = be.act({T, comp_.width()});
       be.linear(x, comp_.w, DTensor{}, pr);
-      const DTensor e = comp_.run(be, st.pend, pr, pos0, nc);
-      if (e.defined()) be.copy_rows(e, 0, st.comp.append(e.rows()), 0, e.rows());
+      comp_.run(be, st.pend, st.comp, pr, pos0);
       if (indexed_) {
         DTensor ip = be.act({T, icomp_.width()});
         be.linear(x, icomp_.w, DTensor{}, ip);
-        const DTensor ie = icomp_.run(be, st.ipend, ip, pos0, st.icomp.rows());
-        if (ie.defined()) be.copy_rows(ie, 0, st.icomp.append(ie.rows()), 0, ie.rows());
+        icomp_.run(be, st.ipend, st.icomp, ip, pos0);
         DTensor iq = be.act({T, Hi_ * Di_}), iw = be.alloc({T, Hi_}, DType::F32);
         be.linear(qr, iwq_b_, DTensor{}, iq);
         be.rope(*rope_, iq, Hi_, Di_, Di_ - rd_, pos0);
         be.linear(x, iw_, DTensor{}, iw);
-        sel = be.alloc({T, K_}, DType::I32);
-        be.group_topk(iq, iw, float(1.0 / std::sqrt(double(Hi_) * double(Di_))), st.icomp.all(), m_, pos0, Hi_, K_,
-                      sel);
+        sel = select(iq, iw, st, pos0);
         st.last_sel = sel, st.sel_be = &be;
       }
     }
     DTensor o = be.act({T, H_ * D_});
-    be.dsv4_attention(q, st.raw.all(), st.comp.all(), sel, sinks_, pos0, H_, W_, m_,
-                      float(1.0 / std::sqrt(double(D_))), o);
-    be.rope(*rope_inv_, o, H_, D_, D_ - rd_, pos0);
-    const int64_t gw = H_ * D_ / G_;  // input width of one output group
-    DTensor g = be.act({T, G_ * R_});
-    be.head_matmul(o, gw, gw, wo_a_, 0, R_ * gw, true, g, R_, R_, G_);
-    be.linear(g, wo_b_, DTensor{}, out);
+    attend(q, st, sel, pos0, o);
+    project_out(o, out);
     st.pos += T;
   }
   void forward_cp(const DTensor& x, const CpCtx& ctx, MixerState& ms, const DTensor& out) const override {
@@ -271,13 +255,8 @@ class Dsv4Mixer : public Mixer {
     DTensor qr = be.act({Rl, QL_}), q = be.act({Rl, H_ * D_}), pack = be.act({Rl, Wd});
     DTensor iq = indexed_ ? be.act({Rl, Hi_ * Di_}) : DTensor{}, iw = indexed_ ? be.alloc({Rl, Hi_}, DType::F32) : DTensor{};
     if (Rl > 0) {
-      be.linear(x, wq_a_, DTensor{}, qr);
-      be.rmsnorm(qr, q_norm_, qr, eps_, false);
-      be.linear(qr, wq_b_, DTensor{}, q);
-      be.rmsnorm(q.reshaped({Rl * H_, D_}), DTensor{}, q.reshaped({Rl * H_, D_}), eps_, false);
       DTensor kv = be.act({Rl, D_});
-      be.linear(x, wkv_, DTensor{}, kv);
-      be.rmsnorm(kv, kv_norm_, kv, eps_, false);
+      project(x, qr, q, kv);
       if (indexed_) {
         be.linear(qr, iwq_b_, DTensor{}, iq);
         be.linear(x, iw_, DTensor{}, iw);
@@ -320,14 +299,12 @@ class Dsv4Mixer : public Mixer {
       if (m_ > 0) {
         DTensor pr = be.act({L, cw});
         be.copy_cols(full, D_, pr, 0, cw);
-        const DTensor en = comp_.run(be, st.pend, pr, 0, 0);
-        if (en.defined()) be.copy_rows(en, 0, st.comp.append(en.rows()), 0, en.rows());
+        comp_.run(be, st.pend, st.comp, pr, 0);
       }
       if (indexed_) {
         DTensor ip = be.act({L, icw});
         be.copy_cols(full, D_ + cw, ip, 0, icw);
-        const DTensor ie = icomp_.run(be, st.ipend, ip, 0, 0);
-        if (ie.defined()) be.copy_rows(ie, 0, st.icomp.append(ie.rows()), 0, ie.rows());
+        icomp_.run(be, st.ipend, st.icomp, ip, 0);
       }
       st.pos = L;
     }
@@ -338,29 +315,51 @@ class Dsv4Mixer : public Mixer {
       const int64_t T = lay.seg_len(j), pos0 = lay.seg_begin(j);
       if (T == 0) continue;
       auto tm = ctx.time("attention");
-      DTensor sel;
-      if (indexed_) {
-        sel = be.alloc({T, K_}, DType::I32);
-        be.group_topk(iq.slab(r, r + T), iw.slab(r, r + T), float(1.0 / std::sqrt(double(Hi_) * double(Di_))),
-                      st.icomp.all(), m_, pos0, Hi_, K_, sel);
-      }
-      DTensor os = o.slab(r, r + T);
-      be.dsv4_attention(q.slab(r, r + T), st.raw.all(), st.comp.all(), sel, sinks_, pos0, H_, W_, m_,
-                        float(1.0 / std::sqrt(double(D_))), os);
-      be.rope(*rope_inv_, os, H_, D_, D_ - rd_, pos0);
+      const DTensor sel = indexed_ ? select(iq.slab(r, r + T), iw.slab(r, r + T), st, pos0) : DTensor{};
+      attend(q.slab(r, r + T), st, sel, pos0, o.slab(r, r + T));
       ctx.flops("attention", WorkModel::attention(cfg_, cfg_.layers[size_t(layer_)], pos0, T));
       if (indexed_) ctx.flops("indexer", WorkModel::indexer(cfg_, cfg_.layers[size_t(layer_)], pos0, T));
       r += T;
     }
     st.last_sel = DTensor{};  // (the sets of a CP prefill are spread over the ranks)
-    if (Rl == 0) return;
-    const int64_t gw = H_ * D_ / G_;
-    DTensor g = be.act({Rl, G_ * R_});
-    be.head_matmul(o, gw, gw, wo_a_, 0, R_ * gw, true, g, R_, R_, G_);
-    be.linear(g, wo_b_, DTensor{}, out);
+    if (Rl > 0) project_out(o, out);
   }
 
  private:
+  // The projections of rows x [T, hid] before RoPE: qr [T, QL] (normed; the indexer's queries read
+  // it), q [T, H·D] (each head normed), kv [T, D] (normed).
+  void project(const DTensor& x, const DTensor& qr, const DTensor& q, const DTensor& kv) const {
+    Backend& be = *be_;
+    const int64_t T = x.rows();
+    be.linear(x, wq_a_, DTensor{}, qr);
+    be.rmsnorm(qr, q_norm_, qr, eps_, false);
+    be.linear(qr, wq_b_, DTensor{}, q);
+    be.rmsnorm(q.reshaped({T * H_, D_}), DTensor{}, q.reshaped({T * H_, D_}), eps_, false);
+    be.linear(x, wkv_, DTensor{}, kv);
+    be.rmsnorm(kv, kv_norm_, kv, eps_, false);
+  }
+  // CSA: the indexer's entry ids [T, K] I32 for the queries iq [T, Hi·Di], weights iw [T, Hi] at
+  // positions pos0 .. (over the closed indexer entries of st).
+  DTensor select(const DTensor& iq, const DTensor& iw, const Dsv4State& st, int64_t pos0) const {
+    DTensor sel = be_->alloc({iq.rows(), K_}, DType::I32);
+    be_->group_topk(iq, iw, float(1.0 / std::sqrt(double(Hi_) * double(Di_))), st.icomp.all(), m_, pos0, Hi_, K_, sel);
+    return sel;
+  }
+  // o [T, H·D]: the queries q at positions pos0 .. over their window rows and entries (sel: the CSA
+  // selection; undefined: every closed entry, or none), RoPE taken back out of the values.
+  void attend(const DTensor& q, const Dsv4State& st, const DTensor& sel, int64_t pos0, const DTensor& o) const {
+    be_->dsv4_attention(q, st.raw.all(), st.comp.all(), sel, sinks_, pos0, H_, W_, m_,
+                        float(1.0 / std::sqrt(double(D_))), o);
+    be_->rope(*rope_inv_, o, H_, D_, D_ - rd_, pos0);
+  }
+  // out [T, hid] = wo_b · (the grouped low-rank wo_a of o [T, H·D]).
+  void project_out(const DTensor& o, const DTensor& out) const {
+    const int64_t gw = H_ * D_ / G_;  // input width of one output group
+    DTensor g = be_->act({o.rows(), G_ * R_});
+    be_->head_matmul(o, gw, gw, wo_a_, 0, R_ * gw, true, g, R_, R_, G_);
+    be_->linear(g, wo_b_, DTensor{}, out);
+  }
+
   Backend* be_;
   ModelConfig cfg_;  // (the work model's counts under CP)
   int layer_ = 0;
