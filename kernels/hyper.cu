@@ -2,6 +2,7 @@
 #include "hyper.cuh"
 
 #include <cmath>
+#include <initializer_list>
 
 #include "common.cuh"
 
@@ -11,34 +12,83 @@ namespace {
 
 constexpr int kMaxN = 8;
 
-unsigned blocks_for(int64_t n, int threads) {
-  const int64_t b = (n + threads - 1) / threads;
-  return unsigned(b < 65535 * 32 ? (b > 0 ? b : 1) : 65535 * 32);
-}
-
 __device__ float sigmoidf_(float v) { return 1.f / (1.f + expf(-v)); }
+
+// A token row of one stream in chunks of W floats (W = 4: 16-byte vectors, D % 4 == 0 and the
+// pointers 16-byte aligned; W = 1 otherwise). Chunk c of this thread is c = threadIdx.x + kThr * j.
+constexpr int kThr = 256;
+constexpr int kCache = 4;  // chunks per thread and stream held in registers by k_hc_pre
+template <int W>
+struct Vec;
+template <>
+struct Vec<4> {
+  using T = float4;
+  __device__ static T ld(const float* p) { return *reinterpret_cast<const float4*>(p); }
+  __device__ static void st(float* p, T v) { *reinterpret_cast<float4*>(p) = v; }
+  __device__ static float get(const T& v, int i) { return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w; }
+  __device__ static void set(T& v, int i, float f) { (i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w) = f; }
+};
+template <>
+struct Vec<1> {
+  using T = float;
+  __device__ static T ld(const float* p) { return *p; }
+  __device__ static void st(float* p, T v) { *p = v; }
+  __device__ static float get(const T& v, int) { return v; }
+  __device__ static void set(T& v, int, float f) { v = f; }
+};
 
 // One block per token: r = rsqrt(mean x² + eps) over N·D (block reduction), the coefficients by
 // warp 0 (a lane per entry of the N x N mixing matrix, two for N > 5; every row and column sum in
 // the CPU reference's order, so the values are the serial ones), then the collapse over d by all
-// threads. (Sinkhorn on thread 0 alone kept the whole block waiting on ~10^3 dependent divisions:
-// 13 ms of a GLM-5.3-Flash forward at T = 8192 went to the mHC ops, docs/perf/README.md.)
-__global__ void k_hc_pre(const float* x, const float* m, const float* base, const float* scale, HcKernelParams p,
-                         int64_t D, float* coeff, float* in) {
+// threads. The token's first kThr·kCache·W columns of every stream are loaded once, all loads in
+// flight together, and kept in registers for the collapse (columns past that are read again).
+// (At one scalar load in flight per thread, 8 launches took 7.9 ms of a GLM-5.3-Flash forward at
+// T = 8192: docs/perf/README.md.)
+template <int N, int W>
+__global__ void __launch_bounds__(kThr) k_hc_pre(const float* x, const float* m, const float* base, const float* scale,
+                                                 HcKernelParams p, int64_t D, float* coeff, float* in) {
+  using V = Vec<W>;
   const int64_t t = blockIdx.x;
-  const int N = p.N, C = (2 + N) * N, NN = N * N;
+  constexpr int C = (2 + N) * N, NN = N * N;
   const float* xt = x + t * N * D;
+  const int64_t nch = D / W;  // chunks per stream
   __shared__ float red[32];
   __shared__ float cf[(2 + kMaxN) * kMaxN];
+  typename V::T xr[N][kCache];
   float ss = 0.f;
-  for (int64_t i = threadIdx.x; i < N * D; i += blockDim.x) ss += xt[i] * xt[i];
+#pragma unroll
+  for (int j = 0; j < kCache; ++j) {
+    const int64_t c = threadIdx.x + int64_t(kThr) * j;
+    if (c < nch) {
+#pragma unroll
+      for (int n = 0; n < N; ++n) xr[n][j] = V::ld(xt + n * D + c * W);
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < kCache; ++j) {
+    const int64_t c = threadIdx.x + int64_t(kThr) * j;
+    if (c < nch) {
+#pragma unroll
+      for (int n = 0; n < N; ++n)
+#pragma unroll
+        for (int i = 0; i < W; ++i) ss += V::get(xr[n][j], i) * V::get(xr[n][j], i);
+    }
+  }
+  for (int64_t c = threadIdx.x + int64_t(kThr) * kCache; c < nch; c += kThr) {
+#pragma unroll
+    for (int n = 0; n < N; ++n) {
+      const typename V::T v = V::ld(xt + n * D + c * W);
+#pragma unroll
+      for (int i = 0; i < W; ++i) ss += V::get(v, i) * V::get(v, i);
+    }
+  }
   for (int o = 16; o; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
   if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = ss;
   __syncthreads();
   if (threadIdx.x < 32) {
     const int lane = threadIdx.x;
     float tot = 0.f;
-    for (int w = 0; w < int(blockDim.x + 31) / 32; ++w) tot += red[w];
+    for (int w = 0; w < kThr / 32; ++w) tot += red[w];
     const float r = rsqrtf(tot / float(N * D) + p.eps_norm);
     const float* mt = m + t * C;
     float* pre = cf;
@@ -98,45 +148,139 @@ __global__ void k_hc_pre(const float* x, const float* m, const float* base, cons
     for (int i = lane; i < C; i += 32) coeff[t * C + i] = cf[i];
   }
   __syncthreads();
-  for (int64_t d = threadIdx.x; d < D; d += blockDim.x) {
-    float s = 0.f;
-    for (int n = 0; n < N; ++n) s += cf[n] * xt[n * D + d];
-    in[t * D + d] = s;
+  float pre[N];
+#pragma unroll
+  for (int n = 0; n < N; ++n) pre[n] = cf[n];
+  auto collapse = [&](int64_t c, const typename V::T* xs) {
+    typename V::T o;
+#pragma unroll
+    for (int i = 0; i < W; ++i) {
+      float s = 0.f;
+#pragma unroll
+      for (int n = 0; n < N; ++n) s += pre[n] * V::get(xs[n], i);
+      V::set(o, i, s);
+    }
+    V::st(in + t * D + c * W, o);
+  };
+#pragma unroll
+  for (int j = 0; j < kCache; ++j) {
+    const int64_t c = threadIdx.x + int64_t(kThr) * j;
+    if (c < nch) {
+      typename V::T xs[N];
+#pragma unroll
+      for (int n = 0; n < N; ++n) xs[n] = xr[n][j];
+      collapse(c, xs);
+    }
+  }
+  for (int64_t c = threadIdx.x + int64_t(kThr) * kCache; c < nch; c += kThr) {
+    typename V::T xs[N];
+#pragma unroll
+    for (int n = 0; n < N; ++n) xs[n] = V::ld(xt + n * D + c * W);
+    collapse(c, xs);
   }
 }
 
-__global__ void k_hc_post(float* x, const float* coeff, const void* y, bool y_bf16, int N, int64_t T, int64_t D) {
-  const int C = (2 + N) * N;
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < T * D; i += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t t = i / D, d = i % D;
-    const float yv = y_bf16 ? __bfloat162float(static_cast<const __nv_bfloat16*>(y)[i]) : static_cast<const float*>(y)[i];
-    const float* post = coeff + t * C + N;
-    const float* comb = coeff + t * C + 2 * N;
-    float* xt = x + t * N * D + d;
-    float old[kMaxN];
-    for (int n = 0; n < N; ++n) old[n] = xt[n * D];
+// One block per token: x[t, mo, :] = post[mo] y[t, :] + Σ_n comb[n, mo] x_old[t, n, :], every
+// stream's chunk read before any is written (the streams are updated in place).
+template <int N, int W>
+__global__ void __launch_bounds__(kThr) k_hc_post(float* x, const float* coeff, const void* y, bool y_bf16, int64_t D) {
+  using V = Vec<W>;
+  const int64_t t = blockIdx.x, nch = D / W;
+  constexpr int C = (2 + N) * N;
+  float post[N], comb[N * N];
+#pragma unroll
+  for (int i = 0; i < N; ++i) post[i] = coeff[t * C + N + i];
+#pragma unroll
+  for (int i = 0; i < N * N; ++i) comb[i] = coeff[t * C + 2 * N + i];
+  float* xt = x + t * N * D;
+  for (int64_t c = threadIdx.x; c < nch; c += kThr) {
+    float yv[W];
+    if (y_bf16) {
+      const __nv_bfloat16* yb = static_cast<const __nv_bfloat16*>(y) + t * D + c * W;
+      if constexpr (W == 4) {
+        const uint2 u = *reinterpret_cast<const uint2*>(yb);
+        const __nv_bfloat162 a = *reinterpret_cast<const __nv_bfloat162*>(&u.x), b = *reinterpret_cast<const __nv_bfloat162*>(&u.y);
+        yv[0] = __low2float(a), yv[1] = __high2float(a), yv[2] = __low2float(b), yv[3] = __high2float(b);
+      } else {
+        yv[0] = __bfloat162float(yb[0]);
+      }
+    } else {
+      const typename V::T v = V::ld(static_cast<const float*>(y) + t * D + c * W);
+#pragma unroll
+      for (int i = 0; i < W; ++i) yv[i] = V::get(v, i);
+    }
+    typename V::T old[N];
+#pragma unroll
+    for (int n = 0; n < N; ++n) old[n] = V::ld(xt + n * D + c * W);
+#pragma unroll
     for (int mo = 0; mo < N; ++mo) {
-      float s = post[mo] * yv;
-      for (int n = 0; n < N; ++n) s += comb[n * N + mo] * old[n];
-      xt[mo * D] = s;
+      typename V::T o;
+#pragma unroll
+      for (int i = 0; i < W; ++i) {
+        float s = post[mo] * yv[i];
+#pragma unroll
+        for (int n = 0; n < N; ++n) s += comb[n * N + mo] * V::get(old[n], i);
+        V::set(o, i, s);
+      }
+      V::st(xt + mo * D + c * W, o);
     }
   }
 }
 
-__global__ void k_hc_expand(const float* h, int N, int64_t T, int64_t D, float* x) {
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < T * N * D; i += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t t = i / (N * D), d = i % D;
-    x[i] = h[t * D + d];
+// One block per token: x[t, n, :] = h[t, :] for every stream n.
+template <int W>
+__global__ void __launch_bounds__(kThr) k_hc_expand(const float* h, int N, int64_t D, float* x) {
+  using V = Vec<W>;
+  const int64_t t = blockIdx.x, nch = D / W;
+  for (int64_t c = threadIdx.x; c < nch; c += kThr) {
+    const typename V::T v = V::ld(h + t * D + c * W);
+    for (int n = 0; n < N; ++n) V::st(x + (t * N + n) * D + c * W, v);
   }
 }
 
-__global__ void k_hc_mean(const float* x, int N, int64_t T, int64_t D, float* out) {
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < T * D; i += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t t = i / D, d = i % D;
-    float s = 0.f;
-    for (int n = 0; n < N; ++n) s += x[(t * N + n) * D + d];
-    out[i] = s / float(N);
+// One block per token: out[t, :] = (Σ_n x[t, n, :]) / N, n ascending.
+template <int W>
+__global__ void __launch_bounds__(kThr) k_hc_mean(const float* x, int N, int64_t D, float* out) {
+  using V = Vec<W>;
+  const int64_t t = blockIdx.x, nch = D / W;
+  for (int64_t c = threadIdx.x; c < nch; c += kThr) {
+    float s[W];
+#pragma unroll
+    for (int i = 0; i < W; ++i) s[i] = 0.f;
+    for (int n = 0; n < N; ++n) {
+      const typename V::T v = V::ld(x + (t * N + n) * D + c * W);
+#pragma unroll
+      for (int i = 0; i < W; ++i) s[i] += V::get(v, i);
+    }
+    typename V::T o;
+#pragma unroll
+    for (int i = 0; i < W; ++i) V::set(o, i, s[i] / float(N));
+    V::st(out + t * D + c * W, o);
   }
+}
+
+// 16-byte chunks when every row start of every operand is 16-byte aligned.
+bool vec4(int64_t D, std::initializer_list<const void*> ps) {
+  if (D % 4) return false;
+  for (const void* q : ps)
+    if (q && !aligned16(q)) return false;
+  return true;
+}
+template <int N>
+void launch_pre(bool v4, int64_t T, const float* x, const float* m, const float* base, const float* scale,
+                const HcKernelParams& p, int64_t D, float* coeff, float* in, cudaStream_t s) {
+  if (v4)
+    k_hc_pre<N, 4><<<unsigned(T), kThr, 0, s>>>(x, m, base, scale, p, D, coeff, in);
+  else
+    k_hc_pre<N, 1><<<unsigned(T), kThr, 0, s>>>(x, m, base, scale, p, D, coeff, in);
+}
+template <int N>
+void launch_post(bool v4, int64_t T, float* x, const float* coeff, const void* y, bool y_bf16, int64_t D,
+                 cudaStream_t s) {
+  if (v4)
+    k_hc_post<N, 4><<<unsigned(T), kThr, 0, s>>>(x, coeff, y, y_bf16, D);
+  else
+    k_hc_post<N, 1><<<unsigned(T), kThr, 0, s>>>(x, coeff, y, y_bf16, D);
 }
 
 }  // namespace
@@ -145,23 +289,54 @@ void hc_pre(const float* x, const float* m, const float* base, const float* scal
             int64_t D, float* coeff, float* in, cudaStream_t s) {
   if (T <= 0) return;
   DZ_CHECK(p.N >= 1 && p.N <= kMaxN, "hc_pre: hc_mult ", p.N, " outside 1..", kMaxN);
-  k_hc_pre<<<unsigned(T), 256, 0, s>>>(x, m, base, scale, p, D, coeff, in);
+  DZ_CHECK(T < (int64_t(1) << 31), "hc_pre: ", T, " tokens (< 2^31)");
+  const bool v4 = vec4(D, {x, in});
+  switch (p.N) {  // streams as a template parameter: the register arrays are indexed by constants
+    case 1: launch_pre<1>(v4, T, x, m, base, scale, p, D, coeff, in, s); break;
+    case 2: launch_pre<2>(v4, T, x, m, base, scale, p, D, coeff, in, s); break;
+    case 3: launch_pre<3>(v4, T, x, m, base, scale, p, D, coeff, in, s); break;
+    case 4: launch_pre<4>(v4, T, x, m, base, scale, p, D, coeff, in, s); break;
+    case 5: launch_pre<5>(v4, T, x, m, base, scale, p, D, coeff, in, s); break;
+    case 6: launch_pre<6>(v4, T, x, m, base, scale, p, D, coeff, in, s); break;
+    case 7: launch_pre<7>(v4, T, x, m, base, scale, p, D, coeff, in, s); break;
+    default: launch_pre<8>(v4, T, x, m, base, scale, p, D, coeff, in, s); break;
+  }
   CUDA_CHECK_LAUNCH();
 }
 void hc_post(float* x, const float* coeff, const void* y, bool y_bf16, int N, int64_t T, int64_t D, cudaStream_t s) {
   if (T * D <= 0) return;
   DZ_CHECK(N >= 1 && N <= kMaxN, "hc_post: hc_mult ", N, " outside 1..", kMaxN);
-  k_hc_post<<<blocks_for(T * D, 256), 256, 0, s>>>(x, coeff, y, y_bf16, N, T, D);
+  DZ_CHECK(T < (int64_t(1) << 31), "hc_post: ", T, " tokens (< 2^31)");
+  // bf16 y: 8-byte loads of 4 values
+  const bool v4 = vec4(D, {x}) && (y_bf16 ? (reinterpret_cast<uintptr_t>(y) & 7) == 0 : aligned16(y));
+  switch (N) {
+    case 1: launch_post<1>(v4, T, x, coeff, y, y_bf16, D, s); break;
+    case 2: launch_post<2>(v4, T, x, coeff, y, y_bf16, D, s); break;
+    case 3: launch_post<3>(v4, T, x, coeff, y, y_bf16, D, s); break;
+    case 4: launch_post<4>(v4, T, x, coeff, y, y_bf16, D, s); break;
+    case 5: launch_post<5>(v4, T, x, coeff, y, y_bf16, D, s); break;
+    case 6: launch_post<6>(v4, T, x, coeff, y, y_bf16, D, s); break;
+    case 7: launch_post<7>(v4, T, x, coeff, y, y_bf16, D, s); break;
+    default: launch_post<8>(v4, T, x, coeff, y, y_bf16, D, s); break;
+  }
   CUDA_CHECK_LAUNCH();
 }
 void hc_expand(const float* h, int N, int64_t T, int64_t D, float* x, cudaStream_t s) {
   if (T * D <= 0) return;
-  k_hc_expand<<<blocks_for(T * N * D, 256), 256, 0, s>>>(h, N, T, D, x);
+  DZ_CHECK(T < (int64_t(1) << 31), "hc_expand: ", T, " tokens (< 2^31)");
+  if (vec4(D, {h, x}))
+    k_hc_expand<4><<<unsigned(T), kThr, 0, s>>>(h, N, D, x);
+  else
+    k_hc_expand<1><<<unsigned(T), kThr, 0, s>>>(h, N, D, x);
   CUDA_CHECK_LAUNCH();
 }
 void hc_mean(const float* x, int N, int64_t T, int64_t D, float* out, cudaStream_t s) {
   if (T * D <= 0) return;
-  k_hc_mean<<<blocks_for(T * D, 256), 256, 0, s>>>(x, N, T, D, out);
+  DZ_CHECK(T < (int64_t(1) << 31), "hc_mean: ", T, " tokens (< 2^31)");
+  if (vec4(D, {x, out}))
+    k_hc_mean<4><<<unsigned(T), kThr, 0, s>>>(x, N, D, out);
+  else
+    k_hc_mean<1><<<unsigned(T), kThr, 0, s>>>(x, N, D, out);
   CUDA_CHECK_LAUNCH();
 }
 
