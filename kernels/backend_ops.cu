@@ -100,6 +100,19 @@ __global__ void k_convert(const void* src, Dt sdt, void* dst, Dt ddt, int64_t n)
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
     stv(dst, ddt, i, ldv(src, sdt, i));
 }
+// w = hi + mid + lo exactly: each term is the bf16 rounding of what the terms before it left (the
+// residual of an fp32 value after k bf16 terms has at most 24 - 8k significant bits).
+__global__ void k_split_bf16x3(const float* w, int64_t n, bf16* out) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    const float v = w[i];
+    const bf16 hi = __float2bfloat16_rn(v);
+    const float r1 = v - __bfloat162float(hi);
+    const bf16 mid = __float2bfloat16_rn(r1);
+    out[i] = hi;
+    out[n + i] = mid;
+    out[2 * n + i] = __float2bfloat16_rn(r1 - __bfloat162float(mid));
+  }
+}
 __global__ void k_fill_dummy(void* y, Dt dt, int64_t R, int64_t C, uint64_t key, DummyDist d, int64_t ld, int64_t r0,
                              int64_t c0) {
   const int64_t n = R * C;
@@ -644,6 +657,11 @@ __global__ void k_row_topk(const float* lg, int64_t n, int k, int32_t* ids, floa
 void convert(const void* src, Dt sdt, void* dst, Dt ddt, int64_t n, cudaStream_t s) {
   if (n <= 0) return;
   k_convert<<<grid_for(n, 256), 256, 0, s>>>(src, sdt, dst, ddt, n);
+  CUDA_CHECK_LAUNCH();
+}
+void split_bf16x3(const float* w, int64_t n, bf16* out, cudaStream_t s) {
+  if (n <= 0) return;
+  k_split_bf16x3<<<grid_for(n, 256), 256, 0, s>>>(w, n, out);
   CUDA_CHECK_LAUNCH();
 }
 void dummy_mx4(uint8_t* packed, uint8_t* scales, const uint64_t* keys, int64_t E, int64_t R, int64_t C, DummyDist d,
