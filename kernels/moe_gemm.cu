@@ -10,11 +10,16 @@
 // K runs in steps of 64 through a 4-stage pipeline that is continuous across the block's items:
 // loads of the next item start while the current one finishes, and the epilogue writes from
 // registers. Tiles are row-major with 128-byte rows whose 16-byte chunks are XOR-swizzled by
-// (row & 7) (the tensor-memory-access engine's 128-byte swizzle), so ldmatrix reads are free of
-// bank conflicts. Warp (wm, wn) = (warp / 4, warp % 4) owns 64 rows x 64 B-rows: 4 x 8 m16n8
-// accumulators; fragments of k16 step kk + 1 (and of the next stage's step 0) are read while step
-// kk multiplies. Every warp multiplies all its rows; rows outside the item are dropped at the store.
-// TMA stages are released per warp (empty mbarriers), so the warps are not held in step.
+// (row & 7): the tensor-memory-access engine's 128-byte swizzle, which is also the layout Hopper's
+// wgmma reads through a shared-memory descriptor (wgmma.cuh). Warpgroup wm (warps 4 wm .. 4 wm + 3)
+// multiplies A rows 64 wm .. 64 wm + 63 by all 256 B rows: four m64n256k16 wgmmas per stage, both
+// operands straight from shared memory, 128 fp32 accumulators per thread. Every warpgroup
+// multiplies all its rows; rows outside the item are dropped at the store. Each stage's products
+// are waited for before the (divergent) producer code runs: with a wgmma in flight across it,
+// ptxas serialises them (C7518); the other warpgroup's products fill the gap. TMA stages are
+// released per warp (empty mbarriers), so the warps are not held in step. (mma.sync m16n8k16 with
+// ldmatrix before 2026-12-02: 336 / 349 TFLOP/s for Kimi-Linear's SwiGLU / down against 414 / 431
+// with wgmma, kernels/dev/moe_gemm.)
 //
 // Loads, by what the shapes allow:
 //  - TMA (K % 8 == 0, 16-byte aligned pointers): thread 0 issues one 2-D tensor copy per operand
@@ -39,6 +44,7 @@
 #include "glu.cuh"
 #include "mma_sm80.cuh"
 #include "moe_gemm.cuh"
+#include "wgmma.cuh"
 
 namespace dz::cuda {
 
@@ -61,18 +67,6 @@ constexpr int kMaxE = 4096;
 
 enum Mode { kTma = 0, kCpAsync = 1, kElem = 2 };
 
-__device__ __forceinline__ void ldsm_x4(uint32_t& r0, uint32_t& r1, uint32_t& r2, uint32_t& r3, uint32_t addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
-               : "r"(addr));
-}
-__device__ __forceinline__ void mma_bf16(float c[4], const uint32_t a[4], const uint32_t b[2]) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-}
 __device__ __forceinline__ void st_shared16(uint32_t saddr, uint4 v) {
   asm volatile("st.shared.v4.b32 [%0], {%1,%2,%3,%4};\n" ::"r"(saddr), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w));
 }
@@ -382,55 +376,34 @@ __global__ void __launch_bounds__(kThreads, 1) k_moe_gemm(const __grid_constant_
     if constexpr (MODE != kTma) cp_commit();
   };
 
-  // ---- consumer ----
-  const int wm = warp >> 2, wn = warp & 3;
-  // ldmatrix addresses (stage-relative) for k16 step kk: (x ^ (kk << 5)) + constant row offset;
-  // the XOR touches only the chunk bits 5..6 and the row offsets only bits >= 11.
-  uint32_t ao, bo;
-  {
-    const int ra = wm * 64 + (lane & 7) + ((lane >> 3) & 1) * 8;
-    ao = uint32_t(ra * kRowB + (((lane >> 4) ^ (lane & 7)) << 4));
-    const int rb = (SWIGLU ? wn * 32 : wn * 64) + (lane & 7) + ((lane >> 4) << 3);
-    bo = uint32_t(kAStage + rb * kRowB + ((((lane >> 3) & 1) ^ (lane & 7)) << 4));
-  }
-  asm volatile("" : "+r"(ao), "+r"(bo));  // keep them in registers (not recomputed each step)
-  // B row offset (bytes) of the ldmatrix.x4 covering n8 tiles 2jj, 2jj + 1.
-  auto b_delta = [](int jj) -> uint32_t {
-    return uint32_t((SWIGLU ? (jj < 2 ? jj * 16 : 128 + (jj - 2) * 16) : jj * 16) * kRowB);
-  };
-  // Fragments of two k16 steps (buffer kk & 1): step kk + 1 is read while step kk multiplies,
-  // and step 0 of the next stage while step 3 of this one does.
-  uint32_t af[2][4][4], bfr[2][8][2];
-  auto load_frags = [&](uint32_t st, int kk, int buf) {
-    const uint32_t pa_ = st + (ao ^ uint32_t(kk << 5)), pb_ = st + (bo ^ uint32_t(kk << 5));
-#pragma unroll
-    for (int i = 0; i < 4; ++i)
-      ldsm_x4(af[buf][i][0], af[buf][i][1], af[buf][i][2], af[buf][i][3], pa_ + i * 16 * kRowB);
-#pragma unroll
-    for (int jj = 0; jj < 4; ++jj)
-      ldsm_x4(bfr[buf][2 * jj][0], bfr[buf][2 * jj][1], bfr[buf][2 * jj + 1][0], bfr[buf][2 * jj + 1][1],
-              pb_ + b_delta(jj));
-  };
+  // ---- consumer: warpgroup wm multiplies A rows wm * 64 .. + 63 by all 256 B rows (wgmma) ----
+  const int wm = warp >> 2, wq = warp & 3;
+  const uint32_t a_off = uint32_t(wm * 64 * kRowB);
+  // Thread-filled stages (cp.async, element loads, MX4 decode, TMA with A from the threads) are
+  // refilled by every thread after the block barrier of the next wait_full, which each warp reaches
+  // only after its products of the stage completed (wgmma_wait<0>). TMA stages are released per
+  // warp on the empty mbarriers.
+  const bool thr_fill = MODE != kTma || a_thr;
   // Wait until stage st (parity ph) is filled: its mbarrier (TMA; plus a block barrier when the
-  // threads store A), or the cp.async groups and a block barrier. The block barrier also tells
-  // the thread-filled loaders that the stage read before it (iteration g) may be refilled.
+  // threads store A), or the cp.async groups and a block barrier. The async-proxy fence makes the
+  // threads' shared-memory stores visible to wgmma.
   auto wait_full = [&](int st, uint32_t ph) {
     if constexpr (MODE == kTma) {
       mbar_wait(sbar + 8 * st, ph);
-      if (a_thr) __syncthreads();
+      if (a_thr) {
+        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+        __syncthreads();
+      }
     } else {
       cp_wait<kStages - 2>();
+      asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
       __syncthreads();
     }
   };
 
-  float acc[4][8][4];
+  float acc[kBR / 2];  // [64 x 256] per warpgroup (wgmma.cuh: d[4 j + q])
 #pragma unroll
-  for (int i = 0; i < 4; ++i)
-#pragma unroll
-    for (int j = 0; j < 8; ++j)
-#pragma unroll
-      for (int q = 0; q < 4; ++q) acc[i][j][q] = 0.f;
+  for (int i = 0; i < kBR / 2; ++i) acc[i] = 0.f;
 
   setup_producer(blockIdx.x);
   int mm_e = -1;
@@ -441,77 +414,73 @@ __global__ void __launch_bounds__(kThreads, 1) k_moe_gemm(const __grid_constant_
   for (int s = 0; s < kStages - 1; ++s) produce(s, -1);
   int stage = 0, ld_stage = kStages - 1;
   uint32_t phase = 0;
-  wait_full(0, 0);
-  load_frags(sbase, 0, 0);
 
-  // Every warp multiplies all 128 rows (rows outside the item are dropped in the epilogue).
+  // Every warpgroup multiplies all its 64 rows (rows outside the item are dropped in the epilogue).
   for (int64_t g = 0; g < total_iters; ++g) {
-    // Refill the stage read in iteration g - 1 (for iteration g + 3). Thread-filled: every
-    // thread passed the block barrier after its reads of it. TMA: thread 0 waits on the stage's
-    // empty mbarrier for that use (parity of iteration g - 1).
-    produce(ld_stage, (MODE == kTma && !a_thr && g > 0) ? int(stage == 0 ? phase ^ 1u : phase) : -1);
-    ld_stage = ld_stage + 1 == kStages ? 0 : ld_stage + 1;
-
-    const uint32_t st = sbase + stage * kStageB;
-    const int nstage = stage + 1 == kStages ? 0 : stage + 1;
-    const uint32_t nphase = nstage == 0 ? phase ^ 1u : phase;
-#pragma unroll
-    for (int kk = 0; kk < kBK / 16; ++kk) {
-      if (kk + 1 < kBK / 16) {
-        load_frags(st, kk + 1, (kk + 1) & 1);
-      } else {
-        if (MODE == kTma && !a_thr) {  // all reads of this stage are issued: release it
-          __syncwarp();
-          if (lane == 0) mbar_arrive(sbar + 8 * (kStages + stage));
-        }
-        if (g + 1 < total_iters) {
-          wait_full(nstage, nphase);
-          load_frags(sbase + nstage * kStageB, 0, 0);
-        }
-      }
-#pragma unroll
-      for (int i = 0; i < 4; ++i)
-#pragma unroll
-        for (int j = 0; j < 8; ++j) mma_bf16(acc[i][j], af[kk & 1][i], bfr[kk & 1][j]);
+    // Refill the stage read in iteration g - 1 (for iteration g + 3), before this iteration's
+    // products, so three stages of loads stay in flight. TMA: thread 0 first waits until every
+    // warp has released that stage (parity of iteration g - 1). Thread-filled: after the block
+    // barrier of wait_full, which every warp reaches only after its products of g - 1 completed.
+    if (!thr_fill) {
+      produce(ld_stage, g > 0 ? int(stage == 0 ? phase ^ 1u : phase) : -1);
+      ld_stage = ld_stage + 1 == kStages ? 0 : ld_stage + 1;
     }
-    stage = nstage;
-    phase = nphase;
+    wait_full(stage, phase);
+    if (thr_fill) {
+      produce(ld_stage, -1);
+      ld_stage = ld_stage + 1 == kStages ? 0 : ld_stage + 1;
+    }
+    const uint32_t st = sbase + stage * kStageB;
+    const uint64_t da = wgmma_desc_sw128(st + a_off), db = wgmma_desc_sw128(st + kAStage);
+    wgmma_fence_regs(acc);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kBK / 16; ++kk)
+      wgmma_m64n256k16_bf16(acc, wgmma_desc_add(da, kk * 32), wgmma_desc_add(db, kk * 32), (mm_k | kk) != 0);
+    wgmma_commit();
+    // Nothing stays in flight across the (divergent) producer code: ptxas would serialise the
+    // wgmmas otherwise (C7518). The other warpgroup's products keep the tensor cores busy meanwhile.
+    wgmma_wait<0>();
+    wgmma_fence_regs(acc);
+    if (!thr_fill) {  // TMA: this warp is done with the stage
+      __syncwarp();
+      if (lane == 0) mbar_arrive(sbar + 8 * (kStages + stage));
+    }
+    stage = stage + 1 == kStages ? 0 : stage + 1;
+    if (stage == 0) phase ^= 1u;
 
-    const int sh = cur.r0 - cur.a0;  // shared-memory row of the item's first row
     if (++mm_k == k_iters) {
       // ---- epilogue: registers -> y (rows outside the item and columns past N are dropped) ----
-      const int cbase = cur.n0 + (SWIGLU ? wn * 32 : wn * 64) + (lane & 3) * 2;
+      const int sh = cur.r0 - cur.a0;  // shared-memory row of the item's first row
+      const int cbase = cur.n0 + (lane & 3) * 2;
+      const int wr = wm * 64 + wq * 16;  // this warp's first shared-memory row
       const bool full_cols = a.vec_store && cur.n0 + BN <= N;
-      if (full_cols && sh <= wm * 64 && wm * 64 + 64 <= sh + cur.rows) {
-        // all 64 rows and all columns of this warp are inside: no per-element checks
-        bf16* yw = a.y + (int64_t(cur.a0) + wm * 64 + (lane >> 2)) * N + cbase;
-#pragma unroll
-        for (int i = 0; i < 4; ++i)
-#pragma unroll
-          for (int hf = 0; hf < 2; ++hf) {
-            bf16* yr = yw + int64_t(i * 16 + hf * 8) * N;
-#pragma unroll
-            for (int j = 0; j < (SWIGLU ? 4 : 8); ++j) {
-              float v0 = acc[i][j][2 * hf], v1 = acc[i][j][2 * hf + 1];
-              if constexpr (SWIGLU) {
-                swiglu_pair(v0, v1, acc[i][j + 4][2 * hf], acc[i][j + 4][2 * hf + 1], a.act);
-              }
-              *reinterpret_cast<__nv_bfloat162*>(yr + j * 8) = __floats2bfloat162_rn(v0, v1);
-            }
-          }
-      } else {
-#pragma unroll
-      for (int i = 0; i < 4; ++i)
+      if (full_cols && sh <= wr && wr + 16 <= sh + cur.rows) {
+        // all 16 rows and all columns of this warp are inside: no per-element checks
+        bf16* yw = a.y + (int64_t(cur.a0) + wr + (lane >> 2)) * N + cbase;
 #pragma unroll
         for (int hf = 0; hf < 2; ++hf) {
-          const int lr = wm * 64 + i * 16 + (lane >> 2) + hf * 8;  // shared-memory row
+          bf16* yr = yw + int64_t(hf * 8) * N;
+#pragma unroll
+          for (int j = 0; j < BN / 8; ++j) {
+            float v0 = acc[4 * j + 2 * hf], v1 = acc[4 * j + 2 * hf + 1];
+            if constexpr (SWIGLU) {
+              swiglu_pair(v0, v1, acc[4 * (j + 16) + 2 * hf], acc[4 * (j + 16) + 2 * hf + 1], a.act);
+            }
+            *reinterpret_cast<__nv_bfloat162*>(yr + j * 8) = __floats2bfloat162_rn(v0, v1);
+          }
+        }
+      } else {
+#pragma unroll
+        for (int hf = 0; hf < 2; ++hf) {
+          const int lr = wr + (lane >> 2) + hf * 8;  // shared-memory row
           if (lr < sh || lr >= sh + cur.rows) continue;
           bf16* yr = a.y + (int64_t(cur.a0) + lr) * N + cbase;
 #pragma unroll
-          for (int j = 0; j < (SWIGLU ? 4 : 8); ++j) {
-            float v0 = acc[i][j][2 * hf], v1 = acc[i][j][2 * hf + 1];
+          for (int j = 0; j < BN / 8; ++j) {
+            float v0 = acc[4 * j + 2 * hf], v1 = acc[4 * j + 2 * hf + 1];
             if constexpr (SWIGLU) {
-              swiglu_pair(v0, v1, acc[i][j + 4][2 * hf], acc[i][j + 4][2 * hf + 1], a.act);
+              swiglu_pair(v0, v1, acc[4 * (j + 16) + 2 * hf], acc[4 * (j + 16) + 2 * hf + 1], a.act);
             }
             const int col = cbase + j * 8;
             if (full_cols) {
@@ -525,12 +494,6 @@ __global__ void __launch_bounds__(kThreads, 1) k_moe_gemm(const __grid_constant_
           }
         }
       }
-#pragma unroll
-      for (int i = 0; i < 4; ++i)
-#pragma unroll
-        for (int j = 0; j < 8; ++j)
-#pragma unroll
-          for (int q = 0; q < 4; ++q) acc[i][j][q] = 0.f;
       mm_k = 0;
       if (++mm_q < nq) cur = map_item<BN>(blockIdx.x + mm_q * G, a.n_col_tiles, s_off, s_poff, E, shift_tail, mm_e);
     }

@@ -1,4 +1,4 @@
-// Tensor-core grouped GEMMs for MoE experts (mma.sync m16n8k16 bf16, fp32 accumulate), the
+// Tensor-core grouped GEMMs for MoE experts (Hopper wgmma m64n256k16 bf16, fp32 accumulate), the
 // replacement of backend_ops' SIMT grouped_gemm. Same row layout as moe_dispatch writes it.
 //
 // Grouped GEMM over experts: for rows r of expert e (offsets[e] <= r < offsets[e+1]),
@@ -8,7 +8,7 @@
 // over experts of ceil(rows_e / 64) (64-row tiles, as moe_dispatch writes it); max_tiles >= tile_off[E]
 // is host-known (grid size). Rows of one expert are contiguous. The host never reads offsets.
 // Any N, K >= 1; experts may have 0 rows. Deterministic: each output element is one fixed-order
-// fp32 reduction over K (steps of 16 inside mma, ascending), whatever tile or block computes it.
+// fp32 reduction over K (steps of 16 inside wgmma, ascending), whatever tile or block computes it.
 // Limits: N, K < 2^31, rows < 2^31, E <= 4096 (offsets are staged in shared memory).
 // The kernels derive everything from offsets; tile_off is accepted for the contract and unused.
 #pragma once

@@ -5,7 +5,7 @@ set -o pipefail
 OUT=${OUT:-/tmp/out}
 mkdir -p $OUT
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm --format=csv,noheader
-B="nvcc -O3 -std=c++17 -arch=sm_90a -Ikernels -Ilib kernels/dev/moe_gemm/test_moe_gemm.cu"
+B="nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -Ikernels -Ilib kernels/dev/moe_gemm/test_moe_gemm.cu"
 $B kernels/moe_gemm.cu -lcublas -Xptxas -v -o /tmp/mg > $OUT/build.txt 2>&1 &
 if [ -n "$1" ]; then $B "$1" -lcublas -o /tmp/mg_other > $OUT/build_other.txt 2>&1 & fi
 wait

@@ -347,8 +347,9 @@ static void dense(cublasHandle_t hb, const bf16* x, const bf16* W, bf16* y, int6
   }
 }
 
-static void bench_model(const char* name, int E, int top_k, int64_t D, int64_t I, cublasHandle_t hb) {
-  const int64_t T = 32768, n = T * top_k;
+static void bench_model(const char* name, int E, int top_k, int64_t D, int64_t I, cublasHandle_t hb,
+                        int64_t T = 32768) {
+  const int64_t n = T * top_k;
   std::mt19937 rng(777);
   std::vector<int> rows(E, 0);
   for (int64_t a = 0; a < n; ++a) ++rows[rng() % uint32_t(E)];  // ~uniform routing
@@ -420,6 +421,9 @@ static int run_bench() {
   }
   bench_model("Kimi-Linear-48B", 256, 8, 2304, 1024, hb);
   bench_model("Qwen3-Next-80B", 512, 10, 2048, 512, hb);
+  bench_model("Qwen3.5-35B-A3B", 256, 8, 2048, 512, hb);
+  bench_model("Qwen3.5-35B-A3B T=8192", 256, 8, 2048, 512, hb, 8192);
+  bench_model("GLM-5.3-Flash T=8192", 288, 8, 4096, 2048, hb, 8192);
   cublasDestroy(hb);
   return g_fail ? 1 : 0;
 }
