@@ -33,6 +33,9 @@ parts=${*:-anchor e2e decode decodeb ncu k131k docs256}
 mkdir -p "$L"
 [[ -x $B/dayzero ]] || DZ_TARGETS="dayzero" bash scripts/offline-prefix.sh build "$P" "$B" 2>&1 | grep -E '^\[offline-prefix\]|error'
 eval "$(bash scripts/offline-prefix.sh env "$P")"
+# The JSONs' commit: pass DZ_COMMIT=<hash> in the device command. The device tool's copy of the tree
+# can carry stale git metadata (2026-12-02: the session's first commit, not the tree's), so the
+# fallback below may name the wrong commit.
 export DZ_COMMIT=${DZ_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
 DZ=$B/dayzero
 has() { [[ " $parts " == *" $1 "* ]]; }
