@@ -18,8 +18,8 @@
 // are waited for before the (divergent) producer code runs: with a wgmma in flight across it,
 // ptxas serialises them (C7518); the other warpgroup's products fill the gap. TMA stages are
 // released per warp (empty mbarriers), so the warps are not held in step. (mma.sync m16n8k16 with
-// ldmatrix before 2026-12-02: 336 / 349 TFLOP/s for Kimi-Linear's SwiGLU / down against 414 / 431
-// with wgmma, kernels/dev/moe_gemm.)
+// ldmatrix before 2026-12-02: 347 / 349 TFLOP/s for Kimi-Linear's SwiGLU / down against 417 / 430
+// with wgmma in one device command, docs/perf/moe_gemm_*.txt.)
 //
 // Loads, by what the shapes allow:
 //  - TMA (K % 8 == 0, 16-byte aligned pointers): thread 0 issues one 2-D tensor copy per operand

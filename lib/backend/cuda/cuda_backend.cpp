@@ -297,8 +297,8 @@ class CudaBackend final : public Backend {
     DZ_CHECK(x.numel() == g.numel(), "mul_sigmoid: ", shape_str(x.shape), " vs ", shape_str(g.shape));
     cuda::mul_sigmoid(x.data, dt_of(x), g.data, dt_of(g), x.numel(), st());
   }
-  // y [T, out] = x [T, in] · W [out, in]^T: in cuBLAS's column-major terms Y^T = W^T' · X^T.
-  // y [T, out] = x [T, in] . W [out, in]^T + beta y (fp32 accumulation).
+  // y [T, out] = x [T, in] · W [out, in]^T + beta y (fp32 accumulation): in cuBLAS's column-major
+  // terms Y^T = W^T' · X^T.
   void gemm(const void* x, const void* W, void* y, DType in_dt, DType out_dt, int64_t T, int64_t in, int64_t out,
             float beta = 0.f) {
     if (T == 0 || out == 0) return;
@@ -481,7 +481,7 @@ class CudaBackend final : public Backend {
       // On tensor cores, still exact products: the fp32 router is split into three bf16 terms
       // that sum to it exactly, so every bf16 x bf16 product is exact and only the fp32
       // accumulation rounds, as in an fp32 GEMM (which ran on the SIMT units: 1.5 ms of a Qwen3.5
-      // forward at T = 8192, 4.4 ms with GLM-5.3-Flash's mHC projections). Smallest term first.
+      // forward at T = 8192). Smallest term first.
       DTensor w3 = alloc({3, E, D}, DType::BF16);
       cuda::split_bf16x3(w.router.ptr<float>(), E * D, b16w(w3), st());
       for (int i = 2; i >= 0; --i)
