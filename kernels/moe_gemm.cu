@@ -436,7 +436,7 @@ __global__ void __launch_bounds__(kThreads, 1) k_moe_gemm(const __grid_constant_
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < kBK / 16; ++kk)
-      wgmma_m64n256k16_bf16(acc, wgmma_desc_add(da, kk * 32), wgmma_desc_add(db, kk * 32), (mm_k | kk) != 0);
+      wgmma_ss<256>(acc, wgmma_desc_add(da, kk * 32), wgmma_desc_add(db, kk * 32), (mm_k | kk) != 0);
     wgmma_commit();
     // Nothing stays in flight across the (divergent) producer code: ptxas would serialise the
     // wgmmas otherwise (C7518). The other warpgroup's products keep the tensor cores busy meanwhile.

@@ -1,6 +1,6 @@
 // Hopper warpgroup MMA (wgmma, sm_90a): shared-memory matrix descriptors for the 128-byte
-// swizzled K-major tiles that TMA's SWIZZLE_128B (or the same XOR written by threads) lays out,
-// and the m64n256k16 bf16 -> fp32 product with both operands in shared memory.
+// swizzled tiles that TMA's SWIZZLE_128B (or the same XOR written by threads) lays out, the
+// fences and waits; the products themselves are in wgmma_ops.cuh (generated).
 //
 // Tile layout the descriptors assume: rows of 128 bytes (64 bf16 of k), 16-byte chunk c of row r
 // stored at chunk c ^ (r & 7), groups of 8 rows 1024 bytes apart, the tile 1024-byte aligned (the
@@ -8,6 +8,8 @@
 // +32 bytes on the start address).
 #pragma once
 #include <cstdint>
+
+#include "wgmma_ops.cuh"
 
 namespace dz::cuda {
 
@@ -17,6 +19,17 @@ __device__ __forceinline__ uint64_t wgmma_desc_sw128(uint32_t saddr) {
   d |= uint64_t(1) << 16;                           // leading byte offset (unused for swizzled K-major)
   d |= uint64_t(1024 >> 4) << 32;                   // stride byte offset: 8 rows of 128 bytes
   d |= uint64_t(1) << 62;                           // 128-byte swizzle
+  return d;
+}
+// Descriptor of an N-major (MN-major, "transposed B") 128-byte-swizzled operand: the tile is
+// stored as column blocks of 64 n (128 bytes per k row), k rows 128 bytes apart, 8-row groups
+// 1024 bytes apart (stride byte offset); lbo = the byte stride between the 64-wide column blocks
+// (leading byte offset). saddr = the start of k row k0 in the first column block.
+__device__ __forceinline__ uint64_t wgmma_desc_nmajor_sw128(uint32_t saddr, uint32_t lbo) {
+  uint64_t d = uint64_t((saddr & 0x3FFFFu) >> 4);
+  d |= uint64_t((lbo >> 4) & 0x3FFFu) << 16;
+  d |= uint64_t(1024 >> 4) << 32;
+  d |= uint64_t(1) << 62;
   return d;
 }
 // Descriptor advanced by `bytes` along the row (k16 step: 32 bytes = 2 descriptor units).
@@ -33,41 +46,6 @@ template <int N>
 __device__ __forceinline__ void wgmma_fence_regs(float (&d)[N]) {
 #pragma unroll
   for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
-}
-
-// d[64 x 256] (+)= A[64 x 16] . B[256 x 16]^T, A and B K-major bf16 in shared memory; scale_d 0:
-// d = A . B^T (d's old values ignored). Per thread, d[4 j + q] is row 16 w + lane / 4 + 8 (q >> 1),
-// column 8 j + 2 (lane % 4) + (q & 1), w the warp in the warpgroup.
-__device__ __forceinline__ void wgmma_m64n256k16_bf16(float (&d)[128], uint64_t da, uint64_t db, int scale_d) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {"
-      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
-      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
-      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, "
-      "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, "
-      "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, "
-      "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, "
-      "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127"
-      "}, %128, %129, p, 1, 1, 0, 0;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
-        "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
-        "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
-        "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
-        "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
-        "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
-        "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
-        "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
-        "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
-        "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
-      : "l"(da), "l"(db), "r"(scale_d));
 }
 
 }  // namespace dz::cuda
