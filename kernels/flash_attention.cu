@@ -1,4 +1,5 @@
 // Causal flash-attention forward (see flash_attention.cuh), FlashAttention-2 style on mma.sync.
+// Dk = Dv = 128 / 256 with aligned rows go to the Hopper wgmma kernel (flash_attention_wgmma.cu).
 // One block = BM = 16 * MT * NW query rows of one (sequence, query head); warp w owns 16 * MT
 // consecutive rows (MT = 1 in every instantiation below: 128-row blocks of 8 warps, except 64-row
 // blocks of 4 warps for head dims <= 64).
@@ -22,6 +23,7 @@
 #include "common.cuh"
 #include "mma_sm80.cuh"
 #include "flash_attention.cuh"
+#include "flash_attention_wgmma.cuh"
 
 namespace dz::cuda {
 
@@ -366,6 +368,7 @@ void flash_attention(const FlashAttnArgs& a, cudaStream_t s) {
   DZ_CHECK(a.Hq >= 1 && a.Hkv >= 1 && a.Hq % a.Hkv == 0, "flash_attention: heads ", a.Hq, "/", a.Hkv);
   DZ_CHECK(a.scale > 0.f && std::isfinite(a.scale), "flash_attention: softmax scale ", a.scale, " (must be > 0)");
   if (a.B <= 0 || a.max_q <= 0) return;
+  if (flash_attention_wgmma_takes(a)) return flash_attention_wgmma(a, s);
   const int flags = (a.Dk % 8 == 0 && aligned16(a.q) ? kVecQ : 0) | (a.Dk % 8 == 0 && aligned16(a.k) ? kVecK : 0) |
                     (a.Dv % 8 == 0 && aligned16(a.v) ? kVecV : 0) |
                     (a.Dv % 2 == 0 && (reinterpret_cast<uintptr_t>(a.out) & 3) == 0 ? kPairOut : 0);

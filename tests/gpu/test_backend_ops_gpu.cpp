@@ -97,7 +97,7 @@ void mx4_round(std::vector<float>& v, int64_t K) {
 TEST_CASE("backend ops: elementwise, norms, linear, SwiGLU on cuda equal the cpu backend", "[gpu]") {
   std::printf("backend ops (cuda vs cpu), NMSE:\n");
   for (int64_t T : kRows)
-    for (int64_t D : {16, 64, 200}) {
+    for (int64_t D : {16, 64, 128, 200, 2048}) {  // 128, 2048: the norms' row shapes in the 2026 models
       const std::string sh = "T=" + std::to_string(T) + " D=" + std::to_string(D);
       const auto x = rnd(size_t(T * D), 1), y = rnd(size_t(T * D), 2), w = rnd(size_t(D), 3, 0.5f);
       check("add", sh, 1e-5, [&](Backend& be) {
@@ -125,6 +125,7 @@ TEST_CASE("backend ops: elementwise, norms, linear, SwiGLU on cuda equal the cpu
           be.gated_rmsnorm(a, g, wt, o, 1e-6f, act);
           return be.to_host(o);
         });
+      if (D == 128 || D == 2048) continue;  // the norms only: the rest at D = 16, 64, 200
       for (int64_t N : {1, 37, 256}) {
         const auto W = rnd(size_t(N * D), 4, 0.1f), bias = rnd(size_t(N), 5);
         check("linear + bias", sh + " N=" + std::to_string(N), 1e-4, [&](Backend& be) {
@@ -359,6 +360,7 @@ TEST_CASE("backend ops: varlen attention and RoPE on cuda equal per-sequence cal
       {"gqa 4/2 x 64 (flash)", 4, 2, 64, 64, false},   {"mla 4 x 192/128 (flash)", 4, 4, 192, 128, false},
       {"3 x 40/24 (flash)", 3, 3, 40, 24, false},       {"2/1 x 9/7 (flash, scalar loads)", 2, 1, 9, 7, false},
       {"4 x 40/24 DSA (per sequence)", 4, 4, 40, 24, true}, {"2/1 x 288/32 (per sequence)", 2, 1, 288, 32, false},
+      {"gqa 4/2 x 128 (flash, wgmma)", 4, 2, 128, 128, false}, {"gqa 4/1 x 256 (flash, wgmma)", 4, 1, 256, 256, false},
   };
   for (const auto& L : lens) {
     std::vector<int64_t> cu = {0};

@@ -7,7 +7,7 @@
 # (SANITIZE=1) compute-sanitizer memcheck and racecheck over the --quick test subset.
 O=${OUT:-/tmp/fa_out}
 mkdir -p "$O"
-NV="nvcc -O3 -std=c++17 -arch=sm_90a -Ikernels -Ilib kernels/dev/flash_attn/test_flash_attn.cu kernels/flash_attention.cu"
+NV="nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -Ikernels -Ilib kernels/dev/flash_attn/test_flash_attn.cu kernels/flash_attention.cu kernels/flash_attention_wgmma.cu"
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm --format=csv,noheader
 t0=$(date +%s)
 $NV -Xptxas -v -o /tmp/fa >"$O/build.txt" 2>&1 &
@@ -15,7 +15,7 @@ for v in $VARIANTS; do $NV -DFA_VARIANT=$v -o /tmp/fa_v$v >"$O/build_v$v.txt" 2>
 wait
 echo "build: $(($(date +%s) - t0)) s"
 grep -E "error|warning" "$O"/build*.txt | head -20
-grep -E "Compiling|registers|spill" "$O/build.txt" | grep -A2 flash_attn_kernel |
+grep -E "Compiling|registers|spill" "$O/build.txt" | grep -A2 "flash_attn_kernel\|fa_wgmma_kernel" |
   sed -E 's/ptxas info    : //; s/.*flash_attn_kernelINS1_3CfgIL/cfg /; s/EEEEEvNS0_13FlashAttnArgsEfi.*//' | paste - - -
 t0=$(date +%s)
 timeout ${TEST_TIMEOUT:-60} /tmp/fa >"$O/test.txt" 2>&1

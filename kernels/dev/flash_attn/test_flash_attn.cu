@@ -1,6 +1,6 @@
 // Standalone test + bench of flash_attention (kernels/flash_attention.cu).
-//   nvcc -O3 -std=c++17 -arch=sm_90a -Ikernels -Ilib kernels/dev/flash_attn/test_flash_attn.cu
-//        kernels/flash_attention.cu -o /tmp/fa && /tmp/fa && /tmp/fa --bench
+//   nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -Ikernels -Ilib kernels/dev/flash_attn/test_flash_attn.cu
+//        kernels/flash_attention.cu kernels/flash_attention_wgmma.cu -o /tmp/fa && /tmp/fa && /tmp/fa --bench
 // Test: random bf16 inputs, reference = a plain fp64 CPU loop over the same bf16-rounded values
 // (causal, bottom-right aligned, GQA, varlen). Every output element is checked.
 // Tolerance: |v| <= 1, so |out| <= 1. The kernel rounds the output to bf16 (<= 2^-9 relative,
