@@ -209,25 +209,30 @@ TEST_CASE("gpu linear attention decode against state slots equals the CPU recurr
 TEST_CASE("gpu short conv prefill and update equal the CPU reference", "[gpu]") {
   std::mt19937 rng(14);
   const int C = 200, W = 4, P = W - 1;
-  const std::vector<int> lens = {0, 1, 2, 5, 40};
-  std::vector<int32_t> cu = {0};
-  for (int l : lens) cu.push_back(cu.back() + l);
-  const int N = int(lens.size()), T = cu.back();
-  Bf x = rand_bf(rng, size_t(T) * C, 1.f), w = rand_bf(rng, size_t(C) * W, 0.5f), bias = rand_bf(rng, size_t(C), 0.3f);
-  Bf st = rand_bf(rng, size_t(N) * P * C, 1.f);
-  std::vector<float> y_ref(size_t(T) * C), st_ref = st.f;
-  for (int n = 0; n < N; ++n)
-    dz::short_conv_silu(x.f.data() + cu[size_t(n)] * C, w.f.data(), bias.f.data(), lens[size_t(n)], C, W,
-                        st_ref.data() + size_t(n) * P * C, y_ref.data() + cu[size_t(n)] * C);
-  Dev<bf16> xd(x.bits), wd(w.bits), bd(bias.bits), sd(st.bits), yd(y_ref.size());
-  Dev<int32_t> cud(cu);
-  CUDA_CHECK(cudaMemset(yd.p, 0xff, yd.n * 2));
-  dz::cuda::short_conv_prefill(xd.p, wd.p, bd.p, cud.p, N, T, C, W, sd.p, yd.p, nullptr);
-  CUDA_CHECK(cudaDeviceSynchronize());
-  const double ey = rel_err(bf_to_f(yd.get<uint16_t>()), y_ref), es = rel_err(bf_to_f(sd.get<uint16_t>()), st_ref);
-  std::printf("short conv prefill C=%d W=%d T=%d N=%d: y err %.3g, state err %.3g\n", C, W, T, N, ey, es);
-  CHECK(ey < 1e-2);  // bf16 output rounding
-  CHECK(es == 0.0);  // the state holds inputs: exact
+  Bf w = rand_bf(rng, size_t(C) * W, 0.5f), bias = rand_bf(rng, size_t(C), 0.3f);
+  // The vector kernel's 32-row blocks and 4-row prefetch groups: sequences that start inside a
+  // group, empty ones, and a last block that ends inside a group (T = 75).
+  for (const std::vector<int>& lens : {std::vector<int>{0, 1, 2, 5, 40}, std::vector<int>{3, 0, 61, 1, 10}}) {
+    std::vector<int32_t> cu = {0};
+    for (int l : lens) cu.push_back(cu.back() + l);
+    const int N = int(lens.size()), T = cu.back();
+    Bf x = rand_bf(rng, size_t(T) * C, 1.f);
+    Bf st = rand_bf(rng, size_t(N) * P * C, 1.f);
+    std::vector<float> y_ref(size_t(T) * C), st_ref = st.f;
+    for (int n = 0; n < N; ++n)
+      dz::short_conv_silu(x.f.data() + cu[size_t(n)] * C, w.f.data(), bias.f.data(), lens[size_t(n)], C, W,
+                          st_ref.data() + size_t(n) * P * C, y_ref.data() + cu[size_t(n)] * C);
+    Dev<bf16> xd(x.bits), wd(w.bits), bd(bias.bits), sd(st.bits), yd(y_ref.size());
+    Dev<int32_t> cud(cu);
+    CUDA_CHECK(cudaMemset(yd.p, 0xff, yd.n * 2));
+    dz::cuda::short_conv_prefill(xd.p, wd.p, bd.p, cud.p, N, T, C, W, sd.p, yd.p, nullptr);
+    CUDA_CHECK(cudaDeviceSynchronize());
+    const double ey = rel_err(bf_to_f(yd.get<uint16_t>()), y_ref), es = rel_err(bf_to_f(sd.get<uint16_t>()), st_ref);
+    std::printf("short conv prefill C=%d W=%d T=%d N=%d: y err %.3g, state err %.3g\n", C, W, T, N, ey, es);
+    CHECK(ey < 1e-2);  // bf16 output rounding
+    CHECK(es == 0.0);  // the state holds inputs: exact
+  }
+  Dev<bf16> wd(w.bits), bd(bias.bits);
   // One decode step for B sequences in shuffled slots.
   const int B = 4, slots = 6;
   std::vector<int32_t> slot = {5, 0, 3, 2};
