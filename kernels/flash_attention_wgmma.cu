@@ -49,6 +49,9 @@ struct Shape {
   static constexpr int SMEM = 1024 + Q_BYTES + 4 * KV_BYTES;  // + alignment slack; K, V: 2 stages each
 };
 
+// Shared-memory stages: step j reads K_j and V_{j-1}; its end refills K slot j & 1 with K_{j+2}
+// and V slot (j + 1) & 1 with V_{j+1} (one cp.async group a step). Prologue groups: {Q, K_0},
+// {K_1, V_0}; a step waits for all groups but the newest.
 template <int D>
 __global__ void __launch_bounds__(kThreads, 1) fa_wgmma_kernel(const FlashAttnArgs a, float sl2e) {
   using S = Shape<D>;
@@ -129,7 +132,8 @@ __global__ void __launch_bounds__(kThreads, 1) fa_wgmma_kernel(const FlashAttnAr
       if constexpr (DO_PV) {
         const uint32_t vt = sV + ((j - 1) & 1) * S::KV_BYTES;
 #pragma unroll
-        for (int kk = 0; kk < BN / 16; ++kk) wgmma_rs_tb<D>(o, pin[kk], wgmma_desc_nmajor_sw128(vt + kk * 16 * 128, BN * 128), 1);
+        for (int kk = 0; kk < BN / 16; ++kk)
+          wgmma_rs_tb<D>(o, pin[kk], wgmma_desc_nmajor_sw128(vt + kk * 16 * 128, BN * 128), 1);
         wgmma_commit();
       }
       if constexpr (DO_S) {

@@ -175,7 +175,7 @@ class MoeFfn : public Ffn {
       std::copy(v.up, v.up + I * D, u.ptr() + e * I * D);
       for (int64_t r = 0; r < D; ++r) std::copy(v.down + r * v.down_ld, v.down + r * v.down_ld + I, d.ptr() + (e * D + r) * I);
     }
-    w_.experts = {be_->weight(g), be_->weight(u), be_->weight(d)};
+    w_.experts = {be_->weight(g), be_->weight(u), be_->weight(d), GluAct{}};  // act: set by make_moe_ffn
   }
   // --dummy-weights: the routed experts' shards generated in place on the backend (the bulk of a
   // MoE model: no host copy of them ever exists), equal to the same slices of the host-made tensors.
@@ -190,7 +190,7 @@ class MoeFfn : public Ffn {
       std::vector<uint64_t> kg(static_cast<size_t>(E)), ku(static_cast<size_t>(E)), kd(static_cast<size_t>(E));
       for (int64_t e = 0; e < E; ++e) kg[size_t(e)] = keys[size_t(e)][0], ku[size_t(e)] = keys[size_t(e)][1], kd[size_t(e)] = keys[size_t(e)][2];
       w_.experts = {be_->dummy_mx4_experts(kg, n, D, dist, D, i0, 0), be_->dummy_mx4_experts(ku, n, D, dist, D, i0, 0),
-                    be_->dummy_mx4_experts(kd, D, n, dist, I, 0, i0)};
+                    be_->dummy_mx4_experts(kd, D, n, dist, I, 0, i0), GluAct{}};
       return;
     }
     DTensor g = be_->alloc({E, n, D}, be_->weight_dtype()), u = be_->alloc({E, n, D}, be_->weight_dtype()),
@@ -200,7 +200,7 @@ class MoeFfn : public Ffn {
       be_->fill_dummy(u.slab(e, e + 1).reshaped({n, D}), keys[size_t(e)][1], dist, D, i0, 0);
       be_->fill_dummy(d.slab(e, e + 1).reshaped({D, n}), keys[size_t(e)][2], dist, I, 0, i0);
     }
-    w_.experts = {g, u, d};
+    w_.experts = {g, u, d, GluAct{}};
   }
   void upload_rest(const SwigluView* shared, const Tensor& router, const Tensor& bias, const Tensor& shared_gate) {
     const int64_t D = D_;
@@ -214,7 +214,7 @@ class MoeFfn : public Ffn {
       for (int64_t r = 0; r < D; ++r)
         std::copy(shared->down + r * shared->down_ld, shared->down + r * shared->down_ld + S, sd.ptr() + r * S);
       w_.has_shared = true;
-      w_.shared = {be_->weight(sg), be_->weight(su), be_->weight(sd)};
+      w_.shared = {be_->weight(sg), be_->weight(su), be_->weight(sd), GluAct{}};
       if (!shared_gate.empty()) w_.shared_gate = be_->param(shared_gate);
     }
   }
@@ -259,7 +259,7 @@ static void shard_width(std::vector<SwigluView>& views, std::vector<Tensor>& sto
     store.push_back(std::move(u));
     store.push_back(std::move(d));
     const size_t o = store.size() - 3;
-    v = SwigluView{store[o].ptr(), store[o + 1].ptr(), store[o + 2].ptr(), n, n};
+    v = SwigluView{store[o].ptr(), store[o + 1].ptr(), store[o + 2].ptr(), n, n, GluAct{}};
   }
 }
 
