@@ -25,7 +25,7 @@ GROUPS = [  # first match wins (names as ncu prints them, e.g. "void la::<unname
     ("short conv", r"conv_prefill|conv_state|short_conv|conv_update"),
     ("sparse MLA / DSA indexer", r"sparse_mla|indexer|topk_from|mxfp8|kpool"),
     ("mHC hyper-connections", r"k_hc_"),
-    ("softmax attention (flash, warp)", r"flash|attention|attn_"),
+    ("softmax attention (flash, warp)", r"flash|attention|attn_|fa_wgmma"),
     ("dense GEMMs (cuBLAS / cuBLASLt)", r"nvjet|gemm|xmma|cutlass|sm90_|Kernel2|gemv|splitKreduce"),
     ("LM head reductions", r"row_max|softmax_parts|row_topk|logsumexp|lm_"),
     ("norms, RoPE, elementwise, copies", r"norm|rope|add|mul|silu|sigmoid|convert|copy|scale|bias|gate|quant|set_i32|iota|embed"),
