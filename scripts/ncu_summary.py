@@ -21,9 +21,10 @@ GROUPS = [  # first match wins (names as ncu prints them, e.g. "void la::<unname
     ("MoE routing / dispatch / combine", r"moe_select|k_count|k_scan\b|k_scatter|gather_rows|moe_combine|shared_add|shared_expert"),
     ("MoE expert GEMMs", r"moe_gemm|grouped_gemm"),
     ("router GEMM (fp32, cuBLAS SIMT)", r"f32f32_f32f32|sgemm"),
+    # before linear attention: its "la_" matches "sparse_mla_kernel"
+    ("sparse MLA / DSA indexer", r"sparse_mla|indexer|topk_from|mxfp8|kpool"),
     ("linear attention (KDA/GDN chunked scan, decode)", r"la::|mma_prep|mma_rec|linear_attn|la_|recurrent|transition|base64_kernel"),
     ("short conv", r"conv_prefill|conv_state|short_conv|conv_update"),
-    ("sparse MLA / DSA indexer", r"sparse_mla|indexer|topk_from|mxfp8|kpool"),
     ("mHC hyper-connections", r"k_hc_"),
     ("softmax attention (flash, warp)", r"flash|attention|attn_|fa_wgmma"),
     ("dense GEMMs (cuBLAS / cuBLASLt)", r"nvjet|gemm|xmma|cutlass|sm90_|Kernel2|gemv|splitKreduce"),
