@@ -23,6 +23,8 @@
 #           kept 4-bit; 8192 / 32768, last-logits and logprobs) and DeepSeek-V4-Flash cut to its first
 #           8 layers (8192, last-logits)
 #   e2e26c: GLM-5 cut to its first 6 layers (3 dense + 3 MoE, MLA + DSA throughout), 8192 / 32768
+#   e2e26fit: GLM-5.3-Flash cut to as many of its first layers as one H200 holds (`dayzero plan`):
+#           12 at 8192, 11 at 32768 (last-logits; ~130 GiB of dummy weights each)
 # The device tool returns a bounded number of files per command (8 on 2026-12-01; a ninth JSON
 # was left out): tar LOG_DIR into one file under $OUT.
 set -euo pipefail
@@ -64,6 +66,12 @@ fi
 if has e2e26c; then  # GLM-5 (no anchor shape in the anchor script either), its first 6 layers
   "$DZ" bench e2e --model configs/bench/glm5_6l --tokens 8192,32768 --modes last-logits \
     --repeats 3 --json "$L/e2e_dayzero_2026_glm5.json" 2>&1 | grep -v '^{'
+fi
+if has e2e26fit; then  # GLM-5.3-Flash as many layers as fit (no anchor: transformers cannot hold them)
+  "$DZ" bench e2e --model configs/bench/glm5_3_flash_12l --tokens 8192 --modes last-logits \
+    --repeats 3 --json "$L/e2e_dayzero_2026_glm_12l.json" 2>&1 | grep -v '^{'
+  "$DZ" bench e2e --model configs/bench/glm5_3_flash_11l --tokens 32768 --modes last-logits \
+    --repeats 3 --json "$L/e2e_dayzero_2026_glm_11l.json" 2>&1 | grep -v '^{'
 fi
 if has e2e; then
   "$DZ" bench e2e --model configs/bench/kimi_linear_48b_a3b_8l --model configs/bench/qwen3_next_80b_a3b_8l \
@@ -117,7 +125,7 @@ def load(n):
 a = [load(n) for n in ("e2e_transformers.json", "e2e_transformers_2026.json")]
 d = [load(n) for n in ("e2e_dayzero.json", "e2e_dayzero_2026.json", "e2e_dayzero_2026_full.json",
                        "e2e_dayzero_2026_glm.json", "e2e_dayzero_2026_k3.json", "e2e_dayzero_2026_dsv4.json",
-                       "e2e_dayzero_2026_glm5.json")]
+                       "e2e_dayzero_2026_glm5.json", "e2e_dayzero_2026_glm_12l.json", "e2e_dayzero_2026_glm_11l.json")]
 if any(d):
     anchor = {(r["model"], r["T"]): r for x in a for r in (x or {}).get("results", []) if "model" in r and "ms" in r}
     for r in [r for x in d for r in (x or {}).get("results", [])]:

@@ -4,7 +4,8 @@ keyword arguments), so `dayzero bench e2e` and the transformers + fla anchor run
 Needs transformers (no torch): pip install transformers==5.17.0. Rerun only when the shapes change.
 With transformers >= 5.23 it also writes DeepSeek-V4 (its config class's defaults are the released
 DeepSeek-V4-Flash shape) cut to its first 8 layers (3 HCA + hash MoE, then CSA / HCA alternating) and
-GLM-5 (GlmMoeDsaConfig's defaults) cut to its first 6 layers (3 dense, 3 MoE);
+GLM-5 (GlmMoeDsaConfig's defaults) cut to its first 6 layers (3 dense, 3 MoE), and GLM-5.3-Flash
+(Glm5NextConfig's defaults) cut to the first 12 / 11 layers (as many as one H200 holds at 8192 / 32768);
 and always Kimi K3 cut to 4 layers (no transformers class: the released config's values, by hand,
 docs/families.md section 8), 3 KDA + 1 gated MLA, the first layer dense, MXFP4 routed experts.
 """
@@ -44,6 +45,17 @@ if tuple(int(x) for x in transformers.__version__.split(".")[:2]) >= (5, 23):
         d = os.path.join(out, name)
         os.makedirs(d, exist_ok=True)
         AutoConfig.for_model(mt, num_hidden_layers=n, num_nextn_predict_layers=0, **kw).to_json_file(
+            os.path.join(d, "config.json"))
+        print(d)
+    # GLM-5.3-Flash (Glm5NextConfig's text defaults: 45 layers, the first 3 dense, KDA x 3 + DSA) cut
+    # to as many of its first layers as one H200 holds with dummy bf16 weights (`dayzero plan`,
+    # 139.8 GiB): 12 at T = 8192 (132.4 GiB planned), 11 at T = 32768 (130.9; 12 would need 144.7).
+    glm = AutoConfig.for_model("glm5_next").text_config
+    for n in (12, 11):
+        kw = {k: list(getattr(glm, k))[:n] for k in ("layer_types", "mlp_layer_types", "indexer_types")}
+        d = os.path.join(out, f"glm5_3_flash_{n}l")
+        os.makedirs(d, exist_ok=True)
+        AutoConfig.for_model("glm5_next", text_config=dict(num_hidden_layers=n, **kw)).to_json_file(
             os.path.join(d, "config.json"))
         print(d)
 
