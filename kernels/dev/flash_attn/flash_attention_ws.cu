@@ -1,0 +1,349 @@
+// Experiment (issue 12; issue 11's e2e gap at T = 32768, where Qwen3.5's two softmax layers are 31 %
+// of the forward): the wgmma flash attention of kernels/flash_attention_wgmma.cu made warp
+// specialised, FlashAttention-3 style. Written 2026-12-02 after the session's device time was
+// spent: compiled, NOT yet run on a GPU. First device call:
+//   bash kernels/dev/flash_attn/run_ws.sh
+// (the full test of test_flash_attn.cu against this file, then the bench beside the production
+// dispatch, DZ_FA_BASE=1, in the same command).
+//
+// Drop-in for kernels/flash_attention.cu in the dev harness: compiles the production file under
+// other names and defines flash_attention() itself, taking this kernel for Dk = Dv = 128 / 256 with
+// 16-byte aligned q / k / v and 4-byte aligned out, the production dispatch otherwise (and always
+// with DZ_FA_BASE=1).
+//
+// What changes against the production wgmma kernel (which every thread loads with cp.async and
+// holds in step with two block barriers per key block):
+//   - 3 warpgroups: warpgroup 0 the producer (one thread issues TMA loads, its registers given
+//     away with setmaxnreg.dec), warpgroups 1 and 2 the consumers of 64 query rows each
+//     (setmaxnreg.inc to 240);
+//   - Q, K and V by TMA (3-D maps over [T, H, D], boxes of 64 d x 1 head x rows, 128-byte swizzle:
+//     the layout the descriptors already read), full / empty mbarriers per stage, K and V staged
+//     separately; the consumers release a stage per warp (predicated arrive: no branch inside a
+//     wgmma stage) right after the products that read it are waited for;
+//   - ping-pong: a consumer issues its S_j and P_{j-1} V_{j-1} only when the other has issued
+//     its own (named barriers 1 and 2), so one warpgroup's softmax runs while the other's
+//     products are on the tensor cores;
+//   - both consumers walk every key block of the tile (uniform trip count: the named barriers
+//     and the empty mbarriers count both); the first warpgroup's extra block on diagonal tiles is
+//     fully masked (P = 0), about 1 / n_blk of its work.
+// Rows of other sequences inside a box (varlen) are loaded but masked (keys >= Lk) or not stored
+// (queries >= Lq); boxes past the tensor's end are zero-filled by TMA.
+#define flash_attention flash_attention_base
+#define flash_attention_supports flash_attention_supports_base
+#include "../../flash_attention.cu"
+#undef flash_attention
+#undef flash_attention_supports
+
+#include <cuda.h>
+#include <cudaTypedefs.h>
+
+#include <cstdlib>
+#include <type_traits>
+
+#include "../../wgmma.cuh"
+
+namespace dz::cuda {
+
+namespace {
+namespace ws {
+
+constexpr int kBM = 128, kThreads = 384;  // 3 warpgroups
+
+template <int D>
+struct Shape {
+  static constexpr int BN = D == 128 ? 128 : 64;
+  static constexpr int Q_BYTES = kBM * D * 2, KV_BYTES = BN * D * 2;
+  // alignment slack, Q, K x 2, V x 2, then 9 mbarriers
+  static constexpr int SMEM = 1024 + Q_BYTES + 4 * KV_BYTES + 128;
+};
+
+struct Maps {
+  CUtensorMap q, k, v;
+};
+
+__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count));
+}
+__device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+// One arrival from the warp's lane 0, predicated (no branch: this runs inside wgmma stages).
+__device__ __forceinline__ void mbar_arrive_lane0(uint32_t bar, int lane) {
+  asm volatile(
+      "{\n .reg .pred p;\n setp.eq.u32 p, %1, 0;\n @p mbarrier.arrive.shared::cta.b64 _, [%0];\n}\n" ::"r"(bar),
+      "r"(lane)
+      : "memory");
+}
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+  uint32_t done = 0;
+  while (!done)
+    asm volatile(
+        "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(bar), "r"(parity)
+        : "memory");
+}
+__device__ __forceinline__ void tma_load_3d(uint32_t dst, const CUtensorMap* map, int c0, int c1, int c2,
+                                            uint32_t bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], "
+      "[%5];\n" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(bar)
+      : "memory");
+}
+__device__ __forceinline__ void named_sync(int id) { asm volatile("bar.sync %0, 256;\n" ::"r"(id) : "memory"); }
+__device__ __forceinline__ void named_arrive(int id) { asm volatile("bar.arrive %0, 256;\n" ::"r"(id) : "memory"); }
+// bar.arrive when go != 0, predicated (it sits inside a wgmma stage: no branch there).
+__device__ __forceinline__ void named_arrive_if(int id, int go) {
+  asm volatile("{\n .reg .pred p;\n setp.ne.u32 p, %1, 0;\n @p bar.arrive %0, 256;\n}\n" ::"r"(id), "r"(go) : "memory");
+}
+
+template <int D>
+__global__ void __launch_bounds__(kThreads, 1) fa_ws_kernel(const __grid_constant__ Maps maps, const FlashAttnArgs a,
+                                                            float sl2e) {
+  using S = Shape<D>;
+  constexpr int BN = S::BN, NS = BN / 2, NO = D / 2, NCB = D / 64;  // NCB: 64-wide column blocks
+  extern __shared__ uint8_t smem_raw[];
+  const uint32_t sbase0 = smem_u32(smem_raw);
+  const uint32_t sQ = sbase0 + ((1024u - (sbase0 & 1023u)) & 1023u), sK = sQ + S::Q_BYTES, sV = sK + 2 * S::KV_BYTES;
+  const uint32_t bQ = sV + 2 * S::KV_BYTES;  // mbarriers: Q, full K[2], full V[2], empty K[2], empty V[2]
+  auto fullK = [&](int s) { return bQ + 8 * (1 + s); };
+  auto fullV = [&](int s) { return bQ + 8 * (3 + s); };
+  auto emptyK = [&](int s) { return bQ + 8 * (5 + s); };
+  auto emptyV = [&](int s) { return bQ + 8 * (7 + s); };
+
+  const int b = blockIdx.z, h = blockIdx.y;
+  const int q_beg = a.cu_q[b], Lq = a.cu_q[b + 1] - q_beg, k_beg = a.cu_k[b], Lk = a.cu_k[b + 1] - k_beg;
+  const int tile = int(gridDim.x) - 1 - int(blockIdx.x);  // heaviest first
+  if (tile * kBM >= Lq) return;
+  const int q0 = tile * kBM, off = Lk - Lq;
+  const int hk = h / (a.Hq / a.Hkv);
+  const int kv_end = min(Lk, q0 + kBM + off);  // keys visible to the tile's last row
+  const int n_blk = kv_end > 0 ? (kv_end + BN - 1) / BN : 0;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wg = warp >> 2;
+
+  if (tid == 0) {
+    mbar_init(bQ, 1);
+    for (int s = 0; s < 2; ++s) {
+      mbar_init(fullK(s), 1);
+      mbar_init(fullV(s), 1);
+      mbar_init(emptyK(s), 8);  // one arrival per consumer warp
+      mbar_init(emptyV(s), 8);
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  __syncthreads();
+
+  if (wg == 0) {  // producer
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n" ::: "memory");
+    if (tid == 0) {
+      mbar_expect_tx(bQ, S::Q_BYTES);
+      for (int c = 0; c < NCB; ++c) tma_load_3d(sQ + c * kBM * 128, &maps.q, c * 64, h, q_beg + q0, bQ);
+      for (int j = 0; j < n_blk; ++j) {
+        const int s = j & 1;
+        // stage s last held block j - 2: wait for the consumers' release of it (empty phase (j >> 1) - 1)
+        if (j >= 2) mbar_wait(emptyK(s), ((j >> 1) - 1) & 1);
+        mbar_expect_tx(fullK(s), S::KV_BYTES);
+        for (int c = 0; c < NCB; ++c)
+          tma_load_3d(sK + s * S::KV_BYTES + c * BN * 128, &maps.k, c * 64, hk, k_beg + j * BN, fullK(s));
+        if (j >= 2) mbar_wait(emptyV(s), ((j >> 1) - 1) & 1);
+        mbar_expect_tx(fullV(s), S::KV_BYTES);
+        for (int c = 0; c < NCB; ++c)
+          tma_load_3d(sV + s * S::KV_BYTES + c * BN * 128, &maps.v, c * 64, hk, k_beg + j * BN, fullV(s));
+      }
+    }
+    return;
+  }
+
+  // consumers: warpgroup wm = wg - 1 owns query rows q0 + 64 wm .. + 63
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n" ::: "memory");
+  const int wm = wg - 1, wq = warp & 3;
+  const int g = lane >> 2, t = lane & 3;
+  const int wrow = q0 + wm * 64 + wq * 16;  // the warp's first query row (in the sequence)
+  float o[NO];
+#pragma unroll
+  for (int i = 0; i < NO; ++i) o[i] = 0.f;
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};  // rows g, g + 8 (this thread's partial l)
+  uint32_t pa[BN / 16][4], pb[BN / 16][4];
+  const int my_bar = 1 + wm, other_bar = 2 - wm;  // ping-pong: warpgroup wm issues on barrier 1 + wm
+  if (wm == 1) named_arrive(1);                   // the first warpgroup goes first
+  mbar_wait(bQ, 0);
+
+  // Step j: S_j (DO_S) and P_{j-1} V_{j-1} (DO_PV), specialised at compile time (no branch on them
+  // inside a wgmma stage); last: no hand-over to the other warpgroup after it (the barrier counts).
+  auto step = [&](int j, auto DO_S_, auto DO_PV_, auto& pin, auto& pout, bool last) {
+    constexpr bool DO_S = decltype(DO_S_)::value, DO_PV = decltype(DO_PV_)::value;
+    const int kv0 = j * BN;
+    if constexpr (DO_S) mbar_wait(fullK(j & 1), (j >> 1) & 1);
+    if constexpr (DO_PV) mbar_wait(fullV((j - 1) & 1), ((j - 1) >> 1) & 1);
+    named_sync(my_bar);
+    float s[NS];
+    wgmma_fence_regs(o);
+    wgmma_fence();
+    if constexpr (DO_S) {
+      const uint32_t kt = sK + (j & 1) * S::KV_BYTES;
+#pragma unroll
+      for (int kk = 0; kk < D / 16; ++kk) {
+        const uint32_t blk = kk >> 2, in = (kk & 3) * 32;
+        wgmma_ss<BN>(s, wgmma_desc_sw128(sQ + blk * kBM * 128 + wm * 64 * 128 + in),
+                     wgmma_desc_sw128(kt + blk * BN * 128 + in), kk > 0);
+      }
+      wgmma_commit();
+    }
+    if constexpr (DO_PV) {
+      const uint32_t vt = sV + ((j - 1) & 1) * S::KV_BYTES;
+#pragma unroll
+      for (int kk = 0; kk < BN / 16; ++kk)
+        wgmma_rs_tb<D>(o, pin[kk], wgmma_desc_nmajor_sw128(vt + kk * 16 * 128, BN * 128), 1);
+      wgmma_commit();
+    }
+    named_arrive_if(other_bar, !last);
+    if constexpr (DO_S) {
+      if constexpr (DO_PV) wgmma_wait<1>();
+      else wgmma_wait<0>();
+      wgmma_fence_regs(s);
+      mbar_arrive_lane0(emptyK(j & 1), lane);
+      int lim[2];
+#pragma unroll
+      for (int hf = 0; hf < 2; ++hf) lim[hf] = min(wrow + g + 8 * hf + off, Lk - 1) - kv0 - 2 * t;
+#pragma unroll
+      for (int j8 = 0; j8 < BN / 8; ++j8)
+#pragma unroll
+        for (int q = 0; q < 4; ++q) s[4 * j8 + q] = 8 * j8 + (q & 1) > lim[q >> 1] ? -INFINITY : s[4 * j8 + q];
+      float alpha[2], mu[2];
+#pragma unroll
+      for (int hf = 0; hf < 2; ++hf) {
+        float mx = m[hf];
+#pragma unroll
+        for (int j8 = 0; j8 < BN / 8; ++j8) mx = fmaxf(mx, fmaxf(s[4 * j8 + 2 * hf], s[4 * j8 + 2 * hf + 1]));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        mu[hf] = mx == -INFINITY ? 0.f : mx * sl2e;
+        alpha[hf] = ex2(m[hf] * sl2e - mu[hf]);
+        m[hf] = mx;
+        l[hf] *= alpha[hf];
+      }
+#pragma unroll
+      for (int j8 = 0; j8 < BN / 8; ++j8) {
+        float p[4];
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+          p[q] = ex2(fmaf(s[4 * j8 + q], sl2e, -mu[q >> 1]));
+          l[q >> 1] += p[q];
+        }
+        pout[j8 >> 1][(j8 & 1) * 2 + 0] = pack_bf16(p[0], p[1]);
+        pout[j8 >> 1][(j8 & 1) * 2 + 1] = pack_bf16(p[2], p[3]);
+      }
+      if constexpr (DO_PV) {
+        wgmma_wait<0>();
+        mbar_arrive_lane0(emptyV((j - 1) & 1), lane);
+      }
+      wgmma_fence_regs(o);
+#pragma unroll
+      for (int j8 = 0; j8 < D / 8; ++j8)
+#pragma unroll
+        for (int q = 0; q < 4; ++q) o[4 * j8 + q] *= alpha[q >> 1];
+    } else {
+      wgmma_wait<0>();
+      wgmma_fence_regs(o);
+      mbar_arrive_lane0(emptyV((j - 1) & 1), lane);
+    }
+  };
+  using T_ = std::true_type;
+  using F_ = std::false_type;
+  if (n_blk > 0) {
+    // steps 0 .. n_blk (the last one P V only); the warpgroup that went second hands over after
+    // every step but its last, the first after every step (the other's last sync needs it)
+    const bool second = wm == 1;
+    int j = 0;
+    step(j++, T_{}, F_{}, pb, pa, false);
+    for (; j + 1 < n_blk; j += 2) {
+      step(j, T_{}, T_{}, pa, pb, false);
+      step(j + 1, T_{}, T_{}, pb, pa, false);
+    }
+    if (j < n_blk) {
+      step(j++, T_{}, T_{}, pa, pb, false);
+      step(j++, F_{}, T_{}, pb, pa, second);
+    } else {
+      step(j++, F_{}, T_{}, pa, pb, second);
+    }
+  } else if (wm == 0) {
+    named_sync(1);  // the second warpgroup's opening hand-over
+  }
+
+#pragma unroll
+  for (int hf = 0; hf < 2; ++hf) {
+    float lt = l[hf];
+    lt += __shfl_xor_sync(0xffffffffu, lt, 1);
+    lt += __shfl_xor_sync(0xffffffffu, lt, 2);
+    const float inv = lt > 0.f ? 1.f / lt : 0.f;
+    const int qi = wrow + g + 8 * hf;
+    if (qi >= Lq) continue;
+    bf16* orow = a.out + (int64_t(q_beg) + qi) * a.Hq * D + int64_t(h) * D + 2 * t;
+#pragma unroll
+    for (int j8 = 0; j8 < D / 8; ++j8)
+      *reinterpret_cast<__nv_bfloat162*>(orow + 8 * j8) =
+          __floats2bfloat162_rn(o[4 * j8 + 2 * hf] * inv, o[4 * j8 + 2 * hf + 1] * inv);
+  }
+}
+
+PFN_cuTensorMapEncodeTiled_v12000 encoder() {
+  void* fn = nullptr;
+  cudaDriverEntryPointQueryResult q;
+  if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &q) != cudaSuccess ||
+      q != cudaDriverEntryPointSuccess)
+    return nullptr;
+  return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
+}
+// [T, H, D] bf16, boxes of 64 d x 1 head x rows, 128-byte swizzle, zeros past the tensor's end.
+void encode3(PFN_cuTensorMapEncodeTiled_v12000 enc, CUtensorMap* m, const bf16* p, int64_t T, int H, int D, int rows) {
+  const cuuint64_t dims[3] = {cuuint64_t(D), cuuint64_t(H), cuuint64_t(T)};
+  const cuuint64_t strides[2] = {cuuint64_t(D) * 2, cuuint64_t(H) * D * 2};
+  const cuuint32_t box[3] = {64, 1, cuuint32_t(rows)};
+  const cuuint32_t estr[3] = {1, 1, 1};
+  DZ_CHECK(enc(m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, const_cast<bf16*>(p), dims, strides, box, estr,
+               CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+               CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS,
+           "flash_attention (ws): tensor map of [", T, ", ", H, ", ", D, "]");
+}
+
+template <int D>
+void launch(const FlashAttnArgs& a, int64_t T_q, int64_t T_k, cudaStream_t s) {
+  static PFN_cuTensorMapEncodeTiled_v12000 enc = encoder();  // dev experiment: the driver's function
+  DZ_CHECK(enc, "flash_attention (ws): cuTensorMapEncodeTiled unavailable");
+  Maps maps;
+  encode3(enc, &maps.q, a.q, T_q, a.Hq, D, kBM);
+  encode3(enc, &maps.k, a.k, T_k, a.Hkv, D, Shape<D>::BN);
+  encode3(enc, &maps.v, a.v, T_k, a.Hkv, D, Shape<D>::BN);
+  auto kern = fa_ws_kernel<D>;
+  CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, Shape<D>::SMEM));
+  const int64_t tiles = (a.max_q + kBM - 1) / kBM;
+  kern<<<dim3(unsigned(tiles), unsigned(a.Hq), unsigned(a.B)), kThreads, Shape<D>::SMEM, s>>>(
+      maps, a, a.scale * 1.4426950408889634f);
+  CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace ws
+}  // namespace
+
+bool flash_attention_supports(int Dk, int Dv) { return flash_attention_supports_base(Dk, Dv); }
+
+void flash_attention(const FlashAttnArgs& a, cudaStream_t s) {
+  const bool take = a.Dk == a.Dv && (a.Dk == 128 || a.Dk == 256) && aligned16(a.q) && aligned16(a.k) &&
+                    aligned16(a.v) && (reinterpret_cast<uintptr_t>(a.out) & 3) == 0 && !std::getenv("DZ_FA_BASE");
+  if (!take || a.B <= 0 || a.max_q <= 0) return flash_attention_base(a, s);
+  DZ_CHECK(a.Hq >= 1 && a.Hkv >= 1 && a.Hq % a.Hkv == 0, "flash_attention: heads ", a.Hq, "/", a.Hkv);
+  DZ_CHECK(a.scale > 0.f && std::isfinite(a.scale), "flash_attention: softmax scale ", a.scale, " (must be > 0)");
+  // the tensor maps need the row counts of q and k / v: the last offsets (one small copy; the
+  // production version would take them from the caller, who knows them on the host)
+  int32_t tq = 0, tk = 0;
+  CUDA_CHECK(cudaMemcpyAsync(&tq, a.cu_q + a.B, 4, cudaMemcpyDeviceToHost, s));
+  CUDA_CHECK(cudaMemcpyAsync(&tk, a.cu_k + a.B, 4, cudaMemcpyDeviceToHost, s));
+  CUDA_CHECK(cudaStreamSynchronize(s));
+  if (a.Dk == 128)
+    ws::launch<128>(a, tq, tk, s);
+  else
+    ws::launch<256>(a, tq, tk, s);
+}
+
+}  // namespace dz::cuda
