@@ -302,7 +302,7 @@ class CudaBackend final : public Backend {
   void gemm(const void* x, const void* W, void* y, DType in_dt, DType out_dt, int64_t T, int64_t in, int64_t out,
             float beta = 0.f) {
     if (T == 0 || out == 0) return;
-    const float one = 1.f, zero = beta;
+    const float one = 1.f, b = beta;  // cuBLAS's alpha and beta, by pointer
     if (in == 0) {
       if (beta == 0.f) CUDA_CHECK(cudaMemsetAsync(y, 0, size_t(T * out) * dtype_size(out_dt), st()));
       return;
@@ -310,7 +310,7 @@ class CudaBackend final : public Backend {
     const cudaDataType ti = in_dt == DType::F32 ? CUDA_R_32F : CUDA_R_16BF;
     const cudaDataType to = out_dt == DType::F32 ? CUDA_R_32F : CUDA_R_16BF;
     CUBLAS_CHECK(cublasGemmEx(blas_, CUBLAS_OP_T, CUBLAS_OP_N, int(out), int(T), int(in), &one, W, ti, int(in), x, ti,
-                              int(in), &zero, y, to, int(out), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+                              int(in), &b, y, to, int(out), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
   }
   void linear(const DTensor& x, const DTensor& W, const DTensor& bias, const DTensor& y) override {
     const int64_t in = W.dim(1), out = W.dim(0), T = x.numel() / std::max<int64_t>(in, 1);
