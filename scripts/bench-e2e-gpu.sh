@@ -41,6 +41,12 @@ eval "$(bash scripts/offline-prefix.sh env "$P")"
 export DZ_COMMIT=${DZ_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
 DZ=$B/dayzero
 has() { [[ " $parts " == *" $1 "* ]]; }
+# The anchor must run fla's kernels: transformers silently falls back to its PyTorch reference
+# (several times slower) when `import fla` fails, e.g. with fla packed one directory too deep.
+if has anchor || has anchor26; then
+  PYTHONPATH="$FLA" python3 -c "import fla.ops.kda, fla.ops.gated_delta_rule" ||
+    { echo "bench-e2e-gpu: fla does not import from $FLA (PYTHONPATH must hold the directory that contains fla/)"; exit 1; }
+fi
 if has anchor; then
   PYTHONPATH="$FLA${PYTHONPATH:+:$PYTHONPATH}" python3 "$ANCHOR" "$L/e2e_transformers.json" 2025 sdpa 2>&1 |
     grep -v Warning | tail -8
