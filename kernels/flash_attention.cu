@@ -31,12 +31,6 @@ namespace {
 
 using bf16 = __nv_bfloat16;
 
-__device__ __forceinline__ float ex2(float x) {  // 2^x, ex2(-inf) = 0
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-  return y;
-}
-
 // Byte offset of 16-byte chunk ch of row r in a tile of CH chunks per row. Rows of >= 8 chunks
 // swizzle by (r & 7); rows of 4 chunks (64 bytes, two rows per 128 bytes) by (r >> 1) & 3. Either
 // way 8 consecutive rows at one logical chunk land in 8 distinct 16-byte bank groups.
