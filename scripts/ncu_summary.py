@@ -20,7 +20,8 @@ GROUPS = [  # first match wins (names as ncu prints them, e.g. "void la::<unname
     ("model build (dummy fills)", r"fill_dummy"),
     ("MoE routing / dispatch / combine", r"moe_select|k_count|k_scan\b|k_scatter|gather_rows|moe_combine|shared_add|shared_expert"),
     ("MoE expert GEMMs", r"moe_gemm|grouped_gemm"),
-    ("router GEMM (fp32, cuBLAS SIMT)", r"f32f32_f32f32|sgemm"),
+    # fp32 SIMT GEMMs: since 9a0362d the mHC stream projections (and routers only on fp32 activations)
+    ("fp32 GEMMs (cuBLAS SIMT: mHC projections)", r"f32f32_f32f32|sgemm"),
     # before linear attention: its "la_" matches "sparse_mla_kernel"
     ("sparse MLA / DSA indexer", r"sparse_mla|indexer|topk_from|mxfp8|kpool"),
     ("linear attention (KDA/GDN chunked scan, decode)", r"la::|mma_prep|mma_rec|linear_attn|la_|recurrent|transition|base64_kernel"),
