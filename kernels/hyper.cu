@@ -3,6 +3,7 @@
 
 #include <cmath>
 #include <initializer_list>
+#include <type_traits>
 
 #include "common.cuh"
 
@@ -266,21 +267,21 @@ bool vec4(int64_t D, std::initializer_list<const void*> ps) {
     if (q && !aligned16(q)) return false;
   return true;
 }
-template <int N>
-void launch_pre(bool v4, int64_t T, const float* x, const float* m, const float* base, const float* scale,
-                const HcKernelParams& p, int64_t D, float* coeff, float* in, cudaStream_t s) {
-  if (v4)
-    k_hc_pre<N, 4><<<unsigned(T), kThr, 0, s>>>(x, m, base, scale, p, D, coeff, in);
-  else
-    k_hc_pre<N, 1><<<unsigned(T), kThr, 0, s>>>(x, m, base, scale, p, D, coeff, in);
-}
-template <int N>
-void launch_post(bool v4, int64_t T, float* x, const float* coeff, const void* y, bool y_bf16, int64_t D,
-                 cudaStream_t s) {
-  if (v4)
-    k_hc_post<N, 4><<<unsigned(T), kThr, 0, s>>>(x, coeff, y, y_bf16, D);
-  else
-    k_hc_post<N, 1><<<unsigned(T), kThr, 0, s>>>(x, coeff, y, y_bf16, D);
+// Calls f(std::integral_constant<int, N>) for 1 <= n <= kMaxN: the streams as a template
+// parameter, so that the kernels' register arrays are indexed by constants.
+template <class F>
+void with_streams(int n, F&& f) {
+  static_assert(kMaxN == 8, "with_streams: one case per stream count");
+  switch (n) {
+    case 1: f(std::integral_constant<int, 1>{}); break;
+    case 2: f(std::integral_constant<int, 2>{}); break;
+    case 3: f(std::integral_constant<int, 3>{}); break;
+    case 4: f(std::integral_constant<int, 4>{}); break;
+    case 5: f(std::integral_constant<int, 5>{}); break;
+    case 6: f(std::integral_constant<int, 6>{}); break;
+    case 7: f(std::integral_constant<int, 7>{}); break;
+    default: f(std::integral_constant<int, 8>{}); break;
+  }
 }
 
 }  // namespace
@@ -291,16 +292,13 @@ void hc_pre(const float* x, const float* m, const float* base, const float* scal
   DZ_CHECK(p.N >= 1 && p.N <= kMaxN, "hc_pre: hc_mult ", p.N, " outside 1..", kMaxN);
   DZ_CHECK(T < (int64_t(1) << 31), "hc_pre: ", T, " tokens (< 2^31)");
   const bool v4 = vec4(D, {x, in});
-  switch (p.N) {  // streams as a template parameter: the register arrays are indexed by constants
-    case 1: launch_pre<1>(v4, T, x, m, base, scale, p, D, coeff, in, s); break;
-    case 2: launch_pre<2>(v4, T, x, m, base, scale, p, D, coeff, in, s); break;
-    case 3: launch_pre<3>(v4, T, x, m, base, scale, p, D, coeff, in, s); break;
-    case 4: launch_pre<4>(v4, T, x, m, base, scale, p, D, coeff, in, s); break;
-    case 5: launch_pre<5>(v4, T, x, m, base, scale, p, D, coeff, in, s); break;
-    case 6: launch_pre<6>(v4, T, x, m, base, scale, p, D, coeff, in, s); break;
-    case 7: launch_pre<7>(v4, T, x, m, base, scale, p, D, coeff, in, s); break;
-    default: launch_pre<8>(v4, T, x, m, base, scale, p, D, coeff, in, s); break;
-  }
+  with_streams(p.N, [&](auto n) {
+    constexpr int N = decltype(n)::value;
+    if (v4)
+      k_hc_pre<N, 4><<<unsigned(T), kThr, 0, s>>>(x, m, base, scale, p, D, coeff, in);
+    else
+      k_hc_pre<N, 1><<<unsigned(T), kThr, 0, s>>>(x, m, base, scale, p, D, coeff, in);
+  });
   CUDA_CHECK_LAUNCH();
 }
 void hc_post(float* x, const float* coeff, const void* y, bool y_bf16, int N, int64_t T, int64_t D, cudaStream_t s) {
@@ -309,16 +307,13 @@ void hc_post(float* x, const float* coeff, const void* y, bool y_bf16, int N, in
   DZ_CHECK(T < (int64_t(1) << 31), "hc_post: ", T, " tokens (< 2^31)");
   // bf16 y: 8-byte loads of 4 values
   const bool v4 = vec4(D, {x}) && (y_bf16 ? (reinterpret_cast<uintptr_t>(y) & 7) == 0 : aligned16(y));
-  switch (N) {
-    case 1: launch_post<1>(v4, T, x, coeff, y, y_bf16, D, s); break;
-    case 2: launch_post<2>(v4, T, x, coeff, y, y_bf16, D, s); break;
-    case 3: launch_post<3>(v4, T, x, coeff, y, y_bf16, D, s); break;
-    case 4: launch_post<4>(v4, T, x, coeff, y, y_bf16, D, s); break;
-    case 5: launch_post<5>(v4, T, x, coeff, y, y_bf16, D, s); break;
-    case 6: launch_post<6>(v4, T, x, coeff, y, y_bf16, D, s); break;
-    case 7: launch_post<7>(v4, T, x, coeff, y, y_bf16, D, s); break;
-    default: launch_post<8>(v4, T, x, coeff, y, y_bf16, D, s); break;
-  }
+  with_streams(N, [&](auto n) {
+    constexpr int NS = decltype(n)::value;
+    if (v4)
+      k_hc_post<NS, 4><<<unsigned(T), kThr, 0, s>>>(x, coeff, y, y_bf16, D);
+    else
+      k_hc_post<NS, 1><<<unsigned(T), kThr, 0, s>>>(x, coeff, y, y_bf16, D);
+  });
   CUDA_CHECK_LAUNCH();
 }
 void hc_expand(const float* h, int N, int64_t T, int64_t D, float* x, cudaStream_t s) {
