@@ -193,13 +193,9 @@ __device__ __forceinline__ void stf(T* p, int64_t i, float v) {
   if constexpr (std::is_same_v<T, float>) p[i] = v;
   else p[i] = __float2bfloat16_rn(v);
 }
-template <class TX, class TY>
-__global__ void __launch_bounds__(32 * kNormWarps) k_rmsnorm(const TX* x, const float* w, TY* y, int64_t rows,
-                                                              int64_t D, float eps, bool zc) {
-  const int64_t r = int64_t(blockIdx.x) * kNormWarps + (threadIdx.x >> 5);
-  if (r >= rows) return;
-  const int lane = threadIdx.x & 31;
-  const TX* xr = x + r * D;
+// 1 / sqrt(mean(x^2) + eps) of a row of D values, every lane of the warp taking part.
+template <class TX>
+__device__ __forceinline__ float warp_inv_rms(const TX* xr, int64_t D, float eps, int lane) {
   float ss = 0.f;
 #pragma unroll 4
   for (int64_t d = lane; d < D; d += 32) {
@@ -207,7 +203,16 @@ __global__ void __launch_bounds__(32 * kNormWarps) k_rmsnorm(const TX* x, const 
     ss += v * v;
   }
   ss = warp_sum(ss);
-  const float inv = 1.f / sqrtf(ss / float(D) + eps);
+  return 1.f / sqrtf(ss / float(D) + eps);
+}
+template <class TX, class TY>
+__global__ void __launch_bounds__(32 * kNormWarps) k_rmsnorm(const TX* x, const float* w, TY* y, int64_t rows,
+                                                              int64_t D, float eps, bool zc) {
+  const int64_t r = int64_t(blockIdx.x) * kNormWarps + (threadIdx.x >> 5);
+  if (r >= rows) return;
+  const int lane = threadIdx.x & 31;
+  const TX* xr = x + r * D;
+  const float inv = warp_inv_rms(xr, D, eps, lane);
   TY* yr = y + r * D;
 #pragma unroll 4
   for (int64_t d = lane; d < D; d += 32) {
@@ -222,14 +227,7 @@ __global__ void __launch_bounds__(32 * kNormWarps) k_gated_rmsnorm(const TX* x, 
   if (r >= rows) return;
   const int lane = threadIdx.x & 31;
   const TX* xr = x + r * D;
-  float ss = 0.f;
-#pragma unroll 4
-  for (int64_t d = lane; d < D; d += 32) {
-    const float v = ldf(xr, d);
-    ss += v * v;
-  }
-  ss = warp_sum(ss);
-  const float inv = 1.f / sqrtf(ss / float(D) + eps);
+  const float inv = warp_inv_rms(xr, D, eps, lane);
   const TG* gr = gate + r * D;
   TY* yr = y + r * D;
 #pragma unroll 4
