@@ -34,12 +34,10 @@
 #undef flash_attention
 #undef flash_attention_supports
 
-#include <cuda.h>
-#include <cudaTypedefs.h>
-
 #include <cstdlib>
 #include <type_traits>
 
+#include "../../tma.cuh"
 #include "../../wgmma.cuh"
 
 namespace dz::cuda {
@@ -61,34 +59,11 @@ struct Maps {
   CUtensorMap q, k, v;
 };
 
-__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count));
-}
-__device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
-}
 // One arrival from the warp's lane 0, predicated (no branch: this runs inside wgmma stages).
 __device__ __forceinline__ void mbar_arrive_lane0(uint32_t bar, int lane) {
   asm volatile(
       "{\n .reg .pred p;\n setp.eq.u32 p, %1, 0;\n @p mbarrier.arrive.shared::cta.b64 _, [%0];\n}\n" ::"r"(bar),
       "r"(lane)
-      : "memory");
-}
-__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
-  uint32_t done = 0;
-  while (!done)
-    asm volatile(
-        "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}\n"
-        : "=r"(done)
-        : "r"(bar), "r"(parity)
-        : "memory");
-}
-__device__ __forceinline__ void tma_load_3d(uint32_t dst, const CUtensorMap* map, int c0, int c1, int c2,
-                                            uint32_t bar) {
-  asm volatile(
-      "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], "
-      "[%5];\n" ::"r"(dst),
-      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(bar)
       : "memory");
 }
 __device__ __forceinline__ void named_sync(int id) { asm volatile("bar.sync %0, 256;\n" ::"r"(id) : "memory"); }
@@ -287,14 +262,6 @@ __global__ void __launch_bounds__(kThreads, 1) fa_ws_kernel(const __grid_constan
   }
 }
 
-PFN_cuTensorMapEncodeTiled_v12000 encoder() {
-  void* fn = nullptr;
-  cudaDriverEntryPointQueryResult q;
-  if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &q) != cudaSuccess ||
-      q != cudaDriverEntryPointSuccess)
-    return nullptr;
-  return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
-}
 // [T, H, D] bf16, boxes of 64 d x 1 head x rows, 128-byte swizzle, zeros past the tensor's end.
 void encode3(PFN_cuTensorMapEncodeTiled_v12000 enc, CUtensorMap* m, const bf16* p, int64_t T, int H, int D, int rows) {
   const cuuint64_t dims[3] = {cuuint64_t(D), cuuint64_t(H), cuuint64_t(T)};
@@ -309,7 +276,7 @@ void encode3(PFN_cuTensorMapEncodeTiled_v12000 enc, CUtensorMap* m, const bf16* 
 
 template <int D>
 void launch(const FlashAttnArgs& a, int64_t T_q, int64_t T_k, cudaStream_t s) {
-  static PFN_cuTensorMapEncodeTiled_v12000 enc = encoder();  // dev experiment: the driver's function
+  static PFN_cuTensorMapEncodeTiled_v12000 enc = tensor_map_encoder();  // dev experiment: the driver's function
   DZ_CHECK(enc, "flash_attention (ws): cuTensorMapEncodeTiled unavailable");
   Maps maps;
   encode3(enc, &maps.q, a.q, T_q, a.Hq, D, kBM);

@@ -62,6 +62,7 @@
 #include "glu.cuh"
 #include "mma_sm80.cuh"
 #include "moe_gemm.cuh"
+#include "tma.cuh"
 #include "wgmma.cuh"
 
 namespace dz::cuda {
@@ -87,24 +88,6 @@ enum Mode { kTma = 0, kCpAsync = 1, kElem = 2 };
 
 __device__ __forceinline__ void st_shared16(uint32_t saddr, uint4 v) {
   asm volatile("st.shared.v4.b32 [%0], {%1,%2,%3,%4};\n" ::"r"(saddr), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w));
-}
-__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count));
-}
-__device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
-}
-__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
-  uint32_t done = 0;
-  while (!done)
-    asm volatile(
-        "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}\n"
-        : "=r"(done)
-        : "r"(bar), "r"(parity)
-        : "memory");
 }
 // Cluster helpers (multicast experiment).
 __device__ __forceinline__ uint32_t cluster_rank() {
@@ -141,14 +124,6 @@ __device__ __forceinline__ void tma_load_2d_mc(uint32_t dst, const CUtensorMap* 
       "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.multicast::cluster "
       "[%0], [%1, {%2, %3}], [%4], %5;\n" ::"r"(dst),
       "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(bar), "h"(mask)
-      : "memory");
-}
-// 2-D tensor copy global -> shared (box at column c0 = k, row c1), completing on bar.
-__device__ __forceinline__ void tma_load_2d(uint32_t dst, const CUtensorMap* map, int c0, int c1, uint32_t bar) {
-  asm volatile(
-      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n" ::
-          "r"(dst),
-      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(bar)
       : "memory");
 }
 // v = act(g, u) for two columns (glu.cuh: SwiGLU with fast exp, its clamp, SiTU).
@@ -608,15 +583,6 @@ void launch(const Args& a, const Maps& m, int64_t max_tiles, cudaStream_t s) {
   CUDA_CHECK_LAUNCH();
 }
 
-// The driver's tensor-map encoder through the runtime (no link against libcuda); null if absent.
-PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
-  void* fn = nullptr;
-  cudaDriverEntryPointQueryResult q;
-  if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &q) != cudaSuccess ||
-      q != cudaDriverEntryPointSuccess)
-    return nullptr;
-  return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
-}
 // Row-major bf16 [rows, K] with boxes of 64 k x box_rows rows, 128-byte swizzle, zeros outside.
 bool encode(PFN_cuTensorMapEncodeTiled_v12000 enc, CUtensorMap* m, const bf16* p, int64_t rows, int64_t K,
             int box_rows) {
