@@ -361,8 +361,11 @@ void flash_attention(const FlashAttnArgs& a, cudaStream_t s) {
            " (1 .. 256 each)");
   DZ_CHECK(a.Hq >= 1 && a.Hkv >= 1 && a.Hq % a.Hkv == 0, "flash_attention: heads ", a.Hq, "/", a.Hkv);
   DZ_CHECK(a.scale > 0.f && std::isfinite(a.scale), "flash_attention: softmax scale ", a.scale, " (must be > 0)");
-  if (a.B <= 0 || a.max_q <= 0) return;
-  if (flash_attention_wgmma_takes(a)) return flash_attention_wgmma(a, s);
+  DZ_CHECK(a.rows_q >= 0 && a.rows_k >= 0, "flash_attention: rows_q ", a.rows_q, " / rows_k ", a.rows_k,
+           " (the q and k / v tensors' row counts must be set)");
+  if (a.B <= 0 || a.max_q <= 0 || a.rows_q == 0) return;
+  // rows_k == 0: no query sees a key (zeros, the mma.sync kernel's case; a TMA map needs rows)
+  if (a.rows_k > 0 && flash_attention_wgmma_takes(a)) return flash_attention_wgmma(a, s);
   const int flags = (a.Dk % 8 == 0 && aligned16(a.q) ? kVecQ : 0) | (a.Dk % 8 == 0 && aligned16(a.k) ? kVecK : 0) |
                     (a.Dv % 8 == 0 && aligned16(a.v) ? kVecV : 0) |
                     (a.Dv % 2 == 0 && (reinterpret_cast<uintptr_t>(a.out) & 3) == 0 ? kPairOut : 0);

@@ -23,6 +23,9 @@ struct FlashAttnArgs {
   const int32_t *cu_q, *cu_k;  // device, [B + 1]
   int B = 0;
   int64_t max_q = 0;  // host-known upper bound of any Lq (grid size)
+  // Host-known row counts of the q and of the k / v tensors (their extents, >= cu_q[B] / cu_k[B];
+  // required, -1 = unset): the wgmma kernel's TMA maps are built over them.
+  int64_t rows_q = -1, rows_k = -1;
   int Hq = 0, Hkv = 0, Dk = 0, Dv = 0;
   float scale = 1.f;
 };

@@ -141,6 +141,8 @@ Result run_case(const Case& c, uint64_t seed) {
   a.cu_k = dck;
   a.B = B;
   a.max_q = max_q + c.extra_max_q;
+  a.rows_q = Tq;
+  a.rows_k = Tk;
   a.Hq = c.Hq, a.Hkv = c.Hkv, a.Dk = c.Dk, a.Dv = c.Dv;
   a.scale = float(scale);
   flash_attention(a, 0);
@@ -330,7 +332,7 @@ int bench(bool check) {
       a.out = reinterpret_cast<__nv_bfloat16*>(dout);
       a.cu_q = a.cu_k = dcu;
       a.B = 1;
-      a.max_q = T;
+      a.max_q = a.rows_q = a.rows_k = T;
       a.Hq = sh.Hq, a.Hkv = sh.Hkv, a.Dk = sh.Dk, a.Dv = sh.Dv;
       const double scale = 1.5 / std::sqrt(double(sh.Dk));
       a.scale = float(scale);
