@@ -1,4 +1,6 @@
-// Sparse MLA core (see sparse_mla.cuh). One block = one query × 64 heads, 8 warps, mma.sync.
+// Sparse MLA core (see sparse_mla.cuh). Prefill and large decode batches on the BF16 cache with
+// R = 512 go to the wgmma kernel (sparse_mla_wgmma.cu); this file's kernel takes the rest (split-KV
+// decode, the FP8 cache, R = 128). One block = one query × 64 heads, 8 warps, mma.sync.
 // Per chunk of 64 entries (selected positions, or 64 consecutive ones in the dense mode): gather
 // the 64 key rows (BF16: cp.async, double buffered; FP8: register-prefetched loads dequantized
 // into BF16 shared memory), S = Q K^T (warp = 16 heads × 32 keys), online softmax across the two
@@ -13,6 +15,7 @@
 #include "mma_sm80.cuh"
 #include "quant_device.cuh"
 #include "sparse_mla.cuh"
+#include "sparse_mla_wgmma.cuh"
 
 namespace dz::cuda {
 
@@ -434,6 +437,9 @@ void sparse_mla(const __nv_bfloat16* q, const int32_t* sel, int32_t K, const int
         break;
       }
   }
+  // Prefill and large decode batches on the BF16 cache: the wgmma kernel (sparse_mla_wgmma.cu).
+  if (sparse_mla_wgmma_takes(cache, nq, nsplit))
+    return sparse_mla_wgmma(q, sel, K, seq, pos, nq, H, bt, cache, scale, out, stream);
   if (cache.R == 512 && cache.DR == 64) {
     if (cache.fp8) launch<512, 64, true>(q, sel, K, seq, pos, nq, H, bt, cache, scale, out, stream, nsplit, scratch);
     else launch<512, 64, false>(q, sel, K, seq, pos, nq, H, bt, cache, scale, out, stream, nsplit, scratch);

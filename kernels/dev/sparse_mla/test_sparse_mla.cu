@@ -1,14 +1,15 @@
-// Standalone test + bench of sparse_mla (kernels/sparse_mla.cuh), for the wgmma experiment beside it:
+// Standalone test + bench of sparse_mla (kernels/sparse_mla.cuh: the wgmma kernel for prefill on the
+// BF16 cache with R = 512, the mma.sync kernel for split-KV decode):
 //   nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -Ikernels -Ilib
-//        kernels/dev/sparse_mla/test_sparse_mla.cu kernels/dev/sparse_mla/sparse_mla_wgmma.cu -o /tmp/smla
-//   /tmp/smla && /tmp/smla --bench        (DZ_SMLA_BASE=1: the production kernel, for the ratio)
+//        kernels/dev/sparse_mla/test_sparse_mla.cu kernels/sparse_mla.cu kernels/sparse_mla_wgmma.cu -o /tmp/smla
+//   /tmp/smla && /tmp/smla --bench
 // Test: a paged BF16 latent cache (pages shuffled), random bf16 q and cache rows in [-1, 1), per
 // query a selection of distinct positions <= its own with -1 and future entries mixed in (masked),
 // or the dense causal mode; reference = an fp64 loop over the same bf16 values. Every output
 // element is checked. Tolerance: |values| <= 1, so |out| <= 1; the output is rounded to bf16
 // (<= 2^-9 relative) and P to bf16 for P V (<= 2^-9 relative per term): max abs error <= 8e-3
 // (2x the worst case) and NMSE <= 1e-5 (output rounding alone is ~1.3e-6). Calls that would split
-// the entries (fewer query blocks than multiprocessors) take the production kernel: the test's
+// the entries (fewer query blocks than multiprocessors) take the mma.sync kernel: the test's
 // large cases use enough queries not to.
 #include <atomic>
 #include <cmath>
@@ -206,7 +207,7 @@ int main(int argc, char** argv) {
   const bool nocheck = argc > 2 && !std::strcmp(argv[2], "--nocheck");
   int fails = 0;
   if (!bench) {
-    // nq >= 160 with H <= 64 keeps the call unsplit (the wgmma kernel); nq = 4: the production
+    // nq >= 160 with H <= 64 keeps the call unsplit (the wgmma kernel); nq = 4: the mma.sync
     // kernel's split path, through the same dispatch
     const Case cases[] = {
         {0, 64, 512, 160, 3, false},  {64, 64, 512, 160, 3, false}, {0, 16, 300, 200, 2, false},
