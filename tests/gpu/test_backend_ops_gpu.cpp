@@ -172,6 +172,20 @@ TEST_CASE("backend ops: elementwise, norms, linear, SwiGLU on cuda equal the cpu
         be.swiglu_mlp(a, sw, o);
         return be.to_host(o);
       });
+      // an odd width: T x 45 elements reach the activation pass's scalar tail (16-byte chunks before it)
+      {
+        const int64_t I5 = 45;
+        const auto g5 = rnd(size_t(I5 * D), 12, 0.2f), u5 = rnd(size_t(I5 * D), 13, 0.2f),
+                   d5 = rnd(size_t(D * I5), 14, 0.2f);
+        check("swiglu_mlp odd width", sh, 1e-4, [&](Backend& be) {
+          dz::SwigluWeights sw{be.upload(g5.data(), {I5, D}, be.weight_dtype()),
+                               be.upload(u5.data(), {I5, D}, be.weight_dtype()),
+                               be.upload(d5.data(), {D, I5}, be.weight_dtype())};
+          DTensor a = be.upload(x.data(), {T, D}, be.act_dtype()), o = be.act({T, D});
+          be.swiglu_mlp(a, sw, o);
+          return be.to_host(o);
+        });
+      }
       // embedding rows
       const int64_t V = 50;
       const auto table = rnd(size_t(V * D), 9);

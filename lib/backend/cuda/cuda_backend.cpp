@@ -513,8 +513,8 @@ class CudaBackend final : public Backend {
                        tile_off.ptr<int32_t>(), perm.ptr<int32_t>(), pos_of.ptr<int32_t>(), st());
     DTensor xs = alloc({n, DX}, DType::BF16), hg = alloc({n, I}, DType::BF16), ys = alloc({n, DX}, DType::BF16);
     cuda::gather_rows(b16(x), perm.ptr<int32_t>(), n, int(k), DX, b16w(xs), st());
-    // Tensor-core grouped GEMMs over each expert's rows: gate and up fused with the activation.
-    // (At a decode step's few rows a GEMV version ran slower than these: docs/cuda_backend.md.)
+    // Tensor-core grouped GEMMs over each expert's rows. (At a decode step's few rows a GEMV
+    // version ran slower than these: docs/cuda_backend.md.)
     if (w.experts.gate.mx_scales) {  // MXFP4 experts, decoded tile by tile in the GEMMs
       DZ_CHECK(w.experts.up.mx_scales && w.experts.down.mx_scales, "moe: MXFP4 gate without MXFP4 up / down");
       auto mx = [](const DTensor& t) { return cuda::Mx4Weight{t.ptr<uint8_t>(), t.mx_scales->ptr<uint8_t>()}; };
@@ -523,8 +523,16 @@ class CudaBackend final : public Backend {
       cuda::grouped_gemm_mx4_tc(b16(hg), mx(w.experts.down), offsets.ptr<int32_t>(), int(E), max_tiles, DX, I,
                                 b16w(ys), st());
     } else {
-      cuda::grouped_gemm_swiglu_tc(b16(xs), b16(w.experts.gate), b16(w.experts.up), offsets.ptr<int32_t>(),
-                                   tile_off.ptr<int32_t>(), int(E), max_tiles, I, DX, b16w(hg), st(), w.experts.act);
+      // BF16: gate and up as two grouped GEMMs, then the activation pass. The kernel that fuses
+      // them with the activation (MXFP4 above) ran 1.2-1.4x slower than these three on the H200
+      // on every shape measured (docs/perf/experiments_c6788c6.txt; GLM-5.3-Flash at T = 8192:
+      // 6.12 ms fused vs 2 x 2.13 ms + the pass).
+      DTensor hu = alloc({n, I}, DType::BF16);
+      cuda::grouped_gemm_tc(b16(xs), b16(w.experts.gate), offsets.ptr<int32_t>(), tile_off.ptr<int32_t>(), int(E),
+                            max_tiles, I, DX, b16w(hg), st());
+      cuda::grouped_gemm_tc(b16(xs), b16(w.experts.up), offsets.ptr<int32_t>(), tile_off.ptr<int32_t>(), int(E),
+                            max_tiles, I, DX, b16w(hu), st());
+      cuda::silu_mul(b16(hg), b16(hu), b16w(hg), n * I, w.experts.act, st());
       cuda::grouped_gemm_tc(b16(hg), b16(w.experts.down), offsets.ptr<int32_t>(), tile_off.ptr<int32_t>(), int(E),
                             max_tiles, DX, I, b16w(ys), st());
     }
@@ -776,7 +784,7 @@ class CudaBackend final : public Backend {
         for (int64_t b = 0; b < N; ++b) max_q = std::max(max_q, a.cu[size_t(b) + 1] - a.cu[size_t(b)]);
         if (max_q == 0) return;
         const DTensor dcu = device_offsets(a.cu);
-        cuda::FlashAttnArgs f = flash_args(a);
+        cuda::FlashAttnArgs f = flash_args(a, T, S);
         f.max_q = max_q;
         constexpr int64_t kMaxB = 65535;
         for (int64_t b0 = 0; b0 < N; b0 += kMaxB) {
@@ -796,7 +804,7 @@ class CudaBackend final : public Backend {
       // Dense causal: the tensor-core flash kernel, one sequence (queries at pos0.., keys 0..pos0+T-1).
       DTensor cu = alloc({4}, DType::I32);
       cuda::set_i32(cu.ptr<int32_t>(), 4, cuda::SmallI32{{0, int32_t(T), 0, int32_t(a.pos0 + T)}}, st());
-      cuda::FlashAttnArgs f = flash_args(a);
+      cuda::FlashAttnArgs f = flash_args(a, T, S);
       f.cu_q = cu.ptr<int32_t>();
       f.cu_k = cu.ptr<int32_t>() + 2;
       f.B = 1;
@@ -810,9 +818,12 @@ class CudaBackend final : public Backend {
     cuda::attention(b16(a.q), b16(a.k), b16(a.v), b16w(a.out), T, a.pos0, S, int(a.Hq), int(a.Hkv), int(a.Dk),
                     int(a.Dv), a.scale, sparse ? sel.ptr<int32_t>() : nullptr, sparse ? sel.cols() : 0, st());
   }
-  // The flash kernel's view of a's tensors and dims (offsets and batch set by the caller).
-  static cuda::FlashAttnArgs flash_args(const AttnArgs& a) {
+  // The flash kernel's view of a's tensors (T query rows, S key rows) and dims (offsets and batch
+  // set by the caller).
+  static cuda::FlashAttnArgs flash_args(const AttnArgs& a, int64_t T, int64_t S) {
     cuda::FlashAttnArgs f;
+    f.rows_q = T;
+    f.rows_k = S;
     f.q = b16(a.q);
     f.k = b16(a.k);
     f.v = b16(a.v);
