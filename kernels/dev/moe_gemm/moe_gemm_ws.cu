@@ -1,9 +1,12 @@
 // Experiment (issue 11 / 12: the expert GEMMs are the largest kernel group left, 0.45-0.76 of one
 // cuBLAS GEMM of the same rows, docs/perf/experiments_c6788c6.txt): kernels/moe_gemm.cu's TMA path
-// made warp specialised, as the flash attention's was (12.2 vs 21.6 ms there). Written 2026-12-02;
-// compiled here, first device call:
+// made warp specialised, as the flash attention's was (12.2 vs 21.6 ms there). Run with
 //   bash kernels/dev/moe_gemm/run_device.sh kernels/dev/moe_gemm/moe_gemm_ws.cu
-// (the harness tests and benches production, then this file, in the same command).
+// (the harness tests and benches production, then this file, in the same command). First run,
+// 2026-12-02 (docs/perf/moe_gemm_ws_7498749.txt): all tests pass; 1.04-1.11x faster than production
+// on the plain GEMMs of every shape but GLM-5.3-Flash's down projection (0.98x), e.g. Qwen3.5 at
+// T = 32768 gate/up 0.918 vs 0.998 ms, down 1.498 vs 1.648 ms. The next step is to hide the
+// epilogue (ping-pong: each consumer warpgroup its own item, as CUTLASS's pingpong kernel does).
 //
 // Drop-in for kernels/moe_gemm.cu in the dev harness: compiles the production file under other
 // names and defines grouped_gemm_tc / grouped_gemm_swiglu_tc itself, taking this kernel where
