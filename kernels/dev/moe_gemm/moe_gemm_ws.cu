@@ -28,7 +28,11 @@
 //     epilogue (as in production);
 //   - (added after the first run, NOT yet measured) a consumer warpgroup whose 64 rows hold none of
 //     the item's issues no products for it: an expert's tail of <= 64 rows no longer costs a full
-//     128-row item of tensor time (ptxas: still no spills, no wgmma serialisation).
+//     128-row item of tensor time (ptxas: still no spills, no wgmma serialisation);
+//   - (also added after the first run, NOT yet measured) the epilogue goes through a per-warp
+//     staging tile in shared memory, 64 columns at a time, and out as whole 128-byte row lines:
+//     the fragments' own bf16x2 stores fill half of each 32-byte sector they write, which matters
+//     most for the down projections (K = 512 to 2048: the epilogue is a large share of an item).
 // Same item order, tile shapes, swizzle and fp32 accumulation order as production: the outputs
 // must be bitwise equal to its (the harness checks against fp64 and for determinism).
 #define grouped_gemm_tc grouped_gemm_tc_base
@@ -44,8 +48,11 @@ namespace ws {
 
 constexpr int kThreadsWs = 384;  // producer warpgroup + 2 consumer warpgroups
 
-// Shared memory: production's layout (pipeline, mbarriers, offsets) plus nothing.
-size_t smem_ws(int E) { return smem_bytes(E); }
+// Shared memory: production's layout (pipeline, mbarriers, offsets), then one epilogue staging
+// tile per consumer warp: 16 rows x 64 bf16 columns, rows 144 bytes apart (conflict-free both ways).
+constexpr int kStgRowB = 144, kStgWarpB = 16 * kStgRowB;
+__host__ __device__ constexpr size_t stg_offset(int E) { return (size_t(kPipeB + kBarB) + 8 * size_t(E + 1) + 15) & ~size_t(15); }
+size_t smem_ws(int E) { return 1024 + stg_offset(E) + 8 * size_t(kStgWarpB); }
 
 template <bool SWIGLU>
 __global__ void __launch_bounds__(kThreadsWs, 1) k_moe_gemm_ws(const __grid_constant__ Args a,
@@ -191,7 +198,36 @@ __global__ void __launch_bounds__(kThreadsWs, 1) k_moe_gemm_ws(const __grid_cons
     const int cbase = cur.n0 + (lane & 3) * 2;
     const int wr = wm * 64 + wq * 16;  // this warp's first shared-memory row
     const bool full_cols = a.vec_store && cur.n0 + BN <= N;
-    if (full_cols && sh <= wr && wr + 16 <= sh + cur.rows) {
+    if (wr + 16 <= sh || wr >= sh + cur.rows) continue;  // none of this warp's rows is the item's
+    if (full_cols && (N & 7) == 0 && (reinterpret_cast<uintptr_t>(a.y) & 15) == 0) {
+      // Through the warp's staging tile, 64 columns at a time, so that each row goes out as whole
+      // 128-byte lines (the fragments' own stores fill half of each 32-byte sector they touch).
+      uint8_t* stg = smem + stg_offset(E) + (warp - 4) * kStgWarpB;
+      const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+      for (int qd = 0; qd < BN / 64; ++qd) {
+#pragma unroll
+        for (int jj = 0; jj < 8; ++jj) {
+          const int j = qd * 8 + jj;
+#pragma unroll
+          for (int hf = 0; hf < 2; ++hf) {
+            float v0 = acc[4 * j + 2 * hf], v1 = acc[4 * j + 2 * hf + 1];
+            if constexpr (SWIGLU) swiglu_pair(v0, v1, acc[4 * (j + 16) + 2 * hf], acc[4 * (j + 16) + 2 * hf + 1], a.act);
+            *reinterpret_cast<__nv_bfloat162*>(stg + (g + 8 * hf) * kStgRowB + (8 * jj + 2 * t) * 2) =
+                __floats2bfloat162_rn(v0, v1);
+          }
+        }
+        __syncwarp();
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const int rl = (lane >> 3) + 4 * i, c = lane & 7, lr = wr + rl;
+          if (lr >= sh && lr < sh + cur.rows)
+            *reinterpret_cast<uint4*>(a.y + (int64_t(cur.a0) + lr) * N + cur.n0 + qd * 64 + c * 8) =
+                *reinterpret_cast<const uint4*>(stg + rl * kStgRowB + c * 16);
+        }
+        __syncwarp();
+      }
+    } else if (full_cols && sh <= wr && wr + 16 <= sh + cur.rows) {
       bf16* yw = a.y + (int64_t(cur.a0) + wr + (lane >> 2)) * N + cbase;
 #pragma unroll
       for (int hf = 0; hf < 2; ++hf) {
@@ -261,6 +297,7 @@ bool run_ws(const bf16* xs, const bf16* w0, const bf16* w1, const int32_t* offse
       !encode(enc, &m.b1, wu, int64_t(E) * N, K, br))
     return false;
   const size_t smem = smem_ws(E);
+  if (smem > size_t(227) * 1024) return false;  // the staging tiles do not fit beside E's offsets
   auto kern = swiglu ? k_moe_gemm_ws<true> : k_moe_gemm_ws<false>;
   CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
   const int64_t max_items = max_tiles * a.n_col_tiles;
