@@ -10,17 +10,17 @@
 // (bf16 output rounding alone gives ~1.3e-6).
 // Flags: --bench (timings + fp64 spot checks of sampled rows; --nocheck skips those), --quick (a
 // small subset of the test, e.g. for compute-sanitizer).
-#include <atomic>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <random>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "bench_util.cuh"
 #include "common.cuh"
+#include "core/bf16.hpp"
+#include "dev/host_util.hpp"
 #include "flash_attention.cuh"
 
 using namespace dz::cuda;
@@ -29,46 +29,18 @@ namespace {
 
 constexpr double kTolAbs = 8e-3, kTolNmse = 1e-5;
 
-uint16_t f2bf(float f) {  // round to nearest even (inputs are finite)
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return uint16_t(u >> 16);
-}
-float bf2f(uint16_t b) {
-  const uint32_t u = uint32_t(b) << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
-
-template <class F>
-void parallel_for(int64_t n, F&& f) {
-  const int nt = std::max(1u, std::thread::hardware_concurrency());
-  std::atomic<int64_t> next{0};
-  std::vector<std::thread> th;
-  for (int t = 0; t < nt; ++t)
-    th.emplace_back([&] {
-      for (;;) {
-        const int64_t i0 = next.fetch_add(8);
-        if (i0 >= n) break;
-        for (int64_t i = i0; i < std::min(n, i0 + 8); ++i) f(i);
-      }
-    });
-  for (auto& t : th) t.join();
-}
 
 // fp64 reference of one output row (query row qrow of sequence with key rows [k0, k0 + nvis), head h).
 void ref_row(const uint16_t* q, const uint16_t* k, const uint16_t* v, int64_t qrow, int64_t k0, int64_t nvis, int h,
              int Hq, int Hkv, int Dk, int Dv, double scale, double* out) {
   const int g = h / (Hq / Hkv);
   std::vector<double> qd(Dk), s(std::max<int64_t>(nvis, 1));
-  for (int d = 0; d < Dk; ++d) qd[d] = bf2f(q[(qrow * Hq + h) * Dk + d]);
+  for (int d = 0; d < Dk; ++d) qd[d] = dz::bf16_to_f32(q[(qrow * Hq + h) * Dk + d]);
   double m = -INFINITY;
   for (int64_t j = 0; j < nvis; ++j) {
     const uint16_t* kr = k + ((k0 + j) * Hkv + g) * Dk;
     double dot = 0;
-    for (int d = 0; d < Dk; ++d) dot += qd[d] * bf2f(kr[d]);
+    for (int d = 0; d < Dk; ++d) dot += qd[d] * dz::bf16_to_f32(kr[d]);
     s[j] = dot * scale;
     m = std::max(m, s[j]);
   }
@@ -78,7 +50,7 @@ void ref_row(const uint16_t* q, const uint16_t* k, const uint16_t* v, int64_t qr
     const double p = std::exp(s[j] - m);
     l += p;
     const uint16_t* vr = v + ((k0 + j) * Hkv + g) * Dv;
-    for (int d = 0; d < Dv; ++d) out[d] += p * bf2f(vr[d]);
+    for (int d = 0; d < Dv; ++d) out[d] += p * dz::bf16_to_f32(vr[d]);
   }
   for (int d = 0; d < Dv; ++d) out[d] = l > 0 ? out[d] / l : 0;
 }
@@ -110,9 +82,9 @@ Result run_case(const Case& c, uint64_t seed) {
   std::mt19937_64 rng(seed);
   std::uniform_real_distribution<float> u2(-2.f, 2.f), u1(-1.f, 1.f);
   std::vector<uint16_t> hq(nq), hk(nk), hv(nv);
-  for (auto& x : hq) x = f2bf(u2(rng));
-  for (auto& x : hk) x = f2bf(u2(rng));
-  for (auto& x : hv) x = f2bf(u1(rng));
+  for (auto& x : hq) x = dz::f32_to_bf16(u2(rng));
+  for (auto& x : hk) x = dz::f32_to_bf16(u2(rng));
+  for (auto& x : hv) x = dz::f32_to_bf16(u1(rng));
   const double scale = 1.5 / std::sqrt(double(c.Dk));
 
   const int sh = c.unaligned ? 1 : 0;  // element shift of every pointer
@@ -165,17 +137,17 @@ Result run_case(const Case& c, uint64_t seed) {
   std::vector<int> seq_of(Tq);
   for (int b = 0; b < B; ++b)
     for (int i = cu_q[b]; i < cu_q[b + 1]; ++i) seq_of[i] = b;
-  parallel_for(Tq * c.Hq, [&](int64_t w) {
+  dz::dev::parallel_each(Tq * c.Hq, [&](int64_t w) {
     const int64_t row = w / c.Hq;
     const int h = int(w % c.Hq), b = seq_of[row];
     const int64_t i = row - cu_q[b];
     const int64_t nvis = std::max<int64_t>(0, std::min<int64_t>(c.lk[b], i + 1 + (c.lk[b] - c.lq[b])));
     ref_row(hq.data(), hk.data(), hv.data(), row, cu_k[b], nvis, h, c.Hq, c.Hkv, c.Dk, c.Dv, scale,
             ref.data() + (row * c.Hq + h) * c.Dv);
-  });
+  }, 8);
   double sse = 0, ssr = 0;
   for (int64_t i = 0; i < no; ++i) {
-    const float x = bf2f(hout[sh + i]);
+    const float x = dz::bf16_to_f32(hout[sh + i]);
     if (!std::isfinite(x)) {
       r.ok = false;
       r.why = "non-finite / unwritten output at element " + std::to_string(i);
@@ -353,17 +325,17 @@ int bench(bool check) {
       const std::vector<int64_t> rows = {0,          1,       15,      16,     63,    64,   127, 128, 129, 1000,
                                          T / 2 + 37, T - 129, T - 128, T - 65, T - 2, T - 1};
       std::vector<double> ref(rows.size() * sh.Hq * sh.Dv);
-      parallel_for(int64_t(rows.size()) * sh.Hq, [&](int64_t w) {
+      dz::dev::parallel_each(int64_t(rows.size()) * sh.Hq, [&](int64_t w) {
         const int64_t row = rows[w / sh.Hq];
         const int h = int(w % sh.Hq);
         ref_row(hq.data(), hk.data(), hv.data(), row, 0, row + 1, h, sh.Hq, sh.Hkv, sh.Dk, sh.Dv, scale,
                 ref.data() + w * sh.Dv);
-      });
+      }, 8);
       double max_abs = 0, sse = 0, ssr = 0;
       for (size_t ri = 0; ri < rows.size(); ++ri)
         for (int h = 0; h < sh.Hq; ++h)
           for (int d = 0; d < sh.Dv; ++d) {
-            const double x = bf2f(hout[(rows[ri] * sh.Hq + h) * sh.Dv + d]);
+            const double x = dz::bf16_to_f32(hout[(rows[ri] * sh.Hq + h) * sh.Dv + d]);
             const double y = ref[(ri * sh.Hq + h) * sh.Dv + d];
             const double e = std::isfinite(x) ? std::fabs(x - y) : INFINITY;
             max_abs = std::max(max_abs, e);

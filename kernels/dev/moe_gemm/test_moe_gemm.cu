@@ -26,6 +26,7 @@
 #include <string>
 #include <vector>
 
+#include "core/bf16.hpp"
 #include "moe_gemm.cuh"
 
 #define CK(x)                                                                                  \
@@ -67,12 +68,6 @@ static void fill(bf16* p, int64_t n, uint32_t seed, float scale) {
   k_fill<<<1024, 256>>>(reinterpret_cast<uint16_t*>(p), n, seed, scale);
   CK(cudaGetLastError());
 }
-static inline float bf2f(uint16_t h) {
-  uint32_t b = uint32_t(h) << 16;
-  float f;
-  memcpy(&f, &b, 4);
-  return f;
-}
 static float pow2_scale(int64_t K) {  // ~ 2 / sqrt(K), a power of two
   return std::exp2(std::round(std::log2(2.0 / std::sqrt(double(K)))));
 }
@@ -110,7 +105,7 @@ static int expert_of(const Layout& L, int64_t r) {
 
 static double dot(const double* x, const uint16_t* w, int64_t K) {
   double s[4] = {0, 0, 0, 0};  // four partial sums (speed; fp64 order does not matter here)
-  for (int64_t k = 0; k < K; ++k) s[k & 3] += x[k] * double(bf2f(w[k]));
+  for (int64_t k = 0; k < K; ++k) s[k & 3] += x[k] * double(dz::bf16_to_f32(w[k]));
   return (s[0] + s[1]) + (s[2] + s[3]);
 }
 
@@ -138,7 +133,7 @@ static Err check_rows(const Layout& L, const bf16* d_xs, const bf16* d_w0, const
     }
     CK(cudaMemcpy(x.data(), d_xs + r * K, sizeof(uint16_t) * K, cudaMemcpyDeviceToHost));
     CK(cudaMemcpy(y.data(), d_y + r * N, sizeof(uint16_t) * N, cudaMemcpyDeviceToHost));
-    for (int64_t k = 0; k < K; ++k) xd[k] = bf2f(x[k]);
+    for (int64_t k = 0; k < K; ++k) xd[k] = dz::bf16_to_f32(x[k]);
     double mx = 0;
     for (int64_t c = 0; c < N; ++c) {
       const double g = dot(xd.data(), w0.data() + c * K, K);
@@ -152,7 +147,7 @@ static Err check_rows(const Layout& L, const bf16* d_xs, const bf16* d_w0, const
     }
     const double scale = std::max(mx, 1e-30);
     for (int64_t c = 0; c < N; ++c) {
-      const double v = bf2f(y[c]);
+      const double v = dz::bf16_to_f32(y[c]);
       const double rel = std::isfinite(v) ? std::fabs(v - ref[c]) / scale : INFINITY;
       if (!(rel <= tol)) {
         if (err.bad < 5)

@@ -16,11 +16,13 @@
 #include <functional>
 #include <random>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "backend_ops.cuh"
 #include "bench_util.cuh"
 #include "common.cuh"
+#include "core/bf16.hpp"
 #include "dev/norms/norms_vec.cuh"
 
 using namespace dz::cuda;
@@ -28,24 +30,16 @@ using bf16 = __nv_bfloat16;
 
 namespace {
 
-float bf_round(float f) { return __bfloat162float(__float2bfloat16_rn(f)); }
-
 template <class T>
 T* upload(const std::vector<float>& v) {
   std::vector<T> h(v.size());
-  for (size_t i = 0; i < v.size(); ++i) h[i] = T(v[i]);
+  for (size_t i = 0; i < v.size(); ++i) {
+    if constexpr (std::is_same_v<T, bf16>) h[i] = __float2bfloat16_rn(v[i]);
+    else h[i] = v[i];
+  }
   T* d = nullptr;
   CUDA_CHECK(cudaMalloc(&d, sizeof(T) * (v.size() + 8)));
   CUDA_CHECK(cudaMemcpy(d, h.data(), sizeof(T) * v.size(), cudaMemcpyHostToDevice));
-  return d;
-}
-template <>
-bf16* upload<bf16>(const std::vector<float>& v) {
-  std::vector<bf16> h(v.size());
-  for (size_t i = 0; i < v.size(); ++i) h[i] = __float2bfloat16_rn(v[i]);
-  bf16* d = nullptr;
-  CUDA_CHECK(cudaMalloc(&d, sizeof(bf16) * (v.size() + 8)));
-  CUDA_CHECK(cudaMemcpy(d, h.data(), sizeof(bf16) * v.size(), cudaMemcpyHostToDevice));
   return d;
 }
 template <class T>
@@ -63,7 +57,7 @@ std::vector<float> rnd(size_t n, float lo, float hi, uint32_t seed, bool to_bf16
   std::mt19937 g(seed);
   std::uniform_real_distribution<float> u(lo, hi);
   std::vector<float> v(n);
-  for (auto& x : v) x = to_bf16 ? bf_round(u(g)) : u(g);
+  for (auto& x : v) x = to_bf16 ? dz::round_bf16(u(g)) : u(g);
   return v;
 }
 

@@ -11,49 +11,22 @@
 // (2x the worst case) and NMSE <= 1e-5 (output rounding alone is ~1.3e-6). Calls that would split
 // the entries (fewer query blocks than multiprocessors) take the mma.sync kernel: the test's
 // large cases use enough queries not to.
-#include <atomic>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <random>
-#include <thread>
 #include <vector>
 
 #include "bench_util.cuh"
 #include "common.cuh"
+#include "core/bf16.hpp"
+#include "dev/host_util.hpp"
 #include "sparse_mla.cuh"
 
 using namespace dz::cuda;
 
 namespace {
 
-uint16_t f2bf(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return uint16_t(u >> 16);
-}
-float bf2f(uint16_t b) {
-  const uint32_t u = uint32_t(b) << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
-template <class F>
-void parallel_for(int64_t n, F&& f) {
-  const int nt = std::max(1u, std::thread::hardware_concurrency());
-  std::atomic<int64_t> next{0};
-  std::vector<std::thread> th;
-  for (int t = 0; t < nt; ++t)
-    th.emplace_back([&] {
-      for (;;) {
-        const int64_t i = next.fetch_add(1);
-        if (i >= n) break;
-        f(i);
-      }
-    });
-  for (auto& t : th) t.join();
-}
 
 struct Case {
   int DR, H, K, nq, nseq;
@@ -82,8 +55,8 @@ int run_case(const Case& c, bool check, bool bench) {
     st ^= st << 13, st ^= st >> 7, st ^= st << 17;
     return float(st >> 40) * (2.f / 16777216.f) - 1.f;
   };
-  for (auto& x : cache) x = f2bf(u());
-  for (auto& x : q) x = f2bf(u());
+  for (auto& x : cache) x = dz::f32_to_bf16(u());
+  for (auto& x : q) x = dz::f32_to_bf16(u());
   std::vector<int32_t> seq(size_t(c.nq)), pos(size_t(c.nq)), sel(c.dense ? 0 : size_t(c.nq) * c.K);
   for (int i = 0; i < c.nq; ++i) {
     seq[size_t(i)] = i % c.nseq;
@@ -147,7 +120,7 @@ int run_case(const Case& c, bool check, bool bench) {
     // bench: spot checks of 16 queries; test: all
     const int nchk = bench ? 16 : c.nq;
     std::vector<double> err(static_cast<size_t>(nchk)), se(err), sr(err);
-    parallel_for(nchk, [&](int64_t ii) {
+    dz::dev::parallel_each(nchk, [&](int64_t ii) {
       const int i = bench ? int(ii * (c.nq / nchk)) : int(ii);
       const int p = pos[size_t(i)], s = seq[size_t(i)];
       std::vector<double> lg, acc(static_cast<size_t>(R));
@@ -165,7 +138,7 @@ int run_case(const Case& c, bool check, bool bench) {
         double mx = -INFINITY;
         for (size_t j = 0; j < rows.size(); ++j) {
           double d = 0;
-          for (int x = 0; x < DK; ++x) d += double(bf2f(qh[x])) * bf2f(rows[j][x]);
+          for (int x = 0; x < DK; ++x) d += double(dz::bf16_to_f32(qh[x])) * dz::bf16_to_f32(rows[j][x]);
           lg[j] = d * scale;
           mx = std::max(mx, lg[j]);
         }
@@ -174,11 +147,11 @@ int run_case(const Case& c, bool check, bool bench) {
         for (size_t j = 0; j < rows.size(); ++j) {
           const double w = std::exp(lg[j] - mx);
           den += w;
-          for (int x = 0; x < R; ++x) acc[size_t(x)] += w * bf2f(rows[j][x]);
+          for (int x = 0; x < R; ++x) acc[size_t(x)] += w * dz::bf16_to_f32(rows[j][x]);
         }
         for (int x = 0; x < R; ++x) {
           const double ref = rows.empty() ? 0.0 : acc[size_t(x)] / den;
-          const double got = bf2f(out[(size_t(i) * c.H + h) * R + x]);
+          const double got = dz::bf16_to_f32(out[(size_t(i) * c.H + h) * R + x]);
           const double d = std::isfinite(got) ? std::fabs(got - ref) : 1e30;
           e = std::max(e, d);
           s2 += (got - ref) * (got - ref);
