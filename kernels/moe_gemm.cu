@@ -1,38 +1,45 @@
 // Grouped MoE expert GEMMs on tensor cores (see moe_gemm.cuh).
 //
-// One persistent block per multiprocessor, 8 warps, 128 output rows x 256 B-rows per work item
-// (plain: 256 output columns of one W; SwiGLU: 128 columns of Wg and the same 128 of Wu, so the
-// thread that holds g[r, c] also holds u[r, c]). A work item is (expert, 128-row pair of the
-// expert's 64-row tiles, column tile), items numbered expert by expert, column tile fastest, and
-// dealt to the blocks round-robin. Each block first copies offsets into shared memory and scans
-// the per-expert pair counts there, so mapping an item to its rows is a shared-memory search.
+// One persistent block per multiprocessor, 128 output rows x 256 B-rows per work item (plain: 256
+// output columns of one W; SwiGLU: 128 columns of Wg and the same 128 of Wu, so the thread that
+// holds g[r, c] also holds u[r, c]). A work item is (expert, 128-row pair of the expert's 64-row
+// tiles, column tile), items numbered expert by expert, column tile fastest, and dealt to the
+// blocks round-robin. Each block first copies offsets into shared memory and scans the per-expert
+// pair counts there, so mapping an item to its rows is a shared-memory search.
 //
 // K runs in steps of 64 through a 4-stage pipeline that is continuous across the block's items:
-// loads of the next item start while the current one finishes, and the epilogue writes from
-// registers. Tiles are row-major with 128-byte rows whose 16-byte chunks are XOR-swizzled by
-// (row & 7): the tensor-memory-access engine's 128-byte swizzle, which is also the layout Hopper's
-// wgmma reads through a shared-memory descriptor (wgmma.cuh). Warpgroup wm (warps 4 wm .. 4 wm + 3)
-// multiplies A rows 64 wm .. 64 wm + 63 by all 256 B rows: four m64n256k16 wgmmas per stage, both
-// operands straight from shared memory, 128 fp32 accumulators per thread. Every warpgroup
-// multiplies all its rows; rows outside the item are dropped at the store. Each stage's products
-// are waited for before the (divergent) producer code runs: with a wgmma in flight across it,
-// ptxas serialises them (C7518); the other warpgroup's products fill the gap. TMA stages are
-// released per warp (empty mbarriers), so the warps are not held in step. (mma.sync m16n8k16 with
-// ldmatrix before 2026-12-02: 347 / 349 TFLOP/s for Kimi-Linear's SwiGLU / down against 417 / 430
-// with wgmma in one device command, docs/perf/moe_gemm_*.txt.)
+// loads of the next item start while the current one finishes. Tiles are row-major with 128-byte
+// rows whose 16-byte chunks are XOR-swizzled by (row & 7): the tensor-memory-access engine's
+// 128-byte swizzle, which is also the layout Hopper's wgmma reads through a shared-memory
+// descriptor (wgmma.cuh). Warpgroup wm multiplies A rows 64 wm .. 64 wm + 63 of the item by all
+// 256 B rows: four m64n256k16 wgmmas per stage, both operands straight from shared memory, 128 fp32
+// accumulators per thread. Same item order, tiles and fp32 accumulation order in both kernels, so
+// their outputs are bitwise equal.
 //
-// Loads, by what the shapes allow:
-//  - TMA (K % 8 == 0, 16-byte aligned pointers): thread 0 issues one 2-D tensor copy per operand
-//    and stage, completing on the stage's mbarrier. Rows past the expert's end (A) or past N (B)
-//    are loaded as they are (the next expert's rows, or zeros past the tensor) and only their
-//    outputs are dropped, so no row of one output depends on them; k past K is zero-filled. A's
-//    box never crosses the last row n = offsets[E] (the host does not know n): a tail item's box
-//    is moved up to end at n, and when n < 128 the threads load A themselves.
-//  - cp.async (K % 8 == 0 without TMA) and element loads (K % 8 != 0 or unaligned pointers):
-//    each thread fills 16-byte chunks, zero past the expert, N and K.
-//  - MXFP4 weights (MX4): A by cp.async; each thread loads the 4 packed bytes and the scale of each
-//    of its B chunks into registers, and one produce() later (while the stages in between are
-//    multiplied) decodes them to 8 bf16 each and stores them, swizzled as the other loaders do.
+// Two kernels, by what the shapes allow:
+//  - k_moe_gemm_ws, TMA loads (K % 8 == 0, 16-byte aligned pointers, the maps encodable), warp
+//    specialised as FlashAttention-3 is: warpgroup 0 is the producer (thread 0 issues one 2-D tensor
+//    copy per operand and stage onto the stage's full mbarrier; registers given away with
+//    setmaxnreg.dec), warpgroups 1 and 2 the consumers (setmaxnreg.inc), each keeping one stage's
+//    products in flight while it waits for the next and releasing a stage (empty mbarrier, one
+//    arrival per warp) once the products that read it are done; the producer runs ahead across
+//    items, so the next item's loads overlap the epilogue. A consumer whose 64 rows hold none of the
+//    item's (an expert's tail of <= 64 rows) issues no products for it. The epilogue goes through a
+//    per-warp staging tile, 64 columns at a time, out as whole 128-byte row lines (the fragments'
+//    own bf16x2 stores fill half of each 32-byte sector). Rows past the expert's end (A) or past N
+//    (B) are loaded as they are (the next expert's rows, or zeros past the tensor) and only their
+//    outputs are dropped; k past K is zero-filled. A's box never crosses the last row
+//    n = offsets[E] (the host does not know n): a tail item's box is moved up to end at n, and when
+//    n < 128 the producer's 128 threads load A themselves. (Against the non-specialised TMA kernel
+//    it replaced, one device command, docs/perf/moe_gemm_ws_*.txt: Qwen3.5 T = 32768 gate/up 0.829
+//    vs 1.010 ms, down 0.967 vs 1.572; GLM-5.3-Flash T = 8192 2.174 vs 2.187, 2.184 vs 2.393.)
+//  - k_moe_gemm, 8 warps that all load and all multiply: cp.async (K % 8 == 0 without TMA), element
+//    loads (K % 8 != 0 or unaligned pointers), and MXFP4 weights (MX4: A by cp.async; each thread
+//    loads the 4 packed bytes and the scale of each of its B chunks into registers, and one
+//    produce() later, while the stages in between are multiplied, decodes them to 8 bf16 each and
+//    stores them swizzled). Each thread fills 16-byte chunks, zero past the expert, N and K; each
+//    stage's products are waited for before the (divergent) producer code runs (with a wgmma in
+//    flight across it ptxas serialises them, C7518) and the other warpgroup's products fill the gap.
 #include <cuda.h>
 #include <cudaTypedefs.h>
 
@@ -66,7 +73,7 @@ constexpr int kPipeB = kStages * kStageB;  // 192 KiB
 constexpr int kBarB = 64;                  // mbarriers: full[kStages], empty[kStages]
 constexpr int kMaxE = 4096;
 
-enum Mode { kTma = 0, kCpAsync = 1, kElem = 2 };
+enum Mode { kTma = 0, kCpAsync = 1, kElem = 2 };  // kTma: k_moe_gemm_ws; the others: k_moe_gemm
 
 __device__ __forceinline__ void st_shared16(uint32_t saddr, uint4 v) {
   asm volatile("st.shared.v4.b32 [%0], {%1,%2,%3,%4};\n" ::"r"(saddr), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w));
@@ -108,11 +115,12 @@ struct Args {
   int E, N, K;
   int n_col_tiles;  // column tiles per pair
   int vec_store;    // N even and y 4-byte aligned: bf16x2 stores
+  int stage_epi;    // k_moe_gemm_ws: the per-warp epilogue staging tiles fit in shared memory
   GluAct act;       // SwiGLU / clamp / SiTU
   // MXFP4 weights (MX4 kernels): packed [E*N, K/2] and scales [E*N, K/32] of W / Wg and of Wu
   const uint8_t *q0, *q1, *s0, *s1;
 };
-struct Maps {  // TMA descriptors (kTma only): xs, W / Wg, Wu
+struct Maps {  // TMA descriptors of the warp-specialised kernel: xs, W / Wg, Wu
   CUtensorMap a, b0, b1;
 };
 
@@ -153,48 +161,43 @@ __device__ __forceinline__ Item map_item(int item, int n_col_tiles, const int32_
   return it;
 }
 
+// Warp 0: s_poff[e] = exclusive scan over experts of the 128-row pairs of 64-row tiles
+// (s_off complete in shared memory first).
+__device__ __forceinline__ void scan_pairs(const int32_t* s_off, int32_t* s_poff, int E, int lane) {
+  const int per = (E + 31) / 32, b = min(E, lane * per), en = min(E, b + per);
+  int sum = 0;
+  for (int e = b; e < en; ++e) sum += (s_off[e + 1] - s_off[e] + kBM - 1) / kBM;
+  int incl = sum;
+#pragma unroll
+  for (int d = 1; d < 32; d <<= 1) {
+    const int v = __shfl_up_sync(0xffffffffu, incl, d);
+    if (lane >= d) incl += v;
+  }
+  int run = incl - sum;
+  for (int e = b; e < en; ++e) {
+    s_poff[e] = run;
+    run += (s_off[e + 1] - s_off[e] + kBM - 1) / kBM;
+  }
+  if (lane == 31) s_poff[E] = incl;
+}
+
 template <bool SWIGLU, int MODE, bool MX4 = false>
-__global__ void __launch_bounds__(kThreads, 1) k_moe_gemm(const __grid_constant__ Args a,
-                                                          const __grid_constant__ Maps maps) {
+__global__ void __launch_bounds__(kThreads, 1) k_moe_gemm(const __grid_constant__ Args a) {
   static_assert(!MX4 || MODE == kCpAsync, "MXFP4 weights: A by cp.async, B decoded by the threads");
   constexpr int BN = SWIGLU ? kBR / 2 : kBR;  // output columns per item
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   // 1024-byte aligned base (the 128-byte swizzle repeats every 8 rows of 128 bytes).
   uint8_t* smem = smem_raw + ((1024u - (smem_u32(smem_raw) & 1023u)) & 1023u);
   const int E = a.E, N = a.N, K = a.K;
-  const uint32_t sbase = smem_u32(smem), sbar = sbase + kPipeB;
+  const uint32_t sbase = smem_u32(smem);
   int32_t* s_off = reinterpret_cast<int32_t*>(smem + kPipeB + kBarB);
   int32_t* s_poff = s_off + (E + 1);
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
 
   // ---- offsets to shared memory, pairs of 64-row tiles per expert scanned (warp 0) ----
   for (int i = tid; i <= E; i += kThreads) s_off[i] = a.offsets[i];
-  if (MODE == kTma && tid == 0) {
-    for (int s = 0; s < kStages; ++s) {
-      mbar_init(sbar + 8 * s, 1);                         // full: thread 0's expect_tx + the bytes
-      mbar_init(sbar + 8 * (kStages + s), kThreads / 32);  // empty: one arrival per warp
-    }
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-  }
   __syncthreads();
-  if (warp == 0) {
-    const int per = (E + 31) / 32, b = min(E, lane * per), en = min(E, b + per);
-    int sum = 0;
-    for (int e = b; e < en; ++e) sum += (s_off[e + 1] - s_off[e] + kBM - 1) / kBM;
-    int incl = sum;
-#pragma unroll
-    for (int d = 1; d < 32; d <<= 1) {
-      const int v = __shfl_up_sync(0xffffffffu, incl, d);
-      if (lane >= d) incl += v;
-    }
-    int run = incl - sum;
-    for (int e = b; e < en; ++e) {
-      s_poff[e] = run;
-      run += (s_off[e + 1] - s_off[e] + kBM - 1) / kBM;
-    }
-    if (lane == 31) s_poff[E] = incl;
-  }
+  if (warp == 0) scan_pairs(s_off, s_poff, E, lane);
   __syncthreads();
 
   const int total = s_poff[E] * a.n_col_tiles;  // < 2^31 (host: max_tiles * column tiles)
@@ -203,10 +206,7 @@ __global__ void __launch_bounds__(kThreads, 1) k_moe_gemm(const __grid_constant_
   const int nq = (total - int(blockIdx.x) + G - 1) / G;  // items of this block
   const int k_iters = (K + kBK - 1) / kBK;
   const int64_t total_iters = int64_t(nq) * k_iters;
-  const int n_rows = s_off[E];
-  // TMA: A's box must stay inside rows [0, n); with n < 128 the threads load A instead.
-  const bool a_thr = MODE == kTma && n_rows < kBM;
-  const bool shift_tail = MODE == kTma && !a_thr;
+  const bool shift_tail = false;  // (TMA only: these loaders zero the rows past the expert)
 
   // ---- producer ----
   // Thread-filled tiles: thread loads chunk pch of rows prow + 32 i (A: i < 4, B: i < 8).
@@ -227,12 +227,7 @@ __global__ void __launch_bounds__(kThreads, 1) k_moe_gemm(const __grid_constant_
   auto setup_producer = [&](int item) {
     ld_it = map_item<BN>(item, a.n_col_tiles, s_off, s_poff, E, shift_tail, ld_e);
     const Item& it = ld_it;
-    if constexpr (MODE == kTma) {
-      pa = a.xs + (int64_t(it.a0) + prow) * K + pch * 8;
-      rmask = 0;
-#pragma unroll
-      for (int i = 0; i < 4; ++i) rmask |= uint32_t(it.a0 + prow + 32 * i < n_rows) << i;
-    } else {
+    {
       pa = a.xs + (int64_t(it.r0) + prow) * K + pch * 8;
       const int64_t wrow = (int64_t(it.e) * N + it.n0 + prow) * K + pch * 8;
       if constexpr (MX4) {
@@ -260,25 +255,7 @@ __global__ void __launch_bounds__(kThreads, 1) k_moe_gemm(const __grid_constant_
   auto load_stage = [&](int stage) {
     const uint32_t sA = sbase + stage * kStageB, sB = sA + kAStage;
     const int kc = ld_k * kBK + pch * 8;
-    if constexpr (MODE == kTma) {
-      if (a_thr) {  // n < 128: A from the threads (16-byte loads, zero past n and K)
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          uint4 v = make_uint4(0, 0, 0, 0);
-          if (((rmask >> i) & 1) && kc < K) v = __ldg(reinterpret_cast<const uint4*>(pa + i * rstride));
-          st_shared16(sA + pdst + i * 32 * kRowB, v);
-        }
-      }
-      if (tid == 0) {
-        const uint32_t bar = sbar + 8 * stage;
-        const int k0 = ld_k * kBK;
-        mbar_expect_tx(bar, uint32_t(a_thr ? kBStage : kStageB));
-        if (!a_thr) tma_load_2d(sA, &maps.a, k0, ld_it.a0, bar);
-        const int brow = ld_it.e * N + ld_it.n0;
-        tma_load_2d(sB, &maps.b0, k0, brow, bar);
-        if constexpr (SWIGLU) tma_load_2d(sB + kBStage / 2, &maps.b1, k0, brow, bar);
-      }
-    } else if constexpr (MODE == kCpAsync) {
+    if constexpr (MODE == kCpAsync) {
       const bool kin = kc < K;
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
@@ -321,13 +298,9 @@ __global__ void __launch_bounds__(kThreads, 1) k_moe_gemm(const __grid_constant_
         fill(sB + pdst + i * 32 * kRowB, (i < 4 ? pb0 : pb1) + (i & 3) * rstride, (rmask >> (4 + i)) & 1);
     }
     pa += kBK;
-    if constexpr (MODE != kTma) {
-      pb0 += kBK;
-      pb1 += kBK;
-    }
+    pb0 += kBK;
+    pb1 += kBK;
   };
-  // empty_parity >= 0: (TMA, A not from the threads) thread 0 first waits until every warp has
-  // released the stage's previous use.
   // MX4: the B chunks loaded by the last produce(), decoded into their stage.
   auto mx_store = [&]() {
     if constexpr (MX4) {
@@ -338,42 +311,30 @@ __global__ void __launch_bounds__(kThreads, 1) k_moe_gemm(const __grid_constant_
       mx_stage = -1;
     }
   };
-  auto produce = [&](int stage, int empty_parity) {
+  auto produce = [&](int stage) {
     mx_store();  // that stage is read two iterations from now, after block barriers
     if (ld_q < nq) {
-      if (MODE == kTma && tid == 0 && empty_parity >= 0) mbar_wait(sbar + 8 * (kStages + stage), empty_parity);
       load_stage(stage);
       if (++ld_k == k_iters) {
         ld_k = 0;
         if (++ld_q < nq) setup_producer(blockIdx.x + ld_q * G);
       }
     }
-    if constexpr (MODE != kTma) cp_commit();
+    cp_commit();
   };
 
   // ---- consumer: warpgroup wm multiplies A rows wm * 64 .. + 63 by all 256 B rows (wgmma) ----
   const int wm = warp >> 2, wq = warp & 3;
   const uint32_t a_off = uint32_t(wm * 64 * kRowB);
-  // Thread-filled stages (cp.async, element loads, MX4 decode, TMA with A from the threads) are
-  // refilled by every thread after the block barrier of the next wait_full, which each warp reaches
-  // only after its products of the stage completed (wgmma_wait<0>). TMA stages are released per
-  // warp on the empty mbarriers.
-  const bool thr_fill = MODE != kTma || a_thr;
-  // Wait until stage st (parity ph) is filled: its mbarrier (TMA; plus a block barrier when the
-  // threads store A), or the cp.async groups and a block barrier. The async-proxy fence makes the
-  // threads' shared-memory stores visible to wgmma.
-  auto wait_full = [&](int st, uint32_t ph) {
-    if constexpr (MODE == kTma) {
-      mbar_wait(sbar + 8 * st, ph);
-      if (a_thr) {
-        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-        __syncthreads();
-      }
-    } else {
-      cp_wait<kStages - 2>();
-      asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-      __syncthreads();
-    }
+  // Stages (cp.async, element loads, MX4 decode) are refilled by every thread after the block
+  // barrier of the next wait_full, which each warp reaches only after its products of the stage
+  // completed (wgmma_wait<0>).
+  // Wait until the next stage is filled: the cp.async groups and a block barrier. The async-proxy
+  // fence makes the threads' shared-memory stores visible to wgmma.
+  auto wait_full = [&]() {
+    cp_wait<kStages - 2>();
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+    __syncthreads();
   };
 
   float acc[kBR / 2];  // [64 x 256] per warpgroup (wgmma.cuh: d[4 j + q])
@@ -386,25 +347,17 @@ __global__ void __launch_bounds__(kThreads, 1) k_moe_gemm(const __grid_constant_
   int mm_k = 0;
   int mm_q = 0;
 #pragma unroll
-  for (int s = 0; s < kStages - 1; ++s) produce(s, -1);
+  for (int s = 0; s < kStages - 1; ++s) produce(s);
   int stage = 0, ld_stage = kStages - 1;
-  uint32_t phase = 0;
 
   // Every warpgroup multiplies all its 64 rows (rows outside the item are dropped in the epilogue).
   for (int64_t g = 0; g < total_iters; ++g) {
     // Refill the stage read in iteration g - 1 (for iteration g + 3), before this iteration's
-    // products, so three stages of loads stay in flight. TMA: thread 0 first waits until every
-    // warp has released that stage (parity of iteration g - 1). Thread-filled: after the block
-    // barrier of wait_full, which every warp reaches only after its products of g - 1 completed.
-    if (!thr_fill) {
-      produce(ld_stage, g > 0 ? int(stage == 0 ? phase ^ 1u : phase) : -1);
-      ld_stage = ld_stage + 1 == kStages ? 0 : ld_stage + 1;
-    }
-    wait_full(stage, phase);
-    if (thr_fill) {
-      produce(ld_stage, -1);
-      ld_stage = ld_stage + 1 == kStages ? 0 : ld_stage + 1;
-    }
+    // products, so three stages of loads stay in flight: after the block barrier of wait_full,
+    // which every warp reaches only after its products of g - 1 completed.
+    wait_full();
+    produce(ld_stage);
+    ld_stage = ld_stage + 1 == kStages ? 0 : ld_stage + 1;
     const uint32_t st = sbase + stage * kStageB;
     const uint64_t da = wgmma_desc_sw128(st + a_off), db = wgmma_desc_sw128(st + kAStage);
     wgmma_fence_regs(acc);
@@ -417,12 +370,7 @@ __global__ void __launch_bounds__(kThreads, 1) k_moe_gemm(const __grid_constant_
     // wgmmas otherwise (C7518). The other warpgroup's products keep the tensor cores busy meanwhile.
     wgmma_wait<0>();
     wgmma_fence_regs(acc);
-    if (!thr_fill) {  // TMA: this warp is done with the stage
-      __syncwarp();
-      if (lane == 0) mbar_arrive(sbar + 8 * (kStages + stage));
-    }
     stage = stage + 1 == kStages ? 0 : stage + 1;
-    if (stage == 0) phase ^= 1u;
 
     if (++mm_k == k_iters) {
       // ---- epilogue: registers -> y (rows outside the item and columns past N are dropped) ----
@@ -473,20 +421,238 @@ __global__ void __launch_bounds__(kThreads, 1) k_moe_gemm(const __grid_constant_
       if (++mm_q < nq) cur = map_item<BN>(blockIdx.x + mm_q * G, a.n_col_tiles, s_off, s_poff, E, shift_tail, mm_e);
     }
   }
-  if constexpr (MODE != kTma) cp_wait<0>();
+  cp_wait<0>();
+}
+
+constexpr int kThreadsWs = 384;  // producer warpgroup + 2 consumer warpgroups
+
+// Shared memory: production's layout (pipeline, mbarriers, offsets), then one epilogue staging
+// tile per consumer warp: 16 rows x 64 bf16 columns, rows 144 bytes apart (conflict-free both ways).
+constexpr int kStgRowB = 144, kStgWarpB = 16 * kStgRowB;
+__host__ __device__ constexpr size_t stg_offset(int E) { return (size_t(kPipeB + kBarB) + 8 * size_t(E + 1) + 15) & ~size_t(15); }
+size_t smem_ws(int E, bool staged) { return 1024 + stg_offset(E) + (staged ? 8 * size_t(kStgWarpB) : 0); }
+
+template <bool SWIGLU>
+__global__ void __launch_bounds__(kThreadsWs, 1) k_moe_gemm_ws(const __grid_constant__ Args a,
+                                                              const __grid_constant__ Maps maps) {
+  constexpr int BN = SWIGLU ? kBR / 2 : kBR;  // output columns per item
+  extern __shared__ __align__(1024) uint8_t smem_raw[];
+  uint8_t* smem = smem_raw + ((1024u - (smem_u32(smem_raw) & 1023u)) & 1023u);
+  const int E = a.E, N = a.N, K = a.K;
+  const uint32_t sbase = smem_u32(smem), sbar = sbase + kPipeB;
+  int32_t* s_off = reinterpret_cast<int32_t*>(smem + kPipeB + kBarB);
+  int32_t* s_poff = s_off + (E + 1);
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wg = warp >> 2;
+  auto full = [&](int s) { return sbar + 8 * s; };
+  auto empty = [&](int s) { return sbar + 8 * (kStages + s); };
+
+  // ---- offsets to shared memory, pairs of 64-row tiles per expert scanned (warp 0) ----
+  for (int i = tid; i <= E; i += kThreadsWs) s_off[i] = a.offsets[i];
+  __syncthreads();
+  if (warp == 0) scan_pairs(s_off, s_poff, E, lane);
+  const int n_rows = s_off[E];  // (s_off is complete after the first barrier)
+  // TMA: A's box must stay inside rows [0, n); with n < 128 the producer's threads load A.
+  const bool a_thr = n_rows < kBM;
+  if (tid == 0) {
+    for (int s = 0; s < kStages; ++s) {
+      mbar_init(full(s), a_thr ? 128u : 1u);  // thread 0's expect_tx (+ the other producer threads)
+      mbar_init(empty(s), 8);                 // one arrival per consumer warp
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  __syncthreads();
+
+  const int total = s_poff[E] * a.n_col_tiles;
+  if (int(blockIdx.x) >= total) return;
+  const int G = gridDim.x;
+  const int nq = (total - int(blockIdx.x) + G - 1) / G;  // items of this block
+  const int k_iters = (K + kBK - 1) / kBK;
+  const bool shift_tail = !a_thr;
+
+  if (wg == 0) {
+    // ---- producer ----
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 56;\n" ::: "memory");
+    if (!a_thr && tid != 0) return;
+    const int prow = tid >> 3, pch = tid & 7;  // a_thr: chunk pch of A rows prow + 16 i
+    int e_hint = -1;
+    int f = 0;  // fill index over the block's stages
+    for (int q = 0; q < nq; ++q) {
+      const Item it = map_item<BN>(blockIdx.x + q * G, a.n_col_tiles, s_off, s_poff, E, shift_tail, e_hint);
+      const int brow = it.e * N + it.n0;
+      for (int kk = 0; kk < k_iters; ++kk, ++f) {
+        const int s = f % kStages, u = f / kStages;
+        if (u > 0) mbar_wait(empty(s), (u - 1) & 1);
+        const uint32_t sA = sbase + s * kStageB, sB = sA + kAStage;
+        const int k0 = kk * kBK;
+        if (a_thr) {  // n < 128: A rows from the threads (16-byte loads, zero past n and K)
+          const int kc = k0 + pch * 8;
+#pragma unroll
+          for (int i = 0; i < 8; ++i) {
+            const int r = prow + 16 * i;
+            uint4 v = make_uint4(0, 0, 0, 0);
+            if (it.a0 + r < n_rows && kc < K)
+              v = __ldg(reinterpret_cast<const uint4*>(a.xs + (int64_t(it.a0) + r) * K + kc));
+            st_shared16(sA + uint32_t(r * kRowB + ((pch ^ (r & 7)) << 4)), v);
+          }
+          asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+          if (tid != 0) mbar_arrive(full(s));
+        }
+        if (tid == 0) {
+          mbar_expect_tx(full(s), uint32_t(a_thr ? kBStage : kStageB));
+          if (!a_thr) tma_load_2d(sA, &maps.a, k0, it.a0, full(s));
+          tma_load_2d(sB, &maps.b0, k0, brow, full(s));
+          if constexpr (SWIGLU) tma_load_2d(sB + kBStage / 2, &maps.b1, k0, brow, full(s));
+        }
+      }
+    }
+    return;
+  }
+
+  // ---- consumers: warpgroup wm multiplies A rows wm * 64 .. + 63 by all 256 B rows ----
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 224;\n" ::: "memory");
+  const int wm = wg - 1, wq = warp & 3;
+  const uint32_t a_off = uint32_t(wm * 64 * kRowB);
+  float acc[kBR / 2];  // [64 x 256] per warpgroup (wgmma.cuh: d[4 j + q])
+#pragma unroll
+  for (int i = 0; i < kBR / 2; ++i) acc[i] = 0.f;
+  int e_hint = -1;
+  int f = 0;
+  for (int q = 0; q < nq; ++q) {
+    // A warpgroup whose 64 rows hold none of the item's (an expert's tail of <= 64 rows, about half
+    // the experts: ~a tenth of the MMA work at GLM-5.3-Flash's ~230 rows per expert) issues no
+    // products for it and only releases the stages; the other warpgroup has the tensor cores alone.
+    bool busy;
+    {
+      int e2 = e_hint;
+      const Item it = map_item<BN>(blockIdx.x + q * G, a.n_col_tiles, s_off, s_poff, E, shift_tail, e2);
+      const int lo = it.r0 - it.a0;
+      busy = wm * 64 < lo + it.rows && wm * 64 + 64 > lo;
+    }
+    for (int kk = 0; kk < k_iters; ++kk, ++f) {
+      const int s = f % kStages, u = f / kStages;
+      mbar_wait(full(s), u & 1);
+      if (busy) {
+        const uint32_t st = sbase + s * kStageB;
+        const uint64_t da = wgmma_desc_sw128(st + a_off), db = wgmma_desc_sw128(st + kAStage);
+        wgmma_fence_regs(acc);
+        wgmma_fence();
+#pragma unroll
+        for (int j = 0; j < kBK / 16; ++j)
+          wgmma_ss<256>(acc, wgmma_desc_add(da, j * 32), wgmma_desc_add(db, j * 32), (kk | j) != 0);
+        wgmma_commit();
+      }
+      // the previous stage's products are done: release it (lane 0 of each warp, predicated)
+      wgmma_wait<1>();
+      if (kk > 0) {
+        __syncwarp();
+        if (lane == 0) mbar_arrive(empty((f - 1) % kStages));
+      }
+    }
+    wgmma_wait<0>();
+    wgmma_fence_regs(acc);
+    __syncwarp();
+    if (lane == 0) mbar_arrive(empty((f - 1) % kStages));
+
+    // ---- epilogue: registers -> y (rows outside the item and columns past N are dropped) ----
+    // (the item is mapped here, not before the loop: nothing of it stays live across the products)
+    const Item cur = map_item<BN>(blockIdx.x + q * G, a.n_col_tiles, s_off, s_poff, E, shift_tail, e_hint);
+    const int sh = cur.r0 - cur.a0;  // shared-memory row of the item's first row
+    const int cbase = cur.n0 + (lane & 3) * 2;
+    const int wr = wm * 64 + wq * 16;  // this warp's first shared-memory row
+    const bool full_cols = a.vec_store && cur.n0 + BN <= N;
+    if (wr + 16 <= sh || wr >= sh + cur.rows) continue;  // none of this warp's rows is the item's
+    if (a.stage_epi && full_cols && (N & 7) == 0 && (reinterpret_cast<uintptr_t>(a.y) & 15) == 0) {
+      // Through the warp's staging tile, 64 columns at a time, so that each row goes out as whole
+      // 128-byte lines (the fragments' own stores fill half of each 32-byte sector they touch).
+      uint8_t* stg = smem + stg_offset(E) + (warp - 4) * kStgWarpB;
+      const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+      for (int qd = 0; qd < BN / 64; ++qd) {
+#pragma unroll
+        for (int jj = 0; jj < 8; ++jj) {
+          const int j = qd * 8 + jj;
+#pragma unroll
+          for (int hf = 0; hf < 2; ++hf) {
+            float v0 = acc[4 * j + 2 * hf], v1 = acc[4 * j + 2 * hf + 1];
+            if constexpr (SWIGLU) swiglu_pair(v0, v1, acc[4 * (j + 16) + 2 * hf], acc[4 * (j + 16) + 2 * hf + 1], a.act);
+            *reinterpret_cast<__nv_bfloat162*>(stg + (g + 8 * hf) * kStgRowB + (8 * jj + 2 * t) * 2) =
+                __floats2bfloat162_rn(v0, v1);
+          }
+        }
+        __syncwarp();
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const int rl = (lane >> 3) + 4 * i, c = lane & 7, lr = wr + rl;
+          if (lr >= sh && lr < sh + cur.rows)
+            *reinterpret_cast<uint4*>(a.y + (int64_t(cur.a0) + lr) * N + cur.n0 + qd * 64 + c * 8) =
+                *reinterpret_cast<const uint4*>(stg + rl * kStgRowB + c * 16);
+        }
+        __syncwarp();
+      }
+    } else if (full_cols && sh <= wr && wr + 16 <= sh + cur.rows) {
+      bf16* yw = a.y + (int64_t(cur.a0) + wr + (lane >> 2)) * N + cbase;
+#pragma unroll
+      for (int hf = 0; hf < 2; ++hf) {
+        bf16* yr = yw + int64_t(hf * 8) * N;
+#pragma unroll
+        for (int j = 0; j < BN / 8; ++j) {
+          float v0 = acc[4 * j + 2 * hf], v1 = acc[4 * j + 2 * hf + 1];
+          if constexpr (SWIGLU) swiglu_pair(v0, v1, acc[4 * (j + 16) + 2 * hf], acc[4 * (j + 16) + 2 * hf + 1], a.act);
+          *reinterpret_cast<__nv_bfloat162*>(yr + j * 8) = __floats2bfloat162_rn(v0, v1);
+        }
+      }
+    } else {
+#pragma unroll
+      for (int hf = 0; hf < 2; ++hf) {
+        const int lr = wr + (lane >> 2) + hf * 8;  // shared-memory row
+        if (lr < sh || lr >= sh + cur.rows) continue;
+        bf16* yr = a.y + (int64_t(cur.a0) + lr) * N + cbase;
+#pragma unroll
+        for (int j = 0; j < BN / 8; ++j) {
+          float v0 = acc[4 * j + 2 * hf], v1 = acc[4 * j + 2 * hf + 1];
+          if constexpr (SWIGLU) swiglu_pair(v0, v1, acc[4 * (j + 16) + 2 * hf], acc[4 * (j + 16) + 2 * hf + 1], a.act);
+          const int col = cbase + j * 8;
+          if (full_cols) {
+            *reinterpret_cast<__nv_bfloat162*>(yr + j * 8) = __floats2bfloat162_rn(v0, v1);
+          } else if (a.vec_store) {
+            if (col < N) *reinterpret_cast<__nv_bfloat162*>(yr + j * 8) = __floats2bfloat162_rn(v0, v1);
+          } else {
+            if (col < N) yr[j * 8] = __float2bfloat16_rn(v0);
+            if (col + 1 < N) yr[j * 8 + 1] = __float2bfloat16_rn(v1);
+          }
+        }
+      }
+    }
+  }
 }
 
 size_t smem_bytes(int E) { return size_t(1024 + kPipeB + kBarB) + 2 * sizeof(int32_t) * size_t(E + 1); }
 
 template <bool SWIGLU, int MODE, bool MX4 = false>
-void launch(const Args& a, const Maps& m, int64_t max_tiles, cudaStream_t s) {
-  const size_t smem = smem_bytes(a.E);
-  auto kern = k_moe_gemm<SWIGLU, MODE, MX4>;
-  CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+void launch(Args a, const Maps& m, int64_t max_tiles, cudaStream_t s) {
+  size_t smem;
+  int threads;
+  void (*kern)(Args, Maps) = nullptr;
+  void (*kern_thr)(Args) = nullptr;
+  if constexpr (MODE == kTma) {
+    a.stage_epi = smem_ws(a.E, true) <= size_t(227) * 1024;  // E <= ~2000
+    smem = smem_ws(a.E, a.stage_epi);
+    threads = kThreadsWs;
+    kern = k_moe_gemm_ws<SWIGLU>;
+    CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+  } else {
+    smem = smem_bytes(a.E);
+    threads = kThreads;
+    kern_thr = k_moe_gemm<SWIGLU, MODE, MX4>;
+    CUDA_CHECK(cudaFuncSetAttribute(kern_thr, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+  }
   // Items <= pairs * column tiles <= max_tiles * column tiles (each pair holds >= 1 tile).
   const int64_t max_items = max_tiles * a.n_col_tiles;
   const unsigned grid = unsigned(std::min<int64_t>(sm_count(), max_items));
-  kern<<<grid, kThreads, smem, s>>>(a, m);
+  if (kern)
+    kern<<<grid, threads, smem, s>>>(a, m);
+  else
+    kern_thr<<<grid, threads, smem, s>>>(a);
   CUDA_CHECK_LAUNCH();
 }
 
