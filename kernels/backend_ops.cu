@@ -33,10 +33,6 @@ __device__ __forceinline__ float warp_sum(float v) {
   for (int o = 16; o; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
   return v;
 }
-__device__ __forceinline__ double warp_sum_d(double v) {
-  for (int o = 16; o; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
-}
 __device__ __forceinline__ float warp_max(float v) {
   for (int o = 16; o; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
   return v;
@@ -53,38 +49,6 @@ __device__ float block_sum(float v) {
   if (w == 0) {
     float t = lane < nw ? part[lane] : 0.f;
     t = warp_sum(t);
-    if (lane == 0) total = t;
-  }
-  __syncthreads();
-  return total;
-}
-__device__ double block_sum_d(double v) {
-  __shared__ double part[32];
-  __shared__ double total;
-  const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
-  v = warp_sum_d(v);
-  __syncthreads();
-  if (lane == 0) part[w] = v;
-  __syncthreads();
-  if (w == 0) {
-    double t = lane < nw ? part[lane] : 0.0;
-    t = warp_sum_d(t);
-    if (lane == 0) total = t;
-  }
-  __syncthreads();
-  return total;
-}
-__device__ float block_max(float v) {
-  __shared__ float part[32];
-  __shared__ float total;
-  const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
-  v = warp_max(v);
-  __syncthreads();
-  if (lane == 0) part[w] = v;
-  __syncthreads();
-  if (w == 0) {
-    float t = lane < nw ? part[lane] : -INFINITY;
-    t = warp_max(t);
     if (lane == 0) total = t;
   }
   __syncthreads();
@@ -253,6 +217,112 @@ __global__ void __launch_bounds__(32 * kNormWarps) k_gated_rmsnorm(const TX* x, 
     stf(yr, d, ldf(xr, d) * inv * w[d] * a);
   }
 }
+// 8 consecutive elements <-> 8 floats (16 bytes of bf16, 32 of fp32).
+template <class T>
+struct V8;
+template <>
+struct V8<float> {
+  __device__ static void ld(const float* p, float (&v)[8]) {
+    const float4 a = *reinterpret_cast<const float4*>(p), b = *reinterpret_cast<const float4*>(p + 4);
+    v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+  }
+  __device__ static void st(float* p, const float (&v)[8]) {
+    *reinterpret_cast<float4*>(p) = make_float4(v[0], v[1], v[2], v[3]);
+    *reinterpret_cast<float4*>(p + 4) = make_float4(v[4], v[5], v[6], v[7]);
+  }
+};
+template <>
+struct V8<bf16> {
+  __device__ static void ld(const bf16* p, float (&v)[8]) {
+    const uint4 u = *reinterpret_cast<const uint4*>(p);
+    const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&u);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const float2 f = __bfloat1622float2(h[i]);
+      v[2 * i] = f.x, v[2 * i + 1] = f.y;
+    }
+  }
+  __device__ static void st(bf16* p, const float (&v)[8]) {
+    uint4 u;
+    __nv_bfloat162* h = reinterpret_cast<__nv_bfloat162*>(&u);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) h[i] = __floats2bfloat162_rn(v[2 * i], v[2 * i + 1]);
+    *reinterpret_cast<uint4*>(p) = u;
+  }
+};
+
+// Hidden-size rows (D >= 1024, D % 8 == 0, 16-byte aligned): a warp per row as k_rmsnorm, but 8
+// elements a lane per load and the lane's first kNormCache chunks kept in registers for the second
+// pass (D <= 2048: the whole row; the rest is re-read). Sum per lane over its chunks ascending,
+// then a butterfly: fixed, so deterministic. 1.72x / 1.49x k_rmsnorm's speed at T = 32768, D = 2048
+// / 4096 (3.17 / 2.81 TB/s); at D = 256 or 128 it was slower (0.45x), so short rows keep k_rmsnorm
+// (docs/perf/experiments_697349f.txt). y may be x (each lane reads a chunk before writing it).
+constexpr int kNormCache = 8;
+template <class TX, class TY>
+__global__ void __launch_bounds__(32 * kNormWarps) k_rmsnorm8(const TX* x, const float* __restrict__ w, TY* y,
+                                                               int64_t rows, int64_t D, float eps, bool zc) {
+  const int64_t r = int64_t(blockIdx.x) * kNormWarps + (threadIdx.x >> 5);
+  if (r >= rows) return;
+  const int lane = threadIdx.x & 31;
+  const int64_t nc = D / 8;
+  const TX* xr = x + r * D;
+  float xc[kNormCache][8];
+  float ss = 0.f;
+#pragma unroll
+  for (int j = 0; j < kNormCache; ++j) {
+    const int64_t c = lane + 32 * j;
+    if (c < nc) {
+      V8<TX>::ld(xr + c * 8, xc[j]);
+#pragma unroll
+      for (int i = 0; i < 8; ++i) ss += xc[j][i] * xc[j][i];
+    }
+  }
+  for (int64_t c = lane + 32 * kNormCache; c < nc; c += 32) {
+    float v[8];
+    V8<TX>::ld(xr + c * 8, v);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) ss += v[i] * v[i];
+  }
+  ss = warp_sum(ss);
+  const float inv = 1.f / sqrtf(ss / float(D) + eps);
+  TY* yr = y + r * D;
+  auto out = [&](int64_t c, float (&v)[8]) {
+    float wv[8];
+    if (w) {
+      V8<float>::ld(w + c * 8, wv);
+    } else {
+#pragma unroll
+      for (int i = 0; i < 8; ++i) wv[i] = 1.f;
+    }
+#pragma unroll
+    for (int i = 0; i < 8; ++i) v[i] = v[i] * inv * (zc && w ? 1.f + wv[i] : wv[i]);
+    V8<TY>::st(yr + c * 8, v);
+  };
+#pragma unroll
+  for (int j = 0; j < kNormCache; ++j) {
+    const int64_t c = lane + 32 * j;
+    if (c < nc) out(c, xc[j]);
+  }
+  for (int64_t c = lane + 32 * kNormCache; c < nc; c += 32) {
+    float v[8];
+    V8<TX>::ld(xr + c * 8, v);
+    out(c, v);
+  }
+}
+// h += y, 8 elements a thread (n % 8 == 0, 16-byte aligned): 1.31x k_add for a residual of
+// T = 32768 x 2048 (3.74 TB/s).
+template <class TH, class TY>
+__global__ void k_add8(TH* h, const TY* __restrict__ y, int64_t n8) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n8; i += int64_t(gridDim.x) * blockDim.x) {
+    float a[8], b[8];
+    V8<TH>::ld(h + i * 8, a);
+    V8<TY>::ld(y + i * 8, b);
+#pragma unroll
+    for (int k = 0; k < 8; ++k) a[k] += b[k];
+    V8<TH>::st(h + i * 8, a);
+  }
+}
+
 // Calls f(TypeTag) with the C++ element type of dt.
 template <class F>
 void with_type(Dt dt, F&& f) {
@@ -591,6 +661,39 @@ __global__ void k_shared_add(const bf16* x, const float* gate, const bf16* sh, i
   for (int64_t i = threadIdx.x; i < D; i += blockDim.x)
     y[t * D + i] = __float2bfloat16_rn(__bfloat162float(y[t * D + i]) + g * __bfloat162float(sh[t * D + i]));
 }
+// The same, 8 elements a thread (D % 8 == 0, 16-byte aligned): 2.35x k_shared_add at T = 32768,
+// D = 2048 (4.18 TB/s). Gate dot product summed per thread, a butterfly, then the warps ascending.
+__global__ void __launch_bounds__(256) k_shared_add8(const bf16* __restrict__ x, const float* __restrict__ gate,
+                                                     const bf16* __restrict__ sh, int64_t D, bf16* __restrict__ y) {
+  __shared__ float part[8];
+  const int64_t t = blockIdx.x, nc = D / 8;
+  float g = 1.f;
+  if (gate) {
+    float d = 0.f;
+    for (int64_t c = threadIdx.x; c < nc; c += 256) {
+      float xv[8], gv[8];
+      V8<bf16>::ld(x + t * D + c * 8, xv);
+      V8<float>::ld(gate + c * 8, gv);
+#pragma unroll
+      for (int i = 0; i < 8; ++i) d += xv[i] * gv[i];
+    }
+    d = warp_sum(d);
+    if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = d;
+    __syncthreads();
+    float tot = 0.f;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) tot += part[i];
+    g = sigm(tot);
+  }
+  for (int64_t c = threadIdx.x; c < nc; c += 256) {
+    float yv[8], sv[8];
+    V8<bf16>::ld(y + t * D + c * 8, yv);
+    V8<bf16>::ld(sh + t * D + c * 8, sv);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) yv[i] += g * sv[i];
+    V8<bf16>::st(y + t * D + c * 8, yv);
+  }
+}
 
 // ---- DSA indexer pieces ----
 __global__ void k_layer_norm(const void* x, Dt xdt, const float* w, const float* b, void* y, Dt ydt, int64_t D,
@@ -649,25 +752,65 @@ __global__ void k_kv_fp8_dequant(const uint8_t* codes, const float* scales, int6
 }
 
 // ---- LM head: one block per row ----
-__global__ void k_row_max(const float* lg, int64_t n, float* mx) {
-  const float* x = lg + blockIdx.x * n;
-  float m = -INFINITY;
-  for (int64_t j = threadIdx.x; j < n; j += blockDim.x) m = fmaxf(m, x[j]);
-  m = block_max(m);
-  if (threadIdx.x == 0) mx[blockIdx.x] = m;
-}
-__global__ void k_softmax_parts(const float* lg, int64_t n, const float* mx, const int32_t* target, int64_t v0,
-                                double* acc) {
+// Per row, one online pass (max, sum of exp(x - max), target logit): a thread's running max and
+// sum, rescaled when the max grows, threads merged in a fixed order; exp in fp32 (x - max <= 0:
+// expf within 2 ulp), summed in fp64. (It replaced a max kernel, a host round trip and a sum with
+// an fp64 exp per logit: 0.278 vs 1.743 ms for Qwen3.5's 1081 x 248320 chunk on the H200,
+// docs/perf/experiments_697349f.txt.) NaN never wins the max (fmaxf) and reaches the sum.
+constexpr int kLseThreads = 512;
+__global__ void __launch_bounds__(kLseThreads) k_lse_parts(const float* __restrict__ lg, int64_t n,
+                                                           const int32_t* __restrict__ target, int64_t v0,
+                                                           double* __restrict__ out) {
   const int64_t r = blockIdx.x;
   const float* x = lg + r * n;
-  const double m = double(mx[r]);
+  float m = -INFINITY;
   double s = 0.0;
-  for (int64_t j = threadIdx.x; j < n; j += blockDim.x) s += exp(double(x[j]) - m);
-  s = block_sum_d(s);
+  if ((n & 3) == 0 && (reinterpret_cast<uintptr_t>(lg) & 15) == 0) {  // every row 16-byte aligned
+    const float4* x4 = reinterpret_cast<const float4*>(x);
+    for (int64_t j = threadIdx.x; j < n / 4; j += kLseThreads) {
+      const float4 v = x4[j];
+      const float vm = fmaxf(fmaxf(v.x, v.y), fmaxf(v.z, v.w));
+      if (vm > m) {  // rescale the running sum to the new max (rare after the first loads)
+        s = m == -INFINITY ? 0.0 : s * double(expf(m - vm));
+        m = vm;
+      }
+      s += double(expf(v.x - m)) + double(expf(v.y - m)) + double(expf(v.z - m)) + double(expf(v.w - m));
+    }
+  } else {
+    for (int64_t j = threadIdx.x; j < n; j += kLseThreads) {
+      const float v = x[j];
+      if (v > m) {
+        s = m == -INFINITY ? 0.0 : s * double(expf(m - v));
+        m = v;
+      }
+      s += double(expf(v - m));
+    }
+  }
+  // merge the block's (m, s) pairs: within warps by butterfly, then thread 0 over the warps in order
+  __shared__ float wm[kLseThreads / 32];
+  __shared__ double wsum[kLseThreads / 32];
+  for (int o = 16; o; o >>= 1) {
+    const float om = __shfl_xor_sync(0xffffffffu, m, o);
+    const double os = __shfl_xor_sync(0xffffffffu, s, o);
+    const float nm = fmaxf(m, om);
+    if (nm != -INFINITY) s = s * double(expf(m - nm)) + os * double(expf(om - nm));
+    m = nm;
+  }
+  if ((threadIdx.x & 31) == 0) {
+    wm[threadIdx.x >> 5] = m;
+    wsum[threadIdx.x >> 5] = s;
+  }
+  __syncthreads();
   if (threadIdx.x == 0) {
-    acc[2 * r] = s;
+    float M = -INFINITY;
+    for (int w = 0; w < kLseThreads / 32; ++w) M = fmaxf(M, wm[w]);
+    double S = 0.0;
+    for (int w = 0; w < kLseThreads / 32; ++w)
+      if (wm[w] != -INFINITY) S += wsum[w] * double(expf(wm[w] - M));
     const int64_t t = target ? int64_t(target[r]) - v0 : -1;
-    acc[2 * r + 1] = (t >= 0 && t < n) ? double(x[t]) : 0.0;
+    out[3 * r] = M;
+    out[3 * r + 1] = S;
+    out[3 * r + 2] = (t >= 0 && t < n) ? double(x[t]) : 0.0;
   }
 }
 __global__ void k_row_topk(const float* lg, int64_t n, int k, int32_t* ids, float* vals) {
@@ -752,12 +895,17 @@ void rmsnorm(const void* x, Dt xdt, const float* w, void* y, Dt ydt, int64_t row
   if (rows <= 0) return;
   const int64_t blocks = (rows + kNormWarps - 1) / kNormWarps;
   DZ_CHECK(blocks < (int64_t(1) << 31), "rmsnorm: ", rows, " rows");
+  const bool vec8 = D >= 1024 && D % 8 == 0 && aligned16(x) && aligned16(y) && (!w || aligned16(w));
   with_type(xdt, [&](auto* tx) {
     with_type(ydt, [&](auto* ty) {
       using TX = std::remove_pointer_t<decltype(tx)>;
       using TY = std::remove_pointer_t<decltype(ty)>;
-      k_rmsnorm<TX, TY><<<unsigned(blocks), 32 * kNormWarps, 0, s>>>(static_cast<const TX*>(x), w, static_cast<TY*>(y),
-                                                                     rows, D, eps, zc);
+      if (vec8)
+        k_rmsnorm8<TX, TY><<<unsigned(blocks), 32 * kNormWarps, 0, s>>>(static_cast<const TX*>(x), w,
+                                                                        static_cast<TY*>(y), rows, D, eps, zc);
+      else
+        k_rmsnorm<TX, TY><<<unsigned(blocks), 32 * kNormWarps, 0, s>>>(static_cast<const TX*>(x), w,
+                                                                       static_cast<TY*>(y), rows, D, eps, zc);
     });
   });
   CUDA_CHECK_LAUNCH();
@@ -782,7 +930,17 @@ void gated_rmsnorm(const void* x, Dt xdt, const void* gate, Dt gdt, const float*
 }
 void add(void* h, Dt hdt, const void* y, Dt ydt, int64_t n, cudaStream_t s) {
   if (n <= 0) return;
-  k_add<<<grid_for(n, 256), 256, 0, s>>>(h, hdt, y, ydt, n);
+  if (n % 8 == 0 && aligned16(h) && aligned16(y)) {
+    with_type(hdt, [&](auto* th) {
+      with_type(ydt, [&](auto* ty) {
+        using TH = std::remove_pointer_t<decltype(th)>;
+        using TY = std::remove_pointer_t<decltype(ty)>;
+        k_add8<TH, TY><<<grid_for(n / 8, 256), 256, 0, s>>>(static_cast<TH*>(h), static_cast<const TY*>(y), n / 8);
+      });
+    });
+  } else {
+    k_add<<<grid_for(n, 256), 256, 0, s>>>(h, hdt, y, ydt, n);
+  }
   CUDA_CHECK_LAUNCH();
 }
 void mul_sigmoid(void* x, Dt xdt, const void* g, Dt gdt, int64_t n, cudaStream_t s) {
@@ -902,7 +1060,10 @@ void moe_combine(const bf16* ys, const int32_t* pos_of, const float* w, int64_t 
 void shared_expert_add(const bf16* x, const float* gate, const bf16* sh, int64_t T, int64_t D, bf16* y,
                        cudaStream_t s) {
   if (T <= 0) return;
-  k_shared_add<<<unsigned(T), 256, 0, s>>>(x, gate, sh, D, y);
+  if (D % 8 == 0 && aligned16(x) && aligned16(sh) && aligned16(y) && (!gate || aligned16(gate)))
+    k_shared_add8<<<unsigned(T), 256, 0, s>>>(x, gate, sh, D, y);
+  else
+    k_shared_add<<<unsigned(T), 256, 0, s>>>(x, gate, sh, D, y);
   CUDA_CHECK_LAUNCH();
 }
 void layer_norm(const void* x, Dt xdt, const float* w, const float* b, void* y, Dt ydt, int64_t rows, int64_t D,
@@ -932,15 +1093,10 @@ void kv_fp8_dequantize_bf16(const uint8_t* codes, const float* scales, int64_t r
   k_kv_fp8_dequant<<<grid_for(rows * n, 256), 256, 0, s>>>(codes, scales, rows, n, y);
   CUDA_CHECK_LAUNCH();
 }
-void row_max(const float* logits, int64_t m, int64_t n, float* mx, cudaStream_t s) {
+void lse_parts(const float* logits, int64_t m, int64_t n, const int32_t* target, int64_t v0, double* out,
+               cudaStream_t s) {
   if (m <= 0) return;
-  k_row_max<<<unsigned(m), 256, 0, s>>>(logits, n, mx);
-  CUDA_CHECK_LAUNCH();
-}
-void softmax_parts(const float* logits, int64_t m, int64_t n, const float* mx, const int32_t* target, int64_t v0,
-                   double* acc, cudaStream_t s) {
-  if (m <= 0) return;
-  k_softmax_parts<<<unsigned(m), 256, 0, s>>>(logits, n, mx, target, v0, acc);
+  k_lse_parts<<<unsigned(m), kLseThreads, 0, s>>>(logits, n, target, v0, out);
   CUDA_CHECK_LAUNCH();
 }
 void row_topk(const float* logits, int64_t m, int64_t n, int k, int32_t* ids, float* vals, cudaStream_t s) {

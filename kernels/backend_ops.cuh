@@ -130,10 +130,10 @@ void kv_fp8_dequantize_bf16(const uint8_t* codes, const float* scales, int64_t r
                             cudaStream_t s);
 
 // ---- LM head (vocabulary shard of n columns; logits f32 [m, n]) ----
-void row_max(const float* logits, int64_t m, int64_t n, float* mx, cudaStream_t s);
-// acc [m, 2] f64: sum exp(x - mx[r]) and x[target[r] - v0] when in range (else 0)
-void softmax_parts(const float* logits, int64_t m, int64_t n, const float* mx, const int32_t* target, int64_t v0,
-                   double* acc, cudaStream_t s);
+// out [m, 3] f64, per row in one pass: the max, sum exp(x - max) and x[target[r] - v0] when in
+// range (else 0; target may be null)
+void lse_parts(const float* logits, int64_t m, int64_t n, const int32_t* target, int64_t v0, double* out,
+               cudaStream_t s);
 // Per row the k largest (highest first, lower column on ties): ids, vals [m, k]. k <= 64.
 void row_topk(const float* logits, int64_t m, int64_t n, int k, int32_t* ids, float* vals, cudaStream_t s);
 

@@ -336,12 +336,11 @@ class Backend {
   virtual void hc_mean(const DTensor& x, int64_t N, const DTensor& out) = 0;
 
   // ---- LM head pieces (vocabulary shard of n columns, reductions in fp32/fp64) ----
-  // mx [rows] F32 = max over the row of logits [rows, n] F32
-  virtual void row_max(const DTensor& logits, const DTensor& mx) = 0;
-  // acc [rows, 2] F64-in-host: sum exp(logit - mx) and the logit of target[r] - v0 when it lies in
-  // [0, n) (else 0); returned on the host.
-  virtual void softmax_parts(const DTensor& logits, const std::vector<float>& mx, const std::vector<int32_t>& target,
-                             int64_t v0, std::vector<double>& acc) = 0;
+  // parts [rows, 3] on the host, per row of logits [rows, n] F32: the row's max m, the sum of
+  // exp(logit - m) (fp64 sum), and the logit of column target[r] - v0 when it lies in [0, n) (else
+  // 0). Shards of a row merge as M = max m_r, S = sum s_r exp(m_r - M) (LmHead::chunk).
+  virtual void lse_parts(const DTensor& logits, const std::vector<int32_t>& target, int64_t v0,
+                         std::vector<double>& parts) = 0;
   // Per row the k largest logits, highest first, lower column first on ties: ids (column) and
   // values, returned on the host [rows, k].
   virtual void row_topk(const DTensor& logits, int64_t k, std::vector<int32_t>& ids, std::vector<float>& vals) = 0;

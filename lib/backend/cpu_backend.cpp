@@ -391,26 +391,20 @@ class CpuBackend final : public Backend {
     dz::attn_res_mix(n ? blocks.f32() : nullptr, n, partial.f32(), query.f32(), T, D, eps, out.f32());
   }
 
-  void row_max(const DTensor& lg, const DTensor& mx) override {
+  void lse_parts(const DTensor& lg, const std::vector<int32_t>& target, int64_t v0,
+                 std::vector<double>& parts) override {
     const int64_t m = lg.rows(), n = lg.cols();
+    parts.assign(size_t(3 * m), 0.0);
     for (int64_t i = 0; i < m; ++i) {
       const float* x = lg.f32() + i * n;
-      float v = -INFINITY;
-      for (int64_t j = 0; j < n; ++j) v = x[j] > v ? x[j] : v;
-      mx.f32()[i] = v;
-    }
-  }
-  void softmax_parts(const DTensor& lg, const std::vector<float>& mx, const std::vector<int32_t>& target, int64_t v0,
-                     std::vector<double>& acc) override {
-    const int64_t m = lg.rows(), n = lg.cols();
-    acc.assign(size_t(2 * m), 0.0);
-    for (int64_t i = 0; i < m; ++i) {
-      const float* x = lg.f32() + i * n;
+      float mx = -INFINITY;  // NaN never wins (as fmaxf on the GPU): it reaches the sum instead
+      for (int64_t j = 0; j < n; ++j) mx = x[j] > mx ? x[j] : mx;
       double s = 0;
-      for (int64_t j = 0; j < n; ++j) s += std::exp(double(x[j]) - mx[size_t(i)]);
-      acc[size_t(2 * i)] = s;
+      for (int64_t j = 0; j < n; ++j) s += std::exp(double(x[j]) - mx);
+      parts[size_t(3 * i)] = mx;
+      parts[size_t(3 * i + 1)] = s;
       const int64_t t = int64_t(target[size_t(i)]) - v0;
-      if (t >= 0 && t < n) acc[size_t(2 * i + 1)] = double(x[t]);
+      if (t >= 0 && t < n) parts[size_t(3 * i + 2)] = double(x[t]);
     }
   }
   void row_topk(const DTensor& lg, int64_t k, std::vector<int32_t>& ids, std::vector<float>& vals) override {

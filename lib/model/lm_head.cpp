@@ -48,13 +48,21 @@ void LmHead::logits_full(const DTensor& hidden, float* out) const {
 LmHead::Chunk LmHead::chunk(const DTensor& hidden, int64_t r0, int64_t m, const int32_t* target) const {
   Chunk c;
   c.logits = shard_logits(hidden, r0, m);
-  DTensor mxd = be_->alloc({m}, DType::F32);
-  be_->row_max(c.logits, mxd);
-  c.mx = be_->to_host(mxd);
-  if (tp_.size > 1) tp_.comm->allreduce_max(c.mx.data(), m);
   const std::vector<int32_t> t = target ? std::vector<int32_t>(target + r0, target + r0 + m)
                                         : std::vector<int32_t>(size_t(m), -1);
-  be_->softmax_parts(c.logits, c.mx, t, v0_, c.acc);
+  std::vector<double> p;  // [m, 3]: this shard's max, sum exp(logit - max), target logit
+  be_->lse_parts(c.logits, t, v0_, p);
+  c.mx.resize(size_t(m));
+  c.acc.resize(size_t(2 * m));
+  for (int64_t i = 0; i < m; ++i) c.mx[size_t(i)] = float(p[size_t(3 * i)]);
+  if (tp_.size > 1) tp_.comm->allreduce_max(c.mx.data(), m);
+  for (int64_t i = 0; i < m; ++i) {
+    // the shard's sum moved to the row's max: S = sum_r s_r exp(m_r - M) (an empty shard or one
+    // whose logits are all -inf adds nothing; with one shard m_r == M and the sum is kept as it is)
+    const double mr = p[size_t(3 * i)], M = c.mx[size_t(i)], s = p[size_t(3 * i + 1)];
+    c.acc[size_t(2 * i)] = mr == M ? s : mr == -INFINITY ? 0.0 : s * std::exp(mr - M);
+    c.acc[size_t(2 * i + 1)] = p[size_t(3 * i + 2)];
+  }
   if (tp_.size > 1) tp_.comm->allreduce_sum(c.acc.data(), 2 * m);
   return c;
 }

@@ -141,10 +141,8 @@ class CountingBackend final : public Backend {
   void hc_post(const DTensor& x, const DTensor& coeff, const DTensor& y, int64_t N) override { be.hc_post(x, coeff, y, N); }
   void hc_expand(const DTensor& h, int64_t N, const DTensor& x) override { be.hc_expand(h, N, x); }
   void hc_mean(const DTensor& x, int64_t N, const DTensor& out) override { be.hc_mean(x, N, out); }
-  void row_max(const DTensor& l, const DTensor& mx) override { be.row_max(l, mx); }
-  void softmax_parts(const DTensor& l, const std::vector<float>& mx, const std::vector<int32_t>& t, int64_t v0,
-                     std::vector<double>& acc) override {
-    be.softmax_parts(l, mx, t, v0, acc);
+  void lse_parts(const DTensor& l, const std::vector<int32_t>& t, int64_t v0, std::vector<double>& parts) override {
+    be.lse_parts(l, t, v0, parts);
   }
   void row_topk(const DTensor& l, int64_t k, std::vector<int32_t>& ids, std::vector<float>& vals) override {
     be.row_topk(l, k, ids, vals);

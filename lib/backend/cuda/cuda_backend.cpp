@@ -1068,19 +1068,15 @@ class CudaBackend final : public Backend {
                        partial.cols(), eps, out.ptr<float>(), st());
   }
 
-  void row_max(const DTensor& lg, const DTensor& mx) override {
-    cuda::row_max(lg.ptr<float>(), lg.rows(), lg.cols(), mx.ptr<float>(), st());
-  }
-  void softmax_parts(const DTensor& lg, const std::vector<float>& mx, const std::vector<int32_t>& target, int64_t v0,
-                     std::vector<double>& acc) override {
+  void lse_parts(const DTensor& lg, const std::vector<int32_t>& target, int64_t v0,
+                 std::vector<double>& parts) override {
     const int64_t m = lg.rows();
-    acc.assign(size_t(2 * m), 0.0);
+    parts.assign(size_t(3 * m), 0.0);
     if (m == 0) return;
-    DTensor dmx = upload(mx.data(), {m}, DType::F32), dt = upload_i32(target.data(), {m});
-    DTensor dacc = alloc({m, 2}, DType::I64);  // 8-byte elements: the fp64 pairs
-    cuda::softmax_parts(lg.ptr<float>(), m, lg.cols(), dmx.ptr<float>(), dt.ptr<int32_t>(), v0,
-                        static_cast<double*>(dacc.data), st());
-    CUDA_CHECK(cudaMemcpyAsync(acc.data(), dacc.data, size_t(2 * m) * sizeof(double), cudaMemcpyDeviceToHost, st()));
+    DTensor dt = upload_i32(target.data(), {m});
+    DTensor dp = alloc({m, 3}, DType::I64);  // 8-byte elements: the fp64 triples
+    cuda::lse_parts(lg.ptr<float>(), m, lg.cols(), dt.ptr<int32_t>(), v0, static_cast<double*>(dp.data), st());
+    CUDA_CHECK(cudaMemcpyAsync(parts.data(), dp.data, size_t(3 * m) * sizeof(double), cudaMemcpyDeviceToHost, st()));
     host_wait();
   }
   void row_topk(const DTensor& lg, int64_t k, std::vector<int32_t>& ids, std::vector<float>& vals) override {
