@@ -756,8 +756,11 @@ __global__ void k_kv_fp8_dequant(const uint8_t* codes, const float* scales, int6
 // sum, rescaled when the max grows, threads merged in a fixed order; exp in fp32 (x - max <= 0:
 // expf within 2 ulp), summed in fp64. (It replaced a max kernel, a host round trip and a sum with
 // an fp64 exp per logit: 0.278 vs 1.743 ms for Qwen3.5's 1081 x 248320 chunk on the H200,
-// docs/perf/experiments_697349f.txt.) NaN never wins the max (fmaxf) and reaches the sum.
+// docs/perf/experiments_697349f.txt.) As the CPU's two loops: NaN never wins the max (fmaxf) and
+// reaches the sum, a -inf logit adds 0, a row of only -inf has sum NaN (exp(-inf - -inf)).
 constexpr int kLseThreads = 512;
+// exp(v - m) of a logit, 0 for v = -inf also while the running max m is still -inf
+__device__ __forceinline__ double lse_term(float v, float m) { return v == -INFINITY ? 0.0 : double(expf(v - m)); }
 __global__ void __launch_bounds__(kLseThreads) k_lse_parts(const float* __restrict__ lg, int64_t n,
                                                            const int32_t* __restrict__ target, int64_t v0,
                                                            double* __restrict__ out) {
@@ -771,19 +774,19 @@ __global__ void __launch_bounds__(kLseThreads) k_lse_parts(const float* __restri
       const float4 v = x4[j];
       const float vm = fmaxf(fmaxf(v.x, v.y), fmaxf(v.z, v.w));
       if (vm > m) {  // rescale the running sum to the new max (rare after the first loads)
-        s = m == -INFINITY ? 0.0 : s * double(expf(m - vm));
+        s *= double(expf(m - vm));  // m = -inf: s is 0, or NaN after a NaN logit, and stays so
         m = vm;
       }
-      s += double(expf(v.x - m)) + double(expf(v.y - m)) + double(expf(v.z - m)) + double(expf(v.w - m));
+      s += lse_term(v.x, m) + lse_term(v.y, m) + lse_term(v.z, m) + lse_term(v.w, m);
     }
   } else {
     for (int64_t j = threadIdx.x; j < n; j += kLseThreads) {
       const float v = x[j];
       if (v > m) {
-        s = m == -INFINITY ? 0.0 : s * double(expf(m - v));
+        s *= double(expf(m - v));
         m = v;
       }
-      s += double(expf(v - m));
+      s += lse_term(v, m);
     }
   }
   // merge the block's (m, s) pairs: within warps by butterfly, then thread 0 over the warps in order
@@ -793,7 +796,7 @@ __global__ void __launch_bounds__(kLseThreads) k_lse_parts(const float* __restri
     const float om = __shfl_xor_sync(0xffffffffu, m, o);
     const double os = __shfl_xor_sync(0xffffffffu, s, o);
     const float nm = fmaxf(m, om);
-    if (nm != -INFINITY) s = s * double(expf(m - nm)) + os * double(expf(om - nm));
+    s = nm == -INFINITY ? s + os : s * double(expf(m - nm)) + os * double(expf(om - nm));
     m = nm;
   }
   if ((threadIdx.x & 31) == 0) {
@@ -805,8 +808,8 @@ __global__ void __launch_bounds__(kLseThreads) k_lse_parts(const float* __restri
     float M = -INFINITY;
     for (int w = 0; w < kLseThreads / 32; ++w) M = fmaxf(M, wm[w]);
     double S = 0.0;
-    for (int w = 0; w < kLseThreads / 32; ++w)
-      if (wm[w] != -INFINITY) S += wsum[w] * double(expf(wm[w] - M));
+    for (int w = 0; w < kLseThreads / 32; ++w) S += wsum[w] * double(expf(wm[w] - M));  // M = -inf: NaN
+    if (n == 0) S = 0.0;  // an empty shard, as the CPU's empty loop
     const int64_t t = target ? int64_t(target[r]) - v0 : -1;
     out[3 * r] = M;
     out[3 * r + 1] = S;
