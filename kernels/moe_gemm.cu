@@ -181,6 +181,64 @@ __device__ __forceinline__ void scan_pairs(const int32_t* s_off, int32_t* s_poff
   if (lane == 31) s_poff[E] = incl;
 }
 
+// One stage's products of a warpgroup: its 64 A rows (a_off into the stage) by the 256 B rows, k = 64.
+// (accumulate: false on an item's first stage)
+__device__ __forceinline__ void mma_stage(float (&acc)[kBR / 2], uint32_t st, uint32_t a_off, bool accumulate) {
+  const uint64_t da = wgmma_desc_sw128(st + a_off), db = wgmma_desc_sw128(st + kAStage);
+  wgmma_fence_regs(acc);
+  wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < kBK / 16; ++kk)
+    wgmma_ss<256>(acc, wgmma_desc_add(da, kk * 32), wgmma_desc_add(db, kk * 32), accumulate || kk != 0);
+  wgmma_commit();
+}
+
+// Epilogue of one warp straight from its fragments: registers -> y (rows outside the item and
+// columns past N are dropped). wr: the warp's first shared-memory row.
+template <bool SWIGLU, int BN>
+__device__ __forceinline__ void store_fragments(const float (&acc)[kBR / 2], const Args& a, const Item& cur, int wr,
+                                                int lane) {
+  const int N = a.N;
+  const int sh = cur.r0 - cur.a0;  // shared-memory row of the item's first row
+  const int cbase = cur.n0 + (lane & 3) * 2;
+  const bool full_cols = a.vec_store && cur.n0 + BN <= N;
+  if (full_cols && sh <= wr && wr + 16 <= sh + cur.rows) {
+    // all 16 rows and all columns of this warp are inside: no per-element checks
+    bf16* yw = a.y + (int64_t(cur.a0) + wr + (lane >> 2)) * N + cbase;
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) {
+      bf16* yr = yw + int64_t(hf * 8) * N;
+#pragma unroll
+      for (int j = 0; j < BN / 8; ++j) {
+        float v0 = acc[4 * j + 2 * hf], v1 = acc[4 * j + 2 * hf + 1];
+        if constexpr (SWIGLU) swiglu_pair(v0, v1, acc[4 * (j + 16) + 2 * hf], acc[4 * (j + 16) + 2 * hf + 1], a.act);
+        *reinterpret_cast<__nv_bfloat162*>(yr + j * 8) = __floats2bfloat162_rn(v0, v1);
+      }
+    }
+  } else {
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) {
+      const int lr = wr + (lane >> 2) + hf * 8;  // shared-memory row
+      if (lr < sh || lr >= sh + cur.rows) continue;
+      bf16* yr = a.y + (int64_t(cur.a0) + lr) * N + cbase;
+#pragma unroll
+      for (int j = 0; j < BN / 8; ++j) {
+        float v0 = acc[4 * j + 2 * hf], v1 = acc[4 * j + 2 * hf + 1];
+        if constexpr (SWIGLU) swiglu_pair(v0, v1, acc[4 * (j + 16) + 2 * hf], acc[4 * (j + 16) + 2 * hf + 1], a.act);
+        const int col = cbase + j * 8;
+        if (full_cols) {
+          *reinterpret_cast<__nv_bfloat162*>(yr + j * 8) = __floats2bfloat162_rn(v0, v1);
+        } else if (a.vec_store) {
+          if (col < N) *reinterpret_cast<__nv_bfloat162*>(yr + j * 8) = __floats2bfloat162_rn(v0, v1);
+        } else {
+          if (col < N) yr[j * 8] = __float2bfloat16_rn(v0);
+          if (col + 1 < N) yr[j * 8 + 1] = __float2bfloat16_rn(v1);
+        }
+      }
+    }
+  }
+}
+
 template <bool SWIGLU, int MODE, bool MX4 = false>
 __global__ void __launch_bounds__(kThreads, 1) k_moe_gemm(const __grid_constant__ Args a) {
   static_assert(!MX4 || MODE == kCpAsync, "MXFP4 weights: A by cp.async, B decoded by the threads");
@@ -358,14 +416,7 @@ __global__ void __launch_bounds__(kThreads, 1) k_moe_gemm(const __grid_constant_
     wait_full();
     produce(ld_stage);
     ld_stage = ld_stage + 1 == kStages ? 0 : ld_stage + 1;
-    const uint32_t st = sbase + stage * kStageB;
-    const uint64_t da = wgmma_desc_sw128(st + a_off), db = wgmma_desc_sw128(st + kAStage);
-    wgmma_fence_regs(acc);
-    wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < kBK / 16; ++kk)
-      wgmma_ss<256>(acc, wgmma_desc_add(da, kk * 32), wgmma_desc_add(db, kk * 32), (mm_k | kk) != 0);
-    wgmma_commit();
+    mma_stage(acc, sbase + stage * kStageB, a_off, mm_k != 0);
     // Nothing stays in flight across the (divergent) producer code: ptxas would serialise the
     // wgmmas otherwise (C7518). The other warpgroup's products keep the tensor cores busy meanwhile.
     wgmma_wait<0>();
@@ -373,50 +424,7 @@ __global__ void __launch_bounds__(kThreads, 1) k_moe_gemm(const __grid_constant_
     stage = stage + 1 == kStages ? 0 : stage + 1;
 
     if (++mm_k == k_iters) {
-      // ---- epilogue: registers -> y (rows outside the item and columns past N are dropped) ----
-      const int sh = cur.r0 - cur.a0;  // shared-memory row of the item's first row
-      const int cbase = cur.n0 + (lane & 3) * 2;
-      const int wr = wm * 64 + wq * 16;  // this warp's first shared-memory row
-      const bool full_cols = a.vec_store && cur.n0 + BN <= N;
-      if (full_cols && sh <= wr && wr + 16 <= sh + cur.rows) {
-        // all 16 rows and all columns of this warp are inside: no per-element checks
-        bf16* yw = a.y + (int64_t(cur.a0) + wr + (lane >> 2)) * N + cbase;
-#pragma unroll
-        for (int hf = 0; hf < 2; ++hf) {
-          bf16* yr = yw + int64_t(hf * 8) * N;
-#pragma unroll
-          for (int j = 0; j < BN / 8; ++j) {
-            float v0 = acc[4 * j + 2 * hf], v1 = acc[4 * j + 2 * hf + 1];
-            if constexpr (SWIGLU) {
-              swiglu_pair(v0, v1, acc[4 * (j + 16) + 2 * hf], acc[4 * (j + 16) + 2 * hf + 1], a.act);
-            }
-            *reinterpret_cast<__nv_bfloat162*>(yr + j * 8) = __floats2bfloat162_rn(v0, v1);
-          }
-        }
-      } else {
-#pragma unroll
-        for (int hf = 0; hf < 2; ++hf) {
-          const int lr = wr + (lane >> 2) + hf * 8;  // shared-memory row
-          if (lr < sh || lr >= sh + cur.rows) continue;
-          bf16* yr = a.y + (int64_t(cur.a0) + lr) * N + cbase;
-#pragma unroll
-          for (int j = 0; j < BN / 8; ++j) {
-            float v0 = acc[4 * j + 2 * hf], v1 = acc[4 * j + 2 * hf + 1];
-            if constexpr (SWIGLU) {
-              swiglu_pair(v0, v1, acc[4 * (j + 16) + 2 * hf], acc[4 * (j + 16) + 2 * hf + 1], a.act);
-            }
-            const int col = cbase + j * 8;
-            if (full_cols) {
-              *reinterpret_cast<__nv_bfloat162*>(yr + j * 8) = __floats2bfloat162_rn(v0, v1);
-            } else if (a.vec_store) {
-              if (col < N) *reinterpret_cast<__nv_bfloat162*>(yr + j * 8) = __floats2bfloat162_rn(v0, v1);
-            } else {
-              if (col < N) yr[j * 8] = __float2bfloat16_rn(v0);
-              if (col + 1 < N) yr[j * 8 + 1] = __float2bfloat16_rn(v1);
-            }
-          }
-        }
-      }
+      store_fragments<SWIGLU, BN>(acc, a, cur, wm * 64 + wq * 16, lane);
       mm_k = 0;
       if (++mm_q < nq) cur = map_item<BN>(blockIdx.x + mm_q * G, a.n_col_tiles, s_off, s_poff, E, shift_tail, mm_e);
     }
@@ -531,16 +539,7 @@ __global__ void __launch_bounds__(kThreadsWs, 1) k_moe_gemm_ws(const __grid_cons
     for (int kk = 0; kk < k_iters; ++kk, ++f) {
       const int s = f % kStages, u = f / kStages;
       mbar_wait(full(s), u & 1);
-      if (busy) {
-        const uint32_t st = sbase + s * kStageB;
-        const uint64_t da = wgmma_desc_sw128(st + a_off), db = wgmma_desc_sw128(st + kAStage);
-        wgmma_fence_regs(acc);
-        wgmma_fence();
-#pragma unroll
-        for (int j = 0; j < kBK / 16; ++j)
-          wgmma_ss<256>(acc, wgmma_desc_add(da, j * 32), wgmma_desc_add(db, j * 32), (kk | j) != 0);
-        wgmma_commit();
-      }
+      if (busy) mma_stage(acc, sbase + s * kStageB, a_off, kk != 0);
       // the previous stage's products are done: release it (lane 0 of each warp, predicated)
       wgmma_wait<1>();
       if (kk > 0) {
@@ -557,7 +556,6 @@ __global__ void __launch_bounds__(kThreadsWs, 1) k_moe_gemm_ws(const __grid_cons
     // (the item is mapped here, not before the loop: nothing of it stays live across the products)
     const Item cur = map_item<BN>(blockIdx.x + q * G, a.n_col_tiles, s_off, s_poff, E, shift_tail, e_hint);
     const int sh = cur.r0 - cur.a0;  // shared-memory row of the item's first row
-    const int cbase = cur.n0 + (lane & 3) * 2;
     const int wr = wm * 64 + wq * 16;  // this warp's first shared-memory row
     const bool full_cols = a.vec_store && cur.n0 + BN <= N;
     if (wr + 16 <= sh || wr >= sh + cur.rows) continue;  // none of this warp's rows is the item's
@@ -589,70 +587,35 @@ __global__ void __launch_bounds__(kThreadsWs, 1) k_moe_gemm_ws(const __grid_cons
         }
         __syncwarp();
       }
-    } else if (full_cols && sh <= wr && wr + 16 <= sh + cur.rows) {
-      bf16* yw = a.y + (int64_t(cur.a0) + wr + (lane >> 2)) * N + cbase;
-#pragma unroll
-      for (int hf = 0; hf < 2; ++hf) {
-        bf16* yr = yw + int64_t(hf * 8) * N;
-#pragma unroll
-        for (int j = 0; j < BN / 8; ++j) {
-          float v0 = acc[4 * j + 2 * hf], v1 = acc[4 * j + 2 * hf + 1];
-          if constexpr (SWIGLU) swiglu_pair(v0, v1, acc[4 * (j + 16) + 2 * hf], acc[4 * (j + 16) + 2 * hf + 1], a.act);
-          *reinterpret_cast<__nv_bfloat162*>(yr + j * 8) = __floats2bfloat162_rn(v0, v1);
-        }
-      }
     } else {
-#pragma unroll
-      for (int hf = 0; hf < 2; ++hf) {
-        const int lr = wr + (lane >> 2) + hf * 8;  // shared-memory row
-        if (lr < sh || lr >= sh + cur.rows) continue;
-        bf16* yr = a.y + (int64_t(cur.a0) + lr) * N + cbase;
-#pragma unroll
-        for (int j = 0; j < BN / 8; ++j) {
-          float v0 = acc[4 * j + 2 * hf], v1 = acc[4 * j + 2 * hf + 1];
-          if constexpr (SWIGLU) swiglu_pair(v0, v1, acc[4 * (j + 16) + 2 * hf], acc[4 * (j + 16) + 2 * hf + 1], a.act);
-          const int col = cbase + j * 8;
-          if (full_cols) {
-            *reinterpret_cast<__nv_bfloat162*>(yr + j * 8) = __floats2bfloat162_rn(v0, v1);
-          } else if (a.vec_store) {
-            if (col < N) *reinterpret_cast<__nv_bfloat162*>(yr + j * 8) = __floats2bfloat162_rn(v0, v1);
-          } else {
-            if (col < N) yr[j * 8] = __float2bfloat16_rn(v0);
-            if (col + 1 < N) yr[j * 8 + 1] = __float2bfloat16_rn(v1);
-          }
-        }
-      }
+      store_fragments<SWIGLU, BN>(acc, a, cur, wr, lane);
     }
   }
 }
 
 size_t smem_bytes(int E) { return size_t(1024 + kPipeB + kBarB) + 2 * sizeof(int32_t) * size_t(E + 1); }
 
+// Blocks: one per SM, or fewer when there are fewer work items. Items <= pairs * column tiles <=
+// max_tiles * column tiles (each pair holds >= 1 tile).
+unsigned grid_of(const Args& a, int64_t max_tiles) {
+  return unsigned(std::min<int64_t>(sm_count(), max_tiles * a.n_col_tiles));
+}
+
 template <bool SWIGLU, int MODE, bool MX4 = false>
-void launch(Args a, const Maps& m, int64_t max_tiles, cudaStream_t s) {
-  size_t smem;
-  int threads;
-  void (*kern)(Args, Maps) = nullptr;
-  void (*kern_thr)(Args) = nullptr;
-  if constexpr (MODE == kTma) {
-    a.stage_epi = smem_ws(a.E, true) <= size_t(227) * 1024;  // E <= ~2000
-    smem = smem_ws(a.E, a.stage_epi);
-    threads = kThreadsWs;
-    kern = k_moe_gemm_ws<SWIGLU>;
-    CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-  } else {
-    smem = smem_bytes(a.E);
-    threads = kThreads;
-    kern_thr = k_moe_gemm<SWIGLU, MODE, MX4>;
-    CUDA_CHECK(cudaFuncSetAttribute(kern_thr, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-  }
-  // Items <= pairs * column tiles <= max_tiles * column tiles (each pair holds >= 1 tile).
-  const int64_t max_items = max_tiles * a.n_col_tiles;
-  const unsigned grid = unsigned(std::min<int64_t>(sm_count(), max_items));
-  if (kern)
-    kern<<<grid, threads, smem, s>>>(a, m);
-  else
-    kern_thr<<<grid, threads, smem, s>>>(a);
+void launch(const Args& a, int64_t max_tiles, cudaStream_t s) {
+  static_assert(MODE != kTma, "the TMA loads run in the warp-specialised kernel (launch_ws)");
+  const size_t smem = smem_bytes(a.E);
+  CUDA_CHECK(cudaFuncSetAttribute(k_moe_gemm<SWIGLU, MODE, MX4>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+  k_moe_gemm<SWIGLU, MODE, MX4><<<grid_of(a, max_tiles), kThreads, smem, s>>>(a);
+  CUDA_CHECK_LAUNCH();
+}
+
+template <bool SWIGLU>
+void launch_ws(Args a, const Maps& m, int64_t max_tiles, cudaStream_t s) {
+  a.stage_epi = smem_ws(a.E, true) <= size_t(227) * 1024;  // E <= ~2000
+  const size_t smem = smem_ws(a.E, a.stage_epi);
+  CUDA_CHECK(cudaFuncSetAttribute(k_moe_gemm_ws<SWIGLU>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+  k_moe_gemm_ws<SWIGLU><<<grid_of(a, max_tiles), kThreadsWs, smem, s>>>(a, m);
   CUDA_CHECK_LAUNCH();
 }
 
@@ -696,12 +659,10 @@ void run(const bf16* xs, const bf16* w0, const bf16* w1, const int32_t* offsets,
     a.w0 = a.w1 = nullptr;
     a.q0 = mx0->packed, a.s0 = mx0->scales;
     a.q1 = swiglu ? mx1->packed : mx0->packed, a.s1 = swiglu ? mx1->scales : mx0->scales;
-    Maps m;
-    memset(&m, 0, sizeof(m));
     if (swiglu)
-      launch<true, kCpAsync, true>(a, m, max_tiles, s);
+      launch<true, kCpAsync, true>(a, max_tiles, s);
     else
-      launch<false, kCpAsync, true>(a, m, max_tiles, s);
+      launch<false, kCpAsync, true>(a, max_tiles, s);
     return;
   }
   const bool al = K % 8 == 0 && aligned16(xs) && aligned16(w0) && aligned16(a.w1);
@@ -722,20 +683,21 @@ void run(const bf16* xs, const bf16* w0, const bf16* w1, const int32_t* offsets,
     if (!strcmp(f, "elem")) mode = kElem;
     if (!strcmp(f, "cpasync") && al) mode = kCpAsync;
   }
-  if (swiglu) {
-    if (mode == kTma)
-      launch<true, kTma>(a, m, max_tiles, s);
-    else if (mode == kCpAsync)
-      launch<true, kCpAsync>(a, m, max_tiles, s);
+  if (mode == kTma) {
+    if (swiglu)
+      launch_ws<true>(a, m, max_tiles, s);
     else
-      launch<true, kElem>(a, m, max_tiles, s);
+      launch_ws<false>(a, m, max_tiles, s);
+  } else if (mode == kCpAsync) {
+    if (swiglu)
+      launch<true, kCpAsync>(a, max_tiles, s);
+    else
+      launch<false, kCpAsync>(a, max_tiles, s);
   } else {
-    if (mode == kTma)
-      launch<false, kTma>(a, m, max_tiles, s);
-    else if (mode == kCpAsync)
-      launch<false, kCpAsync>(a, m, max_tiles, s);
+    if (swiglu)
+      launch<true, kElem>(a, max_tiles, s);
     else
-      launch<false, kElem>(a, m, max_tiles, s);
+      launch<false, kElem>(a, max_tiles, s);
   }
 }
 
