@@ -413,25 +413,25 @@ static void bench_model(const char* name, int E, int top_k, int64_t D, int64_t I
   free_layout(L);
 }
 
-static int run_bench() {
+static int run_bench(const std::string& only) {
   cublasHandle_t hb;
   if (cublasCreate(&hb) != CUBLAS_STATUS_SUCCESS) {
     fprintf(stderr, "cublasCreate failed\n");
     return 2;
   }
-  bench_model("Kimi-Linear-48B", 256, 8, 2304, 1024, hb);
-  bench_model("Qwen3-Next-80B", 512, 10, 2048, 512, hb);
-  bench_model("Qwen3.5-35B-A3B", 256, 8, 2048, 512, hb);
-  bench_model("Qwen3.5-35B-A3B T=8192", 256, 8, 2048, 512, hb, 8192);
-  bench_model("GLM-5.3-Flash T=8192", 288, 8, 4096, 2048, hb, 8192);
+  if (std::string("Kimi-Linear-48B").find(only) != std::string::npos) bench_model("Kimi-Linear-48B", 256, 8, 2304, 1024, hb);
+  if (std::string("Qwen3-Next-80B").find(only) != std::string::npos) bench_model("Qwen3-Next-80B", 512, 10, 2048, 512, hb);
+  if (std::string("Qwen3.5-35B-A3B").find(only) != std::string::npos) bench_model("Qwen3.5-35B-A3B", 256, 8, 2048, 512, hb);
+  if (std::string("Qwen3.5-35B-A3B T=8192").find(only) != std::string::npos) bench_model("Qwen3.5-35B-A3B T=8192", 256, 8, 2048, 512, hb, 8192);
+  if (std::string("GLM-5.3-Flash T=8192").find(only) != std::string::npos) bench_model("GLM-5.3-Flash T=8192", 288, 8, 4096, 2048, hb, 8192);
   cublasDestroy(hb);
   return g_fail ? 1 : 0;
 }
 
-// --profile: one launch of each kernel on the Kimi shapes (for ncu).
-static int run_profile() {
-  const int E = 256;
-  const int64_t n = 32768 * 8, D = 2304, I = 1024;
+// --profile [glm]: one launch of each kernel on the Kimi shapes, or GLM-5.3-Flash's at T = 8192 (for ncu).
+static int run_profile(bool glm) {
+  const int E = glm ? 288 : 256;
+  const int64_t n = glm ? 8192 * 8 : 32768 * 8, D = glm ? 4096 : 2304, I = glm ? 2048 : 1024;
   std::vector<int> rows(E, int(n / E));
   Layout L = make_layout(rows);
   bf16 *xs, *wg, *wu, *wd, *h, *yd;
@@ -458,8 +458,9 @@ static int run_profile() {
 int main(int argc, char** argv) {
   const std::string mode = argc > 1 ? argv[1] : "";
   try {
-    if (mode == "--profile") return run_profile();
-    return mode == "--bench" ? run_bench() : run_tests();
+    const std::string arg = argc > 2 ? argv[2] : "";
+    if (mode == "--profile") return run_profile(arg == "glm");
+    return mode == "--bench" ? run_bench(arg) : run_tests();
   } catch (const std::exception& e) {
     fprintf(stderr, "error: %s\n", e.what());
     return 2;
