@@ -9,9 +9,15 @@
 // two items. A stage is refilled only after both CTAs' consumers released it (each consumer warp
 // arrives on the empty barrier of both CTAs). An expert with an odd number of pairs leaves the
 // second CTA of its last couple without rows: it still loads its half of B for its partner and
-// releases the stages, and issues no products (DZ_MOE_GEMM_MC=2: the clusters without the
-// multicast, each CTA loading all of its B). The kernel runs when the rows per expert average
-// >= 192 (most experts then hold two or more pairs); production's kernel otherwise.
+// releases the stages, and issues no products (MCAST false: the same clusters and mapping without
+// the multicast, each CTA loading all of its B and waiting on no other CTA).
+// Measured on the H200 (docs/perf/experiments_2026-12-03.txt): the multicast version 1.5x slower
+// than production (tensor pipe active 48 % against 90 %: every stage waits on both CTAs); without
+// it, 11 % less DRAM traffic, GLM-5.3-Flash's gate 1.22x and down 1.06x faster, but Qwen3.5's
+// shapes 0.80-0.86x (and the fused SwiGLU 0.92-0.97x at GLM). So the default here: the clusters
+// without multicast for GLM-like plain GEMMs only
+// (K >= 4096 and 128 to 383 rows per expert on average); DZ_MOE_GEMM_MC=0|1|2 forces production's
+// kernel, the multicast clusters, the plain clusters (testing).
 // Same tiles and k order as production: outputs bitwise equal.
 //   bash kernels/dev/moe_gemm/run_device.sh kernels/dev/moe_gemm/moe_gemm_mc.cu
 // Grouped MoE expert GEMMs on tensor cores (see moe_gemm.cuh).
@@ -961,9 +967,10 @@ void run(const bf16* xs, const bf16* w0, const bf16* w1, const int32_t* offsets,
   memset(&m, 0, sizeof(m));
   bool tma = false;
   // TMA coordinates are int32: rows of W (E * N) and of xs (bounded by max_tiles * 64).
-  // 2-CTA clusters with B multicast when the experts average >= 192 rows (max_tiles = n / 64 + E + 1:
-  // most experts then hold two or more 128-row pairs); DZ_MOE_GEMM_MC=0|1 overrides (testing).
-  bool mc = (max_tiles - E - 1) * 64 >= int64_t(192) * E, mcast = true;
+  // 2-CTA clusters for GLM-like shapes (max_tiles = n / 64 + E + 1, so avg_rows ~ n / E; the
+  // measurements are in the header).
+  const int64_t avg_rows = (max_tiles - E - 1) * 64 / E;
+  bool mc = !swiglu && K >= 4096 && avg_rows >= 128 && avg_rows < 384, mcast = false;
   if (const char* f = std::getenv("DZ_MOE_GEMM_MC")) mc = f[0] != '0', mcast = f[0] != '2';  // 2: clusters, no multicast
   if (al && int64_t(E) * N < (int64_t(1) << 31) && max_tiles * 64 < (int64_t(1) << 31)) {
     if (auto enc = tensor_map_encoder()) {
