@@ -6,14 +6,13 @@
 #include <type_traits>
 
 #include "common.cuh"
+#include "hyper_coeffs.cuh"
 
 namespace dz::cuda {
 
 namespace {
 
 constexpr int kMaxN = 8;
-
-__device__ float sigmoidf_(float v) { return 1.f / (1.f + expf(-v)); }
 
 // A token row of one stream in chunks of W floats (W = 4: 16-byte vectors, D % 4 == 0 and the
 // pointers 16-byte aligned; W = 1 otherwise). Chunk c of this thread is c = threadIdx.x + kThr * j.
@@ -50,7 +49,7 @@ __global__ void __launch_bounds__(kThr) k_hc_pre(const float* x, const float* m,
                                                  HcKernelParams p, int64_t D, float* coeff, float* in) {
   using V = Vec<W>;
   const int64_t t = blockIdx.x;
-  constexpr int C = (2 + N) * N, NN = N * N;
+  constexpr int C = (2 + N) * N;
   const float* xt = x + t * N * D;
   const int64_t nch = D / W;  // chunks per stream
   __shared__ float red[32];
@@ -92,61 +91,7 @@ __global__ void __launch_bounds__(kThr) k_hc_pre(const float* x, const float* m,
     for (int w = 0; w < kThr / 32; ++w) tot += red[w];
     const float r = rsqrtf(tot / float(N * D) + p.eps_norm);
     const float* mt = m + t * C;
-    float* pre = cf;
-    float* post = cf + N;
-    float* comb = cf + 2 * N;
-    if (lane < N) {
-      pre[lane] = sigmoidf_(mt[lane] * r * scale[0] + base[lane]) + p.eps_hc;
-      post[lane] = 2.f * sigmoidf_(mt[N + lane] * r * scale[1] + base[N + lane]);
-    }
-    // this lane's entries i0 = lane and i1 = lane + 32 of comb (row-major a * N + b)
-    const int i0 = lane, i1 = lane + 32;
-    const bool h0 = i0 < NN, h1 = i1 < NN;
-    float v0 = h0 ? mt[2 * N + i0] * r * scale[2] + base[2 * N + i0] : 0.f;
-    float v1 = h1 ? mt[2 * N + i1] * r * scale[2] + base[2 * N + i1] : 0.f;
-    if (h0) comb[i0] = v0;
-    if (h1) comb[i1] = v1;
-    __syncwarp();
-    // row softmax + eps: the row's max and sum of exps in column order, as the serial loop
-    auto row_softmax = [&](int i, float v) {
-      const int a = i / N;
-      float mx = -INFINITY;
-      for (int b = 0; b < N; ++b) mx = fmaxf(mx, comb[a * N + b]);
-      float sum = 0.f;
-      for (int b = 0; b < N; ++b) sum += expf(comb[a * N + b] - mx);
-      return expf(v - mx) / sum + p.eps_hc;
-    };
-    if (h0) v0 = row_softmax(i0, v0);
-    if (h1) v1 = row_softmax(i1, v1);
-    __syncwarp();
-    if (h0) comb[i0] = v0;
-    if (h1) comb[i1] = v1;
-    __syncwarp();
-    auto row_sum = [&](int i) {
-      float sum = 0.f;
-      for (int b = 0; b < N; ++b) sum += comb[(i / N) * N + b];
-      return sum;
-    };
-    auto col_sum = [&](int i) {
-      float sum = 0.f;
-      for (int a = 0; a < N; ++a) sum += comb[a * N + i % N];
-      return sum;
-    };
-    for (int it = 0; it < p.iters; ++it) {
-      if (it > 0) {
-        const float s0 = h0 ? row_sum(i0) : 1.f, s1 = h1 ? row_sum(i1) : 1.f;
-        __syncwarp();
-        if (h0) comb[i0] = v0 = v0 / (s0 + p.eps_hc);
-        if (h1) comb[i1] = v1 = v1 / (s1 + p.eps_hc);
-        __syncwarp();
-      }
-      const float s0 = h0 ? col_sum(i0) : 1.f, s1 = h1 ? col_sum(i1) : 1.f;
-      __syncwarp();
-      if (h0) comb[i0] = v0 = v0 / (s0 + p.eps_hc);
-      if (h1) comb[i1] = v1 = v1 / (s1 + p.eps_hc);
-      __syncwarp();
-    }
-    for (int i = lane; i < C; i += 32) coeff[t * C + i] = cf[i];
+    hc_coeffs_warp<N>(mt, r, base, scale, p, lane, cf, coeff + t * C);
   }
   __syncthreads();
   float pre[N];

@@ -12,8 +12,8 @@
 //                 straight from global memory (a lane's 16-byte load of columns 4t .. 4t + 3 feeds two
 //                 m16n8k8 products, the k order permuted alike in A and B); the 8 slices are summed
 //                 in a fixed order in shared memory. Reads x once.
-//   k_hc_coeff    one warp a token: r = rsqrt(ss / (N·D) + eps), the coefficients and Sinkhorn (the
-//                 production warp code, in the CPU reference's summation order); all tokens at once,
+//   k_hc_coeff    one warp a token: r = rsqrt(ss / (N·D) + eps), the coefficients and Sinkhorn
+//                 (production's hc_coeffs_warp, in the CPU reference's summation order); all tokens at once,
 //                 so the Sinkhorn latency no longer holds the streams.
 //   k_hc_collapse in = Σ_n pre[n] x[n], streaming x a second time.
 // Floor at T = 8192: two reads of 537 MB + 134 MB written, ~0.26 ms at 4 TB/s (production: 0.54 ms).
@@ -26,6 +26,7 @@
 
 #include "common.cuh"
 #include "hyper.cuh"
+#include "hyper_coeffs.cuh"
 
 namespace dz::cuda::dev {
 
@@ -143,74 +144,18 @@ __global__ void __launch_bounds__(kProjThreads) k_hc_proj(const float* x, const 
   }
 }
 
-__device__ float sigmoidf_(float v) { return 1.f / (1.f + expf(-v)); }
-
-// One warp a token: production's coefficient code (kernels/hyper.cu, k_hc_pre's warp 0), r from ss.
+// One warp a token: the coefficients by production's warp code (hyper_coeffs.cuh), r from ss.
 template <int N>
 __global__ void __launch_bounds__(256) k_hc_coeff(const float* m, const float* ssum, const float* base,
                                                   const float* scale, HcKernelParams p, int64_t T, int64_t D,
                                                   float* coeff) {
-  constexpr int C = (2 + N) * N, NN = N * N;
+  constexpr int C = (2 + N) * N;
   __shared__ float cfs[8][(2 + 8) * 8];
   const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
   const int64_t tk = int64_t(blockIdx.x) * 8 + w;
   if (tk >= T) return;
-  float* cf = cfs[w];
   const float r = rsqrtf(ssum[tk] / float(N * D) + p.eps_norm);
-  const float* mt = m + tk * C;
-  float* pre = cf;
-  float* post = cf + N;
-  float* comb = cf + 2 * N;
-  if (lane < N) {
-    pre[lane] = sigmoidf_(mt[lane] * r * scale[0] + base[lane]) + p.eps_hc;
-    post[lane] = 2.f * sigmoidf_(mt[N + lane] * r * scale[1] + base[N + lane]);
-  }
-  const int i0 = lane, i1 = lane + 32;
-  const bool h0 = i0 < NN, h1 = i1 < NN;
-  float v0 = h0 ? mt[2 * N + i0] * r * scale[2] + base[2 * N + i0] : 0.f;
-  float v1 = h1 ? mt[2 * N + i1] * r * scale[2] + base[2 * N + i1] : 0.f;
-  if (h0) comb[i0] = v0;
-  if (h1) comb[i1] = v1;
-  __syncwarp();
-  auto row_softmax = [&](int i, float v) {
-    const int a = i / N;
-    float mx = -INFINITY;
-    for (int b = 0; b < N; ++b) mx = fmaxf(mx, comb[a * N + b]);
-    float sum = 0.f;
-    for (int b = 0; b < N; ++b) sum += expf(comb[a * N + b] - mx);
-    return expf(v - mx) / sum + p.eps_hc;
-  };
-  if (h0) v0 = row_softmax(i0, v0);
-  if (h1) v1 = row_softmax(i1, v1);
-  __syncwarp();
-  if (h0) comb[i0] = v0;
-  if (h1) comb[i1] = v1;
-  __syncwarp();
-  auto row_sum = [&](int i) {
-    float sum = 0.f;
-    for (int b = 0; b < N; ++b) sum += comb[(i / N) * N + b];
-    return sum;
-  };
-  auto col_sum = [&](int i) {
-    float sum = 0.f;
-    for (int a = 0; a < N; ++a) sum += comb[a * N + i % N];
-    return sum;
-  };
-  for (int it = 0; it < p.iters; ++it) {
-    if (it > 0) {
-      const float s0 = h0 ? row_sum(i0) : 1.f, s1 = h1 ? row_sum(i1) : 1.f;
-      __syncwarp();
-      if (h0) comb[i0] = v0 = v0 / (s0 + p.eps_hc);
-      if (h1) comb[i1] = v1 = v1 / (s1 + p.eps_hc);
-      __syncwarp();
-    }
-    const float s0 = h0 ? col_sum(i0) : 1.f, s1 = h1 ? col_sum(i1) : 1.f;
-    __syncwarp();
-    if (h0) comb[i0] = v0 = v0 / (s0 + p.eps_hc);
-    if (h1) comb[i1] = v1 = v1 / (s1 + p.eps_hc);
-    __syncwarp();
-  }
-  for (int i = lane; i < C; i += 32) coeff[tk * C + i] = cf[i];
+  hc_coeffs_warp<N>(m + tk * C, r, base, scale, p, lane, cfs[w], coeff + tk * C);
 }
 
 // in [T, D] = Σ_n pre[n] x[t, n, :], one block a token, 16-byte chunks (n ascending, as the CPU).

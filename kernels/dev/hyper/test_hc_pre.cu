@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "common.cuh"
 #include "hyper.cuh"
 
 namespace dz::cuda::dev {
@@ -26,14 +27,6 @@ void hc_pre_tc(const float* x, const float* fn, const float* base, const float* 
                int64_t T, int64_t D, float* coeff, float* in, float* work, cudaStream_t s);
 }  // namespace dz::cuda::dev
 
-#define CK(x)                                                                                  \
-  do {                                                                                         \
-    cudaError_t e_ = (x);                                                                      \
-    if (e_ != cudaSuccess) {                                                                   \
-      fprintf(stderr, "%s failed: %s (%s:%d)\n", #x, cudaGetErrorString(e_), __FILE__, __LINE__); \
-      exit(2);                                                                                 \
-    }                                                                                          \
-  } while (0)
 
 static int g_fail = 0;
 
@@ -114,18 +107,18 @@ static void run_tc(const Bufs& b, const dz::cuda::HcKernelParams& p, int64_t T, 
 static Bufs alloc(int N, int64_t T, int64_t D) {
   const int C = (2 + N) * N;
   Bufs b;
-  CK(cudaMalloc(&b.x, sizeof(float) * T * N * D));
-  CK(cudaMalloc(&b.fn, sizeof(float) * C * N * D));
-  CK(cudaMalloc(&b.base, sizeof(float) * C));
-  CK(cudaMalloc(&b.scale, sizeof(float) * 3));
-  CK(cudaMalloc(&b.coeff, sizeof(float) * T * C));
-  CK(cudaMalloc(&b.in, sizeof(float) * T * D));
-  CK(cudaMalloc(&b.work, sizeof(float) * T * (C + 1)));
-  CK(cudaMalloc(&b.m, sizeof(float) * T * C));
+  CUDA_CHECK(cudaMalloc(&b.x, sizeof(float) * T * N * D));
+  CUDA_CHECK(cudaMalloc(&b.fn, sizeof(float) * C * N * D));
+  CUDA_CHECK(cudaMalloc(&b.base, sizeof(float) * C));
+  CUDA_CHECK(cudaMalloc(&b.scale, sizeof(float) * 3));
+  CUDA_CHECK(cudaMalloc(&b.coeff, sizeof(float) * T * C));
+  CUDA_CHECK(cudaMalloc(&b.in, sizeof(float) * T * D));
+  CUDA_CHECK(cudaMalloc(&b.work, sizeof(float) * T * (C + 1)));
+  CUDA_CHECK(cudaMalloc(&b.m, sizeof(float) * T * C));
   return b;
 }
 static void release(Bufs& b) {
-  for (float* q : {b.x, b.fn, b.base, b.scale, b.coeff, b.in, b.work, b.m}) CK(cudaFree(q));
+  for (float* q : {b.x, b.fn, b.base, b.scale, b.coeff, b.in, b.work, b.m}) CUDA_CHECK(cudaFree(q));
 }
 
 static void test_shape(cublasHandle_t hb, int N, int64_t T, int64_t D) {
@@ -140,10 +133,10 @@ static void test_shape(cublasHandle_t hb, int N, int64_t T, int64_t D) {
   for (auto& v : base) v = 0.3f * u(g);
   for (auto& v : scale) v = 1.f + 0.3f * u(g);
   Bufs b = alloc(N, T, D);
-  CK(cudaMemcpy(b.x, x.data(), sizeof(float) * x.size(), cudaMemcpyHostToDevice));
-  CK(cudaMemcpy(b.fn, fn.data(), sizeof(float) * fn.size(), cudaMemcpyHostToDevice));
-  CK(cudaMemcpy(b.base, base.data(), sizeof(float) * C, cudaMemcpyHostToDevice));
-  CK(cudaMemcpy(b.scale, scale.data(), sizeof(float) * 3, cudaMemcpyHostToDevice));
+  CUDA_CHECK(cudaMemcpy(b.x, x.data(), sizeof(float) * x.size(), cudaMemcpyHostToDevice));
+  CUDA_CHECK(cudaMemcpy(b.fn, fn.data(), sizeof(float) * fn.size(), cudaMemcpyHostToDevice));
+  CUDA_CHECK(cudaMemcpy(b.base, base.data(), sizeof(float) * C, cudaMemcpyHostToDevice));
+  CUDA_CHECK(cudaMemcpy(b.scale, scale.data(), sizeof(float) * 3, cudaMemcpyHostToDevice));
   dz::cuda::HcKernelParams p;
   p.N = N, p.iters = 20, p.eps_norm = 1e-5f, p.eps_hc = 1e-6f;
   std::vector<int64_t> toks;
@@ -152,16 +145,16 @@ static void test_shape(cublasHandle_t hb, int N, int64_t T, int64_t D) {
   if (T > 17) toks.push_back(17);
   double err[2][2] = {{0, 0}, {0, 0}};  // [path][coeff / in]
   for (int path = 0; path < 2; ++path) {
-    CK(cudaMemset(b.coeff, 0xff, sizeof(float) * T * C));
-    CK(cudaMemset(b.in, 0xff, sizeof(float) * T * D));
+    CUDA_CHECK(cudaMemset(b.coeff, 0xff, sizeof(float) * T * C));
+    CUDA_CHECK(cudaMemset(b.in, 0xff, sizeof(float) * T * D));
     if (path == 0)
       run_prod(hb, b, p, T, D);
     else
       run_tc(b, p, T, D);
-    CK(cudaDeviceSynchronize());
+    CUDA_CHECK(cudaDeviceSynchronize());
     std::vector<float> cf(size_t(T * C)), in(size_t(T * D));
-    CK(cudaMemcpy(cf.data(), b.coeff, sizeof(float) * cf.size(), cudaMemcpyDeviceToHost));
-    CK(cudaMemcpy(in.data(), b.in, sizeof(float) * in.size(), cudaMemcpyDeviceToHost));
+    CUDA_CHECK(cudaMemcpy(cf.data(), b.coeff, sizeof(float) * cf.size(), cudaMemcpyDeviceToHost));
+    CUDA_CHECK(cudaMemcpy(in.data(), b.in, sizeof(float) * in.size(), cudaMemcpyDeviceToHost));
     for (int64_t t : toks) {
       std::vector<double> rc, ri;
       ref_token(x, fn, base, scale, N, D, p.iters, p.eps_norm, p.eps_hc, t, rc, ri);
@@ -206,25 +199,25 @@ static void bench(cublasHandle_t hb, int N, int64_t T, int64_t D) {
   k_fill<<<1024, 256>>>(b.fn, int64_t(C) * N * D, 2, 0.01f);
   k_fill<<<1, 256>>>(b.base, C, 3, 0.3f);
   k_fill<<<1, 256>>>(b.scale, 3, 4, 0.3f);
-  CK(cudaDeviceSynchronize());
+  CUDA_CHECK(cudaDeviceSynchronize());
   dz::cuda::HcKernelParams p;
   p.N = N;
   cudaEvent_t e0, e1;
-  CK(cudaEventCreate(&e0));
-  CK(cudaEventCreate(&e1));
+  CUDA_CHECK(cudaEventCreate(&e0));
+  CUDA_CHECK(cudaEventCreate(&e1));
   float ms[2];
   for (int path = 0; path < 2; ++path) {
     std::vector<float> v;
     for (int r = 0; r < 23; ++r) {
-      CK(cudaEventRecord(e0));
+      CUDA_CHECK(cudaEventRecord(e0));
       if (path == 0)
         run_prod(hb, b, p, T, D);
       else
         run_tc(b, p, T, D);
-      CK(cudaEventRecord(e1));
-      CK(cudaEventSynchronize(e1));
+      CUDA_CHECK(cudaEventRecord(e1));
+      CUDA_CHECK(cudaEventSynchronize(e1));
       float t = 0;
-      CK(cudaEventElapsedTime(&t, e0, e1));
+      CUDA_CHECK(cudaEventElapsedTime(&t, e0, e1));
       if (r >= 3) v.push_back(t);
     }
     ms[path] = median_ms(v);
@@ -233,8 +226,8 @@ static void bench(cublasHandle_t hb, int N, int64_t T, int64_t D) {
   printf("bench N %d T %6lld D %5lld: production (cuBLAS fp32 + k_hc_pre) %.3f ms | tc (proj + coeff + collapse) %.3f ms"
          " | %.2fx | streams %.2f GB (two reads + in: %.3f ms at 4 TB/s)\n",
          N, (long long)T, (long long)D, ms[0], ms[1], ms[0] / ms[1], gb, (2 * gb + gb / N) / 4e3 * 1e3);
-  CK(cudaEventDestroy(e0));
-  CK(cudaEventDestroy(e1));
+  CUDA_CHECK(cudaEventDestroy(e0));
+  CUDA_CHECK(cudaEventDestroy(e1));
   release(b);
 }
 
