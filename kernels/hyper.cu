@@ -3,7 +3,6 @@
 
 #include <cmath>
 #include <initializer_list>
-#include <type_traits>
 
 #include "common.cuh"
 #include "hyper_coeffs.cuh"
@@ -11,8 +10,6 @@
 namespace dz::cuda {
 
 namespace {
-
-constexpr int kMaxN = 8;
 
 // A token row of one stream in chunks of W floats (W = 4: 16-byte vectors, D % 4 == 0 and the
 // pointers 16-byte aligned; W = 1 otherwise). Chunk c of this thread is c = threadIdx.x + kThr * j.
@@ -211,22 +208,6 @@ bool vec4(int64_t D, std::initializer_list<const void*> ps) {
   for (const void* q : ps)
     if (q && !aligned16(q)) return false;
   return true;
-}
-// Calls f(std::integral_constant<int, N>) for 1 <= n <= kMaxN: the streams as a template
-// parameter, so that the kernels' register arrays are indexed by constants.
-template <class F>
-void with_streams(int n, F&& f) {
-  static_assert(kMaxN == 8, "with_streams: one case per stream count");
-  switch (n) {
-    case 1: f(std::integral_constant<int, 1>{}); break;
-    case 2: f(std::integral_constant<int, 2>{}); break;
-    case 3: f(std::integral_constant<int, 3>{}); break;
-    case 4: f(std::integral_constant<int, 4>{}); break;
-    case 5: f(std::integral_constant<int, 5>{}); break;
-    case 6: f(std::integral_constant<int, 6>{}); break;
-    case 7: f(std::integral_constant<int, 7>{}); break;
-    default: f(std::integral_constant<int, 8>{}); break;
-  }
 }
 
 }  // namespace

@@ -1,13 +1,34 @@
-// mHC coefficients of one token by one warp (device code shared by kernels/hyper.cu and the
-// kernels/dev/hyper experiment; formulas and CPU reference: lib/ops/hyper.hpp).
+// Pieces of the mHC kernels shared by kernels/hyper.cu and the kernels/dev/hyper experiment: the
+// coefficients of one token by one warp, and the dispatch on the stream count (formulas and CPU
+// reference: lib/ops/hyper.hpp).
 #pragma once
 #include <cuda_runtime.h>
 
 #include <cmath>
+#include <type_traits>
 
 #include "hyper.cuh"
 
 namespace dz::cuda {
+
+constexpr int kMaxN = 8;  // streams (hc_mult) the kernels take
+
+// Calls f(std::integral_constant<int, N>) for 1 <= n <= kMaxN: the streams as a template
+// parameter, so that the kernels' register arrays are indexed by constants.
+template <class F>
+void with_streams(int n, F&& f) {
+  static_assert(kMaxN == 8, "with_streams: one case per stream count");
+  switch (n) {
+    case 1: f(std::integral_constant<int, 1>{}); break;
+    case 2: f(std::integral_constant<int, 2>{}); break;
+    case 3: f(std::integral_constant<int, 3>{}); break;
+    case 4: f(std::integral_constant<int, 4>{}); break;
+    case 5: f(std::integral_constant<int, 5>{}); break;
+    case 6: f(std::integral_constant<int, 6>{}); break;
+    case 7: f(std::integral_constant<int, 7>{}); break;
+    default: f(std::integral_constant<int, 8>{}); break;
+  }
+}
 
 __device__ __forceinline__ float hc_sigmoidf(float v) { return 1.f / (1.f + expf(-v)); }
 

@@ -150,7 +150,7 @@ __global__ void __launch_bounds__(256) k_hc_coeff(const float* m, const float* s
                                                   const float* scale, HcKernelParams p, int64_t T, int64_t D,
                                                   float* coeff) {
   constexpr int C = (2 + N) * N;
-  __shared__ float cfs[8][(2 + 8) * 8];
+  __shared__ float cfs[8][(2 + kMaxN) * kMaxN];
   const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
   const int64_t tk = int64_t(blockIdx.x) * 8 + w;
   if (tk >= T) return;
@@ -180,24 +180,10 @@ __global__ void __launch_bounds__(256) k_hc_collapse(const float* x, const float
   }
 }
 
-template <class F>
-void with_n(int n, F&& f) {
-  switch (n) {
-    case 1: f(std::integral_constant<int, 1>{}); break;
-    case 2: f(std::integral_constant<int, 2>{}); break;
-    case 3: f(std::integral_constant<int, 3>{}); break;
-    case 4: f(std::integral_constant<int, 4>{}); break;
-    case 5: f(std::integral_constant<int, 5>{}); break;
-    case 6: f(std::integral_constant<int, 6>{}); break;
-    case 7: f(std::integral_constant<int, 7>{}); break;
-    default: f(std::integral_constant<int, 8>{}); break;
-  }
-}
-
 }  // namespace
 
 bool hc_pre_tc_supported(int N, int64_t D, const void* x, const void* fn, const void* in) {
-  return N >= 1 && N <= 8 && D % 4 == 0 && (int64_t(N) * D) % 16 == 0 && aligned16(x) && aligned16(fn) && aligned16(in);
+  return N >= 1 && N <= kMaxN && D % 4 == 0 && (int64_t(N) * D) % 16 == 0 && aligned16(x) && aligned16(fn) && aligned16(in);
 }
 
 // work: [T, C] + [T] floats (m, ss).
@@ -209,7 +195,7 @@ void hc_pre_tc(const float* x, const float* fn, const float* base, const float* 
   const int64_t K = int64_t(N) * D;
   float* m = work;
   float* ss = work + T * C;
-  with_n(N, [&](auto nn) {
+  with_streams(N, [&](auto nn) {
     constexpr int NS = decltype(nn)::value;
     constexpr int NT = ((2 + NS) * NS + 7) / 8;
     const size_t smem = sizeof(float) * kTokGroups * kSlices * 16 * (8 * NT + 1);
