@@ -33,6 +33,12 @@
 //    n < 128 the producer's 128 threads load A themselves. (Against the non-specialised TMA kernel
 //    it replaced, one device command, docs/perf/moe_gemm_ws_*.txt: Qwen3.5 T = 32768 gate/up 0.829
 //    vs 1.010 ms, down 0.967 vs 1.572; GLM-5.3-Flash T = 8192 2.174 vs 2.187, 2.184 vs 2.393.)
+//    At GLM-like shapes its plain GEMMs run as 2-CTA clusters (clusters(): ~2 pairs an expert), a
+//    cluster's item being two pairs of one expert and one column tile: the two CTAs share nothing,
+//    the cluster only puts the two readers of one weight tile on one GPC (11 % less DRAM traffic).
+//    Multicasting the weight tile into both CTAs was tried and ran 1.5x slower: each stage then
+//    waits for both CTAs' consumers (docs/perf/experiments_2026-12-03.txt; git history of
+//    kernels/dev/moe_gemm/moe_gemm_mc.cu).
 //  - k_moe_gemm, 8 warps that all load and all multiply: cp.async (K % 8 == 0 without TMA), element
 //    loads (K % 8 != 0 or unaligned pointers), and MXFP4 weights (MX4: A by cp.async; each thread
 //    loads the 4 packed bytes and the scale of each of its B chunks into registers, and one
@@ -131,10 +137,11 @@ struct Item {
 
 // Expert of item: the largest e with poff[e] <= p (p < poff[E]; experts with no pairs are
 // skipped). A block's items ascend, so the search runs forward from the last item's expert
-// (e_hint, < 0 the first time: binary search).
-template <int BN>
-__device__ __forceinline__ Item map_item(int item, int n_col_tiles, const int32_t* s_off, const int32_t* s_poff,
-                                         int E, bool shift_tail, int& e_hint) {
+// (e_hint, < 0 the first time: binary search). CL pairs per item (2: a 2-CTA cluster's item j, whose
+// CTA `rank` takes the expert's pair 2 j + rank, rows = 0 when the expert has no such pair).
+template <int BN, int CL = 1>
+__device__ __forceinline__ Item map_item(int item, int rank, int n_col_tiles, const int32_t* s_off,
+                                         const int32_t* s_poff, int E, bool shift_tail, int& e_hint) {
   const int p = item / n_col_tiles, nt = item - p * n_col_tiles;
   int lo = e_hint;
   if (lo < 0) {
@@ -153,20 +160,28 @@ __device__ __forceinline__ Item map_item(int item, int n_col_tiles, const int32_
   e_hint = lo;
   Item it;
   it.e = lo;
-  it.r0 = s_off[lo] + (p - s_poff[lo]) * kBM;
-  it.rows = min(kBM, s_off[lo + 1] - it.r0);
+  if constexpr (CL == 1) {
+    it.r0 = s_off[lo] + (p - s_poff[lo]) * kBM;
+    it.rows = min(kBM, s_off[lo + 1] - it.r0);
+  } else {
+    it.r0 = s_off[lo] + ((p - s_poff[lo]) * CL + rank) * kBM;
+    it.rows = min(kBM, s_off[lo + 1] - it.r0);
+    if (it.rows <= 0) it.r0 = s_off[lo], it.rows = 0;
+  }
   it.n0 = nt * BN;
   const int n = s_off[E];
   it.a0 = (shift_tail && it.r0 + kBM > n) ? n - kBM : it.r0;
   return it;
 }
 
-// Warp 0: s_poff[e] = exclusive scan over experts of the 128-row pairs of 64-row tiles
-// (s_off complete in shared memory first).
+// Warp 0: s_poff[e] = exclusive scan over experts of the items: ceil(pairs / CL) with pairs the
+// expert's 128-row pairs of 64-row tiles (s_off complete in shared memory first).
+template <int CL = 1>
 __device__ __forceinline__ void scan_pairs(const int32_t* s_off, int32_t* s_poff, int E, int lane) {
+  auto items = [&](int e) { return ((s_off[e + 1] - s_off[e] + kBM - 1) / kBM + CL - 1) / CL; };
   const int per = (E + 31) / 32, b = min(E, lane * per), en = min(E, b + per);
   int sum = 0;
-  for (int e = b; e < en; ++e) sum += (s_off[e + 1] - s_off[e] + kBM - 1) / kBM;
+  for (int e = b; e < en; ++e) sum += items(e);
   int incl = sum;
 #pragma unroll
   for (int d = 1; d < 32; d <<= 1) {
@@ -176,7 +191,7 @@ __device__ __forceinline__ void scan_pairs(const int32_t* s_off, int32_t* s_poff
   int run = incl - sum;
   for (int e = b; e < en; ++e) {
     s_poff[e] = run;
-    run += (s_off[e + 1] - s_off[e] + kBM - 1) / kBM;
+    run += items(e);
   }
   if (lane == 31) s_poff[E] = incl;
 }
@@ -283,7 +298,7 @@ __global__ void __launch_bounds__(kThreads, 1) k_moe_gemm(const __grid_constant_
   int ld_k = 0;
   int ld_q = 0, ld_e = -1;
   auto setup_producer = [&](int item) {
-    ld_it = map_item<BN>(item, a.n_col_tiles, s_off, s_poff, E, shift_tail, ld_e);
+    ld_it = map_item<BN>(item, 0, a.n_col_tiles, s_off, s_poff, E, shift_tail, ld_e);
     const Item& it = ld_it;
     {
       pa = a.xs + (int64_t(it.r0) + prow) * K + pch * 8;
@@ -401,7 +416,7 @@ __global__ void __launch_bounds__(kThreads, 1) k_moe_gemm(const __grid_constant_
 
   setup_producer(blockIdx.x);
   int mm_e = -1;
-  Item cur = map_item<BN>(blockIdx.x, a.n_col_tiles, s_off, s_poff, E, shift_tail, mm_e);
+  Item cur = map_item<BN>(blockIdx.x, 0, a.n_col_tiles, s_off, s_poff, E, shift_tail, mm_e);
   int mm_k = 0;
   int mm_q = 0;
 #pragma unroll
@@ -426,7 +441,7 @@ __global__ void __launch_bounds__(kThreads, 1) k_moe_gemm(const __grid_constant_
     if (++mm_k == k_iters) {
       store_fragments<SWIGLU, BN>(acc, a, cur, wm * 64 + wq * 16, lane);
       mm_k = 0;
-      if (++mm_q < nq) cur = map_item<BN>(blockIdx.x + mm_q * G, a.n_col_tiles, s_off, s_poff, E, shift_tail, mm_e);
+      if (++mm_q < nq) cur = map_item<BN>(blockIdx.x + mm_q * G, 0, a.n_col_tiles, s_off, s_poff, E, shift_tail, mm_e);
     }
   }
   cp_wait<0>();
@@ -440,7 +455,10 @@ constexpr int kStgRowB = 144, kStgWarpB = 16 * kStgRowB;
 __host__ __device__ constexpr size_t stg_offset(int E) { return (size_t(kPipeB + kBarB) + 8 * size_t(E + 1) + 15) & ~size_t(15); }
 size_t smem_ws(int E, bool staged) { return 1024 + stg_offset(E) + (staged ? 8 * size_t(kStgWarpB) : 0); }
 
-template <bool SWIGLU>
+// CL = 2: launched as 2-CTA clusters, item j of a cluster is two 128-row pairs of one expert and one
+// column tile, one pair per CTA (the CTAs share nothing: the cluster only places the two, which read
+// the same weight tile at about the same time, on one GPC; see launch_ws for when it pays).
+template <bool SWIGLU, int CL>
 __global__ void __launch_bounds__(kThreadsWs, 1) k_moe_gemm_ws(const __grid_constant__ Args a,
                                                               const __grid_constant__ Maps maps) {
   constexpr int BN = SWIGLU ? kBR / 2 : kBR;  // output columns per item
@@ -457,7 +475,7 @@ __global__ void __launch_bounds__(kThreadsWs, 1) k_moe_gemm_ws(const __grid_cons
   // ---- offsets to shared memory, pairs of 64-row tiles per expert scanned (warp 0) ----
   for (int i = tid; i <= E; i += kThreadsWs) s_off[i] = a.offsets[i];
   __syncthreads();
-  if (warp == 0) scan_pairs(s_off, s_poff, E, lane);
+  if (warp == 0) scan_pairs<CL>(s_off, s_poff, E, lane);
   const int n_rows = s_off[E];  // (s_off is complete after the first barrier)
   // TMA: A's box must stay inside rows [0, n); with n < 128 the producer's threads load A.
   const bool a_thr = n_rows < kBM;
@@ -470,10 +488,11 @@ __global__ void __launch_bounds__(kThreadsWs, 1) k_moe_gemm_ws(const __grid_cons
   }
   __syncthreads();
 
+  // a cluster's CTAs are consecutive blocks (rank = blockIdx.x % CL); both take the cluster's items
+  const int rank = int(blockIdx.x) % CL, slot = int(blockIdx.x) / CL, G = int(gridDim.x) / CL;
   const int total = s_poff[E] * a.n_col_tiles;
-  if (int(blockIdx.x) >= total) return;
-  const int G = gridDim.x;
-  const int nq = (total - int(blockIdx.x) + G - 1) / G;  // items of this block
+  if (slot >= total) return;
+  const int nq = (total - slot + G - 1) / G;  // items of this block
   const int k_iters = (K + kBK - 1) / kBK;
   const bool shift_tail = !a_thr;
 
@@ -485,7 +504,8 @@ __global__ void __launch_bounds__(kThreadsWs, 1) k_moe_gemm_ws(const __grid_cons
     int e_hint = -1;
     int f = 0;  // fill index over the block's stages
     for (int q = 0; q < nq; ++q) {
-      const Item it = map_item<BN>(blockIdx.x + q * G, a.n_col_tiles, s_off, s_poff, E, shift_tail, e_hint);
+      const Item it = map_item<BN, CL>(slot + q * G, rank, a.n_col_tiles, s_off, s_poff, E, shift_tail, e_hint);
+      if (CL > 1 && it.rows == 0) continue;  // the expert has no pair for this CTA: nothing to load
       const int brow = it.e * N + it.n0;
       for (int kk = 0; kk < k_iters; ++kk, ++f) {
         const int s = f % kStages, u = f / kStages;
@@ -532,7 +552,8 @@ __global__ void __launch_bounds__(kThreadsWs, 1) k_moe_gemm_ws(const __grid_cons
     bool busy;
     {
       int e2 = e_hint;
-      const Item it = map_item<BN>(blockIdx.x + q * G, a.n_col_tiles, s_off, s_poff, E, shift_tail, e2);
+      const Item it = map_item<BN, CL>(slot + q * G, rank, a.n_col_tiles, s_off, s_poff, E, shift_tail, e2);
+      if (CL > 1 && it.rows == 0) continue;  // (the producer skipped it too)
       const int lo = it.r0 - it.a0;
       busy = wm * 64 < lo + it.rows && wm * 64 + 64 > lo;
     }
@@ -554,7 +575,7 @@ __global__ void __launch_bounds__(kThreadsWs, 1) k_moe_gemm_ws(const __grid_cons
 
     // ---- epilogue: registers -> y (rows outside the item and columns past N are dropped) ----
     // (the item is mapped here, not before the loop: nothing of it stays live across the products)
-    const Item cur = map_item<BN>(blockIdx.x + q * G, a.n_col_tiles, s_off, s_poff, E, shift_tail, e_hint);
+    const Item cur = map_item<BN, CL>(slot + q * G, rank, a.n_col_tiles, s_off, s_poff, E, shift_tail, e_hint);
     const int sh = cur.r0 - cur.a0;  // shared-memory row of the item's first row
     const int wr = wm * 64 + wq * 16;  // this warp's first shared-memory row
     const bool full_cols = a.vec_store && cur.n0 + BN <= N;
@@ -610,13 +631,47 @@ void launch(const Args& a, int64_t max_tiles, cudaStream_t s) {
   CUDA_CHECK_LAUNCH();
 }
 
-template <bool SWIGLU>
+// CL = 2: 2-CTA clusters, as many as can be resident at once (a GPC with an odd number of free
+// SMs leaves one out), at most one per item.
+template <bool SWIGLU, int CL>
 void launch_ws(Args a, const Maps& m, int64_t max_tiles, cudaStream_t s) {
   a.stage_epi = smem_ws(a.E, true) <= size_t(227) * 1024;  // E <= ~2000
   const size_t smem = smem_ws(a.E, a.stage_epi);
-  CUDA_CHECK(cudaFuncSetAttribute(k_moe_gemm_ws<SWIGLU>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-  k_moe_gemm_ws<SWIGLU><<<grid_of(a, max_tiles), kThreadsWs, smem, s>>>(a, m);
+  const auto kern = k_moe_gemm_ws<SWIGLU, CL>;
+  CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+  if constexpr (CL == 1) {
+    kern<<<grid_of(a, max_tiles), kThreadsWs, smem, s>>>(a, m);
+  } else {
+    cudaLaunchConfig_t cfg = {};
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeClusterDimension;
+    attr[0].val.clusterDim.x = CL, attr[0].val.clusterDim.y = 1, attr[0].val.clusterDim.z = 1;
+    cfg.blockDim = dim3(kThreadsWs);
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = s;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    cfg.gridDim = dim3(CL);
+    int max_clusters = 0;
+    CUDA_CHECK(cudaOccupancyMaxActiveClusters(&max_clusters, kern, &cfg));
+    DZ_CHECK(max_clusters >= 1, "grouped expert GEMM: no ", CL, "-CTA cluster fits on this device");
+    cfg.gridDim = dim3(unsigned(CL * std::min<int64_t>(max_clusters, max_tiles * a.n_col_tiles)));
+    CUDA_CHECK(cudaLaunchKernelEx(&cfg, kern, a, m));
+  }
   CUDA_CHECK_LAUNCH();
+}
+
+// The plain TMA GEMMs run as 2-CTA clusters (k_moe_gemm_ws<false, 2>) at GLM-5.3-Flash-like shapes:
+// N or K >= 4096 with 128 to 383 rows per expert on average, i.e. about two 128-row pairs each. There
+// (H200, kernels/dev/moe_gemm, docs/perf/experiments_2026-12-03.txt) the clusters read 11 % less
+// from DRAM and ran GLM's gate / up 1.22x and down 1.06x faster; at Qwen3.5's shapes (K 2048 / 512,
+// N 512 / 2048) they were 0.80-0.86x, and the fused SwiGLU was slower at both. max_tiles is
+// n / 64 + E + 1 from the caller (cuda_backend's moe), so the average is (max_tiles - E - 1) 64 / E.
+// DZ_MOE_GEMM_CLUSTERS=0|1 forces them off / on (testing: kernels/dev/moe_gemm, scripts/gpu-tests.sh).
+bool clusters(int64_t N, int64_t K, int E, int64_t max_tiles) {
+  if (const char* f = std::getenv("DZ_MOE_GEMM_CLUSTERS")) return f[0] == '1';
+  const int64_t avg_rows = std::max<int64_t>(0, max_tiles - E - 1) * 64 / E;
+  return std::max(N, K) >= 4096 && avg_rows >= 128 && avg_rows < 384;
 }
 
 // Row-major bf16 [rows, K] with boxes of 64 k x box_rows rows, 128-byte swizzle, zeros outside.
@@ -685,9 +740,11 @@ void run(const bf16* xs, const bf16* w0, const bf16* w1, const int32_t* offsets,
   }
   if (mode == kTma) {
     if (swiglu)
-      launch_ws<true>(a, m, max_tiles, s);
+      launch_ws<true, 1>(a, m, max_tiles, s);
+    else if (clusters(N, K, E, max_tiles))
+      launch_ws<false, 2>(a, m, max_tiles, s);
     else
-      launch_ws<false>(a, m, max_tiles, s);
+      launch_ws<false, 1>(a, m, max_tiles, s);
   } else if (mode == kCpAsync) {
     if (swiglu)
       launch<true, kCpAsync>(a, max_tiles, s);

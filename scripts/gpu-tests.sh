@@ -29,6 +29,12 @@ if [[ ${DZ_GPU_CRASH_ONLY:-0} != 1 ]]; then
 set +e
 "$B/tests/dz_gpu_tests" --use-colour no "$@" 2>&1 | tee "$L/gpu_tests.log"
 rc=${PIPESTATUS[0]}
+# The MoE cases again with every plain TMA expert GEMM as 2-CTA clusters (by default they are taken
+# only at GLM-like shapes, which these small cases are not).
+if [[ $# -eq 0 ]]; then
+  DZ_MOE_GEMM_CLUSTERS=1 "$B/tests/dz_gpu_tests" --use-colour no "*MoE*" 2>&1 | tee "$L/gpu_tests_moe_clusters.log"
+  [[ ${PIPESTATUS[0]} == 0 ]] || rc=1
+fi
 set -e
 # DZ_GPU_FAMILIES: a subset of the families (a partial run while iterating; the full list is the test)
 for fam in ${DZ_GPU_FAMILIES:-kimi_linear qwen3_next deepseek_v32 qwen3_5_moe glm_moe_dsa glm5_next deepseek_v4 kimi_k3}; do

@@ -7,10 +7,12 @@
 // tolerance 4e-3 (bf16 output rounding is <= 2^-9 = 1.95e-3 of the value; fp32 accumulation
 // adds ~1e-6). Rows past the last expert are checked untouched (a sentinel). Determinism: the
 // same rows placed at another offset inside their expert's tiles give bitwise-equal output.
-// The grid runs three times: default loads (TMA where K % 8 == 0), then DZ_MOE_GEMM_LOADS=cpasync
-// and =elem (the fallbacks for shapes or pointers TMA cannot take).
+// The grid runs four times: default loads (TMA where K % 8 == 0), the same with every plain TMA GEMM
+// as 2-CTA clusters (DZ_MOE_GEMM_CLUSTERS=1), then DZ_MOE_GEMM_LOADS=cpasync and =elem (the
+// fallbacks for shapes or pointers TMA cannot take).
 // Bench: the real shapes with ~uniform routing, median of 10 (cudaEvents), against cuBLAS
-// cublasGemmEx of one dense GEMM with the same total rows.
+// cublasGemmEx of one dense GEMM with the same total rows; the plain GEMMs also with the clusters
+// forced off and on, their outputs compared bitwise.
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -292,18 +294,23 @@ static void test_grid() {
   test_case(many, 96, 72, rng, seed += 3);
 }
 
-// The whole grid with each loader: TMA (the default where shapes allow), cp.async, element loads.
+// The whole grid with each loader: TMA (the default where shapes allow), the same with every plain
+// TMA GEMM as 2-CTA clusters (DZ_MOE_GEMM_CLUSTERS=1; the default takes them only at GLM-like
+// shapes), cp.async, element loads.
 static int run_tests() {
-  const char* modes[] = {nullptr, "cpasync", "elem"};
+  const char* modes[] = {nullptr, "clusters", "cpasync", "elem"};
   for (const char* m : modes) {
-    if (m)
+    unsetenv("DZ_MOE_GEMM_LOADS");
+    unsetenv("DZ_MOE_GEMM_CLUSTERS");
+    if (m && !strcmp(m, "clusters"))
+      setenv("DZ_MOE_GEMM_CLUSTERS", "1", 1);
+    else if (m)
       setenv("DZ_MOE_GEMM_LOADS", m, 1);
-    else
-      unsetenv("DZ_MOE_GEMM_LOADS");
     printf("--- loads: %s ---\n", m ? m : "default (TMA where K % 8 == 0)");
     test_grid();
   }
   unsetenv("DZ_MOE_GEMM_LOADS");
+  unsetenv("DZ_MOE_GEMM_CLUSTERS");
   printf(g_fail ? "%d FAILED\n" : "all tests passed\n", g_fail);
   return g_fail ? 1 : 0;
 }
@@ -382,6 +389,26 @@ static void bench_model(const char* name, int E, int top_k, int64_t D, int64_t I
       [&] { dz::cuda::grouped_gemm_swiglu_tc(xs, wg, wu, L.d_off, L.d_toff, E, L.max_tiles, I, D, h, 0); });
   const float t_d = time_ms([&] { dz::cuda::grouped_gemm_tc(h, wd, L.d_off, L.d_toff, E, L.max_tiles, D, I, yd, 0); });
   const float t_c2 = time_ms([&] { dense(hb, h, wd, yc, n, D, I); });
+  // the plain GEMMs with the 2-CTA clusters forced off and on (the default picks by shape), and
+  // their outputs compared bitwise (same tiles and k order: they must be equal)
+  float t_cl[2][2];
+  std::vector<uint16_t> out_cl[2][2];
+  for (int on = 0; on < 2; ++on) {
+    setenv("DZ_MOE_GEMM_CLUSTERS", on ? "1" : "0", 1);
+    for (int d = 0; d < 2; ++d) {
+      auto f = [&] {
+        if (d)
+          dz::cuda::grouped_gemm_tc(h, wd, L.d_off, L.d_toff, E, L.max_tiles, D, I, yd, 0);
+        else
+          dz::cuda::grouped_gemm_tc(xs, wg, L.d_off, L.d_toff, E, L.max_tiles, I, D, h, 0);
+      };
+      t_cl[on][d] = time_ms(f);
+      f();
+      out_cl[on][d].resize(size_t(n * (d ? D : I)));
+      CK(cudaMemcpy(out_cl[on][d].data(), d ? yd : h, out_cl[on][d].size() * 2, cudaMemcpyDeviceToHost));
+    }
+  }
+  unsetenv("DZ_MOE_GEMM_CLUSTERS");
   auto tf = [](double fl, float ms) { return fl / (ms * 1e-3) / 1e12; };
   printf("  gate/up  grouped_gemm_tc  N=%-5lld K=%-5lld %8.3f ms %7.1f TFLOP/s | cuBLAS dense %8.3f ms %7.1f TFLOP/s | ratio %.2f\n",
          (long long)I, (long long)D, t_g, tf(fl_gu, t_g), t_c1, tf(fl_gu, t_c1), t_c1 / t_g);
@@ -391,6 +418,11 @@ static void bench_model(const char* name, int E, int top_k, int64_t D, int64_t I
   printf("  down     grouped_gemm_tc  N=%-5lld K=%-5lld %8.3f ms %7.1f TFLOP/s | cuBLAS dense %8.3f ms %7.1f TFLOP/s | ratio %.2f\n",
          (long long)D, (long long)I, t_d, tf(fl_d, t_d), t_c2, tf(fl_d, t_c2), t_c2 / t_d);
 
+  const bool cl_eq = out_cl[0][0] == out_cl[1][0] && out_cl[0][1] == out_cl[1][1];
+  if (!cl_eq) ++g_fail;
+  printf("  2-CTA clusters off / on: gate/up %.3f / %.3f ms (%.2fx), down %.3f / %.3f ms (%.2fx); outputs %s\n",
+         t_cl[0][0], t_cl[1][0], t_cl[0][0] / t_cl[1][0], t_cl[0][1], t_cl[1][1], t_cl[0][1] / t_cl[1][1],
+         cl_eq ? "bitwise equal" : "DIFFER (FAIL)");
   // spot-check the bench outputs (swiglu h, then down on that h): a few rows of some experts
   std::vector<int64_t> chk;
   for (int e = 0; e < E; e += std::max(1, E / 8)) {
