@@ -947,9 +947,11 @@ class CudaBackend final : public Backend {
     const int64_t T = w.rows(), D = cache.cols() / 2, S = cache.rows(), NP = S / P;
     if (T == 0) return;
     DZ_CHECK(cache.dtype == DType::BF16 && q.dtype == DType::BF16, "indexer_kpool_topk: bf16 cache and queries");
-    DTensor kp = alloc({std::max<int64_t>(NP, 1), D}, DType::F32);
+    DTensor kp = alloc({std::max<int64_t>(NP, 1), D}, DType::F32), k3 = alloc({3, std::max<int64_t>(NP, 1), D}, DType::BF16);
     cuda::kpool_pooled_keys(b16(cache), ape.ptr<float>(), S, D, P, kp.ptr<float>(), st());
-    group_pick(q, w, wscale, kp, NP, P, pos0, H, Kp, tail, sel);
+    const int64_t nk = std::max<int64_t>(NP, 1) * D;
+    cuda::split_bf16x3(kp.ptr<float>(), nk, b16w(k3), st());  // hi | mid | lo
+    group_pick(q, w, wscale, {b16(k3) + 2 * nk, b16(k3) + nk, b16(k3)}, D, NP, P, pos0, H, Kp, tail, sel);
   }
   void pool_softmax(const DTensor& src, const DTensor& ape, int64_t P, const DTensor& out) override {
     const int64_t D = src.cols() / 2, S = src.rows();
@@ -969,9 +971,8 @@ class CudaBackend final : public Backend {
              "group_topk: q ", shape_str(q.shape), ", keys ", shape_str(keys.shape), ", sel ", shape_str(sel.shape));
     DZ_CHECK((pos0 + T) / P <= NG, "group_topk: rows reach group ", (pos0 + T) / P - 1, " beyond ", NG, " groups");
     if (T == 0) return;
-    DTensor kf = alloc({std::max<int64_t>(NG, 1), D}, DType::F32);
-    if (NG > 0) convert(keys, kf.slab(0, NG));
-    group_pick(q, w, wscale, kf, NG, P, pos0, H, K, false, sel, true);
+    DZ_CHECK(keys.dtype == DType::BF16, "group_topk: bf16 keys");
+    group_pick(q, w, wscale, {b16(keys)}, D, NG, P, pos0, H, K, false, sel, true);
   }
   void dsv4_attention(const DTensor& q, const DTensor& raw, const DTensor& comp, const DTensor& sel,
                       const DTensor& sinks, int64_t pos0, int64_t H, int64_t W, int64_t m, float scale,
@@ -994,26 +995,33 @@ class CudaBackend final : public Backend {
   // CPU's fp32 scores within summation order) over the groups the block's last query sees, then
   // the head-weighted ReLU sum and the block Top-K; blocks keep the [rows * H, groups] product
   // scratch near 512 MiB. groups_only: sel [T, Kp] holds the groups, else their tokens.
-  void group_pick(const DTensor& q, const DTensor& w, float wscale, const DTensor& kp, int64_t NP, int64_t P,
-                  int64_t pos0, int64_t H, int64_t Kp, bool tail, const DTensor& sel, bool groups_only = false) {
-    const int64_t T = w.rows(), D = kp.cols();
+  // The group scores' products q·kp on tensor cores, as the router's: kp [NP, D] given as bf16 parts
+  // (smallest first) whose sum is the fp32 keys exactly (split_bf16x3), or as the one bf16 part it
+  // is; q is bf16, so every product is exact and the fp32 accumulation is the only rounding, as in
+  // the fp32 GEMM this replaces (0.84 ms of a GLM-5.3-Flash 4-layer forward at T = 8192 on cuBLAS's fp32 SIMT
+  // kernel, docs/perf/ncu_glm5_3_flash_4l_T8192_2e3de59.json).
+  void group_pick(const DTensor& q, const DTensor& w, float wscale, std::initializer_list<const bf16*> kp, int64_t D,
+                  int64_t NP, int64_t P, int64_t pos0, int64_t H, int64_t Kp, bool tail, const DTensor& sel,
+                  bool groups_only = false) {
+    const int64_t T = w.rows();
     DTensor ws = alloc({T, H}, DType::F32);
     CUDA_CHECK(cudaMemcpyAsync(ws.data, w.data, size_t(T * H) * 4, cudaMemcpyDeviceToDevice, st()));
     cuda::scale(ws.ptr<float>(), wscale, T * H, st());
     const int64_t block = std::max<int64_t>(1, std::min<int64_t>(T, (int64_t(1) << 27) / std::max<int64_t>(H * NP, 1)));
     const int64_t cols = std::max<int64_t>(NP, 1);
-    DTensor qf = alloc({block, H * D}, DType::F32), prod = alloc({block * H, cols}, DType::F32),
-            scores = alloc({block, cols}, DType::F32), groups = alloc({block, Kp}, DType::I32);
+    DTensor prod = alloc({block * H, cols}, DType::F32), scores = alloc({block, cols}, DType::F32),
+            groups = alloc({block, Kp}, DType::I32);
     const int64_t width = sel.cols();
     const float one = 1.f, zero = 0.f;
     for (int64_t t0 = 0; t0 < T; t0 += block) {
       const int64_t n = std::min(block, T - t0), nv = (pos0 + t0 + n) / P;  // groups visible to the block
       const int64_t ld = std::max<int64_t>(nv, 1);
-      cuda::convert(b16(q) + t0 * H * D, Dt::BF16, qf.data, Dt::F32, n * H * D, st());
-      if (nv > 0)  // prod^T [nv, n*H] (column-major) = kp [nv, D] (rows of D) x qf rows
-        CUBLAS_CHECK(cublasGemmEx(blas_, CUBLAS_OP_T, CUBLAS_OP_N, int(nv), int(n * H), int(D), &one, kp.data,
-                                  CUDA_R_32F, int(D), qf.data, CUDA_R_32F, int(D), &zero, prod.data, CUDA_R_32F,
-                                  int(ld), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+      int part = 0;
+      for (const bf16* k : kp)  // prod^T [nv, n*H] (column-major) += kp part [nv, D] (rows of D) x q rows
+        if (nv > 0)
+          CUBLAS_CHECK(cublasGemmEx(blas_, CUBLAS_OP_T, CUBLAS_OP_N, int(nv), int(n * H), int(D), &one, k, CUDA_R_16BF,
+                                    int(D), b16(q) + t0 * H * D, CUDA_R_16BF, int(D), part++ ? &one : &zero, prod.data,
+                                    CUDA_R_32F, int(ld), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
       int32_t* out = sel.ptr<int32_t>() + t0 * width;
       cuda::kpool_pick(prod.ptr<float>(), ld, ws.ptr<float>() + t0 * H, n, pos0 + t0, H, P, Kp, tail,
                        scores.ptr<float>(), groups_only ? out : groups.ptr<int32_t>(), groups_only ? nullptr : out,
