@@ -457,7 +457,10 @@ size_t smem_ws(int E, bool staged) { return 1024 + stg_offset(E) + (staged ? 8 *
 
 // CL = 2: launched as 2-CTA clusters, item j of a cluster is two 128-row pairs of one expert and one
 // column tile, one pair per CTA (the CTAs share nothing: the cluster only places the two, which read
-// the same weight tile at about the same time, on one GPC; see launch_ws for when it pays).
+// the same weight tile at about the same time, on one GPC; see clusters() for when it pays). A CTA
+// whose expert has no second pair still loads the weight tile and runs through the stages, without
+// products: the two CTAs then stay on the same item. (Skipping such items instead let the CTAs drift
+// apart: 0.92x / 0.83x of the plain kernel on GLM-5.3-Flash's gate / down, against 1.22x / 1.06x.)
 template <bool SWIGLU, int CL>
 __global__ void __launch_bounds__(kThreadsWs, 1) k_moe_gemm_ws(const __grid_constant__ Args a,
                                                               const __grid_constant__ Maps maps) {
@@ -505,7 +508,6 @@ __global__ void __launch_bounds__(kThreadsWs, 1) k_moe_gemm_ws(const __grid_cons
     int f = 0;  // fill index over the block's stages
     for (int q = 0; q < nq; ++q) {
       const Item it = map_item<BN, CL>(slot + q * G, rank, a.n_col_tiles, s_off, s_poff, E, shift_tail, e_hint);
-      if (CL > 1 && it.rows == 0) continue;  // the expert has no pair for this CTA: nothing to load
       const int brow = it.e * N + it.n0;
       for (int kk = 0; kk < k_iters; ++kk, ++f) {
         const int s = f % kStages, u = f / kStages;
@@ -526,10 +528,18 @@ __global__ void __launch_bounds__(kThreadsWs, 1) k_moe_gemm_ws(const __grid_cons
           if (tid != 0) mbar_arrive(full(s));
         }
         if (tid == 0) {
-          mbar_expect_tx(full(s), uint32_t(a_thr ? kBStage : kStageB));
-          if (!a_thr) tma_load_2d(sA, &maps.a, k0, it.a0, full(s));
-          tma_load_2d(sB, &maps.b0, k0, brow, full(s));
-          if constexpr (SWIGLU) tma_load_2d(sB + kBStage / 2, &maps.b1, k0, brow, full(s));
+          const bool load_a = !a_thr && it.rows > 0;
+          mbar_expect_tx(full(s), uint32_t(load_a ? kStageB : kBStage));
+          if (load_a) tma_load_2d(sA, &maps.a, k0, it.a0, full(s));
+          if constexpr (SWIGLU) {
+            tma_load_2d(sB, &maps.b0, k0, brow, full(s));
+            tma_load_2d(sB + kBStage / 2, &maps.b1, k0, brow, full(s));
+          } else if constexpr (CL > 1) {  // (the map's box is 128 rows here, as SwiGLU's)
+            tma_load_2d(sB, &maps.b0, k0, brow, full(s));
+            tma_load_2d(sB + kBStage / 2, &maps.b0, k0, brow + 128, full(s));
+          } else {
+            tma_load_2d(sB, &maps.b0, k0, brow, full(s));
+          }
         }
       }
     }
@@ -553,9 +563,8 @@ __global__ void __launch_bounds__(kThreadsWs, 1) k_moe_gemm_ws(const __grid_cons
     {
       int e2 = e_hint;
       const Item it = map_item<BN, CL>(slot + q * G, rank, a.n_col_tiles, s_off, s_poff, E, shift_tail, e2);
-      if (CL > 1 && it.rows == 0) continue;  // (the producer skipped it too)
       const int lo = it.r0 - it.a0;
-      busy = wm * 64 < lo + it.rows && wm * 64 + 64 > lo;
+      busy = it.rows > 0 && wm * 64 < lo + it.rows && wm * 64 + 64 > lo;
     }
     for (int kk = 0; kk < k_iters; ++kk, ++f) {
       const int s = f % kStages, u = f / kStages;
@@ -579,7 +588,7 @@ __global__ void __launch_bounds__(kThreadsWs, 1) k_moe_gemm_ws(const __grid_cons
     const int sh = cur.r0 - cur.a0;  // shared-memory row of the item's first row
     const int wr = wm * 64 + wq * 16;  // this warp's first shared-memory row
     const bool full_cols = a.vec_store && cur.n0 + BN <= N;
-    if (wr + 16 <= sh || wr >= sh + cur.rows) continue;  // none of this warp's rows is the item's
+    if (cur.rows == 0 || wr + 16 <= sh || wr >= sh + cur.rows) continue;  // none of this warp's rows is the item's
     if (a.stage_epi && full_cols && (N & 7) == 0 && (reinterpret_cast<uintptr_t>(a.y) & 15) == 0) {
       // Through the warp's staging tile, 64 columns at a time, so that each row goes out as whole
       // 128-byte lines (the fragments' own stores fill half of each 32-byte sector they touch).
@@ -724,10 +733,11 @@ void run(const bf16* xs, const bf16* w0, const bf16* w1, const int32_t* offsets,
   Maps m;
   memset(&m, 0, sizeof(m));
   bool tma = false;
+  const bool cl2 = !swiglu && clusters(N, K, E, max_tiles);  // (TMA only)
   // TMA coordinates are int32: rows of W (E * N) and of xs (bounded by max_tiles * 64).
   if (al && int64_t(E) * N < (int64_t(1) << 31) && max_tiles * 64 < (int64_t(1) << 31)) {
     if (auto enc = tensor_map_encoder()) {
-      const int br = swiglu ? kBR / 2 : kBR;
+      const int br = (swiglu || cl2) ? kBR / 2 : kBR;
       tma = encode(enc, &m.a, xs, max_tiles * 64, K, kBM) && encode(enc, &m.b0, w0, int64_t(E) * N, K, br) &&
             encode(enc, &m.b1, a.w1, int64_t(E) * N, K, br);
     }
@@ -741,7 +751,7 @@ void run(const bf16* xs, const bf16* w0, const bf16* w1, const int32_t* offsets,
   if (mode == kTma) {
     if (swiglu)
       launch_ws<true, 1>(a, m, max_tiles, s);
-    else if (clusters(N, K, E, max_tiles))
+    else if (cl2)
       launch_ws<false, 2>(a, m, max_tiles, s);
     else
       launch_ws<false, 1>(a, m, max_tiles, s);
