@@ -33,9 +33,9 @@
 //    n < 128 the producer's 128 threads load A themselves. (Against the non-specialised TMA kernel
 //    it replaced, one device command, docs/perf/moe_gemm_ws_*.txt: Qwen3.5 T = 32768 gate/up 0.829
 //    vs 1.010 ms, down 0.967 vs 1.572; GLM-5.3-Flash T = 8192 2.174 vs 2.187, 2.184 vs 2.393.)
-//    At GLM-like shapes its plain GEMMs run as 2-CTA clusters (clusters(): ~2 pairs an expert), a
-//    cluster's item being two pairs of one expert and one column tile: the two CTAs share nothing,
-//    the cluster only puts the two readers of one weight tile on one GPC (11 % less DRAM traffic).
+//    Its plain GEMMs can run as 2-CTA clusters (clusters(): not by default), a cluster's item being
+//    two pairs of one expert and one column tile: the two CTAs share nothing, the cluster only puts
+//    the two readers of one weight tile on one GPC (11 % less DRAM traffic).
 //    Multicasting the weight tile into both CTAs was tried and ran 1.5x slower: each stage then
 //    waits for both CTAs' consumers (docs/perf/experiments_2026-12-03.txt; git history of
 //    kernels/dev/moe_gemm/moe_gemm_mc.cu).
@@ -457,7 +457,7 @@ size_t smem_ws(int E, bool staged) { return 1024 + stg_offset(E) + (staged ? 8 *
 
 // CL = 2: launched as 2-CTA clusters, item j of a cluster is two 128-row pairs of one expert and one
 // column tile, one pair per CTA (the CTAs share nothing: the cluster only places the two, which read
-// the same weight tile at about the same time, on one GPC; see clusters() for when it pays). A CTA
+// the same weight tile at about the same time, on one GPC; clusters() says when it runs). A CTA
 // whose expert has no second pair still loads the weight tile and runs through the stages, without
 // products: the two CTAs then stay on the same item. (Skipping such items instead let the CTAs drift
 // apart: 0.92x / 0.83x of the plain kernel on GLM-5.3-Flash's gate / down, against 1.22x / 1.06x.)
@@ -670,17 +670,17 @@ void launch_ws(Args a, const Maps& m, int64_t max_tiles, cudaStream_t s) {
   CUDA_CHECK_LAUNCH();
 }
 
-// The plain TMA GEMMs run as 2-CTA clusters (k_moe_gemm_ws<false, 2>) at GLM-5.3-Flash-like shapes:
-// N or K >= 4096 with 128 to 383 rows per expert on average, i.e. about two 128-row pairs each. There
-// (H200, kernels/dev/moe_gemm, docs/perf/experiments_2026-12-03.txt) the clusters read 11 % less
-// from DRAM and ran GLM's gate / up 1.22x and down 1.06x faster; at Qwen3.5's shapes (K 2048 / 512,
-// N 512 / 2048) they were 0.80-0.86x, and the fused SwiGLU was slower at both. max_tiles is
-// n / 64 + E + 1 from the caller (cuda_backend's moe), so the average is (max_tiles - E - 1) 64 / E.
-// DZ_MOE_GEMM_CLUSTERS=0|1 forces them off / on (testing: kernels/dev/moe_gemm, scripts/gpu-tests.sh).
-bool clusters(int64_t N, int64_t K, int E, int64_t max_tiles) {
-  if (const char* f = std::getenv("DZ_MOE_GEMM_CLUSTERS")) return f[0] == '1';
-  const int64_t avg_rows = std::max<int64_t>(0, max_tiles - E - 1) * 64 / E;
-  return std::max(N, K) >= 4096 && avg_rows >= 128 && avg_rows < 384;
+// The 2-CTA clusters (k_moe_gemm_ws<false, 2>) are not taken by default: DZ_MOE_GEMM_CLUSTERS=1 runs
+// every plain TMA GEMM on them (the GPU tests run the MoE cases so too). On the H200 (2026-12-03,
+// docs/perf/README.md) with ~uniform routing at GLM-5.3-Flash's shapes they ran gate / up 1.25x and
+// down 1.09x faster than k_moe_gemm_ws<false, 1> (kernels/dev/moe_gemm bench, outputs bitwise
+// equal), Qwen3.5's shapes 0.86-0.92x; yet GLM-5.3-Flash's 4-layer forward at T = 8192 took 78.9 ms
+// with them against 70.5 ms without (same command, median of 5). The routing that forward produces
+// is not uniform, and with ~2 pairs an expert each uneven expert idles a CTA of its cluster: what
+// decides it (and a rule the host can apply, or one the kernel takes from the offsets) is next.
+bool clusters() {
+  const char* f = std::getenv("DZ_MOE_GEMM_CLUSTERS");
+  return f && f[0] == '1';
 }
 
 // Row-major bf16 [rows, K] with boxes of 64 k x box_rows rows, 128-byte swizzle, zeros outside.
@@ -733,7 +733,7 @@ void run(const bf16* xs, const bf16* w0, const bf16* w1, const int32_t* offsets,
   Maps m;
   memset(&m, 0, sizeof(m));
   bool tma = false;
-  const bool cl2 = !swiglu && clusters(N, K, E, max_tiles);  // (TMA only)
+  const bool cl2 = !swiglu && clusters();  // (TMA only)
   // TMA coordinates are int32: rows of W (E * N) and of xs (bounded by max_tiles * 64).
   if (al && int64_t(E) * N < (int64_t(1) << 31) && max_tiles * 64 < (int64_t(1) << 31)) {
     if (auto enc = tensor_map_encoder()) {

@@ -29,8 +29,8 @@ if [[ ${DZ_GPU_CRASH_ONLY:-0} != 1 ]]; then
 set +e
 "$B/tests/dz_gpu_tests" --use-colour no "$@" 2>&1 | tee "$L/gpu_tests.log"
 rc=${PIPESTATUS[0]}
-# The MoE cases again with every plain TMA expert GEMM as 2-CTA clusters (by default they are taken
-# only at GLM-like shapes, which these small cases are not).
+# The MoE cases again with every plain TMA expert GEMM as 2-CTA clusters (DZ_MOE_GEMM_CLUSTERS=1;
+# not the default, kernels/moe_gemm.cu says why).
 if [[ $# -eq 0 ]]; then
   DZ_MOE_GEMM_CLUSTERS=1 "$B/tests/dz_gpu_tests" --use-colour no "*MoE*" 2>&1 | tee "$L/gpu_tests_moe_clusters.log"
   [[ ${PIPESTATUS[0]} == 0 ]] || rc=1

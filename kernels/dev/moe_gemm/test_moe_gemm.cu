@@ -295,8 +295,7 @@ static void test_grid() {
 }
 
 // The whole grid with each loader: TMA (the default where shapes allow), the same with every plain
-// TMA GEMM as 2-CTA clusters (DZ_MOE_GEMM_CLUSTERS=1; the default takes them only at GLM-like
-// shapes), cp.async, element loads.
+// TMA GEMM as 2-CTA clusters (DZ_MOE_GEMM_CLUSTERS=1; not the default), cp.async, element loads.
 static int run_tests() {
   const char* modes[] = {nullptr, "clusters", "cpasync", "elem"};
   for (const char* m : modes) {
@@ -389,7 +388,7 @@ static void bench_model(const char* name, int E, int top_k, int64_t D, int64_t I
       [&] { dz::cuda::grouped_gemm_swiglu_tc(xs, wg, wu, L.d_off, L.d_toff, E, L.max_tiles, I, D, h, 0); });
   const float t_d = time_ms([&] { dz::cuda::grouped_gemm_tc(h, wd, L.d_off, L.d_toff, E, L.max_tiles, D, I, yd, 0); });
   const float t_c2 = time_ms([&] { dense(hb, h, wd, yc, n, D, I); });
-  // the plain GEMMs with the 2-CTA clusters forced off and on (the default picks by shape), and
+  // the plain GEMMs with the 2-CTA clusters off and on, and
   // their outputs compared bitwise (same tiles and k order: they must be equal)
   float t_cl[2][2];
   std::vector<uint16_t> out_cl[2][2];

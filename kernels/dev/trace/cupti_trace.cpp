@@ -6,7 +6,10 @@
 // cudaProfilerStart / cudaProfilerStop (`bench e2e` brackets its last timed forward with them,
 // after a device sync each). At exit: CSV rows kind,start_ns,end_ns,name (kind: window, kernel,
 // memcpy, memset, api). kernels/dev/trace/summary.py reads it.
-//   nvcc -O2 -std=c++17 -shared -Xcompiler -fPIC kernels/dev/trace/cupti_trace.cpp -lcupti -o /tmp/libdztrace.so
+//   nvcc -O2 -std=c++17 -shared -Xcompiler -fPIC -I<cupti include> kernels/dev/trace/cupti_trace.cpp
+//        -L<dir of libcupti.so> -lcupti -o /tmp/libdztrace.so
+// (Not yet run on the GPU machine: its first try, 2026-12-03, handed nvcc the versioned library
+// file libcupti.so.2025.3.1 of /usr/local/cuda-13.0/targets/x86_64-linux/lib, which nvcc refuses.)
 #include <cupti.h>
 
 #include <cstdint>
