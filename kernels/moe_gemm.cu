@@ -160,14 +160,9 @@ __device__ __forceinline__ Item map_item(int item, int rank, int n_col_tiles, co
   e_hint = lo;
   Item it;
   it.e = lo;
-  if constexpr (CL == 1) {
-    it.r0 = s_off[lo] + (p - s_poff[lo]) * kBM;
-    it.rows = min(kBM, s_off[lo + 1] - it.r0);
-  } else {
-    it.r0 = s_off[lo] + ((p - s_poff[lo]) * CL + rank) * kBM;
-    it.rows = min(kBM, s_off[lo + 1] - it.r0);
-    if (it.rows <= 0) it.r0 = s_off[lo], it.rows = 0;
-  }
+  it.r0 = s_off[lo] + ((p - s_poff[lo]) * CL + rank) * kBM;
+  it.rows = min(kBM, s_off[lo + 1] - it.r0);
+  if (CL > 1 && it.rows <= 0) it.r0 = s_off[lo], it.rows = 0;
   it.n0 = nt * BN;
   const int n = s_off[E];
   it.a0 = (shift_tail && it.r0 + kBM > n) ? n - kBM : it.r0;
@@ -460,7 +455,7 @@ size_t smem_ws(int E, bool staged) { return 1024 + stg_offset(E) + (staged ? 8 *
 // the same weight tile at about the same time, on one GPC; clusters() says when it runs). A CTA
 // whose expert has no second pair still loads the weight tile and runs through the stages, without
 // products: the two CTAs then stay on the same item. (Skipping such items instead let the CTAs drift
-// apart: 0.92x / 0.83x of the plain kernel on GLM-5.3-Flash's gate / down, against 1.22x / 1.06x.)
+// apart: 0.92x / 0.83x of the plain kernel on GLM-5.3-Flash's gate / down, against 1.25x / 1.09x.)
 template <bool SWIGLU, int CL>
 __global__ void __launch_bounds__(kThreadsWs, 1) k_moe_gemm_ws(const __grid_constant__ Args a,
                                                               const __grid_constant__ Maps maps) {

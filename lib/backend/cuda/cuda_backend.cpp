@@ -990,16 +990,15 @@ class CudaBackend final : public Backend {
     cuda::dsv4_attention(b16(q), b16(raw), nc ? b16(comp) : nullptr, nc, has_sel ? dsel.ptr<int32_t>() : nullptr,
                          has_sel ? sel.cols() : 0, sinks.ptr<float>(), b16w(out), T, pos0, H, D, W, m, scale, st());
   }
-  // The group selection of indexer_kpool_topk / group_topk from fp32 keys kp [>= NP, D]: the
-  // products q_h · kp_p as one fp32 GEMM per block of queries (CUBLAS_COMPUTE_32F: no TF32, the
-  // CPU's fp32 scores within summation order) over the groups the block's last query sees, then
-  // the head-weighted ReLU sum and the block Top-K; blocks keep the [rows * H, groups] product
-  // scratch near 512 MiB. groups_only: sel [T, Kp] holds the groups, else their tokens.
-  // The group scores' products q·kp on tensor cores, as the router's: kp [NP, D] given as bf16 parts
-  // (smallest first) whose sum is the fp32 keys exactly (split_bf16x3), or as the one bf16 part it
-  // is; q is bf16, so every product is exact and the fp32 accumulation is the only rounding, as in
-  // the fp32 GEMM this replaces (0.84 ms of a GLM-5.3-Flash 4-layer forward at T = 8192 on cuBLAS's fp32 SIMT
-  // kernel, docs/perf/ncu_glm5_3_flash_4l_T8192_2e3de59.json).
+  // The group selection of indexer_kpool_topk / group_topk: the products q_h · kp_p per block of
+  // queries over the groups the block's last query sees, then the head-weighted ReLU sum and the
+  // block Top-K; blocks keep the [rows * H, groups] product scratch near 512 MiB. groups_only:
+  // sel [T, Kp] holds the groups, else their tokens. The products run on tensor cores, as the
+  // router's: the keys kp [>= NP, D] come as bf16 parts, smallest first, whose sum is the fp32 keys
+  // exactly (split_bf16x3), or as the one bf16 part they are; q is bf16, so every product is exact
+  // and the fp32 accumulation is the only rounding (the CPU's fp32 scores within summation order),
+  // as in the fp32 SIMT GEMM this replaced (0.84 ms of a GLM-5.3-Flash 4-layer forward at T = 8192,
+  // docs/perf/ncu_glm5_3_flash_4l_T8192_2e3de59.json).
   void group_pick(const DTensor& q, const DTensor& w, float wscale, std::initializer_list<const bf16*> kp, int64_t D,
                   int64_t NP, int64_t P, int64_t pos0, int64_t H, int64_t Kp, bool tail, const DTensor& sel,
                   bool groups_only = false) {
@@ -1017,8 +1016,8 @@ class CudaBackend final : public Backend {
       const int64_t n = std::min(block, T - t0), nv = (pos0 + t0 + n) / P;  // groups visible to the block
       const int64_t ld = std::max<int64_t>(nv, 1);
       int part = 0;
-      for (const bf16* k : kp)  // prod^T [nv, n*H] (column-major) += kp part [nv, D] (rows of D) x q rows
-        if (nv > 0)
+      if (nv > 0)
+        for (const bf16* k : kp)  // prod^T [nv, n*H] (column-major) += kp part [nv, D] (rows of D) x q rows
           CUBLAS_CHECK(cublasGemmEx(blas_, CUBLAS_OP_T, CUBLAS_OP_N, int(nv), int(n * H), int(D), &one, k, CUDA_R_16BF,
                                     int(D), b16(q) + t0 * H * D, CUDA_R_16BF, int(D), part++ ? &one : &zero, prod.data,
                                     CUDA_R_32F, int(ld), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
