@@ -16,6 +16,10 @@
 // Measured on an H200 (kernels/dev/sparse_mla/test_sparse_mla.cu --bench, 2026-12-02,
 // docs/perf/experiments_c6788c6.txt): GLM-5.3-Flash (H 64, DR 0, K 2048, 8192 queries) 7.50 ms
 // (256 TFLOP/s) vs 9.91 ms on mma.sync; DeepSeek-V3.2 (H 128, DR 64) 15.7 vs 20.3 ms.
+// The gathers' addresses are pipelined: chunk c's selection index is loaded two chunks ahead and
+// its page-table entry one chunk ahead, so those two dependent global loads no longer stand in
+// front of every chunk's cp.asyncs (H200, one command, 2026-12-03: 6.98 vs 7.57 ms on GLM-5.3-Flash's
+// shape, 14.67 vs 15.76 ms on DeepSeek-V3.2's; docs/perf/experiments_2026-12-03c.txt).
 #include <cmath>
 
 #include "common.cuh"
@@ -85,13 +89,18 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   // Gather: thread -> key row tid / 4, chunks tid % 4, + 4, ...
   const int grow = tid >> 2, gsub = tid & 3;
-  auto gather = [&](int kc, int stage) {
+  // The gathers' addresses, pipelined: load_idx(c) two chunks ahead of chunk c's gather, load_page
+  // one chunk ahead (each value is first used an iteration after its load is issued).
+  auto load_idx = [&](int kc) -> int {  // the entry's position, -1 past K or past the chunks
     const int kidx = kc * NK + grow;
-    const int idx = kidx < K ? (selq ? selq[kidx] : kidx) : -1;
+    return (kc < cend && kidx < K) ? (selq ? __ldg(selq + kidx) : kidx) : -1;
+  };
+  auto load_page = [&](int idx) -> int32_t {  // its page (0 for a masked entry: never read)
+    return (idx >= 0 && idx <= p) ? __ldg(bt.table + int64_t(sq) * bt.max_pages + idx / bt.page_size) : 0;
+  };
+  auto gather = [&](int idx, int32_t page, int stage) {
     const bool valid = idx >= 0 && idx <= p;
-    const int64_t slot =
-        valid ? int64_t(bt.table[int64_t(sq) * bt.max_pages + idx / bt.page_size]) * bt.page_size + idx % bt.page_size
-              : 0;
+    const int64_t slot = valid ? int64_t(page) * bt.page_size + idx % bt.page_size : 0;
     const __nv_bfloat16* src = cache + slot * DK;
     const uint32_t dst = sbase + G::K_OFF + stage * G::NCB * G::CB;
     for (int ch = gsub; ch < DKC; ch += 4) cp_async16(dst + G::off(grow, ch), src + ch * 8, valid);
@@ -102,20 +111,29 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
   for (int i = 0; i < 128; ++i) o[i] = 0.f;
 
-  if (cend > 0) {
-    gather(0, 0);
-    cp_commit();
+  int idx1 = load_idx(1), idx2 = load_idx(2);
+  {
+    const int idx0 = load_idx(0);
+    if (cend > 0) {
+      gather(idx0, load_page(idx0), 0);
+      cp_commit();
+    }
   }
+  int32_t pg1 = load_page(idx1);
   const int r0 = wq * 16 + g, r1 = r0 + 8;  // this thread's heads (rows of both products)
   for (int kc = 0; kc < cend; ++kc) {
     const int stage = kc & 1;
     if (kc + 1 < cend) {
-      gather(kc + 1, stage ^ 1);
+      gather(idx1, pg1, stage ^ 1);
       cp_commit();
       cp_wait<1>();
     } else {
       cp_wait<0>();
     }
+    // advance the pipeline: chunk kc + 2's page (its index came in an iteration ago), kc + 3's index
+    idx1 = idx2;
+    pg1 = load_page(idx2);
+    idx2 = load_idx(kc + 3);
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // cp.async / st.shared -> wgmma
     __syncthreads();
     const uint32_t sK = sbase + G::K_OFF + stage * G::NCB * G::CB;

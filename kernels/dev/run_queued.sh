@@ -2,8 +2,8 @@
 # The queued kernel experiments in one device command (each builds with nvcc alone: no prefix
 # needed), logs under $OUT/<name>/:
 #   bash kernels/dev/run_queued.sh [smla] [moe] [hyper]      (default: all)
-#   smla:  kernels/dev/sparse_mla/sparse_mla_wgmma_idx.cu (the gathers' address loads pipelined),
-#          tested against fp64 and benched beside production
+#   smla:  production's sparse MLA (kernels/dev/sparse_mla/run.sh: tested against fp64, benched; a
+#          variant file given to run.sh is built in its place and run the same way)
 #   moe:   kernels/dev/moe_gemm: production's expert GEMMs (every loader's test grid vs fp64, with and
 #          without the 2-CTA clusters; bench vs cuBLAS and clusters off / on)
 #   hyper: kernels/dev/hyper: mHC's hc_pre as 3xTF32 projection + coefficient + collapse kernels vs
@@ -14,7 +14,7 @@ for p in $parts; do
   mkdir -p "$O/$p"
   t0=$(date +%s)
   case $p in
-    smla) OUT=$O/smla timeout 400 bash kernels/dev/sparse_mla/run.sh kernels/dev/sparse_mla/sparse_mla_wgmma_idx.cu ;;
+    smla) OUT=$O/smla timeout 400 bash kernels/dev/sparse_mla/run.sh ;;
     moe) OUT=$O/moe timeout 380 bash kernels/dev/moe_gemm/run_device.sh ;;
     hyper) OUT=$O/hyper timeout 200 bash kernels/dev/hyper/run.sh ;;
     *) echo "unknown part $p" ;;

@@ -359,6 +359,28 @@ static void bench_model(const char* name, int E, int top_k, int64_t D, int64_t I
   std::mt19937 rng(777);
   std::vector<int> rows(E, 0);
   for (int64_t a = 0; a < n; ++a) ++rows[rng() % uint32_t(E)];  // ~uniform routing
+  // DZ_BENCH_ROWS=file: E row counts (whitespace-separated) instead, e.g. a model's routing
+  if (const char* f = getenv("DZ_BENCH_ROWS")) {
+    FILE* fp = fopen(f, "r");
+    if (!fp) {
+      fprintf(stderr, "DZ_BENCH_ROWS: cannot open %s\n", f);
+      exit(2);
+    }
+    int64_t sum = 0;
+    for (int e = 0; e < E; ++e) {
+      if (fscanf(fp, "%d", &rows[e]) != 1 || rows[e] < 0) {
+        fprintf(stderr, "DZ_BENCH_ROWS: %s has fewer than %d counts\n", f, E);
+        exit(2);
+      }
+      sum += rows[e];
+    }
+    fclose(fp);
+    if (sum != n) {
+      fprintf(stderr, "DZ_BENCH_ROWS: %s sums to %lld rows, the bench has %lld\n", f, (long long)sum, (long long)n);
+      exit(2);
+    }
+    printf("rows per expert from %s\n", f);
+  }
   Layout L = make_layout(rows);
   bf16 *xs, *wg, *wu, *wd, *h, *yd, *yc;
   CK(cudaMalloc(&xs, sizeof(bf16) * n * D));
