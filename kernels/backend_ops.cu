@@ -6,6 +6,7 @@
 
 #include <cfloat>
 #include <cmath>
+#include <initializer_list>
 #include <type_traits>
 
 #include "backend_ops.cuh"
@@ -251,6 +252,78 @@ struct V8<bf16> {
   }
 };
 
+// Head-size rows (D = 64, 128, 256: the q / k head norms and the linear-attention output's gated
+// norm, gate == nullptr for the plain one): LPR = D / 8 lanes per row, 32 / LPR rows per warp, 8
+// elements a lane in one 16-byte load kept in registers; the row's sum of squares by xor shuffles
+// inside its lane group. (A warp per row, as k_rmsnorm / k_gated_rmsnorm, leaves lanes on 2-byte
+// loads: the gated norm of Qwen3.5's [32768 x 32, 128] ran at ~1.6 TB/s, 0.49 ms; a 16-byte version
+// with one row per warp idled half its lanes and was slower still.)
+template <int LPR, class TX, class TG, class TY>
+__global__ void __launch_bounds__(32 * kNormWarps) k_norm_rows8(const TX* x, const TG* gate, const float* w, TY* y,
+                                                                int64_t rows, float eps, bool zc, int act) {
+  constexpr int D = LPR * 8;
+  const int lane = threadIdx.x & 31;
+  const int64_t r = (int64_t(blockIdx.x) * kNormWarps + (threadIdx.x >> 5)) * (32 / LPR) + lane / LPR;
+  const int c = (lane % LPR) * 8;
+  const bool ok = r < rows;
+  float v[8];
+  if (ok) {
+    V8<TX>::ld(x + r * D + c, v);
+  } else {
+#pragma unroll
+    for (int i = 0; i < 8; ++i) v[i] = 0.f;
+  }
+  float ss = 0.f;
+#pragma unroll
+  for (int i = 0; i < 8; ++i) ss += v[i] * v[i];
+#pragma unroll
+  for (int o = LPR / 2; o; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+  if (!ok) return;
+  const float inv = 1.f / sqrtf(ss / float(D) + eps);
+  float wv[8], g[8];
+  if (w) {
+    V8<float>::ld(w + c, wv);
+  } else {
+#pragma unroll
+    for (int i = 0; i < 8; ++i) wv[i] = zc ? 0.f : 1.f;
+  }
+  if (gate) V8<TG>::ld(gate + r * D + c, g);
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    if (gate) {
+      const float a = act == 0 ? g[i] / (1.f + expf(-g[i])) : sigm(g[i]);
+      v[i] = v[i] * inv * wv[i] * a;
+    } else {
+      v[i] = v[i] * inv * (zc ? 1.f + wv[i] : wv[i]);
+    }
+  }
+  V8<TY>::st(y + r * D + c, v);
+}
+// The row kernel above for D = 64 / 128 / 256 with 16-byte aligned operands: f(lanes per row) and
+// true, else false.
+template <class F>
+bool with_rows8(int64_t D, std::initializer_list<const void*> ps, F&& f) {
+  for (const void* p : ps)
+    if (p && !aligned16(p)) return false;
+  if (D == 64) f(std::integral_constant<int, 8>{});
+  else if (D == 128) f(std::integral_constant<int, 16>{});
+  else if (D == 256) f(std::integral_constant<int, 32>{});
+  else return false;
+  return true;
+}
+// x *= sigmoid(g), 8 elements a thread (n % 8 == 0, 16-byte aligned): the attention output gate.
+template <class TX, class TG>
+__global__ void k_mul_sigmoid8(TX* x, const TG* g, int64_t n8) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n8; i += int64_t(gridDim.x) * blockDim.x) {
+    float a[8], b[8];
+    V8<TX>::ld(x + i * 8, a);
+    V8<TG>::ld(g + i * 8, b);
+#pragma unroll
+    for (int k = 0; k < 8; ++k) a[k] = a[k] * sigm(b[k]);
+    V8<TX>::st(x + i * 8, a);
+  }
+}
+
 // Hidden-size rows (D >= 1024, D % 8 == 0, 16-byte aligned): a warp per row as k_rmsnorm, but 8
 // elements a lane per load and the lane's first kNormCache chunks kept in registers for the second
 // pass (D <= 2048: the whole row; the rest is re-read). Sum per lane over its chunks ascending,
@@ -328,6 +401,16 @@ template <class F>
 void with_type(Dt dt, F&& f) {
   if (dt == Dt::F32) f(static_cast<float*>(nullptr));
   else f(static_cast<bf16*>(nullptr));
+}
+// with_type for an f that returns a value.
+template <class F>
+auto with_type_r(Dt dt, F&& f) {
+  return dt == Dt::F32 ? f(static_cast<float*>(nullptr)) : f(static_cast<bf16*>(nullptr));
+}
+// Two types at once: f(TA*, TB*) -> its value.
+template <class F>
+auto with_type2(Dt a, Dt b, F&& f) {
+  return with_type_r(a, [&](auto* ta) { return with_type_r(b, [&](auto* tb) { return f(ta, tb); }); });
 }
 
 // ---- RoPE: one thread per (t, h, pair) ----
@@ -899,6 +982,20 @@ void rmsnorm(const void* x, Dt xdt, const float* w, void* y, Dt ydt, int64_t row
   const int64_t blocks = (rows + kNormWarps - 1) / kNormWarps;
   DZ_CHECK(blocks < (int64_t(1) << 31), "rmsnorm: ", rows, " rows");
   const bool vec8 = D >= 1024 && D % 8 == 0 && aligned16(x) && aligned16(y) && (!w || aligned16(w));
+  const bool done = with_type2(xdt, ydt, [&](auto* tx, auto* ty) {
+    using TX = std::remove_pointer_t<decltype(tx)>;
+    using TY = std::remove_pointer_t<decltype(ty)>;
+    return with_rows8(D, {x, y, w}, [&](auto lpr) {
+      constexpr int L = decltype(lpr)::value;
+      const int64_t b8 = (rows + kNormWarps * (32 / L) - 1) / (kNormWarps * (32 / L));
+      k_norm_rows8<L, TX, TX, TY><<<unsigned(b8), 32 * kNormWarps, 0, s>>>(
+          static_cast<const TX*>(x), nullptr, w, static_cast<TY*>(y), rows, eps, zc, 0);
+    });
+  });
+  if (done) {
+    CUDA_CHECK_LAUNCH();
+    return;
+  }
   with_type(xdt, [&](auto* tx) {
     with_type(ydt, [&](auto* ty) {
       using TX = std::remove_pointer_t<decltype(tx)>;
@@ -918,6 +1015,23 @@ void gated_rmsnorm(const void* x, Dt xdt, const void* gate, Dt gdt, const float*
   if (rows <= 0) return;
   const int64_t blocks = (rows + kNormWarps - 1) / kNormWarps;
   DZ_CHECK(blocks < (int64_t(1) << 31), "gated_rmsnorm: ", rows, " rows");
+  const bool done = with_type2(xdt, ydt, [&](auto* tx, auto* ty) {
+    using TX = std::remove_pointer_t<decltype(tx)>;
+    using TY = std::remove_pointer_t<decltype(ty)>;
+    return with_type_r(gdt, [&](auto* tg) {
+      using TG = std::remove_pointer_t<decltype(tg)>;
+      return with_rows8(D, {x, gate, y, w}, [&](auto lpr) {
+        constexpr int L = decltype(lpr)::value;
+        const int64_t b8 = (rows + kNormWarps * (32 / L) - 1) / (kNormWarps * (32 / L));
+        k_norm_rows8<L, TX, TG, TY><<<unsigned(b8), 32 * kNormWarps, 0, s>>>(
+            static_cast<const TX*>(x), static_cast<const TG*>(gate), w, static_cast<TY*>(y), rows, eps, false, act);
+      });
+    });
+  });
+  if (done) {
+    CUDA_CHECK_LAUNCH();
+    return;
+  }
   with_type(xdt, [&](auto* tx) {
     with_type(gdt, [&](auto* tg) {
       with_type(ydt, [&](auto* ty) {
@@ -948,7 +1062,16 @@ void add(void* h, Dt hdt, const void* y, Dt ydt, int64_t n, cudaStream_t s) {
 }
 void mul_sigmoid(void* x, Dt xdt, const void* g, Dt gdt, int64_t n, cudaStream_t s) {
   if (n <= 0) return;
-  k_mul_sigmoid<<<grid_for(n, 256), 256, 0, s>>>(x, xdt, g, gdt, n);
+  if (n % 8 == 0 && aligned16(x) && aligned16(g)) {
+    with_type2(xdt, gdt, [&](auto* tx, auto* tg) {
+      using TX = std::remove_pointer_t<decltype(tx)>;
+      using TG = std::remove_pointer_t<decltype(tg)>;
+      k_mul_sigmoid8<TX, TG><<<grid_for(n / 8, 256), 256, 0, s>>>(static_cast<TX*>(x), static_cast<const TG*>(g), n / 8);
+      return true;
+    });
+  } else {
+    k_mul_sigmoid<<<grid_for(n, 256), 256, 0, s>>>(x, xdt, g, gdt, n);
+  }
   CUDA_CHECK_LAUNCH();
 }
 void add_bias(void* y, Dt ydt, const float* bias, int64_t rows, int64_t cols, cudaStream_t s) {

@@ -78,6 +78,31 @@ void Backend::la_decode_slots(const LaScanArgs& a, const DTensor& states, const 
   }
 }
 
+void Backend::check_conv_split(const DTensor& x, const DTensor& w, const std::vector<DTensor>& ys) {
+  const int64_t C = w.dim(0), T = C ? x.numel() / C : 0;
+  DZ_CHECK(!ys.empty() && ys.size() <= 3, "short_conv_split: ", ys.size(), " output blocks (1 to 3)");
+  int64_t sum = 0;
+  for (const DTensor& y : ys) {
+    DZ_CHECK(y.shape.size() == 2 && y.rows() == T, "short_conv_split: output block ", shape_str(y.shape), " for ", T,
+             " rows");
+    sum += y.cols();
+  }
+  DZ_CHECK(sum == C, "short_conv_split: output blocks ", sum, " columns wide for ", C, " channels");
+}
+
+void Backend::short_conv_split(const DTensor& x, const DTensor& w, const DTensor& state,
+                               const std::vector<DTensor>& ys) {
+  check_conv_split(x, w, ys);
+  const int64_t C = w.dim(0), T = C ? x.numel() / C : 0;
+  DTensor y = act({T, C});
+  short_conv(x, w, state, y);
+  int64_t c0 = 0;
+  for (const DTensor& b : ys) {
+    copy_cols(y, c0, b, 0, b.cols());
+    c0 += b.cols();
+  }
+}
+
 void Backend::short_conv_slots(const DTensor& x, const DTensor& w, const DTensor& states,
                                const std::vector<int32_t>& slots, const DTensor& y) {
   check_conv_slots(x, w, states, slots, y);

@@ -225,6 +225,11 @@ class Backend {
   // Short causal depthwise conv + SiLU over one sequence: x, y [T, C]; w [C, W] act; state
   // [W-1, C] act, in/out (the last W-1 inputs).
   virtual void short_conv(const DTensor& x, const DTensor& w, const DTensor& state, const DTensor& y) = 0;
+  // The same with y split by columns into ys (at most 3, widths summing to C; the linear-attention
+  // mixers' q | k | v, written where the scan reads them). Default: short_conv into a temporary
+  // [T, C], then copy_cols into each.
+  virtual void short_conv_split(const DTensor& x, const DTensor& w, const DTensor& state,
+                                const std::vector<DTensor>& ys);
   // Delta-rule scan of one sequence from a.state, advancing it (ops/linear_attn.hpp).
   virtual void la_scan(const LaScanArgs& a) = 0;
   // One token of each of N sequences whose states live in a pool (model/la_state.hpp LaPool):
@@ -377,6 +382,8 @@ class Backend {
   static void check_la_slots(const LaScanArgs& a, const DTensor& states, const std::vector<int32_t>& slots);
   static void check_conv_slots(const DTensor& x, const DTensor& w, const DTensor& states,
                                const std::vector<int32_t>& slots, const DTensor& y);
+  // The rules of short_conv_split: 1 to 3 output blocks of x's rows, widths summing to C.
+  static void check_conv_split(const DTensor& x, const DTensor& w, const std::vector<DTensor>& ys);
   // The shape rules of mla_latent_attention; returns T, the number of queries.
   static int64_t check_mla_latent(const DTensor& q, const DTensor& kv, const DTensor& out, int64_t H, int64_t R,
                                   int64_t DR);

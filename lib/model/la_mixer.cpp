@@ -32,9 +32,10 @@ void LinearAttnMixer::finish(DTensor& o, const DTensor& gate, const DTensor& out
   tp_.allreduce(*be_, out);
 }
 
-// The scan's inputs from the projections and the conv output c [T, conv_dim()] = [q | k | v].
-LaScanArgs LinearAttnMixer::scan_args(const Tok& tk, const DTensor& c) const {
-  const int64_t T = c.rows(), KD = HK_ * K_, VD = HV_ * V_;
+// The scan's inputs for T rows: q, k, v [T, KD / KD / VD] allocated for the conv to write its
+// [q | k | v] columns into (short_conv_split: no copies out of a [T, conv_dim()] output).
+LaScanArgs LinearAttnMixer::scan_args(const Tok& tk, int64_t T) const {
+  const int64_t KD = HK_ * K_, VD = HV_ * V_;
   LaScanArgs a;
   a.kda = per_channel_;
   a.HK = HK_, a.HV = HV_, a.K = K_, a.V = V_;
@@ -42,9 +43,6 @@ LaScanArgs LinearAttnMixer::scan_args(const Tok& tk, const DTensor& c) const {
   a.q = be_->act({T, KD});
   a.k = be_->act({T, KD});
   a.v = be_->act({T, VD});
-  be_->copy_cols(c, 0, a.q, 0, KD);
-  be_->copy_cols(c, KD, a.k, 0, KD);
-  be_->copy_cols(c, 2 * KD, a.v, 0, VD);
   a.beta = tk.beta;
   a.gate = LaGateArgs{tk.f, A_log_, dt_bias_, lower_bound_};
   return a;
@@ -54,9 +52,8 @@ void LinearAttnMixer::forward(const DTensor& x, MixerState& base, const DTensor&
   LaState& st = state_of(base);
   const int64_t T = x.rows(), VD = HV_ * V_;
   Tok tk = project(x);
-  DTensor c = be_->act({T, conv_dim()});
-  be_->short_conv(tk.pre, conv_, st.conv(), c);
-  LaScanArgs a = scan_args(tk, c);
+  LaScanArgs a = scan_args(tk, T);
+  be_->short_conv_split(tk.pre, conv_, st.conv(), {a.q, a.k, a.v});
   a.state = st.S();
   a.o = be_->act({T, VD});
   be_->la_scan(a);
@@ -72,24 +69,29 @@ void LinearAttnMixer::forward_packed(const DTensor& x, const std::vector<int64_t
   std::vector<LaState*> st(static_cast<size_t>(N));
   for (int64_t b = 0; b < N; ++b) st[size_t(b)] = &state_of(*sts[size_t(b)]);
   Tok tk = project(x);
-  DTensor c = be_->act({T, conv_dim()});
+  LaScanArgs a = scan_args(tk, T);
   if (T == N) {  // one token per document (a batched decode step): the conv and the scan on the slots
     std::vector<int32_t> slots(static_cast<size_t>(N));
     for (int64_t b = 0; b < N; ++b) slots[size_t(b)] = st[size_t(b)]->slot;
+    const DTensor c = be_->act({T, conv_dim()});
     be_->short_conv_slots(tk.pre, conv_, pool_->convs(), slots, c);
-    LaScanArgs a = scan_args(tk, c);
+    const int64_t KD = HK_ * K_;
+    be_->copy_cols(c, 0, a.q, 0, KD);
+    be_->copy_cols(c, KD, a.k, 0, KD);
+    be_->copy_cols(c, 2 * KD, a.v, 0, HV_ * V_);
     a.o = be_->act({T, VD});
     be_->la_decode_slots(a, pool_->states(), slots);
     for (LaState* s : st) s->pos += 1;
     finish(a.o, tk.gate, out);
     return;
   }
-  for (int64_t b = 0; b < N; ++b)
-    be_->short_conv(tk.pre.slab(cu[size_t(b)], cu[size_t(b) + 1]), conv_, st[size_t(b)]->conv(),
-                    c.slab(cu[size_t(b)], cu[size_t(b) + 1]));
+  for (int64_t b = 0; b < N; ++b) {
+    const int64_t r0 = cu[size_t(b)], r1 = cu[size_t(b) + 1];
+    be_->short_conv_split(tk.pre.slab(r0, r1), conv_, st[size_t(b)]->conv(),
+                          {a.q.slab(r0, r1), a.k.slab(r0, r1), a.v.slab(r0, r1)});
+  }
   // The varlen chunked scan reads and writes the states [N, ...] in document order: gathered from
   // the slots and back.
-  LaScanArgs a = scan_args(tk, c);
   a.cu = cu;
   a.state = be_->alloc({N, HV_, K_, V_}, DType::F32);
   const DTensor flat = a.state.reshaped({N, nS});
@@ -151,17 +153,14 @@ void LinearAttnMixer::forward_cp(const DTensor& x, const CpCtx& ctx, MixerState&
       const std::vector<float> h = halo.before(j);
       return be.upload(h.data(), {P, CD}, be.act_dtype());
     };
-    DTensor c = be.act({R, CD});
     for (size_t i = 0; i < mine.size(); ++i) {
-      if (off[i + 1] == off[i]) continue;
+      const int64_t r0 = off[i], r1 = off[i + 1];
+      if (r1 == r0) continue;
       DTensor hs = halo_before(mine[i]);
-      be.short_conv(tk.pre.slab(off[i], off[i + 1]), conv_, hs, c.slab(off[i], off[i + 1]));
+      be.short_conv_split(tk.pre.slab(r0, r1), conv_, hs, {q.slab(r0, r1), k.slab(r0, r1), v.slab(r0, r1)});
     }
     const DTensor last = halo_before(lay.n_seg());  // the document's last W-1 inputs: decode's conv state
     be.copy_rows(last, 0, st.conv(), 0, P);
-    be.copy_cols(c, 0, q, 0, KD);
-    be.copy_cols(c, KD, k, 0, KD);
-    be.copy_cols(c, 2 * KD, v, 0, VD);
     DTensor A = be.alloc({HV_, K_, K_}, DType::F32), B = be.alloc({HV_, K_, V_}, DType::F32);
     for (size_t i = 0; i < mine.size(); ++i) {
       const int64_t n = off[i + 1] - off[i];

@@ -63,7 +63,8 @@ class LinearAttnMixer : public Mixer {
  private:
   LaState& state_of(MixerState& base) const;
   void finish(DTensor& o, const DTensor& gate, const DTensor& out) const;
-  LaScanArgs scan_args(const Tok& tk, const DTensor& c) const;
+  // The scan's inputs for T rows: q | k | v allocated (the conv writes them), beta and gate from tk.
+  LaScanArgs scan_args(const Tok& tk, int64_t T) const;
 };
 
 }  // namespace dz

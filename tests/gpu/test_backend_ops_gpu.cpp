@@ -1016,6 +1016,33 @@ TEST_CASE("backend ops: short conv and the linear-attention scan on cuda equal t
         return be.to_host(part ? st : y);
       });
   }
+  // short_conv_split, the output written as column blocks (the mixers' q | k | v): on cuda one
+  // kernel into the blocks, on cpu the conv then copies. Widths 32 | 32 | 64: the vector kernel;
+  // 36 | 36 | 24 (not multiples of 8 channels) and a 100-wide single block: the scalar one.
+  for (const std::vector<int64_t>& widths : {std::vector<int64_t>{32, 32, 64}, {36, 36, 24}, {100}})
+  for (int64_t T : {3, 733}) {
+    const int64_t W = 4;
+    int64_t C = 0;
+    std::string name = "widths";
+    for (int64_t b : widths) C += b, name += " " + std::to_string(b);
+    const auto x = rnd(size_t(T * C), 34), w = rnd(size_t(C * W), 35, 0.5f), s0 = rnd(size_t((W - 1) * C), 36);
+    for (int part = 0; part < 2; ++part)
+      check(part ? "short_conv_split state" : "short_conv_split", name + " T=" + std::to_string(T), 1e-5,
+            [&](Backend& be) {
+        DTensor xt = be.upload(x.data(), {T, C}, be.act_dtype());
+        DTensor st = be.upload(s0.data(), {W - 1, C}, be.act_dtype());
+        std::vector<DTensor> ys;
+        for (int64_t b : widths) ys.push_back(be.act({T, b}));
+        be.short_conv_split(xt, be.upload(w.data(), {C, W}, be.weight_dtype()), st, ys);
+        if (part) return be.to_host(st);
+        std::vector<float> all;
+        for (const DTensor& y : ys) {
+          const std::vector<float> h = be.to_host(y);
+          all.insert(all.end(), h.begin(), h.end());
+        }
+        return all;
+      });
+  }
 }
 
 TEST_CASE("backend ops: MoE routing and grouped experts on cuda equal the cpu backend", "[gpu]") {

@@ -231,6 +231,28 @@ TEST_CASE("gpu short conv prefill and update equal the CPU reference", "[gpu]") 
     std::printf("short conv prefill C=%d W=%d T=%d N=%d: y err %.3g, state err %.3g\n", C, W, T, N, ey, es);
     CHECK(ey < 1e-2);  // bf16 output rounding
     CHECK(es == 0.0);  // the state holds inputs: exact
+    // The output split into three column blocks (q | k | v of the mixers), written in place: bitwise
+    // the single output's columns. 64 | 64 | 72: the vector kernel; 60 | 60 | 80: the scalar one.
+    for (const std::vector<int>& widths : {std::vector<int>{64, 64, 72}, std::vector<int>{60, 60, 80}}) {
+      Dev<bf16> sd2(st.bits), b0(size_t(T) * widths[0]), b1(size_t(T) * widths[1]), b2(size_t(T) * widths[2]);
+      dz::cuda::ConvOut out;
+      out.n = 3;
+      out.y[0] = b0.p, out.y[1] = b1.p, out.y[2] = b2.p;
+      for (int s = 0; s < 3; ++s) out.c0[s + 1] = out.c0[s] + widths[size_t(s)];
+      dz::cuda::short_conv_prefill(xd.p, wd.p, bd.p, cud.p, N, T, C, W, sd2.p, out, nullptr);
+      CUDA_CHECK(cudaDeviceSynchronize());
+      const std::vector<uint16_t> y1 = yd.get<uint16_t>(), s1 = sd.get<uint16_t>();
+      const std::vector<uint16_t> h[3] = {b0.get<uint16_t>(), b1.get<uint16_t>(), b2.get<uint16_t>()};
+      int64_t bad = 0;
+      for (int t = 0; t < T; ++t)
+        for (int s = 0; s < 3; ++s)
+          for (int c = 0; c < widths[size_t(s)]; ++c)
+            bad += h[s][size_t(t) * widths[size_t(s)] + c] != y1[size_t(t) * C + out.c0[s] + c];
+      std::printf("short conv prefill split %d | %d | %d: %lld outputs differ from the single output\n", widths[0],
+                  widths[1], widths[2], (long long)bad);
+      CHECK(bad == 0);
+      CHECK(sd2.get<uint16_t>() == s1);
+    }
   }
   Dev<bf16> wd(w.bits), bd(bias.bits);
   // One decode step for B sequences in shuffled slots.

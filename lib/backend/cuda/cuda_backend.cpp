@@ -549,6 +549,19 @@ class CudaBackend final : public Backend {
     cuda::short_conv_prefill(b16(x), b16(w), nullptr, dcu.ptr<int32_t>(), 1, T, int(C), int(W), b16w(state), b16w(y),
                              st());
   }
+  void short_conv_split(const DTensor& x, const DTensor& w, const DTensor& state,
+                        const std::vector<DTensor>& ys) override {
+    check_conv_split(x, w, ys);
+    const int64_t C = w.dim(0), W = w.dim(1), T = x.numel() / C;
+    cuda::ConvOut out;
+    out.n = int(ys.size());
+    for (int s = 0; s < out.n; ++s) {
+      out.y[s] = b16w(ys[size_t(s)]);
+      out.c0[s + 1] = out.c0[s] + int(ys[size_t(s)].cols());
+    }
+    const DTensor dcu = device_offsets({0, T});
+    cuda::short_conv_prefill(b16(x), b16(w), nullptr, dcu.ptr<int32_t>(), 1, T, int(C), int(W), b16w(state), out, st());
+  }
   // The kernels' view of one sequence's scan (q/k/v/beta/gate and sizes; the caller adds the rest).
   static cuda::LaPrefill prefill_args(const LaScanArgs& a) {
     cuda::LaPrefill p;
