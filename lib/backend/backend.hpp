@@ -337,6 +337,15 @@ class Backend {
   virtual void hc_pre(const DTensor& x, const DTensor& fn, const DTensor& base, const DTensor& scale, const HcParams& p,
                       const DTensor& coeff, const DTensor& in) = 0;
   virtual void hc_post(const DTensor& x, const DTensor& coeff, const DTensor& y, int64_t N) = 0;
+  //   hc_post_pre: hc_post, then the next sub-layer's hc_pre from the new streams (its fn / base /
+  //           scale) into coeff_next / in_next (which may be coeff / the caller's input buffer).
+  //           Default: the two calls; a backend may fuse the post with the next projection.
+  virtual void hc_post_pre(const DTensor& x, const DTensor& coeff, const DTensor& y, int64_t N, const DTensor& fn,
+                           const DTensor& base, const DTensor& scale, const HcParams& p, const DTensor& coeff_next,
+                           const DTensor& in_next) {
+    hc_post(x, coeff, y, N);
+    hc_pre(x, fn, base, scale, p, coeff_next, in_next);
+  }
   virtual void hc_expand(const DTensor& h, int64_t N, const DTensor& x) = 0;
   virtual void hc_mean(const DTensor& x, int64_t N, const DTensor& out) = 0;
 

@@ -287,7 +287,10 @@ void Model::sublayer(int64_t k, const MixFn& mix, Pass& p, WorkStats* stats) con
   const Layer& L = layers_[i];
   AttnRes::Stream* ar = p.ar.get();
   if (ar) attn_res_->sublayer_input(be, *ar, int(i), which, p.input);
-  if (hc_)  // the streams collapsed by this sub-layer's pre weights
+  // The streams collapsed by this sub-layer's pre weights: here for the first sub-layer, by the
+  // previous sub-layer's hc_post_pre for the others (every caller runs the sub-layers 0 .. K-1 of a
+  // pass in order; a decode graph run that starts at k has it from the run before).
+  if (hc_ && k == 0)
     be.hc_pre(p.streams, L.hc_fn[which], L.hc_base[which], L.hc_scale[which], hc_params(), p.coeff, p.input);
   be.rmsnorm(ar || hc_ ? p.input : p.h, which == 0 ? L.attn_norm : L.ffn_norm, p.normed, cfg_.rms_norm_eps,
              cfg_.norm_zero_centered);
@@ -299,8 +302,15 @@ void Model::sublayer(int64_t k, const MixFn& mix, Pass& p, WorkStats* stats) con
       L.ffn->forward_tokens(p.normed, p.tokens, p.out);
   }
   if (ar) attn_res_->add_output(be, *ar, int(i), which, p.out);
-  if (hc_) {
-    be.hc_post(p.streams, p.coeff, p.out, hc_);  // expand the output, mix the streams
+  if (hc_) {  // expand the output, mix the streams (and the next sub-layer's pre from them)
+    if (k + 1 < sublayers()) {
+      const Layer& Ln = layers_[size_t((k + 1) / 2)];
+      const int wn = int((k + 1) % 2);
+      be.hc_post_pre(p.streams, p.coeff, p.out, hc_, Ln.hc_fn[wn], Ln.hc_base[wn], Ln.hc_scale[wn], hc_params(),
+                     p.coeff, p.input);
+    } else {
+      be.hc_post(p.streams, p.coeff, p.out, hc_);
+    }
     return;
   }
   be.add(p.h, p.out);

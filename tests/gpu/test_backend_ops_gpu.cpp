@@ -829,11 +829,14 @@ TEST_CASE("backend ops: DeepSeek-V4 pooling + group Top-K + attention on cuda eq
 
 TEST_CASE("backend ops: mHC hyper-connections on cuda equal the cpu backend", "[gpu]") {
   // D = 96: 16-byte chunks, all in registers; 4608: past the kernel's register cache (4096 columns),
-  // so the tail is read again; 4102: D % 4 != 0, the scalar kernels.
-  for (int64_t D : {96, 4608, 4102})
+  // so the tail is read again; 4102: D % 4 != 0, the scalar kernels. hc_post_pre at N = 4 with
+  // D = 256 / 4608 (D % 128 == 0) runs the fused post + projection kernel (16-token blocks: T = 733
+  // ends inside one), the other shapes hc_post + hc_pre.
+  for (int64_t D : {96, 256, 4608, 4102})
   for (int64_t N : {4, 1, 8})
     for (int64_t T : kRows) {
-      if (D > 96 && (N != 4 || T > 19)) continue;
+      if (D == 256 && N != 4) continue;
+      if (D > 256 && (N != 4 || T > 19)) continue;
       const int64_t C = (2 + N) * N;
       const std::string sh = "N=" + std::to_string(N) + " T=" + std::to_string(T) + " D=" + std::to_string(D);
       const auto x = rnd(size_t(T * N * D), 101), fn = rnd(size_t(C * N * D), 102, 0.15f), base = rnd(size_t(C), 103, 0.3f),
@@ -852,6 +855,23 @@ TEST_CASE("backend ops: mHC hyper-connections on cuda equal the cpu backend", "[
           if (part == 1) return be.to_host(in);
           be.hc_post(xs, coeff, be.upload(y.data(), {T, D}, be.act_dtype()), N);
           return be.to_host(xs);
+        });
+      const auto fn2 = rnd(size_t(C * N * D), 106, 0.15f), base2 = rnd(size_t(C), 107, 0.3f);
+      for (int part = 0; part < 3; ++part)
+        check(part == 0 ? "hc_post_pre streams" : part == 1 ? "hc_post_pre coeff" : "hc_post_pre in", sh, 1e-5,
+              [&](Backend& be) {
+          DTensor xs = be.upload(x.data(), {T, N * D}, DType::F32), coeff = be.alloc({T, C}, DType::F32),
+                  in = be.alloc({T, D}, DType::F32);
+          std::vector<float> sc(scale);
+          for (float& v : sc) v += 1.f;
+          const DTensor scd = be.upload(sc.data(), {3}, DType::F32);
+          be.hc_pre(xs, be.upload(fn.data(), {C, N * D}, DType::F32), be.upload(base.data(), {C}, DType::F32), scd, hp,
+                    coeff, in);
+          // the sub-layer's output, then the next sub-layer's pre into the same coeff / in buffers
+          be.hc_post_pre(xs, coeff, be.upload(y.data(), {T, D}, be.act_dtype()), N,
+                         be.upload(fn2.data(), {C, N * D}, DType::F32), be.upload(base2.data(), {C}, DType::F32), scd,
+                         hp, coeff, in);
+          return be.to_host(part == 0 ? xs : part == 1 ? coeff : in);
         });
       check("hc_expand + hc_mean", sh, 1e-6, [&](Backend& be) {
         DTensor h = be.upload(y.data(), {T, D}, DType::F32), xs = be.alloc({T, N * D}, DType::F32),
