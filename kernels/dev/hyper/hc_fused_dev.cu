@@ -8,6 +8,8 @@
 //      hc_coeffs_warp as k_hc_pre's warp 0) and a streaming collapse (k_collapse4, a thread per
 //      16 bytes) instead of k_hc_pre's block per token, whose warps wait for warp 0's 20 Sinkhorn
 //      iterations before the collapse.
+//   3. the collapse fused with the RMSNorm that follows it (k_collapse_norm4: only the bf16 normed
+//      row is written; production writes `in` in fp32 and k_rmsnorm8 reads it back).
 // The kernels are production's k_hc_post_proj4 (kernels/hyper.cu) with those switches; with
 // PROJ and COEF the outputs must equal production's bitwise (same products, same order, the same
 // coefficient code), which the harness checks, beside an fp64 reference on sampled tokens.
@@ -176,6 +178,57 @@ __global__ void k_collapse4(const float* x, const float* coeff, int64_t T, int64
 }
 
 
+// The collapse fused with the sub-layer's RMSNorm (what the backend runs next on `in`): one block
+// per token, each thread 4 16-byte chunks of each stream (D == 4096), in kept in registers, the
+// row's Σ in² by a block reduction, then out = bf16(in · rsqrt(mean in² + eps) · w). Writes only
+// the normed bf16 row: the fp32 `in` is neither written nor read again.
+__global__ void __launch_bounds__(256) k_collapse_norm4(const float* x, const float* coeff, const float* w, float eps,
+                                                        int64_t D, __nv_bfloat16* out) {
+  constexpr int N = 4, C = (2 + N) * N, CPT = 4;
+  const int64_t t = blockIdx.x;
+  const float4 pre = *reinterpret_cast<const float4*>(coeff + t * C);
+  const float pw[N] = {pre.x, pre.y, pre.z, pre.w};
+  const float* xt = x + t * N * D;
+  float4 v[CPT][N];
+#pragma unroll
+  for (int j = 0; j < CPT; ++j)
+#pragma unroll
+    for (int n = 0; n < N; ++n) v[j][n] = *reinterpret_cast<const float4*>(xt + n * D + 4 * (threadIdx.x + 256 * j));
+  float4 o[CPT];
+  float ss = 0.f;
+#pragma unroll
+  for (int j = 0; j < CPT; ++j) {
+    o[j] = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+    for (int n = 0; n < N; ++n) {
+      o[j].x += pw[n] * v[j][n].x;
+      o[j].y += pw[n] * v[j][n].y;
+      o[j].z += pw[n] * v[j][n].z;
+      o[j].w += pw[n] * v[j][n].w;
+    }
+    ss += o[j].x * o[j].x + o[j].y * o[j].y + o[j].z * o[j].z + o[j].w * o[j].w;
+  }
+  __shared__ float red[8];
+  for (int off = 16; off; off >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, off);
+  if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = ss;
+  __syncthreads();
+  float tot = 0.f;
+#pragma unroll
+  for (int i = 0; i < 8; ++i) tot += red[i];
+  const float inv = 1.f / sqrtf(tot / float(D) + eps);
+#pragma unroll
+  for (int j = 0; j < CPT; ++j) {
+    const int64_t c = 4 * (threadIdx.x + 256 * j);
+    const float4 wv = *reinterpret_cast<const float4*>(w + c);
+    const __nv_bfloat162 a = __floats2bfloat162_rn(o[j].x * inv * wv.x, o[j].y * inv * wv.y);
+    const __nv_bfloat162 b = __floats2bfloat162_rn(o[j].z * inv * wv.z, o[j].w * inv * wv.w);
+    uint2 u;
+    u.x = *reinterpret_cast<const uint32_t*>(&a);
+    u.y = *reinterpret_cast<const uint32_t*>(&b);
+    *reinterpret_cast<uint2*>(out + t * D + c) = u;
+  }
+}
+
 }  // namespace
 
 // mode 0: PROJ, no COEF (m, ss as production); 1: PROJ + COEF (coeff_out); 2: no PROJ (x and ss only)
@@ -194,6 +247,13 @@ void hc_post_proj_dev(int mode, float* x, const float* coeff, const __nv_bfloat1
 void hc_collapse_dev(const float* x, const float* coeff, int64_t T, int64_t D, float* in, cudaStream_t s) {
   const int64_t n = T * (D / 4);
   k_collapse4<<<unsigned(std::min<int64_t>((n + 255) / 256, 132 * 16)), 256, 0, s>>>(x, coeff, T, D, in);
+  CUDA_CHECK_LAUNCH();
+}
+
+void hc_collapse_norm_dev(const float* x, const float* coeff, const float* w, float eps, int64_t T, int64_t D,
+                          __nv_bfloat16* out, cudaStream_t s) {
+  DZ_CHECK(D == 4096, "hc_collapse_norm_dev: D = 4096 only (4 chunks a thread)");
+  k_collapse_norm4<<<unsigned(T), 256, 0, s>>>(x, coeff, w, eps, D, out);
   CUDA_CHECK_LAUNCH();
 }
 
