@@ -1067,10 +1067,13 @@ class CudaBackend final : public Backend {
     const int64_t T = x.rows(), W = x.cols(), C = fn.rows();
     DTensor m = alloc({T, C}, DType::F32);  // x · fnᵀ in fp32 (as transformers computes the mixing)
     gemm(x.data, fn.data, m.data, DType::F32, DType::F32, T, W, C);
+    cuda::hc_pre(x.ptr<float>(), m.ptr<float>(), nullptr, base.ptr<float>(), scale.ptr<float>(), hc_kernel_params(p), T,
+                 in.cols(), coeff.ptr<float>(), in.ptr<float>(), st());
+  }
+  static cuda::HcKernelParams hc_kernel_params(const HcParams& p) {
     cuda::HcKernelParams kp;
     kp.N = int(p.N), kp.iters = p.iters, kp.eps_norm = p.eps_norm, kp.eps_hc = p.eps_hc;
-    cuda::hc_pre(x.ptr<float>(), m.ptr<float>(), nullptr, base.ptr<float>(), scale.ptr<float>(), kp, T, in.cols(),
-                 coeff.ptr<float>(), in.ptr<float>(), st());
+    return kp;
   }
   // The post fused with the next projection (and Σx²) where the kernel takes the shape (N = 4,
   // D % 128 == 0: GLM-5.3-Flash, DeepSeek-V4); hc_post + hc_pre otherwise.
@@ -1081,8 +1084,7 @@ class CudaBackend final : public Backend {
     const int64_t T = y.rows(), D = y.cols(), C = fn.rows();
     const bool yb = y.dtype == DType::BF16;
     if (!cuda::hc_post_proj_fits(int(N), D, x.ptr<float>(), y.data, yb, fn.ptr<float>())) {
-      hc_post(x, coeff, y, N);
-      hc_pre(x, fn, base, scale, p, coeff_next, in_next);
+      Backend::hc_post_pre(x, coeff, y, N, fn, base, scale, p, coeff_next, in_next);  // hc_post + hc_pre
       return;
     }
     DZ_CHECK(x.cols() == N * D && fn.cols() == N * D && C == (2 + N) * N && in_next.cols() == D,
@@ -1090,10 +1092,8 @@ class CudaBackend final : public Backend {
     DTensor m = alloc({T, C}, DType::F32), ss = alloc({T}, DType::F32);
     cuda::hc_post_proj(x.ptr<float>(), coeff.ptr<float>(), y.data, yb, int(N), T, D, fn.ptr<float>(), m.ptr<float>(),
                        ss.ptr<float>(), st());
-    cuda::HcKernelParams kp;
-    kp.N = int(p.N), kp.iters = p.iters, kp.eps_norm = p.eps_norm, kp.eps_hc = p.eps_hc;
-    cuda::hc_pre(x.ptr<float>(), m.ptr<float>(), ss.ptr<float>(), base.ptr<float>(), scale.ptr<float>(), kp, T, D,
-                 coeff_next.ptr<float>(), in_next.ptr<float>(), st());
+    cuda::hc_pre(x.ptr<float>(), m.ptr<float>(), ss.ptr<float>(), base.ptr<float>(), scale.ptr<float>(),
+                 hc_kernel_params(p), T, D, coeff_next.ptr<float>(), in_next.ptr<float>(), st());
   }
   void hc_post(const DTensor& x, const DTensor& coeff, const DTensor& y, int64_t N) override {
     DZ_CHECK(y.dtype == DType::BF16 || y.dtype == DType::F32, "hc_post: y is ", to_string(y.dtype));
