@@ -23,8 +23,11 @@
 //    setmaxnreg.dec), warpgroups 1 and 2 the consumers (setmaxnreg.inc), each keeping one stage's
 //    products in flight while it waits for the next and releasing a stage (empty mbarrier, one
 //    arrival per warp) once the products that read it are done; the producer runs ahead across
-//    items, so the next item's loads overlap the epilogue. A consumer whose 64 rows hold none of the
-//    item's (an expert's tail of <= 64 rows) issues no products for it. The epilogue goes through a
+//    items, so the next item's loads overlap the epilogue. An item whose rows lie in one 64-row half (an
+//    expert's tail of <= 64 rows) is split by columns in the plain kernel: both warpgroups multiply
+//    that half, each by 128 of the B rows (m64n128), instead of one idling (2026-12-03: GLM-5.3-Flash's
+//    expert GEMMs 2.69 -> 2.58 / 2.61 ms on the bench's routing, 171 of 665 items; docs/perf); in the
+//    SwiGLU and cluster kernels the warpgroup with no rows issues no products for it. The epilogue goes through a
 //    per-warp staging tile, 64 columns at a time, out as whole 128-byte row lines (the fragments'
 //    own bf16x2 stores fill half of each 32-byte sector). Rows past the expert's end (A) or past N
 //    (B) are loaded as they are (the next expert's rows, or zeros past the tensor) and only their
@@ -200,6 +203,20 @@ __device__ __forceinline__ void mma_stage(float (&acc)[kBR / 2], uint32_t st, ui
 #pragma unroll
   for (int kk = 0; kk < kBK / 16; ++kk)
     wgmma_ss<256>(acc, wgmma_desc_add(da, kk * 32), wgmma_desc_add(db, kk * 32), accumulate || kk != 0);
+  wgmma_commit();
+}
+
+// One stage of a split item: this warpgroup's 64 rows at a_off by B rows b_row0 .. + 127
+// (wgmma m64n128 into acc[0 .. 63]: the fragments of columns 0 .. 127 of the m64n256 layout).
+__device__ __forceinline__ void mma_stage_half(float (&acc)[kBR / 2], uint32_t st, uint32_t a_off, uint32_t b_off,
+                                               bool accumulate) {
+  float (&lo)[64] = *reinterpret_cast<float(*)[64]>(&acc[0]);
+  const uint64_t da = wgmma_desc_sw128(st + a_off), db = wgmma_desc_sw128(st + kAStage + b_off);
+  wgmma_fence_regs(acc);
+  wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < kBK / 16; ++kk)
+    wgmma_ss<128>(lo, wgmma_desc_add(da, kk * 32), wgmma_desc_add(db, kk * 32), accumulate || kk != 0);
   wgmma_commit();
 }
 
@@ -554,17 +571,24 @@ __global__ void __launch_bounds__(kThreadsWs, 1) k_moe_gemm_ws(const __grid_cons
     // A warpgroup whose 64 rows hold none of the item's (an expert's tail of <= 64 rows, about half
     // the experts: ~a tenth of the MMA work at GLM-5.3-Flash's ~230 rows per expert) issues no
     // products for it and only releases the stages; the other warpgroup has the tensor cores alone.
+    // An item whose rows lie in one 64-row half (plain kernel, no clusters) is split by columns:
+    // both warpgroups take that half, warpgroup wm columns 128 wm .. + 127.
     bool busy;
+    int half;  // >= 0: the split item's half
     {
       int e2 = e_hint;
       const Item it = map_item<BN, CL>(slot + q * G, rank, a.n_col_tiles, s_off, s_poff, E, shift_tail, e2);
       const int lo = it.r0 - it.a0;
       busy = it.rows > 0 && wm * 64 < lo + it.rows && wm * 64 + 64 > lo;
+      half = (SWIGLU || CL > 1 || it.rows == 0) ? -1 : lo + it.rows <= 64 ? 0 : lo >= 64 ? 1 : -1;
     }
     for (int kk = 0; kk < k_iters; ++kk, ++f) {
       const int s = f % kStages, u = f / kStages;
       mbar_wait(full(s), u & 1);
-      if (busy) mma_stage(acc, sbase + s * kStageB, a_off, kk != 0);
+      if (half >= 0)
+        mma_stage_half(acc, sbase + s * kStageB, uint32_t(half * 64 * kRowB), uint32_t(wm * 128 * kRowB), kk != 0);
+      else if (busy)
+        mma_stage(acc, sbase + s * kStageB, a_off, kk != 0);
       // the previous stage's products are done: release it (lane 0 of each warp, predicated)
       wgmma_wait<1>();
       if (kk > 0) {
@@ -579,7 +603,17 @@ __global__ void __launch_bounds__(kThreadsWs, 1) k_moe_gemm_ws(const __grid_cons
 
     // ---- epilogue: registers -> y (rows outside the item and columns past N are dropped) ----
     // (the item is mapped here, not before the loop: nothing of it stays live across the products)
-    const Item cur = map_item<BN, CL>(slot + q * G, rank, a.n_col_tiles, s_off, s_poff, E, shift_tail, e_hint);
+    const Item cur0 = map_item<BN, CL>(slot + q * G, rank, a.n_col_tiles, s_off, s_poff, E, shift_tail, e_hint);
+    if (half >= 0) {  // a split item: this warpgroup's 128 columns of the half's rows, from acc[0 .. 63]
+      if constexpr (!SWIGLU) {
+        Item cur = cur0;
+        cur.n0 += wm * 128;
+        const int wr = half * 64 + wq * 16, sh = cur.r0 - cur.a0;
+        if (cur.n0 < N && wr + 16 > sh && wr < sh + cur.rows) store_fragments<false, 128>(acc, a, cur, wr, lane);
+      }
+      continue;
+    }
+    const Item& cur = cur0;
     const int sh = cur.r0 - cur.a0;  // shared-memory row of the item's first row
     const int wr = wm * 64 + wq * 16;  // this warp's first shared-memory row
     const bool full_cols = a.vec_store && cur.n0 + BN <= N;

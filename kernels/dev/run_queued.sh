@@ -4,10 +4,10 @@
 #   bash kernels/dev/run_queued.sh [smla] [moe] [hyper]      (default: all)
 #   smla:  production's sparse MLA (kernels/dev/sparse_mla/run.sh: tested against fp64, benched; a
 #          variant file given to run.sh is built in its place and run the same way)
-#   moe:   kernels/dev/moe_gemm: production's expert GEMMs and the split-item variant
-#          (moe_gemm_split.cu): every loader's test grid vs fp64, with and without the 2-CTA
-#          clusters, bench vs cuBLAS; then both on the bench's measured (skewed) routing of
-#          GLM-5.3-Flash and Qwen3.5 at T = 8192 (rows_*.txt)
+#   moe:   kernels/dev/moe_gemm: production's expert GEMMs (and a variant file named by
+#          MOE_VARIANT): every loader's test grid vs fp64, with and without the 2-CTA clusters,
+#          bench vs cuBLAS; then on the bench's measured (skewed) routing of GLM-5.3-Flash and
+#          Qwen3.5 at T = 8192 (rows_*.txt)
 #   hyper: kernels/dev/hyper: mHC's fused post + projection with the coefficients in its epilogue and a
 #          streaming collapse, vs production's hc_post_proj + hc_pre (bitwise), production vs fp64
 O=${OUT:-/tmp/exp}
@@ -18,7 +18,7 @@ for p in $parts; do
   case $p in
     smla) OUT=$O/smla timeout 400 bash kernels/dev/sparse_mla/run.sh ;;
     moe)
-      OUT=$O/moe timeout 380 bash kernels/dev/moe_gemm/run_device.sh kernels/dev/moe_gemm/moe_gemm_split.cu
+      OUT=$O/moe timeout 380 bash kernels/dev/moe_gemm/run_device.sh $MOE_VARIANT
       for b in mg mg_other; do
         [ -x /tmp/$b ] || continue
         DZ_BENCH_ROWS=kernels/dev/moe_gemm/rows_glm5_3_flash_dummy_T8192.txt timeout 40 /tmp/$b --bench GLM 2>&1 |
