@@ -42,9 +42,8 @@ struct Vec<1> {
 // (At one scalar load in flight per thread, 8 launches took 7.9 ms of a GLM-5.3-Flash forward at
 // T = 8192: docs/perf/README.md.)
 template <int N, int W>
-__global__ void __launch_bounds__(kThr) k_hc_pre(const float* x, const float* m, const float* ss_in, const float* base,
-                                                 const float* scale, HcKernelParams p, int64_t D, float* coeff,
-                                                 float* in) {
+__global__ void __launch_bounds__(kThr) k_hc_pre(const float* x, const float* m, const float* base, const float* scale,
+                                                 HcKernelParams p, int64_t D, float* coeff, float* in) {
   using V = Vec<W>;
   const int64_t t = blockIdx.x;
   constexpr int C = (2 + N) * N;
@@ -62,37 +61,31 @@ __global__ void __launch_bounds__(kThr) k_hc_pre(const float* x, const float* m,
       for (int n = 0; n < N; ++n) xr[n][j] = V::ld(xt + n * D + c * W);
     }
   }
-  if (!ss_in) {  // Σx² here (given: hc_post_proj summed it while writing x)
 #pragma unroll
-    for (int j = 0; j < kCache; ++j) {
-      const int64_t c = threadIdx.x + int64_t(kThr) * j;
-      if (c < nch) {
+  for (int j = 0; j < kCache; ++j) {
+    const int64_t c = threadIdx.x + int64_t(kThr) * j;
+    if (c < nch) {
 #pragma unroll
-        for (int n = 0; n < N; ++n)
+      for (int n = 0; n < N; ++n)
 #pragma unroll
-          for (int i = 0; i < W; ++i) ss += V::get(xr[n][j], i) * V::get(xr[n][j], i);
-      }
+        for (int i = 0; i < W; ++i) ss += V::get(xr[n][j], i) * V::get(xr[n][j], i);
     }
-    for (int64_t c = threadIdx.x + int64_t(kThr) * kCache; c < nch; c += kThr) {
-#pragma unroll
-      for (int n = 0; n < N; ++n) {
-        const typename V::T v = V::ld(xt + n * D + c * W);
-#pragma unroll
-        for (int i = 0; i < W; ++i) ss += V::get(v, i) * V::get(v, i);
-      }
-    }
-    for (int o = 16; o; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
-    if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = ss;
-    __syncthreads();
   }
+  for (int64_t c = threadIdx.x + int64_t(kThr) * kCache; c < nch; c += kThr) {
+#pragma unroll
+    for (int n = 0; n < N; ++n) {
+      const typename V::T v = V::ld(xt + n * D + c * W);
+#pragma unroll
+      for (int i = 0; i < W; ++i) ss += V::get(v, i) * V::get(v, i);
+    }
+  }
+  for (int o = 16; o; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+  if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = ss;
+  __syncthreads();
   if (threadIdx.x < 32) {
     const int lane = threadIdx.x;
     float tot = 0.f;
-    if (ss_in) {
-      tot = ss_in[t];
-    } else {
-      for (int w = 0; w < kThr / 32; ++w) tot += red[w];
-    }
+    for (int w = 0; w < kThr / 32; ++w) tot += red[w];
     const float r = rsqrtf(tot / float(N * D) + p.eps_norm);
     const float* mt = m + t * C;
     hc_coeffs_warp<N>(mt, r, base, scale, p, lane, cf, coeff + t * C);
@@ -177,20 +170,26 @@ __global__ void __launch_bounds__(kThr) k_hc_post(float* x, const float* coeff, 
   }
 }
 
-// hc_post fused with the next sub-layer's projection, for N = 4 streams (GLM-5.3-Flash, DeepSeek-V4)
-// and D % 128 == 0: x <- post ⊗ y + combᵀ x as k_hc_post computes it (same order, bitwise), and
-// from the new x in the same pass m [T, 24] = x·fnᵀ and ss [T] = Σx² for k_hc_pre. A block takes
-// kPT = 16 tokens and walks d in chunks of 128: its threads (token tid / 16, 8 columns) write the
-// chunk's new streams to global memory and to a shared tile [16][4·128]; then warp w multiplies the
-// tile by outputs 6 (w % 4) .. + 5 of fn for tokens 8 (w / 4) .. + 7, a lane on 4 columns of each
-// stream (16-byte shared and global loads), 48 partial sums a lane, reduced over the lanes at the
-// end. fn (24 x 4D, 1.5 MiB at D = 4096) is read once per block from L2. (A cuBLAS fp32 GEMM with
-// 24 outputs read all of x again at ~24 TFLOP/s: 0.29 ms a call on top of k_hc_post's 0.28 at
-// T = 8192, D = 4096.)
+// hc_post fused with the next sub-layer's projection and coefficients, for N = 4 streams
+// (GLM-5.3-Flash, DeepSeek-V4) and D % 128 == 0: x <- post ⊗ y + combᵀ x as k_hc_post computes it
+// (same order, bitwise), and from the new x in the same pass m = x·fnᵀ [24] and Σx² per token, then
+// the next coefficients as k_hc_pre computes them (bitwise). A block takes kPT = 16 tokens and walks
+// d in chunks of 128: its threads (token tid / 16, 8 columns) write the chunk's new streams to
+// global memory and to a shared tile [16][4·128]; then warp w multiplies the tile by outputs
+// 6 (w % 4) .. + 5 of fn for tokens 8 (w / 4) .. + 7, a lane on 4 columns of each stream (16-byte
+// shared and global loads), 48 partial sums a lane, reduced over the lanes at the end. fn (24 x 4D,
+// 1.5 MiB at D = 4096) is read once per block from L2. Last, m and Σx² of the 16 tokens go to the
+// (free) tile and warp w computes tokens 2w, 2w + 1's coefficients (hc_coeffs_warp) into coeff_next,
+// which may be coeff: a block reads its tokens' coeff before it writes theirs. (History, GLM-5.3-Flash
+// at T = 8192, H200: a cuBLAS fp32 GEMM with 24 outputs read all of x again at ~24 TFLOP/s, 0.29 ms
+// a call on top of k_hc_post's 0.28; fused, 0.48 ms with k_hc_pre's block per token after it at
+// 0.29, whose warps wait on warp 0's Sinkhorn iterations; coefficients here: 0.49 ms, and the
+// collapse with the norm 0.15 ms instead of 0.29 + 0.08: docs/perf/experiments_2026-12-03d.txt.)
 constexpr int kPT = 16, kDC = 128;
 template <bool YB>
-__global__ void __launch_bounds__(kThr, 2) k_hc_post_proj4(float* x, const float* coeff, const void* y, const float* fn,
-                                                        int64_t T, int64_t D, float* m, float* ss_out) {
+__global__ void __launch_bounds__(kThr, 2) k_hc_post_coeff4(float* x, const float* coeff, const void* y, const float* fn,
+                                                         int64_t T, int64_t D, const float* base, const float* scale,
+                                                         HcKernelParams p, float* coeff_next) {
   constexpr int N = 4, C = (2 + N) * N;  // 24
   __shared__ float cf[kPT][C];
   __shared__ __align__(16) float X[kPT][N * kDC];
@@ -274,22 +273,115 @@ __global__ void __launch_bounds__(kThr, 2) k_hc_post_proj4(float* x, const float
     }
     __syncthreads();
   }
-  // Σ over the lanes (xor butterfly: every lane ends with the sums), lane b·8 + a writes one value
+  // Σ over the lanes (xor butterfly: every lane ends with the sums), lane b·8 + a keeps one value
 #pragma unroll
   for (int a = 0; a < 8; ++a)
 #pragma unroll
     for (int b = 0; b < 6; ++b)
 #pragma unroll
       for (int o = 16; o; o >>= 1) acc[a][b] += __shfl_xor_sync(0xffffffffu, acc[a][b], o);
+  // Σx² of token tt over its 16 threads (lanes 16·h .. 16·h + 15 of one warp)
+#pragma unroll
+  for (int o = 8; o; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+  float* mm = &X[0][0];              // [kPT][C]: m of the block's tokens
+  float* sq = mm + kPT * C;          // [kPT]: their Σx²
+  float* scr = sq + kPT + warp * C;  // this warp's scratch [C]
 #pragma unroll
   for (int a = 0; a < 8; ++a)
 #pragma unroll
     for (int b = 0; b < 6; ++b)
-      if (lane == ((b * 8 + a) & 31) && t0 + q0 + a < T) m[(t0 + q0 + a) * C + c0 + b] = acc[a][b];
-  // Σx² of token tt over its 16 threads (lanes 16·h .. 16·h + 15 of one warp)
+      if (lane == ((b * 8 + a) & 31)) mm[(q0 + a) * C + c0 + b] = acc[a][b];
+  if ((threadIdx.x & 15) == 0) sq[tt] = ss;
+  __syncthreads();
+#pragma unroll 1
+  for (int k = 0; k < 2; ++k) {
+    const int q = 2 * warp + k;
+    if (t0 + q >= T) break;
+    const float r = rsqrtf(sq[q] / float(N * D) + p.eps_norm);
+    hc_coeffs_warp<N>(mm + q * C, r, base, scale, p, lane, scr, coeff_next + (t0 + q) * C);
+    __syncwarp();
+  }
+}
+
+// The collapse of hc_post_coeff's streams fused with the sub-layer's RMSNorm, N = 4: one block per
+// token, in = Σ_n pre[n] x[n] (n ascending, as k_hc_pre) kept in registers for the token's first
+// kThr·kCache 16-byte chunks (later ones collapsed again for the output), Σ in² by a block
+// reduction, out = in · (1 / sqrt(mean in² + eps)) · w (1 + w zero-centred), as k_rmsnorm8. The fp32
+// input row is never written.
+__device__ __forceinline__ void st4(float* p, float4 v) { *reinterpret_cast<float4*>(p) = v; }
+__device__ __forceinline__ void st4(__nv_bfloat16* p, float4 v) {
+  const __nv_bfloat162 a = __floats2bfloat162_rn(v.x, v.y), b = __floats2bfloat162_rn(v.z, v.w);
+  uint2 u;
+  u.x = *reinterpret_cast<const uint32_t*>(&a);
+  u.y = *reinterpret_cast<const uint32_t*>(&b);
+  *reinterpret_cast<uint2*>(p) = u;
+}
+template <typename TY>
+__global__ void __launch_bounds__(kThr) k_hc_collapse_norm4(const float* x, const float* coeff, const float* w,
+                                                            float eps, bool zc, int64_t D, TY* out) {
+  constexpr int N = 4, C = (2 + N) * N;
+  const int64_t t = blockIdx.x, nch = D / 4;
+  const float4 p4 = *reinterpret_cast<const float4*>(coeff + t * C);
+  const float pre[N] = {p4.x, p4.y, p4.z, p4.w};
+  const float* xt = x + t * N * D;
+  auto collapse = [&](const float4 (&v)[N]) {
+    float4 o = make_float4(0.f, 0.f, 0.f, 0.f);
 #pragma unroll
-  for (int o = 8; o; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
-  if ((threadIdx.x & 15) == 0 && live) ss_out[t] = ss;
+    for (int n = 0; n < N; ++n) {
+      o.x += pre[n] * v[n].x;
+      o.y += pre[n] * v[n].y;
+      o.z += pre[n] * v[n].z;
+      o.w += pre[n] * v[n].w;
+    }
+    return o;
+  };
+  auto load = [&](int64_t c, float4 (&v)[N]) {
+#pragma unroll
+    for (int n = 0; n < N; ++n) v[n] = *reinterpret_cast<const float4*>(xt + n * D + 4 * c);
+  };
+  float4 xr[kCache][N];
+#pragma unroll
+  for (int j = 0; j < kCache; ++j)
+    if (threadIdx.x + int64_t(kThr) * j < nch) load(threadIdx.x + int64_t(kThr) * j, xr[j]);
+  float4 o[kCache];
+  float ss = 0.f;
+#pragma unroll
+  for (int j = 0; j < kCache; ++j) {
+    if (threadIdx.x + int64_t(kThr) * j < nch) {
+      o[j] = collapse(xr[j]);
+      ss += o[j].x * o[j].x + o[j].y * o[j].y + o[j].z * o[j].z + o[j].w * o[j].w;
+    }
+  }
+  for (int64_t c = threadIdx.x + int64_t(kThr) * kCache; c < nch; c += kThr) {
+    float4 v[N];
+    load(c, v);
+    const float4 q = collapse(v);
+    ss += q.x * q.x + q.y * q.y + q.z * q.z + q.w * q.w;
+  }
+  __shared__ float red[kThr / 32];
+  for (int off = 16; off; off >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, off);
+  if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = ss;
+  __syncthreads();
+  float tot = 0.f;
+#pragma unroll
+  for (int i = 0; i < kThr / 32; ++i) tot += red[i];
+  const float inv = 1.f / sqrtf(tot / float(D) + eps);
+  auto emit = [&](int64_t c, float4 v) {
+    float4 wv = make_float4(1.f, 1.f, 1.f, 1.f);
+    if (w) {
+      wv = *reinterpret_cast<const float4*>(w + 4 * c);
+      if (zc) wv.x += 1.f, wv.y += 1.f, wv.z += 1.f, wv.w += 1.f;
+    }
+    st4(out + t * D + 4 * c, make_float4(v.x * inv * wv.x, v.y * inv * wv.y, v.z * inv * wv.z, v.w * inv * wv.w));
+  };
+#pragma unroll
+  for (int j = 0; j < kCache; ++j)
+    if (threadIdx.x + int64_t(kThr) * j < nch) emit(threadIdx.x + int64_t(kThr) * j, o[j]);
+  for (int64_t c = threadIdx.x + int64_t(kThr) * kCache; c < nch; c += kThr) {
+    float4 v[N];
+    load(c, v);
+    emit(c, collapse(v));
+  }
 }
 
 // One block per token: x[t, n, :] = h[t, :] for every stream n.
@@ -334,8 +426,8 @@ bool vec4(int64_t D, std::initializer_list<const void*> ps) {
 
 }  // namespace
 
-void hc_pre(const float* x, const float* m, const float* ss, const float* base, const float* scale,
-            const HcKernelParams& p, int64_t T, int64_t D, float* coeff, float* in, cudaStream_t s) {
+void hc_pre(const float* x, const float* m, const float* base, const float* scale, const HcKernelParams& p, int64_t T,
+            int64_t D, float* coeff, float* in, cudaStream_t s) {
   if (T <= 0) return;
   DZ_CHECK(p.N >= 1 && p.N <= kMaxN, "hc_pre: hc_mult ", p.N, " outside 1..", kMaxN);
   DZ_CHECK(T < (int64_t(1) << 31), "hc_pre: ", T, " tokens (< 2^31)");
@@ -343,9 +435,9 @@ void hc_pre(const float* x, const float* m, const float* ss, const float* base, 
   with_streams(p.N, [&](auto n) {
     constexpr int N = decltype(n)::value;
     if (v4)
-      k_hc_pre<N, 4><<<unsigned(T), kThr, 0, s>>>(x, m, ss, base, scale, p, D, coeff, in);
+      k_hc_pre<N, 4><<<unsigned(T), kThr, 0, s>>>(x, m, base, scale, p, D, coeff, in);
     else
-      k_hc_pre<N, 1><<<unsigned(T), kThr, 0, s>>>(x, m, ss, base, scale, p, D, coeff, in);
+      k_hc_pre<N, 1><<<unsigned(T), kThr, 0, s>>>(x, m, base, scale, p, D, coeff, in);
   });
   CUDA_CHECK_LAUNCH();
 }
@@ -364,20 +456,35 @@ void hc_post(float* x, const float* coeff, const void* y, bool y_bf16, int N, in
   });
   CUDA_CHECK_LAUNCH();
 }
-bool hc_post_proj_fits(int N, int64_t D, const float* x, const void* y, bool y_bf16, const float* fn) {
+bool hc_post_coeff_fits(int N, int64_t D, const float* x, const void* y, bool y_bf16, const float* fn) {
   return N == 4 && D % kDC == 0 && aligned16(x) && aligned16(y) && aligned16(fn) && (y_bf16 || D % 4 == 0);
 }
-void hc_post_proj(float* x, const float* coeff, const void* y, bool y_bf16, int N, int64_t T, int64_t D,
-                  const float* fn, float* m, float* ss, cudaStream_t s) {
+void hc_post_coeff(float* x, const float* coeff, const void* y, bool y_bf16, int N, int64_t T, int64_t D, const float* fn,
+                   const float* base, const float* scale, const HcKernelParams& p, float* coeff_next, cudaStream_t s) {
   if (T <= 0) return;
-  DZ_CHECK(hc_post_proj_fits(N, D, x, y, y_bf16, fn), "hc_post_proj: N = ", N, ", D = ", D,
-           " or the operands' alignment outside what the fused kernel takes (hc_post_proj_fits)");
-  DZ_CHECK(D > 0 && (T + kPT - 1) / kPT < (int64_t(1) << 31), "hc_post_proj: ", T, " tokens");
+  DZ_CHECK(hc_post_coeff_fits(N, D, x, y, y_bf16, fn) && p.N == N, "hc_post_coeff: N = ", N, ", D = ", D,
+           " or the operands' alignment outside what the fused kernel takes (hc_post_coeff_fits)");
+  DZ_CHECK(D > 0 && (T + kPT - 1) / kPT < (int64_t(1) << 31), "hc_post_coeff: ", T, " tokens");
+  DZ_CHECK(aligned16(coeff) && aligned16(coeff_next), "hc_post_coeff: coefficients not 16-byte aligned");
   const unsigned blocks = unsigned((T + kPT - 1) / kPT);
   if (y_bf16)
-    k_hc_post_proj4<true><<<blocks, kThr, 0, s>>>(x, coeff, y, fn, T, D, m, ss);
+    k_hc_post_coeff4<true><<<blocks, kThr, 0, s>>>(x, coeff, y, fn, T, D, base, scale, p, coeff_next);
   else
-    k_hc_post_proj4<false><<<blocks, kThr, 0, s>>>(x, coeff, y, fn, T, D, m, ss);
+    k_hc_post_coeff4<false><<<blocks, kThr, 0, s>>>(x, coeff, y, fn, T, D, base, scale, p, coeff_next);
+  CUDA_CHECK_LAUNCH();
+}
+void hc_collapse_norm(const float* x, const float* coeff, int N, int64_t T, int64_t D, const float* w, float eps, bool zc,
+                      void* out, bool out_bf16, cudaStream_t s) {
+  if (T <= 0) return;
+  DZ_CHECK(N == 4 && D % 4 == 0 && D > 0, "hc_collapse_norm: N = ", N, ", D = ", D, " (N = 4, D % 4 == 0)");
+  DZ_CHECK(T < (int64_t(1) << 31), "hc_collapse_norm: ", T, " tokens (< 2^31)");
+  DZ_CHECK(aligned16(x) && aligned16(coeff) && (!w || aligned16(w)) &&
+               (reinterpret_cast<uintptr_t>(out) & (out_bf16 ? 7 : 15)) == 0,
+           "hc_collapse_norm: operands not aligned for 16-byte loads");
+  if (out_bf16)
+    k_hc_collapse_norm4<__nv_bfloat16><<<unsigned(T), kThr, 0, s>>>(x, coeff, w, eps, zc, D, static_cast<__nv_bfloat16*>(out));
+  else
+    k_hc_collapse_norm4<float><<<unsigned(T), kThr, 0, s>>>(x, coeff, w, eps, zc, D, static_cast<float*>(out));
   CUDA_CHECK_LAUNCH();
 }
 void hc_expand(const float* h, int N, int64_t T, int64_t D, float* x, cudaStream_t s) {

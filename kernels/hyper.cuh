@@ -1,5 +1,6 @@
 // mHC hyper-connection kernels (ops/hyper.hpp has the formulas and the CPU reference). Streams
-// x [T, N·D] fp32. The projection x·fnᵀ is a cuBLAS fp32 GEMM in the backend; these do the rest.
+// x [T, N·D] fp32. The projection x·fnᵀ is a cuBLAS fp32 GEMM in the backend for hc_pre; hc_post_coeff
+// computes it itself.
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -14,16 +15,19 @@ struct HcKernelParams {
 };
 
 // m [T, (2+N)N] = x·fnᵀ (unscaled) -> coeff [T, (2+N)N] (pre | post | comb after Sinkhorn) and
-// in [T, D] = Σ_n pre[n] x[n]. One block per token (N <= 8). ss [T] = Σ x² over the token's N·D
-// values when the caller has it (hc_post_proj), nullptr: summed here.
-void hc_pre(const float* x, const float* m, const float* ss, const float* base, const float* scale,
-            const HcKernelParams& p, int64_t T, int64_t D, float* coeff, float* in, cudaStream_t s);
-// hc_post and, from the new streams in the same pass, the next sub-layer's projection m [T, 24] =
-// x·fnᵀ (fn [24, 4D]) and ss [T] = Σx², for hc_pre: N = 4 and D % 128 == 0 with 16-byte aligned
-// x, y, fn only (hc_post_proj_fits; the backend runs hc_post + its GEMM otherwise).
-bool hc_post_proj_fits(int N, int64_t D, const float* x, const void* y, bool y_bf16, const float* fn);
-void hc_post_proj(float* x, const float* coeff, const void* y, bool y_bf16, int N, int64_t T, int64_t D,
-                  const float* fn, float* m, float* ss, cudaStream_t s);
+// in [T, D] = Σ_n pre[n] x[n]. One block per token (N <= 8).
+void hc_pre(const float* x, const float* m, const float* base, const float* scale, const HcKernelParams& p, int64_t T,
+            int64_t D, float* coeff, float* in, cudaStream_t s);
+// hc_post and, from the new streams in the same pass, the next sub-layer's coefficients coeff_next
+// [T, 24] (fn [24, 4D], base, scale; coeff_next may be coeff): N = 4 and D % 128 == 0 with 16-byte
+// aligned x, y, fn only (hc_post_coeff_fits; the backend runs hc_post + hc_pre otherwise). Then
+// hc_collapse_norm: out [T, D] (bf16 or fp32) = rmsnorm(Σ_n pre[n] x[n]) with weight w (nullptr:
+// none; zc: 1 + w), the sub-layer's normed input without its fp32 row (N = 4, D % 4 == 0).
+bool hc_post_coeff_fits(int N, int64_t D, const float* x, const void* y, bool y_bf16, const float* fn);
+void hc_post_coeff(float* x, const float* coeff, const void* y, bool y_bf16, int N, int64_t T, int64_t D, const float* fn,
+                   const float* base, const float* scale, const HcKernelParams& p, float* coeff_next, cudaStream_t s);
+void hc_collapse_norm(const float* x, const float* coeff, int N, int64_t T, int64_t D, const float* w, float eps, bool zc,
+                      void* out, bool out_bf16, cudaStream_t s);
 // x [T, N·D] <- post ⊗ y + combᵀ x, y [T, D] bf16 (act) or fp32.
 void hc_post(float* x, const float* coeff, const void* y, bool y_bf16, int N, int64_t T, int64_t D, cudaStream_t s);
 // x [T, N·D] = h [T, D] in each stream;  out [T, D] = mean over the streams.

@@ -338,13 +338,22 @@ class Backend {
                       const DTensor& coeff, const DTensor& in) = 0;
   virtual void hc_post(const DTensor& x, const DTensor& coeff, const DTensor& y, int64_t N) = 0;
   //   hc_post_pre: hc_post, then the next sub-layer's hc_pre from the new streams (its fn / base /
-  //           scale) into coeff_next / in_next (which may be coeff / the caller's input buffer).
-  //           Default: the two calls; a backend may fuse the post with the next projection.
+  //           scale) into coeff_next (which may be coeff) and its pre-norm: norm.out [T, D] (act
+  //           dtype) = rmsnorm(in_next, norm.w, norm.eps, norm.zc). in_next [T, D] F32 is scratch: a
+  //           backend that fuses the collapse with the norm may leave it unwritten. Default: hc_post,
+  //           hc_pre, rmsnorm.
+  struct HcNorm {
+    DTensor w;  // [D] F32
+    float eps = 0.f;
+    bool zc = false;  // zero-centred: 1 + w
+    DTensor out;
+  };
   virtual void hc_post_pre(const DTensor& x, const DTensor& coeff, const DTensor& y, int64_t N, const DTensor& fn,
                            const DTensor& base, const DTensor& scale, const HcParams& p, const DTensor& coeff_next,
-                           const DTensor& in_next) {
+                           const DTensor& in_next, const HcNorm& norm) {
     hc_post(x, coeff, y, N);
     hc_pre(x, fn, base, scale, p, coeff_next, in_next);
+    rmsnorm(in_next, norm.w, norm.out, norm.eps, norm.zc);
   }
   virtual void hc_expand(const DTensor& h, int64_t N, const DTensor& x) = 0;
   virtual void hc_mean(const DTensor& x, int64_t N, const DTensor& out) = 0;

@@ -287,13 +287,15 @@ void Model::sublayer(int64_t k, const MixFn& mix, Pass& p, WorkStats* stats) con
   const Layer& L = layers_[i];
   AttnRes::Stream* ar = p.ar.get();
   if (ar) attn_res_->sublayer_input(be, *ar, int(i), which, p.input);
-  // The streams collapsed by this sub-layer's pre weights: here for the first sub-layer, by the
-  // previous sub-layer's hc_post_pre for the others (every caller runs the sub-layers 0 .. K-1 of a
-  // pass in order; a decode graph run that starts at k has it from the run before).
+  // mHC: the streams collapsed by this sub-layer's pre weights and normed, here for the first
+  // sub-layer, by the previous sub-layer's hc_post_pre for the others (every caller runs the
+  // sub-layers 0 .. K-1 of a pass in order; a decode graph run that starts at k has p.normed from the
+  // run before).
   if (hc_ && k == 0)
     be.hc_pre(p.streams, L.hc_fn[which], L.hc_base[which], L.hc_scale[which], hc_params(), p.coeff, p.input);
-  be.rmsnorm(ar || hc_ ? p.input : p.h, which == 0 ? L.attn_norm : L.ffn_norm, p.normed, cfg_.rms_norm_eps,
-             cfg_.norm_zero_centered);
+  if (!hc_ || k == 0)
+    be.rmsnorm(ar || hc_ ? p.input : p.h, which == 0 ? L.attn_norm : L.ffn_norm, p.normed, cfg_.rms_norm_eps,
+               cfg_.norm_zero_centered);
   {
     WorkStats::Timer t(stats, which == 0 ? L.mixer_key : L.ffn_key);
     if (which == 0)
@@ -307,7 +309,8 @@ void Model::sublayer(int64_t k, const MixFn& mix, Pass& p, WorkStats* stats) con
       const Layer& Ln = layers_[size_t((k + 1) / 2)];
       const int wn = int((k + 1) % 2);
       be.hc_post_pre(p.streams, p.coeff, p.out, hc_, Ln.hc_fn[wn], Ln.hc_base[wn], Ln.hc_scale[wn], hc_params(),
-                     p.coeff, p.input);
+                     p.coeff, p.input,
+                     {wn == 0 ? Ln.attn_norm : Ln.ffn_norm, cfg_.rms_norm_eps, cfg_.norm_zero_centered, p.normed});
     } else {
       be.hc_post(p.streams, p.coeff, p.out, hc_);
     }

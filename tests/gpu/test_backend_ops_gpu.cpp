@@ -830,8 +830,10 @@ TEST_CASE("backend ops: DeepSeek-V4 pooling + group Top-K + attention on cuda eq
 TEST_CASE("backend ops: mHC hyper-connections on cuda equal the cpu backend", "[gpu]") {
   // D = 96: 16-byte chunks, all in registers; 4608: past the kernel's register cache (4096 columns),
   // so the tail is read again; 4102: D % 4 != 0, the scalar kernels. hc_post_pre at N = 4 with
-  // D = 256 / 4608 (D % 128 == 0) runs the fused post + projection kernel (16-token blocks: T = 733
-  // ends inside one), the other shapes hc_post + hc_pre.
+  // D = 256 / 4608 (D % 128 == 0) runs the fused post + projection + coefficients kernel (16-token
+  // blocks: T = 733 ends inside one) and the collapse fused with the norm (4608: its tail collapsed
+  // again), the other shapes hc_post + hc_pre + rmsnorm. The normed input is in the act dtype (bf16
+  // on the GPU): its tolerance is bf16 rounding's (NMSE ~1e-6).
   for (int64_t D : {96, 256, 4608, 4102})
   for (int64_t N : {4, 1, 8})
     for (int64_t T : kRows) {
@@ -857,11 +859,15 @@ TEST_CASE("backend ops: mHC hyper-connections on cuda equal the cpu backend", "[
           return be.to_host(xs);
         });
       const auto fn2 = rnd(size_t(C * N * D), 106, 0.15f), base2 = rnd(size_t(C), 107, 0.3f);
-      for (int part = 0; part < 3; ++part)
-        check(part == 0 ? "hc_post_pre streams" : part == 1 ? "hc_post_pre coeff" : "hc_post_pre in", sh, 1e-5,
-              [&](Backend& be) {
+      const auto nw = rnd(size_t(D), 108, 0.5f);
+      for (int part = 0; part < 4; ++part)
+        check(part == 0   ? "hc_post_pre streams"
+              : part == 1 ? "hc_post_pre coeff"
+              : part == 2 ? "hc_post_pre normed"
+                          : "hc_post_pre normed zc",
+              sh, 1e-5, [&](Backend& be) {
           DTensor xs = be.upload(x.data(), {T, N * D}, DType::F32), coeff = be.alloc({T, C}, DType::F32),
-                  in = be.alloc({T, D}, DType::F32);
+                  in = be.alloc({T, D}, DType::F32), normed = be.act({T, D});
           std::vector<float> sc(scale);
           for (float& v : sc) v += 1.f;
           const DTensor scd = be.upload(sc.data(), {3}, DType::F32);
@@ -870,8 +876,8 @@ TEST_CASE("backend ops: mHC hyper-connections on cuda equal the cpu backend", "[
           // the sub-layer's output, then the next sub-layer's pre into the same coeff / in buffers
           be.hc_post_pre(xs, coeff, be.upload(y.data(), {T, D}, be.act_dtype()), N,
                          be.upload(fn2.data(), {C, N * D}, DType::F32), be.upload(base2.data(), {C}, DType::F32), scd,
-                         hp, coeff, in);
-          return be.to_host(part == 0 ? xs : part == 1 ? coeff : in);
+                         hp, coeff, in, {be.upload(nw.data(), {D}, DType::F32), 1e-5f, part == 3, normed});
+          return be.to_host(part == 0 ? xs : part == 1 ? coeff : normed);
         });
       check("hc_expand + hc_mean", sh, 1e-6, [&](Backend& be) {
         DTensor h = be.upload(y.data(), {T, D}, DType::F32), xs = be.alloc({T, N * D}, DType::F32),

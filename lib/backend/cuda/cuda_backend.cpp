@@ -1067,33 +1067,37 @@ class CudaBackend final : public Backend {
     const int64_t T = x.rows(), W = x.cols(), C = fn.rows();
     DTensor m = alloc({T, C}, DType::F32);  // x · fnᵀ in fp32 (as transformers computes the mixing)
     gemm(x.data, fn.data, m.data, DType::F32, DType::F32, T, W, C);
-    cuda::hc_pre(x.ptr<float>(), m.ptr<float>(), nullptr, base.ptr<float>(), scale.ptr<float>(), hc_kernel_params(p), T,
-                 in.cols(), coeff.ptr<float>(), in.ptr<float>(), st());
+    cuda::hc_pre(x.ptr<float>(), m.ptr<float>(), base.ptr<float>(), scale.ptr<float>(), hc_kernel_params(p), T, in.cols(),
+                 coeff.ptr<float>(), in.ptr<float>(), st());
   }
   static cuda::HcKernelParams hc_kernel_params(const HcParams& p) {
     cuda::HcKernelParams kp;
     kp.N = int(p.N), kp.iters = p.iters, kp.eps_norm = p.eps_norm, kp.eps_hc = p.eps_hc;
     return kp;
   }
-  // The post fused with the next projection (and Σx²) where the kernel takes the shape (N = 4,
-  // D % 128 == 0: GLM-5.3-Flash, DeepSeek-V4); hc_post + hc_pre otherwise.
+  // The post fused with the next projection and coefficients, then the collapse fused with the
+  // norm, where the kernels take the shape (N = 4, D % 128 == 0: GLM-5.3-Flash, DeepSeek-V4);
+  // hc_post + hc_pre + rmsnorm otherwise.
   void hc_post_pre(const DTensor& x, const DTensor& coeff, const DTensor& y, int64_t N, const DTensor& fn,
                    const DTensor& base, const DTensor& scale, const HcParams& p, const DTensor& coeff_next,
-                   const DTensor& in_next) override {
+                   const DTensor& in_next, const HcNorm& norm) override {
     DZ_CHECK(y.dtype == DType::BF16 || y.dtype == DType::F32, "hc_post_pre: y is ", to_string(y.dtype));
     const int64_t T = y.rows(), D = y.cols(), C = fn.rows();
     const bool yb = y.dtype == DType::BF16;
-    if (!cuda::hc_post_proj_fits(int(N), D, x.ptr<float>(), y.data, yb, fn.ptr<float>())) {
-      Backend::hc_post_pre(x, coeff, y, N, fn, base, scale, p, coeff_next, in_next);  // hc_post + hc_pre
+    const DType od = norm.out.dtype;
+    if (!cuda::hc_post_coeff_fits(int(N), D, x.ptr<float>(), y.data, yb, fn.ptr<float>()) ||
+        (od != DType::BF16 && od != DType::F32)) {
+      Backend::hc_post_pre(x, coeff, y, N, fn, base, scale, p, coeff_next, in_next, norm);  // the three calls
       return;
     }
-    DZ_CHECK(x.cols() == N * D && fn.cols() == N * D && C == (2 + N) * N && in_next.cols() == D,
-             "hc_post_pre: streams ", shape_str(x.shape), ", fn ", shape_str(fn.shape), ", y ", shape_str(y.shape));
-    DTensor m = alloc({T, C}, DType::F32), ss = alloc({T}, DType::F32);
-    cuda::hc_post_proj(x.ptr<float>(), coeff.ptr<float>(), y.data, yb, int(N), T, D, fn.ptr<float>(), m.ptr<float>(),
-                       ss.ptr<float>(), st());
-    cuda::hc_pre(x.ptr<float>(), m.ptr<float>(), ss.ptr<float>(), base.ptr<float>(), scale.ptr<float>(),
-                 hc_kernel_params(p), T, D, coeff_next.ptr<float>(), in_next.ptr<float>(), st());
+    DZ_CHECK(x.cols() == N * D && fn.cols() == N * D && C == (2 + N) * N && norm.out.numel() == T * D &&
+                 (!norm.w.defined() || norm.w.numel() == D),
+             "hc_post_pre: streams ", shape_str(x.shape), ", fn ", shape_str(fn.shape), ", y ", shape_str(y.shape),
+             ", norm out ", shape_str(norm.out.shape));
+    cuda::hc_post_coeff(x.ptr<float>(), coeff.ptr<float>(), y.data, yb, int(N), T, D, fn.ptr<float>(),
+                        base.ptr<float>(), scale.ptr<float>(), hc_kernel_params(p), coeff_next.ptr<float>(), st());
+    cuda::hc_collapse_norm(x.ptr<float>(), coeff_next.ptr<float>(), int(N), T, D, optf(norm.w), norm.eps, norm.zc,
+                           norm.out.data, od == DType::BF16, st());
   }
   void hc_post(const DTensor& x, const DTensor& coeff, const DTensor& y, int64_t N) override {
     DZ_CHECK(y.dtype == DType::BF16 || y.dtype == DType::F32, "hc_post: y is ", to_string(y.dtype));
