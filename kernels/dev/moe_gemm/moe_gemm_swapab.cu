@@ -31,12 +31,13 @@
 // Unchanged from production: SwiGLU, the 2-CTA cluster kernel (DZ_MOE_GEMM_CLUSTERS=1), cp.async /
 // element loaders, MXFP4, everything when the TMA maps cannot be made. DZ_MOE_GEMM_SWAPAB=0 runs
 // production's k_moe_gemm_ws<false, 1> instead (both in one binary).
-// Same fp32 accumulation order over k as production (k16 steps ascending). Bitwise equality with
-// production's kernels (the bench compares clusters off / on bitwise) needs wgmma's per-element sums
-// not to depend on operand roles or N: expected, not assumed; the fp64 checks are what count.
+// Same fp32 accumulation order over k as production (k16 steps ascending). Two harness checks are
+// bitwise and need wgmma's per-element sums not to depend on the operand roles, N or the token's
+// column: the bench's clusters off / on comparison (this kernel against production's cluster kernel)
+// and test_determinism (an expert's rows moved: other chunks, N, columns). Expected, not assumed.
 //   bash kernels/dev/moe_gemm/run_device.sh kernels/dev/moe_gemm/moe_gemm_swapab.cu
 //   DZ_BENCH_ROWS=kernels/dev/moe_gemm/rows_glm5_3_flash_dummy_T8192.txt /tmp/mg_other --bench GLM
-// Compiled (nvcc 13.0, sm_90a: REGS registers, no spills), not yet run on a GPU.
+// Compiled (nvcc 13.0, sm_90a: 168 registers, the cap of 384 threads, no spills, no C75xx), not yet run on a GPU.
 //
 // Grouped MoE expert GEMMs on tensor cores (see moe_gemm.cuh).
 //
@@ -56,7 +57,8 @@
 // accumulators per thread. Same item order, tiles and fp32 accumulation order in both kernels, so
 // their outputs are bitwise equal.
 //
-// Two kernels, by what the shapes allow:
+// Two kernels, by what the shapes allow (in this file a third, k_moe_gemm_swab, takes the plain TMA GEMMs
+// without clusters: see the top):
 //  - k_moe_gemm_ws, TMA loads (K % 8 == 0, 16-byte aligned pointers, the maps encodable), warp
 //    specialised as FlashAttention-3 is: warpgroup 0 is the producer (thread 0 issues one 2-D tensor
 //    copy per operand and stage onto the stage's full mbarrier; registers given away with
@@ -1033,18 +1035,22 @@ __device__ __forceinline__ void scan_chunks(const int32_t* s_off, int32_t* s_cof
 }
 
 // One stage's products, N = NW: the warpgroup's 64 weight rows (descriptor da) by the tokens (db), k = 64.
+// The fences and the commit are inside each case of mma_stage_sw's switch: with the fence before the
+// switch, ptxas injected its own warpgroup.arrive in the cases N <= 160 and serialised the wgmmas
+// (C7519 / C7520).
 template <int NW>
 __device__ __forceinline__ void mma_sw(float (&acc)[kBR / 2], uint64_t da, uint64_t db, bool accumulate) {
   float (&d)[NW / 2] = *reinterpret_cast<float(*)[NW / 2]>(&acc[0]);
+  wgmma_fence_regs(acc);
+  wgmma_fence();
 #pragma unroll
   for (int kk = 0; kk < kBK / 16; ++kk)
     wgmma_ss_x<NW>(d, wgmma_desc_add(da, kk * 32), wgmma_desc_add(db, kk * 32), accumulate || kk != 0);
+  wgmma_commit();
 }
 // nw: the item's wgmma N (warp-uniform); wa / wb: shared addresses of the weight rows and token row b.
 __device__ __forceinline__ void mma_stage_sw(float (&acc)[kBR / 2], int nw, uint32_t wa, uint32_t wb, bool accumulate) {
   const uint64_t da = wgmma_desc_sw128(wa), db = wgmma_desc_sw128(wb);
-  wgmma_fence_regs(acc);
-  wgmma_fence();
   switch (nw / kSwGran) {
 #define DZ_SW_CASE(n) \
   case n / kSwGran:   \
@@ -1057,7 +1063,6 @@ __device__ __forceinline__ void mma_stage_sw(float (&acc)[kBR / 2], int nw, uint
     default:
       break;
   }
-  wgmma_commit();
 }
 
 // Four 8x8 bf16 matrices from this warp's fragments to shared memory, transposed: lane 8 m + i gives
@@ -1237,7 +1242,7 @@ __global__ void __launch_bounds__(kThreadsWs, 1) k_moe_gemm_swab(const __grid_co
         __syncwarp();
       }
     } else {
-      // no staging tiles (E > ~2000): each value on its own (columns of a register pair are 8 apart)
+      // no staging tiles (E > ~2000): each value on its own (a register pair is two tokens of one column)
       const int g = lane >> 2, t = lane & 3;
 #pragma unroll
       for (int j = 0; j < kBR / 8; ++j) {
