@@ -16,7 +16,30 @@
 // accumulators per thread. Same item order, tiles and fp32 accumulation order in both kernels, so
 // their outputs are bitwise equal.
 //
-// Two kernels, by what the shapes allow:
+// Three kernels, by what the shapes allow:
+//  - k_moe_gemm_swab ("swap AB"), the plain (non-SwiGLU) GEMMs with TMA loads and no clusters where
+//    N >= 2048 and K >= 2048 (swab_shape(); DZ_MOE_GEMM_SWAPAB=1 takes every TMA shape, =0 none): the
+//    WEIGHTS on wgmma's M side, an expert's TOKENS on its N side. Production's items are 128 token
+//    rows, so each expert's rows pad to a multiple of 128: at GLM-5.3-Flash's shapes (E = 288, top-8,
+//    T = 8192: ~228 rows an expert) ~20-28 % of the products are padding. wgmma's N may be any
+//    multiple of 8 up to 256, so here an expert of r rows is ceil(r / 256) chunks of balanced size and
+//    each pads to 16 (228 -> 240). Item = (expert, token chunk, 128 weight rows = output columns),
+//    numbered expert by expert, column tile fastest, dealt round-robin. Per stage (k = 64, 4 stages of
+//    48 KiB) thread 0 of the producer loads W_e[n0 .. n0 + 127, k0 .. k0 + 63] (one TMA box) and the
+//    64-row token boxes the products read (1 to 4); consumer warpgroup wm multiplies weight rows
+//    64 wm .. + 63 by the token tile from its row b, wgmma m64nNk16 with N = the chunk's rows rounded
+//    up to 16 (a warp-uniform switch over 16 instantiations), N / 2 of the 128 fp32 accumulators.
+//    Epilogue transposed (y[token][column]): a warp's 16 columns x 64 tokens at a time through its
+//    staging tile by stmatrix.trans, each token's 16 columns (one 32-byte sector) out as two 16-byte
+//    stores. A chunk within 256 rows of n = offsets[E] has its tile moved up to end at n (products
+//    from row b = (r0 - a0) rounded down to 16, so b + N <= 256); n < 256: the producer's 128 threads
+//    load the tokens. Same fp32 order over k as k_moe_gemm_ws: its outputs are bitwise those of the
+//    other kernels (the harness checks it). Measured on the H200 (2026-12-03, one command,
+//    docs/perf/experiments_2026-12-03d.txt), against k_moe_gemm_ws: GLM-5.3-Flash T = 8192 gate / up
+//    1.73 vs 2.35 ms (uniform routing), 2.13 vs 2.67 (the bench's skewed routing), down 2.05 vs 2.13 /
+//    2.44 vs 2.54; but slower at small K or N (Qwen3.5 down, K = 512: 1.17 vs 1.01 ms; Kimi-Linear
+//    down, K = 1024: 2.54 vs 2.08; Qwen3.5 gate / up, N = 512: 0.29 vs 0.27 at T = 8192), where an
+//    item's few k stages do not hide its transposed epilogue: hence swab_shape().
 //  - k_moe_gemm_ws, TMA loads (K % 8 == 0, 16-byte aligned pointers, the maps encodable), warp
 //    specialised as FlashAttention-3 is: warpgroup 0 is the producer (thread 0 issues one 2-D tensor
 //    copy per operand and stage onto the stage's full mbarrier; registers given away with
@@ -652,6 +675,569 @@ __global__ void __launch_bounds__(kThreadsWs, 1) k_moe_gemm_ws(const __grid_cons
   }
 }
 
+// ---- swap AB: weights on wgmma's M side, tokens on its N side (k_moe_gemm_swab) ----
+constexpr int kSwW = 128;                  // weight rows (output columns) per item: 64 per consumer warpgroup
+constexpr int kSwT = 256;                  // token rows per chunk, at most (wgmma N <= 256)
+constexpr int kSwGran = 16;                // token rows padded to this (wgmma N)
+constexpr int kSwBox = 64;                 // token rows per TMA box
+constexpr int kSwWStage = kSwW * kRowB;    // 16 KiB of weights, then the token tile
+constexpr int kSwBoxB = kSwBox * kRowB;    // 8 KiB
+static_assert(kSwWStage + kSwT * kRowB == kStageB, "production's stage size: [128 w | 256 tokens] x 64 k");
+static_assert(kSwT % kSwBox == 0 && kSwBox % kSwGran == 0 && kSwGran % 8 == 0, "tile row groups of 8 (1 KiB)");
+
+// d (+)= A[64 x 16] . B[N x 16]^T for the N the swap-AB kernel uses (the form of wgmma_ops.cuh, which
+// has 32, 64, 128 and 256: forwarded; the others generated the way scripts/gen_wgmma.py writes them).
+template <int N>
+__device__ __forceinline__ void wgmma_ss_x(float (&d)[N / 2], uint64_t da, uint64_t db, int scale_d) {
+  static_assert(N == 32 || N == 64 || N == 128 || N == 256, "N without a wrapper");
+  wgmma_ss<N>(d, da, db, scale_d);
+}
+template <>
+__device__ __forceinline__ void wgmma_ss_x<16>(float (&d)[8], uint64_t da, uint64_t db, int scale_d) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %10, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7"
+      "}, %8, %9, p, 1, 1, 0, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
+      : "l"(da), "l"(db), "r"(scale_d));
+}
+template <>
+__device__ __forceinline__ void wgmma_ss_x<48>(float (&d)[24], uint64_t da, uint64_t db, int scale_d) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %26, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n48k16.f32.bf16.bf16 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23"
+      "}, %24, %25, p, 1, 1, 0, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23])
+      : "l"(da), "l"(db), "r"(scale_d));
+}
+template <>
+__device__ __forceinline__ void wgmma_ss_x<80>(float (&d)[40], uint64_t da, uint64_t db, int scale_d) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %42, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n80k16.f32.bf16.bf16 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+      "%32, %33, %34, %35, %36, %37, %38, %39"
+      "}, %40, %41, p, 1, 1, 0, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39])
+      : "l"(da), "l"(db), "r"(scale_d));
+}
+template <>
+__device__ __forceinline__ void wgmma_ss_x<96>(float (&d)[48], uint64_t da, uint64_t db, int scale_d) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %50, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n96k16.f32.bf16.bf16 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47"
+      "}, %48, %49, p, 1, 1, 0, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+        "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47])
+      : "l"(da), "l"(db), "r"(scale_d));
+}
+template <>
+__device__ __forceinline__ void wgmma_ss_x<112>(float (&d)[56], uint64_t da, uint64_t db, int scale_d) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %58, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n112k16.f32.bf16.bf16 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+      "%48, %49, %50, %51, %52, %53, %54, %55"
+      "}, %56, %57, p, 1, 1, 0, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+        "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55])
+      : "l"(da), "l"(db), "r"(scale_d));
+}
+template <>
+__device__ __forceinline__ void wgmma_ss_x<144>(float (&d)[72], uint64_t da, uint64_t db, int scale_d) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %74, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n144k16.f32.bf16.bf16 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, "
+      "%64, %65, %66, %67, %68, %69, %70, %71"
+      "}, %72, %73, p, 1, 1, 0, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+        "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
+        "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71])
+      : "l"(da), "l"(db), "r"(scale_d));
+}
+template <>
+__device__ __forceinline__ void wgmma_ss_x<160>(float (&d)[80], uint64_t da, uint64_t db, int scale_d) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %82, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n160k16.f32.bf16.bf16 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, "
+      "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79"
+      "}, %80, %81, p, 1, 1, 0, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+        "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
+        "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
+        "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79])
+      : "l"(da), "l"(db), "r"(scale_d));
+}
+template <>
+__device__ __forceinline__ void wgmma_ss_x<176>(float (&d)[88], uint64_t da, uint64_t db, int scale_d) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %90, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n176k16.f32.bf16.bf16 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, "
+      "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, "
+      "%80, %81, %82, %83, %84, %85, %86, %87"
+      "}, %88, %89, p, 1, 1, 0, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+        "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
+        "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
+        "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
+        "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87])
+      : "l"(da), "l"(db), "r"(scale_d));
+}
+template <>
+__device__ __forceinline__ void wgmma_ss_x<192>(float (&d)[96], uint64_t da, uint64_t db, int scale_d) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %98, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n192k16.f32.bf16.bf16 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, "
+      "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, "
+      "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95"
+      "}, %96, %97, p, 1, 1, 0, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+        "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
+        "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
+        "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
+        "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
+        "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95])
+      : "l"(da), "l"(db), "r"(scale_d));
+}
+template <>
+__device__ __forceinline__ void wgmma_ss_x<208>(float (&d)[104], uint64_t da, uint64_t db, int scale_d) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %106, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n208k16.f32.bf16.bf16 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, "
+      "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, "
+      "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, "
+      "%96, %97, %98, %99, %100, %101, %102, %103"
+      "}, %104, %105, p, 1, 1, 0, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+        "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
+        "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
+        "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
+        "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
+        "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
+        "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103])
+      : "l"(da), "l"(db), "r"(scale_d));
+}
+template <>
+__device__ __forceinline__ void wgmma_ss_x<224>(float (&d)[112], uint64_t da, uint64_t db, int scale_d) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %114, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n224k16.f32.bf16.bf16 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, "
+      "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, "
+      "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, "
+      "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111"
+      "}, %112, %113, p, 1, 1, 0, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+        "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
+        "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
+        "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
+        "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
+        "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
+        "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
+        "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111])
+      : "l"(da), "l"(db), "r"(scale_d));
+}
+template <>
+__device__ __forceinline__ void wgmma_ss_x<240>(float (&d)[120], uint64_t da, uint64_t db, int scale_d) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %122, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n240k16.f32.bf16.bf16 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, "
+      "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, "
+      "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, "
+      "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, "
+      "%112, %113, %114, %115, %116, %117, %118, %119"
+      "}, %120, %121, p, 1, 1, 0, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+        "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
+        "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
+        "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
+        "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
+        "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
+        "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
+        "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
+        "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119])
+      : "l"(da), "l"(db), "r"(scale_d));
+}
+
+// A swap-AB item. Token column c of the products is tile row b + c, i.e. xs / y row a0 + b + c; the
+// item's tokens are the columns r0 - a0 - b .. + rows - 1.
+struct SwItem {
+  int e, r0, rows, n0;
+  int a0;  // xs row of tile row 0 (r0, or moved up to end at n for a tail chunk)
+  int b;   // first tile row the products read (a multiple of kSwGran)
+  int nw;  // wgmma N (a multiple of kSwGran): tile rows b .. b + nw - 1, b + nw <= kSwT
+};
+
+// Expert of item (as map_item, over chunks): the largest e with s_coff[e] <= chunk index.
+__device__ __forceinline__ SwItem map_sw(int item, int n_col_tiles, const int32_t* s_off, const int32_t* s_coff,
+                                         int E, int n_rows, bool shift_tail, int& e_hint) {
+  const int ch = item / n_col_tiles, nt = item - ch * n_col_tiles;
+  int lo = e_hint;
+  if (lo < 0) {
+    lo = 0;
+    int hi = E - 1;
+    while (lo < hi) {
+      const int mid = (lo + hi + 1) >> 1;
+      if (s_coff[mid] <= ch)
+        lo = mid;
+      else
+        hi = mid - 1;
+    }
+  } else {
+    while (s_coff[lo + 1] <= ch) ++lo;
+  }
+  e_hint = lo;
+  SwItem it;
+  it.e = lo;
+  // chunk i of c: rows [i r / c, (i + 1) r / c) of the expert's r (each floor or ceil of r / c, <= 256, >= 1)
+  const int base = s_off[lo], r = s_off[lo + 1] - base, c = (r + kSwT - 1) / kSwT, i = ch - s_coff[lo];
+  it.r0 = base + int(int64_t(i) * r / c);
+  it.rows = base + int(int64_t(i + 1) * r / c) - it.r0;
+  it.n0 = nt * kSwW;
+  // tail: r0 + rows <= n = a0 + 256, so sh + rows <= 256 and b + nw <= 256 (256 - b is a multiple of 16)
+  it.a0 = shift_tail ? min(it.r0, n_rows - kSwT) : it.r0;
+  const int sh = it.r0 - it.a0;
+  it.b = sh & ~(kSwGran - 1);
+  it.nw = (sh - it.b + it.rows + kSwGran - 1) & ~(kSwGran - 1);
+  return it;
+}
+
+// Warp 0: s_coff[e] = exclusive scan over experts of their chunks, ceil(rows / 256) (as scan_pairs).
+__device__ __forceinline__ void scan_chunks(const int32_t* s_off, int32_t* s_coff, int E, int lane) {
+  auto items = [&](int e) { return (s_off[e + 1] - s_off[e] + kSwT - 1) / kSwT; };
+  const int per = (E + 31) / 32, b = min(E, lane * per), en = min(E, b + per);
+  int sum = 0;
+  for (int e = b; e < en; ++e) sum += items(e);
+  int incl = sum;
+#pragma unroll
+  for (int d = 1; d < 32; d <<= 1) {
+    const int v = __shfl_up_sync(0xffffffffu, incl, d);
+    if (lane >= d) incl += v;
+  }
+  int run = incl - sum;
+  for (int e = b; e < en; ++e) {
+    s_coff[e] = run;
+    run += items(e);
+  }
+  if (lane == 31) s_coff[E] = incl;
+}
+
+// One stage's products, N = NW: the warpgroup's 64 weight rows (descriptor da) by the tokens (db), k = 64.
+// The fences and the commit are inside each case of mma_stage_sw's switch: with the fence before the
+// switch, ptxas injected its own warpgroup.arrive in the cases N <= 160 and serialised the wgmmas
+// (C7519 / C7520).
+template <int NW>
+__device__ __forceinline__ void mma_sw(float (&acc)[kBR / 2], uint64_t da, uint64_t db, bool accumulate) {
+  float (&d)[NW / 2] = *reinterpret_cast<float(*)[NW / 2]>(&acc[0]);
+  wgmma_fence_regs(acc);
+  wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < kBK / 16; ++kk)
+    wgmma_ss_x<NW>(d, wgmma_desc_add(da, kk * 32), wgmma_desc_add(db, kk * 32), accumulate || kk != 0);
+  wgmma_commit();
+}
+// nw: the item's wgmma N (warp-uniform); wa / wb: shared addresses of the weight rows and token row b.
+__device__ __forceinline__ void mma_stage_sw(float (&acc)[kBR / 2], int nw, uint32_t wa, uint32_t wb, bool accumulate) {
+  const uint64_t da = wgmma_desc_sw128(wa), db = wgmma_desc_sw128(wb);
+  switch (nw / kSwGran) {
+#define DZ_SW_CASE(n) \
+  case n / kSwGran:   \
+    mma_sw<n>(acc, da, db, accumulate); \
+    break;
+    DZ_SW_CASE(16) DZ_SW_CASE(32) DZ_SW_CASE(48) DZ_SW_CASE(64) DZ_SW_CASE(80) DZ_SW_CASE(96) DZ_SW_CASE(112)
+    DZ_SW_CASE(128) DZ_SW_CASE(144) DZ_SW_CASE(160) DZ_SW_CASE(176) DZ_SW_CASE(192) DZ_SW_CASE(208)
+    DZ_SW_CASE(224) DZ_SW_CASE(240) DZ_SW_CASE(256)
+#undef DZ_SW_CASE
+    default:
+      break;
+  }
+}
+
+// Four 8x8 bf16 matrices from this warp's fragments to shared memory, transposed: lane 8 m + i gives
+// the address of stored row i of matrix m (= fragment column i), register m holds matrix m's
+// fragment (row lane / 4, columns 2 (lane % 4) + {0, 1}, the lower column in the low half).
+__device__ __forceinline__ void stmatrix_x4_trans(uint32_t saddr, uint32_t r0, uint32_t r1, uint32_t r2, uint32_t r3) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(saddr), "r"(r0),
+               "r"(r1), "r"(r2), "r"(r3)
+               : "memory");
+}
+__device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+
+// Same block, barriers, shared memory and pipeline as k_moe_gemm_ws (plain, CL = 1); see the top of
+// the file for the items and tiles. Stage: [128 weight rows | 256 token rows] x 128 bytes, swizzled.
+__global__ void __launch_bounds__(kThreadsWs, 1) k_moe_gemm_swab(const __grid_constant__ Args a,
+                                                                const __grid_constant__ Maps maps) {
+  extern __shared__ __align__(1024) uint8_t smem_raw[];
+  uint8_t* smem = smem_raw + ((1024u - (smem_u32(smem_raw) & 1023u)) & 1023u);
+  const int E = a.E, N = a.N, K = a.K;
+  const uint32_t sbase = smem_u32(smem), sbar = sbase + kPipeB;
+  int32_t* s_off = reinterpret_cast<int32_t*>(smem + kPipeB + kBarB);
+  int32_t* s_coff = s_off + (E + 1);
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wg = warp >> 2;
+  auto full = [&](int s) { return sbar + 8 * s; };
+  auto empty = [&](int s) { return sbar + 8 * (kStages + s); };
+
+  // ---- offsets to shared memory, chunks per expert scanned (warp 0) ----
+  for (int i = tid; i <= E; i += kThreadsWs) s_off[i] = a.offsets[i];
+  __syncthreads();
+  if (warp == 0) scan_chunks(s_off, s_coff, E, lane);
+  const int n_rows = s_off[E];
+  // TMA: token boxes must stay inside rows [0, n); with n < 256 the producer's threads load the tokens.
+  const bool a_thr = n_rows < kSwT;
+  if (tid == 0) {
+    for (int s = 0; s < kStages; ++s) {
+      mbar_init(full(s), a_thr ? 128u : 1u);  // thread 0's expect_tx (+ the other producer threads)
+      mbar_init(empty(s), 8);                 // one arrival per consumer warp
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  __syncthreads();
+
+  const int total = s_coff[E] * a.n_col_tiles;  // < 2^31 (host: max_tiles * column tiles)
+  if (int(blockIdx.x) >= total) return;
+  const int G = int(gridDim.x);
+  const int nq = (total - int(blockIdx.x) + G - 1) / G;  // items of this block
+  const int k_iters = (K + kBK - 1) / kBK;
+  const bool shift_tail = !a_thr;
+
+  if (wg == 0) {
+    // ---- producer ----
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 56;\n" ::: "memory");
+    if (!a_thr && tid != 0) return;
+    const int prow = tid >> 3, pch = tid & 7;  // a_thr: chunk pch of token rows prow + 16 i
+    int e_hint = -1;
+    int f = 0;  // fill index over the block's stages
+    for (int q = 0; q < nq; ++q) {
+      const SwItem it = map_sw(int(blockIdx.x) + q * G, a.n_col_tiles, s_off, s_coff, E, n_rows, shift_tail, e_hint);
+      const int brow = it.e * N + it.n0;  // < E * N < 2^31 (host)
+      // the 64-row token boxes holding tile rows b .. b + nw - 1 (each inside [0, n): a0 + 256 <= n)
+      const int x0 = it.b / kSwBox, x1 = (it.b + it.nw + kSwBox - 1) / kSwBox;
+      for (int kk = 0; kk < k_iters; ++kk, ++f) {
+        const int s = f % kStages, u = f / kStages;
+        if (u > 0) mbar_wait(empty(s), (u - 1) & 1);
+        const uint32_t sW = sbase + s * kStageB, sX = sW + kSwWStage;
+        const int k0 = kk * kBK;
+        if (a_thr) {  // n < 256: token rows 0 .. nw - 1 (b = 0) from the threads, zero past n and K
+          const int kc = k0 + pch * 8;
+#pragma unroll 4
+          for (int i = 0; i < kSwT / 16; ++i) {
+            const int r = prow + 16 * i;
+            if (r >= it.nw) break;
+            uint4 v = make_uint4(0, 0, 0, 0);
+            if (it.a0 + r < n_rows && kc < K)
+              v = __ldg(reinterpret_cast<const uint4*>(a.xs + (int64_t(it.a0) + r) * K + kc));
+            st_shared16(sX + uint32_t(r * kRowB + ((pch ^ (r & 7)) << 4)), v);
+          }
+          asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+          if (tid != 0) mbar_arrive(full(s));
+        }
+        if (tid == 0) {
+          // a box always transfers (and counts) all its bytes, zero-filled past the map's dims
+          mbar_expect_tx(full(s), uint32_t(kSwWStage + (a_thr ? 0 : (x1 - x0) * kSwBoxB)));
+          tma_load_2d(sW, &maps.b0, k0, brow, full(s));
+          if (!a_thr)
+            for (int x = x0; x < x1; ++x) tma_load_2d(sX + x * kSwBoxB, &maps.a, k0, it.a0 + x * kSwBox, full(s));
+        }
+      }
+    }
+    return;
+  }
+
+  // ---- consumers: warpgroup wm multiplies weight rows wm * 64 .. + 63 by the chunk's tokens ----
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 224;\n" ::: "memory");
+  const int wm = wg - 1, wq = warp & 3;
+  float acc[kBR / 2];  // [64 columns x nw tokens] per warpgroup: acc[0 .. nw / 2 - 1] (d[4 j + q] as wgmma.cuh)
+#pragma unroll
+  for (int i = 0; i < kBR / 2; ++i) acc[i] = 0.f;
+  const bool vec16 = (N & 7) == 0 && (reinterpret_cast<uintptr_t>(a.y) & 15) == 0;
+  int e_hint = -1;
+  int f = 0;
+  for (int q = 0; q < nq; ++q) {
+    int nw, b;
+    bool busy;  // any of this warpgroup's 64 columns < N (else it only releases the stages)
+    {
+      int e2 = e_hint;
+      const SwItem it = map_sw(int(blockIdx.x) + q * G, a.n_col_tiles, s_off, s_coff, E, n_rows, shift_tail, e2);
+      nw = it.nw;
+      b = it.b;
+      busy = it.n0 + wm * 64 < N;
+    }
+    for (int kk = 0; kk < k_iters; ++kk, ++f) {
+      const int s = f % kStages, u = f / kStages;
+      mbar_wait(full(s), u & 1);
+      const uint32_t st = sbase + s * kStageB;
+      if (busy) mma_stage_sw(acc, nw, st + uint32_t(wm * 64 * kRowB), st + uint32_t(kSwWStage + b * kRowB), kk != 0);
+      // the previous stage's products are done: release it (lane 0 of each warp, predicated)
+      wgmma_wait<1>();
+      if (kk > 0) {
+        __syncwarp();
+        if (lane == 0) mbar_arrive(empty((f - 1) % kStages));
+      }
+    }
+    wgmma_wait<0>();
+    wgmma_fence_regs(acc);
+    __syncwarp();
+    if (lane == 0) mbar_arrive(empty((f - 1) % kStages));
+
+    // ---- epilogue, transposed: acc[4 j + q] = (column wc0 + g + 8 (q >> 1), token 8 j + 2 t + (q & 1)) ----
+    // (the item is mapped again here: nothing of it but nw and b stays live across the products)
+    const SwItem cur = map_sw(int(blockIdx.x) + q * G, a.n_col_tiles, s_off, s_coff, E, n_rows, shift_tail, e_hint);
+    const int wc0 = cur.n0 + wm * 64 + wq * 16;  // this warp's first output column
+    if (wc0 >= N) continue;
+    const int c_lo = cur.r0 - cur.a0 - cur.b, c_hi = c_lo + cur.rows;  // the item's token columns
+    const int64_t trow0 = int64_t(cur.a0) + cur.b;                      // y row of token column 0
+    if (a.stage_epi) {
+      // 64 tokens x 16 columns at a time through the warp's staging tile: token rows of 32 bytes, their
+      // two 16-byte halves swapped when (token >> 2) & 1 (stmatrix and the 16-byte reads conflict-free)
+      const uint32_t stg = smem_u32(smem + stg_offset(E) + (warp - 4) * kStgWarpB);
+      auto slot = [&](int tl, int h) { return stg + uint32_t(tl * 32 + ((h ^ ((tl >> 2) & 1)) << 4)); };
+      const int mi = lane >> 3, ri = lane & 7;
+#pragma unroll
+      for (int p = 0; p < kSwT / 64; ++p) {
+        if (64 * p >= c_hi) break;  // (warp-uniform)
+#pragma unroll
+        for (int c = 0; c < 4; ++c) {
+          // matrices (j, columns 0-7), (j, 8-15), (j + 1, 0-7), (j + 1, 8-15); lane 8 m + i: token row i
+          const int j = 8 * p + 2 * c;
+          stmatrix_x4_trans(slot(16 * c + 8 * (mi >> 1) + ri, mi & 1), pack_bf16x2(acc[4 * j], acc[4 * j + 1]),
+                            pack_bf16x2(acc[4 * j + 2], acc[4 * j + 3]), pack_bf16x2(acc[4 * j + 4], acc[4 * j + 5]),
+                            pack_bf16x2(acc[4 * j + 6], acc[4 * j + 7]));
+        }
+        __syncwarp();
+#pragma unroll
+        for (int v = 0; v < 4; ++v) {
+          const int tl = 16 * v + (lane >> 1), h = lane & 1, tc = 64 * p + tl;
+          if (tc < c_lo || tc >= c_hi) continue;
+          uint4 val;
+          asm volatile("ld.shared.v4.b32 {%0,%1,%2,%3}, [%4];\n"
+                       : "=r"(val.x), "=r"(val.y), "=r"(val.z), "=r"(val.w)
+                       : "r"(slot(tl, h))
+                       : "memory");
+          const int col = wc0 + 8 * h;
+          bf16* dst = a.y + (trow0 + tc) * N + col;
+          if (vec16 && col + 8 <= N) {
+            *reinterpret_cast<uint4*>(dst) = val;
+          } else {  // columns past N dropped; N % 8 != 0 or y not 16-byte aligned: element stores
+            const uint32_t w[4] = {val.x, val.y, val.z, val.w};
+#pragma unroll
+            for (int e = 0; e < 8; ++e)
+              if (col + e < N) reinterpret_cast<uint16_t*>(dst)[e] = uint16_t(w[e >> 1] >> (16 * (e & 1)));
+          }
+        }
+        __syncwarp();
+      }
+    } else {
+      // no staging tiles (E > ~2000): each value on its own (a register pair is two tokens of one column)
+      const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+      for (int j = 0; j < kBR / 8; ++j) {
+        if (8 * j >= c_hi) break;
+#pragma unroll
+        for (int qd = 0; qd < 4; ++qd) {
+          const int tc = 8 * j + 2 * t + (qd & 1), col = wc0 + g + 8 * (qd >> 1);
+          if (tc >= c_lo && tc < c_hi && col < N) a.y[(trow0 + tc) * N + col] = __float2bfloat16_rn(acc[4 * j + qd]);
+        }
+      }
+    }
+  }
+}
+
 size_t smem_bytes(int E) { return size_t(1024 + kPipeB + kBarB) + 2 * sizeof(int32_t) * size_t(E + 1); }
 
 // Blocks: one per SM, or fewer when there are fewer work items. Items <= pairs * column tiles <=
@@ -712,6 +1298,27 @@ bool clusters() {
   return f && f[0] == '1';
 }
 
+// The swap-AB kernel takes the plain TMA GEMMs with N >= 2048 and K >= 2048 (where it was measured
+// faster, see the top); DZ_MOE_GEMM_SWAPAB=1 gives it every such GEMM (the GPU tests run the MoE cases
+// so too), =0 none.
+bool swab_shape(int N, int K) {
+  const char* f = std::getenv("DZ_MOE_GEMM_SWAPAB");
+  if (f && f[0] == '1') return true;
+  if (f && f[0] == '0') return false;
+  return N >= 2048 && K >= 2048;
+}
+
+// Items: chunks x column tiles of 128 <= max_tiles * column tiles (each chunk holds >= 1 row, so at
+// least one 64-row tile of its expert).
+void launch_swab(Args a, const Maps& m, int64_t max_tiles, cudaStream_t s) {
+  a.n_col_tiles = int((int64_t(a.N) + kSwW - 1) / kSwW);
+  a.stage_epi = smem_ws(a.E, true) <= size_t(227) * 1024;  // E <= ~2000
+  const size_t smem = smem_ws(a.E, a.stage_epi);
+  CUDA_CHECK(cudaFuncSetAttribute(k_moe_gemm_swab, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+  k_moe_gemm_swab<<<grid_of(a, max_tiles), kThreadsWs, smem, s>>>(a, m);
+  CUDA_CHECK_LAUNCH();
+}
+
 // Row-major bf16 [rows, K] with boxes of 64 k x box_rows rows, 128-byte swizzle, zeros outside.
 bool encode(PFN_cuTensorMapEncodeTiled_v12000 enc, CUtensorMap* m, const bf16* p, int64_t rows, int64_t K,
             int box_rows) {
@@ -763,12 +1370,19 @@ void run(const bf16* xs, const bf16* w0, const bf16* w1, const int32_t* offsets,
   memset(&m, 0, sizeof(m));
   bool tma = false;
   const bool cl2 = !swiglu && clusters();  // (TMA only)
+  // swap AB where production ran k_moe_gemm_ws<false, 1> (items: chunks x ceil(N / 128) < 2^31)
+  Maps msw;
+  memset(&msw, 0, sizeof(msw));
+  bool swab = !swiglu && !cl2 && swab_shape(N, K) && max_tiles * ((N + kSwW - 1) / kSwW) < (int64_t(1) << 31);
   // TMA coordinates are int32: rows of W (E * N) and of xs (bounded by max_tiles * 64).
   if (al && int64_t(E) * N < (int64_t(1) << 31) && max_tiles * 64 < (int64_t(1) << 31)) {
     if (auto enc = tensor_map_encoder()) {
       const int br = (swiglu || cl2) ? kBR / 2 : kBR;
       tma = encode(enc, &m.a, xs, max_tiles * 64, K, kBM) && encode(enc, &m.b0, w0, int64_t(E) * N, K, br) &&
             encode(enc, &m.b1, a.w1, int64_t(E) * N, K, br);
+      // swap AB: tokens in boxes of 64 rows, weights in boxes of 128 (b1 unused)
+      swab = tma && swab && encode(enc, &msw.a, xs, max_tiles * 64, K, kSwBox) &&
+             encode(enc, &msw.b0, w0, int64_t(E) * N, K, kSwW);
     }
   }
   int mode = tma ? kTma : al ? kCpAsync : kElem;
@@ -782,6 +1396,8 @@ void run(const bf16* xs, const bf16* w0, const bf16* w1, const int32_t* offsets,
       launch_ws<true, 1>(a, m, max_tiles, s);
     else if (cl2)
       launch_ws<false, 2>(a, m, max_tiles, s);
+    else if (swab)
+      launch_swab(a, msw, max_tiles, s);
     else
       launch_ws<false, 1>(a, m, max_tiles, s);
   } else if (mode == kCpAsync) {

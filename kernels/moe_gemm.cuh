@@ -11,8 +11,10 @@
 // fp32 reduction over K (steps of 16 inside wgmma, ascending), whatever tile or block computes it.
 // Limits: N, K < 2^31, rows < 2^31, E <= 4096 (offsets are staged in shared memory).
 // The kernels derive everything from offsets; tile_off is accepted for the contract and unused.
+// The plain GEMMs with N >= 2048 and K >= 2048 run the swap-AB kernel (tokens on wgmma's N side: an
+// expert's rows pad to 16, not 128; DZ_MOE_GEMM_SWAPAB=1 for every shape, =0 for none).
 // DZ_MOE_GEMM_CLUSTERS=1 runs the plain GEMMs as 2-CTA clusters (moe_gemm.cu, clusters(): not the
-// default; bitwise-equal outputs).
+// default). Every choice gives bitwise-equal outputs.
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>

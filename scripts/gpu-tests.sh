@@ -34,6 +34,9 @@ rc=${PIPESTATUS[0]}
 if [[ $# -eq 0 ]]; then
   DZ_MOE_GEMM_CLUSTERS=1 "$B/tests/dz_gpu_tests" --use-colour no "*MoE*" 2>&1 | tee "$L/gpu_tests_moe_clusters.log"
   [[ ${PIPESTATUS[0]} == 0 ]] || rc=1
+  # the swap-AB expert kernel on every shape (by default only N, K >= 2048: few test shapes)
+  DZ_MOE_GEMM_SWAPAB=1 "$B/tests/dz_gpu_tests" --use-colour no "*MoE*" 2>&1 | tee "$L/gpu_tests_moe_swapab.log"
+  [[ ${PIPESTATUS[0]} == 0 ]] || rc=1
 fi
 set -e
 # DZ_GPU_FAMILIES: a subset of the families (a partial run while iterating; the full list is the test)
