@@ -9,7 +9,8 @@ registers per thread, which is why these are generated rather than written by ha
 import pathlib
 import sys
 
-SS_N = (32, 64, 128, 256)   # A and B K-major in shared memory
+SS_N = tuple(range(16, 257, 16))  # A and B K-major in shared memory (every multiple of 16: the
+                                  # swap-AB expert GEMM's token counts)
 RS_TB_N = (128, 256)    # A in registers, B N-major in shared memory (imm-trans-b = 1)
 SS_TB_N = (256,)        # A K-major and B N-major in shared memory
 
