@@ -896,6 +896,8 @@ __device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
 
 // Same block, barriers, shared memory and pipeline as k_moe_gemm_ws (plain, CL = 1); see the top of
 // the file for the items and tiles. Stage: [128 weight rows | 256 token rows] x 128 bytes, swizzled.
+// GIN: the fused activation epilogue (see the top); y and gin both [token][column].
+template <bool GIN = false>
 __global__ void __launch_bounds__(kThreadsWs, 1) k_moe_gemm_swab(const __grid_constant__ Args a,
                                                                 const __grid_constant__ Maps maps) {
   extern __shared__ __align__(1024) uint8_t smem_raw[];
@@ -980,7 +982,9 @@ __global__ void __launch_bounds__(kThreadsWs, 1) k_moe_gemm_swab(const __grid_co
   float acc[kBR / 2];  // [64 columns x nw tokens] per warpgroup: acc[0 .. nw / 2 - 1] (d[4 j + q] as wgmma.cuh)
 #pragma unroll
   for (int i = 0; i < kBR / 2; ++i) acc[i] = 0.f;
-  const bool vec16 = (N & 7) == 0 && (reinterpret_cast<uintptr_t>(a.y) & 15) == 0;
+  // (GIN: gin 16-byte aligned as well, for its 16-byte loads)
+  const bool vec16 = (N & 7) == 0 && ((GIN ? (reinterpret_cast<uintptr_t>(a.y) | reinterpret_cast<uintptr_t>(a.gin))
+                                           : reinterpret_cast<uintptr_t>(a.y)) & 15) == 0;
   int e_hint = -1;
   int f = 0;
   for (int q = 0; q < nq; ++q) {
@@ -1026,6 +1030,19 @@ __global__ void __launch_bounds__(kThreadsWs, 1) k_moe_gemm_swab(const __grid_co
 #pragma unroll
       for (int p = 0; p < kSwT / 64; ++p) {
         if (64 * p >= c_hi) break;  // (warp-uniform)
+        // GIN: this lane's four 16-byte chunks of g (token tc's columns col .. col + 7, exactly what it
+        // stores below) loaded before the stmatrix so that their latency overlaps it; only where the
+        // 16-byte store runs (token inside the item, all 8 columns < N), the element path reads its own.
+        uint4 gv[4];
+        if constexpr (GIN) {
+#pragma unroll
+          for (int v = 0; v < 4; ++v) {
+            const int tc = 64 * p + 16 * v + (lane >> 1), col = wc0 + 8 * (lane & 1);
+            gv[v] = make_uint4(0, 0, 0, 0);
+            if (tc >= c_lo && tc < c_hi && vec16 && col + 8 <= N)
+              gv[v] = *reinterpret_cast<const uint4*>(a.gin + (trow0 + tc) * N + col);
+          }
+        }
 #pragma unroll
         for (int c = 0; c < 4; ++c) {
           // matrices (j, columns 0-7), (j, 8-15), (j + 1, 0-7), (j + 1, 8-15); lane 8 m + i: token row i
@@ -1047,12 +1064,20 @@ __global__ void __launch_bounds__(kThreadsWs, 1) k_moe_gemm_swab(const __grid_co
           const int col = wc0 + 8 * h;
           bf16* dst = a.y + (trow0 + tc) * N + col;
           if (vec16 && col + 8 <= N) {
+            if constexpr (GIN) val = glu_h8(gv[v], val, a.act);
             *reinterpret_cast<uint4*>(dst) = val;
           } else {  // columns past N dropped; N % 8 != 0 or y not 16-byte aligned: element stores
             const uint32_t w[4] = {val.x, val.y, val.z, val.w};
 #pragma unroll
             for (int e = 0; e < 8; ++e)
-              if (col + e < N) reinterpret_cast<uint16_t*>(dst)[e] = uint16_t(w[e >> 1] >> (16 * (e & 1)));
+              if (col + e < N) {
+                if constexpr (GIN) {
+                  const uint16_t ub = uint16_t(w[e >> 1] >> (16 * (e & 1)));
+                  dst[e] = glu_h1(a.gin[(trow0 + tc) * N + col + e], *reinterpret_cast<const bf16*>(&ub), a.act);
+                } else {
+                  reinterpret_cast<uint16_t*>(dst)[e] = uint16_t(w[e >> 1] >> (16 * (e & 1)));
+                }
+              }
           }
         }
         __syncwarp();
@@ -1066,7 +1091,13 @@ __global__ void __launch_bounds__(kThreadsWs, 1) k_moe_gemm_swab(const __grid_co
 #pragma unroll
         for (int qd = 0; qd < 4; ++qd) {
           const int tc = 8 * j + 2 * t + (qd & 1), col = wc0 + g + 8 * (qd >> 1);
-          if (tc >= c_lo && tc < c_hi && col < N) a.y[(trow0 + tc) * N + col] = __float2bfloat16_rn(acc[4 * j + qd]);
+          if (tc >= c_lo && tc < c_hi && col < N) {
+            if constexpr (GIN)
+              a.y[(trow0 + tc) * N + col] =
+                  glu_h1(a.gin[(trow0 + tc) * N + col], __float2bfloat16_rn(acc[4 * j + qd]), a.act);
+            else
+              a.y[(trow0 + tc) * N + col] = __float2bfloat16_rn(acc[4 * j + qd]);
+          }
         }
       }
     }
@@ -1092,11 +1123,12 @@ void launch(const Args& a, int64_t max_tiles, cudaStream_t s) {
 
 // CL = 2: 2-CTA clusters, as many as can be resident at once (a GPC with an odd number of free
 // SMs leaves one out), at most one per item.
-template <bool SWIGLU, int CL>
+template <bool SWIGLU, int CL, bool GIN = false>
 void launch_ws(Args a, const Maps& m, int64_t max_tiles, cudaStream_t s) {
+  static_assert(!GIN || (!SWIGLU && CL == 1), "the fused activation epilogue: plain, no clusters");
   a.stage_epi = smem_ws(a.E, true) <= size_t(227) * 1024;  // E <= ~2000
   const size_t smem = smem_ws(a.E, a.stage_epi);
-  const auto kern = k_moe_gemm_ws<SWIGLU, CL>;
+  const auto kern = k_moe_gemm_ws<SWIGLU, CL, GIN>;
   CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
   if constexpr (CL == 1) {
     kern<<<grid_of(a, max_tiles), kThreadsWs, smem, s>>>(a, m);
@@ -1149,8 +1181,9 @@ void launch_swab(Args a, const Maps& m, int64_t max_tiles, cudaStream_t s) {
   a.n_col_tiles = int((int64_t(a.N) + kSwW - 1) / kSwW);
   a.stage_epi = smem_ws(a.E, true) <= size_t(227) * 1024;  // E <= ~2000
   const size_t smem = smem_ws(a.E, a.stage_epi);
-  CUDA_CHECK(cudaFuncSetAttribute(k_moe_gemm_swab, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-  k_moe_gemm_swab<<<grid_of(a, max_tiles), kThreadsWs, smem, s>>>(a, m);
+  const auto kern = a.gin ? k_moe_gemm_swab<true> : k_moe_gemm_swab<false>;
+  CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+  kern<<<grid_of(a, max_tiles), kThreadsWs, smem, s>>>(a, m);
   CUDA_CHECK_LAUNCH();
 }
 
@@ -1166,10 +1199,14 @@ bool encode(PFN_cuTensorMapEncodeTiled_v12000 enc, CUtensorMap* m, const bf16* p
              CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
-void run(const bf16* xs, const bf16* w0, const bf16* w1, const int32_t* offsets, int E, int64_t max_tiles, int64_t N,
+// gin != nullptr (plain bf16 GEMMs only): the fused activation epilogue y = act(gin, product) where the
+// path is k_moe_gemm_swab or k_moe_gemm_ws<false, 1>; any other path returns false, launching nothing
+// (the caller then runs the GEMM and the activation apart). Else true.
+bool run(const bf16* xs, const bf16* w0, const bf16* w1, const int32_t* offsets, int E, int64_t max_tiles, int64_t N,
          const GluAct& act, int64_t K, bf16* y, bool swiglu, cudaStream_t s, const char* name,
-         const Mx4Weight* mx0 = nullptr, const Mx4Weight* mx1 = nullptr) {
-  if (max_tiles <= 0 || N <= 0 || E <= 0) return;
+         const Mx4Weight* mx0 = nullptr, const Mx4Weight* mx1 = nullptr, const bf16* gin = nullptr) {
+  if (max_tiles <= 0 || N <= 0 || E <= 0) return true;
+  DZ_CHECK(!gin || (!swiglu && !mx0), name, ": the fused activation takes the plain bf16 GEMM only");
   DZ_CHECK(K >= 1 && N < (int64_t(1) << 31) && K < (int64_t(1) << 31) && E <= kMaxE, name, ": N ", N, ", K ", K,
            ", E ", E, " (N, K < 2^31, E <= ", kMaxE, ")");
   Args a;
@@ -1180,6 +1217,7 @@ void run(const bf16* xs, const bf16* w0, const bf16* w1, const int32_t* offsets,
   a.act = act;
   a.offsets = offsets;
   a.y = y;
+  a.gin = gin;
   a.E = E;
   a.N = int(N);
   a.K = int(K);
@@ -1187,7 +1225,8 @@ void run(const bf16* xs, const bf16* w0, const bf16* w1, const int32_t* offsets,
   a.n_col_tiles = int((N + bn - 1) / bn);
   DZ_CHECK(max_tiles * a.n_col_tiles < (int64_t(1) << 31), name, ": ", max_tiles, " row tiles x ", a.n_col_tiles,
            " column tiles (< 2^31 work items)");
-  a.vec_store = (N % 2 == 0) && (reinterpret_cast<uintptr_t>(y) & 3) == 0;
+  // (gin: its 4-byte loads at y's offsets need gin 4-byte aligned too)
+  a.vec_store = (N % 2 == 0) && ((reinterpret_cast<uintptr_t>(y) | reinterpret_cast<uintptr_t>(gin)) & 3) == 0;
   if (mx0) {  // MXFP4 weights: A by cp.async, B decoded by the threads
     DZ_CHECK(K % 32 == 0 && aligned16(xs) && mx0->packed && mx0->scales && (!swiglu || (mx1 && mx1->packed && mx1->scales)),
              name, ": MXFP4 weights need K % 32 == 0 (K ", K, ") and 16-byte aligned activations");
@@ -1198,7 +1237,7 @@ void run(const bf16* xs, const bf16* w0, const bf16* w1, const int32_t* offsets,
       launch<true, kCpAsync, true>(a, max_tiles, s);
     else
       launch<false, kCpAsync, true>(a, max_tiles, s);
-    return;
+    return true;
   }
   const bool al = K % 8 == 0 && aligned16(xs) && aligned16(w0) && aligned16(a.w1);
   Maps m;
@@ -1226,6 +1265,7 @@ void run(const bf16* xs, const bf16* w0, const bf16* w1, const int32_t* offsets,
     if (!strcmp(f, "elem")) mode = kElem;
     if (!strcmp(f, "cpasync") && al) mode = kCpAsync;
   }
+  if (gin && (mode != kTma || swiglu || cl2)) return false;  // no fused epilogue on these paths
   if (mode == kTma) {
     if (swiglu)
       launch_ws<true, 1>(a, m, max_tiles, s);
@@ -1233,6 +1273,8 @@ void run(const bf16* xs, const bf16* w0, const bf16* w1, const int32_t* offsets,
       launch_ws<false, 2>(a, m, max_tiles, s);
     else if (swab)
       launch_swab(a, msw, max_tiles, s);
+    else if (gin)
+      launch_ws<false, 1, true>(a, m, max_tiles, s);
     else
       launch_ws<false, 1>(a, m, max_tiles, s);
   } else if (mode == kCpAsync) {
@@ -1246,6 +1288,7 @@ void run(const bf16* xs, const bf16* w0, const bf16* w1, const int32_t* offsets,
     else
       launch<false, kElem>(a, max_tiles, s);
   }
+  return true;
 }
 
 }  // namespace
@@ -1261,6 +1304,21 @@ void grouped_gemm_swiglu_tc(const bf16* xs, const bf16* Wg, const bf16* Wu, cons
                             cudaStream_t s, const GluAct& act) {
   (void)tile_off;
   run(xs, Wg, Wu, offsets, E, max_tiles, N, act, K, h, true, s, "grouped_gemm_swiglu_tc");
+}
+
+void grouped_gemm_tc_glu(const bf16* xs, const bf16* Wu, const int32_t* offsets, const int32_t* tile_off, int E,
+                         int64_t max_tiles, int64_t N, int64_t K, const bf16* g, GluAct act, bf16* h, cudaStream_t s) {
+  (void)tile_off;
+  if (run(xs, Wu, nullptr, offsets, E, max_tiles, N, act, K, h, false, s, "grouped_gemm_tc_glu", nullptr, nullptr, g))
+    return;
+  // No fused epilogue on the path this shape / these pointers / the overrides take: u into a temporary
+  // of max_tiles * 64 rows (>= n, which only the device knows), then the activation over n rows.
+  bf16* u = nullptr;
+  CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&u), sizeof(bf16) * size_t(max_tiles) * 64 * size_t(N), s));
+  run(xs, Wu, nullptr, offsets, E, max_tiles, N, GluAct{}, K, u, false, s, "grouped_gemm_tc_glu (unfused)");
+  k_glu_apply<<<unsigned(4 * sm_count()), 256, 0, s>>>(g, u, h, offsets + E, N, act);
+  CUDA_CHECK_LAUNCH();
+  CUDA_CHECK(cudaFreeAsync(u, s));
 }
 
 void grouped_gemm_mx4_tc(const bf16* xs, const Mx4Weight& W, const int32_t* offsets, int E, int64_t max_tiles,
