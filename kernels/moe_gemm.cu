@@ -161,29 +161,36 @@ struct Item {
   int a0;  // first row of the A tile in shared memory (r0, or moved up for a TMA tail item)
 };
 
-// Expert of item: the largest e with poff[e] <= p (p < poff[E]; experts with no pairs are
-// skipped). A block's items ascend, so the search runs forward from the last item's expert
-// (e_hint, < 0 the first time: binary search). CL pairs per item (2: a 2-CTA cluster's item j, whose
-// CTA `rank` takes the expert's pair 2 j + rank, rows = 0 when the expert has no such pair).
-template <int BN, int CL = 1>
-__device__ __forceinline__ Item map_item(int item, int rank, int n_col_tiles, const int32_t* s_off,
-                                         const int32_t* s_poff, int E, bool shift_tail, int& e_hint) {
-  const int p = item / n_col_tiles, nt = item - p * n_col_tiles;
+// The expert of item number p of an exclusive scan s_cum [E + 1] over the experts' item counts:
+// the largest e with s_cum[e] <= p (p < s_cum[E]; experts with no items are skipped). A block's
+// items ascend, so the search runs forward from the last item's expert (e_hint, < 0 the first time:
+// binary search); e_hint is updated.
+__device__ __forceinline__ int expert_of(int p, const int32_t* s_cum, int E, int& e_hint) {
   int lo = e_hint;
   if (lo < 0) {
     lo = 0;
     int hi = E - 1;
     while (lo < hi) {
       const int mid = (lo + hi + 1) >> 1;
-      if (s_poff[mid] <= p)
+      if (s_cum[mid] <= p)
         lo = mid;
       else
         hi = mid - 1;
     }
   } else {
-    while (s_poff[lo + 1] <= p) ++lo;
+    while (s_cum[lo + 1] <= p) ++lo;
   }
   e_hint = lo;
+  return lo;
+}
+
+// Item of the plain / SwiGLU kernels: its expert by expert_of over the pairs' scan s_poff. CL pairs per item (2: a 2-CTA cluster's item j, whose
+// CTA `rank` takes the expert's pair 2 j + rank, rows = 0 when the expert has no such pair).
+template <int BN, int CL = 1>
+__device__ __forceinline__ Item map_item(int item, int rank, int n_col_tiles, const int32_t* s_off,
+                                         const int32_t* s_poff, int E, bool shift_tail, int& e_hint) {
+  const int p = item / n_col_tiles, nt = item - p * n_col_tiles;
+  const int lo = expert_of(p, s_poff, E, e_hint);
   Item it;
   it.e = lo;
   it.r0 = s_off[lo] + ((p - s_poff[lo]) * CL + rank) * kBM;
@@ -195,11 +202,10 @@ __device__ __forceinline__ Item map_item(int item, int rank, int n_col_tiles, co
   return it;
 }
 
-// Warp 0: s_poff[e] = exclusive scan over experts of the items: ceil(pairs / CL) with pairs the
-// expert's 128-row pairs of 64-row tiles (s_off complete in shared memory first).
-template <int CL = 1>
-__device__ __forceinline__ void scan_pairs(const int32_t* s_off, int32_t* s_poff, int E, int lane) {
-  auto items = [&](int e) { return ((s_off[e + 1] - s_off[e] + kBM - 1) / kBM + CL - 1) / CL; };
+// Warp 0: s_cum[e] = exclusive scan over experts of items(e) (s_off complete in shared memory
+// first), s_cum[E] the total.
+template <class Items>
+__device__ __forceinline__ void scan_items(int32_t* s_cum, int E, int lane, Items items) {
   const int per = (E + 31) / 32, b = min(E, lane * per), en = min(E, b + per);
   int sum = 0;
   for (int e = b; e < en; ++e) sum += items(e);
@@ -211,10 +217,16 @@ __device__ __forceinline__ void scan_pairs(const int32_t* s_off, int32_t* s_poff
   }
   int run = incl - sum;
   for (int e = b; e < en; ++e) {
-    s_poff[e] = run;
+    s_cum[e] = run;
     run += items(e);
   }
-  if (lane == 31) s_poff[E] = incl;
+  if (lane == 31) s_cum[E] = incl;
+}
+
+// s_poff: the items of each expert, ceil(pairs / CL) with pairs its 128-row pairs of 64-row tiles.
+template <int CL = 1>
+__device__ __forceinline__ void scan_pairs(const int32_t* s_off, int32_t* s_poff, int E, int lane) {
+  scan_items(s_poff, E, lane, [&](int e) { return ((s_off[e + 1] - s_off[e] + kBM - 1) / kBM + CL - 1) / CL; });
 }
 
 // One stage's products of a warpgroup: its 64 A rows (a_off into the stage) by the 256 B rows, k = 64.
@@ -694,25 +706,11 @@ struct SwItem {
   int nw;  // wgmma N (a multiple of kSwGran): tile rows b .. b + nw - 1, b + nw <= kSwT
 };
 
-// Expert of item (as map_item, over chunks): the largest e with s_coff[e] <= chunk index.
+// Swap-AB item: its expert by expert_of over the chunks' scan s_coff.
 __device__ __forceinline__ SwItem map_sw(int item, int n_col_tiles, const int32_t* s_off, const int32_t* s_coff,
                                          int E, int n_rows, bool shift_tail, int& e_hint) {
   const int ch = item / n_col_tiles, nt = item - ch * n_col_tiles;
-  int lo = e_hint;
-  if (lo < 0) {
-    lo = 0;
-    int hi = E - 1;
-    while (lo < hi) {
-      const int mid = (lo + hi + 1) >> 1;
-      if (s_coff[mid] <= ch)
-        lo = mid;
-      else
-        hi = mid - 1;
-    }
-  } else {
-    while (s_coff[lo + 1] <= ch) ++lo;
-  }
-  e_hint = lo;
+  const int lo = expert_of(ch, s_coff, E, e_hint);
   SwItem it;
   it.e = lo;
   // chunk i of c: rows [i r / c, (i + 1) r / c) of the expert's r (each floor or ceil of r / c, <= 256, >= 1)
@@ -728,24 +726,9 @@ __device__ __forceinline__ SwItem map_sw(int item, int n_col_tiles, const int32_
   return it;
 }
 
-// Warp 0: s_coff[e] = exclusive scan over experts of their chunks, ceil(rows / 256) (as scan_pairs).
+// s_coff: the chunks of each expert, ceil(rows / 256) (scan_items).
 __device__ __forceinline__ void scan_chunks(const int32_t* s_off, int32_t* s_coff, int E, int lane) {
-  auto items = [&](int e) { return (s_off[e + 1] - s_off[e] + kSwT - 1) / kSwT; };
-  const int per = (E + 31) / 32, b = min(E, lane * per), en = min(E, b + per);
-  int sum = 0;
-  for (int e = b; e < en; ++e) sum += items(e);
-  int incl = sum;
-#pragma unroll
-  for (int d = 1; d < 32; d <<= 1) {
-    const int v = __shfl_up_sync(0xffffffffu, incl, d);
-    if (lane >= d) incl += v;
-  }
-  int run = incl - sum;
-  for (int e = b; e < en; ++e) {
-    s_coff[e] = run;
-    run += items(e);
-  }
-  if (lane == 31) s_coff[E] = incl;
+  scan_items(s_coff, E, lane, [&](int e) { return (s_off[e + 1] - s_off[e] + kSwT - 1) / kSwT; });
 }
 
 // One stage's products, N = NW: the warpgroup's 64 weight rows (descriptor da) by the tokens (db), k = 64.
