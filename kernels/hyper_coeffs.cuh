@@ -1,4 +1,4 @@
-// Pieces of the mHC kernels shared by kernels/hyper.cu and the kernels/dev/hyper experiment: the
+// Pieces of the mHC kernels (kernels/hyper.cu): the
 // coefficients of one token by one warp, and the dispatch on the stream count (formulas and CPU
 // reference: lib/ops/hyper.hpp).
 #pragma once

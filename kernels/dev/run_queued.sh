@@ -1,17 +1,17 @@
 #!/bin/bash
 # The queued kernel experiments in one device command (each builds with nvcc alone: no prefix
 # needed), logs under $OUT/<name>/:
-#   bash kernels/dev/run_queued.sh [smla] [moe] [glu]      (default: all)
+#   bash kernels/dev/run_queued.sh [smla] [moe]      (default: all)
 #   smla:  production's sparse MLA (kernels/dev/sparse_mla/run.sh: tested against fp64, benched; a
 #          variant file given to run.sh is built in its place and run the same way)
 #   moe:   kernels/dev/moe_gemm: production's expert GEMMs (and a variant file named by
 #          MOE_VARIANT): every loader's test grid vs fp64, with and without the 2-CTA clusters,
 #          bench vs cuBLAS; then on the bench's measured (skewed) routing of GLM-5.3-Flash and
 #          Qwen3.5 at T = 8192 (rows_*.txt)
-#   glu:   kernels/dev/moe_gemm/run_glu_epi.sh: the up GEMM with the activation in its epilogue
-#          (moe_gemm_glu.cu), bitwise against grouped_gemm_tc + silu_mul, benched beside them
+# (The up GEMM with the activation in its epilogue and hc_post_coeff double-buffered by cp.async ran
+# 2026-12-03 and lost: docs/perf/experiments_2026-12-03e.txt.)
 O=${OUT:-/tmp/exp}
-parts=${*:-smla moe glu}
+parts=${*:-smla moe}
 for p in $parts; do
   mkdir -p "$O/$p"
   t0=$(date +%s)
@@ -26,7 +26,6 @@ for p in $parts; do
         DZ_BENCH_ROWS=kernels/dev/moe_gemm/rows_qwen3_5_dummy_T8192.txt timeout 40 /tmp/$b --bench "Qwen3.5-35B-A3B T=8192" 2>&1 |
           grep -E "rows per|grouped_gemm_tc|clusters|spot" | sed "s/^/$b: /"
       done | tee $O/moe/bench_rows.txt ;;
-    glu) OUT=$O/glu timeout 300 bash kernels/dev/moe_gemm/run_glu_epi.sh ;;
     *) echo "unknown part $p" ;;
   esac
   echo "== $p: rc $? in $(($(date +%s) - t0)) s"

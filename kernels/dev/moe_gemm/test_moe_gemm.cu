@@ -295,14 +295,18 @@ static void test_grid() {
 }
 
 // The whole grid with each loader: TMA (the default where shapes allow), the same with every plain
-// TMA GEMM as 2-CTA clusters (DZ_MOE_GEMM_CLUSTERS=1; not the default), cp.async, element loads.
+// TMA GEMM as 2-CTA clusters (DZ_MOE_GEMM_CLUSTERS=1; not the default), the same with every plain
+// TMA GEMM on the swap-AB kernel (DZ_MOE_GEMM_SWAPAB=1), cp.async, element loads.
 static int run_tests() {
-  const char* modes[] = {nullptr, "clusters", "cpasync", "elem"};
+  const char* modes[] = {nullptr, "clusters", "swapab", "cpasync", "elem"};
   for (const char* m : modes) {
     unsetenv("DZ_MOE_GEMM_LOADS");
     unsetenv("DZ_MOE_GEMM_CLUSTERS");
+    unsetenv("DZ_MOE_GEMM_SWAPAB");
     if (m && !strcmp(m, "clusters"))
       setenv("DZ_MOE_GEMM_CLUSTERS", "1", 1);
+    else if (m && !strcmp(m, "swapab"))
+      setenv("DZ_MOE_GEMM_SWAPAB", "1", 1);
     else if (m)
       setenv("DZ_MOE_GEMM_LOADS", m, 1);
     printf("--- loads: %s ---\n", m ? m : "default (TMA where K % 8 == 0)");
@@ -310,6 +314,7 @@ static int run_tests() {
   }
   unsetenv("DZ_MOE_GEMM_LOADS");
   unsetenv("DZ_MOE_GEMM_CLUSTERS");
+  unsetenv("DZ_MOE_GEMM_SWAPAB");
   printf(g_fail ? "%d FAILED\n" : "all tests passed\n", g_fail);
   return g_fail ? 1 : 0;
 }
@@ -353,13 +358,8 @@ static void dense(cublasHandle_t hb, const bf16* x, const bf16* W, bf16* y, int6
   }
 }
 
-static void bench_model(const char* name, int E, int top_k, int64_t D, int64_t I, cublasHandle_t hb,
-                        int64_t T = 32768) {
-  const int64_t n = T * top_k;
-  std::mt19937 rng(777);
-  std::vector<int> rows(E, 0);
-  for (int64_t a = 0; a < n; ++a) ++rows[rng() % uint32_t(E)];  // ~uniform routing
-  // DZ_BENCH_ROWS=file: E row counts (whitespace-separated) instead, e.g. a model's routing
+// DZ_BENCH_ROWS=file: E row counts (whitespace-separated) instead of rows, e.g. a model's routing
+static void read_rows_env(std::vector<int>& rows, int E, int64_t n) {
   if (const char* f = getenv("DZ_BENCH_ROWS")) {
     FILE* fp = fopen(f, "r");
     if (!fp) {
@@ -381,6 +381,15 @@ static void bench_model(const char* name, int E, int top_k, int64_t D, int64_t I
     }
     printf("rows per expert from %s\n", f);
   }
+}
+
+static void bench_model(const char* name, int E, int top_k, int64_t D, int64_t I, cublasHandle_t hb,
+                        int64_t T = 32768) {
+  const int64_t n = T * top_k;
+  std::mt19937 rng(777);
+  std::vector<int> rows(E, 0);
+  for (int64_t a = 0; a < n; ++a) ++rows[rng() % uint32_t(E)];  // ~uniform routing
+  read_rows_env(rows, E, n);
   Layout L = make_layout(rows);
   bf16 *xs, *wg, *wu, *wd, *h, *yd, *yc;
   CK(cudaMalloc(&xs, sizeof(bf16) * n * D));
@@ -410,12 +419,13 @@ static void bench_model(const char* name, int E, int top_k, int64_t D, int64_t I
       [&] { dz::cuda::grouped_gemm_swiglu_tc(xs, wg, wu, L.d_off, L.d_toff, E, L.max_tiles, I, D, h, 0); });
   const float t_d = time_ms([&] { dz::cuda::grouped_gemm_tc(h, wd, L.d_off, L.d_toff, E, L.max_tiles, D, I, yd, 0); });
   const float t_c2 = time_ms([&] { dense(hb, h, wd, yc, n, D, I); });
-  // the plain GEMMs with the 2-CTA clusters off and on, and
-  // their outputs compared bitwise (same tiles and k order: they must be equal)
+  // the plain GEMMs with the 2-CTA clusters off and on (DZ_BENCH_AB_VAR names another switch to
+  // toggle 0 / 1 instead), and their outputs compared bitwise (same k order: they must be equal)
+  const char* abv = getenv("DZ_BENCH_AB_VAR") ? getenv("DZ_BENCH_AB_VAR") : "DZ_MOE_GEMM_CLUSTERS";
   float t_cl[2][2];
   std::vector<uint16_t> out_cl[2][2];
   for (int on = 0; on < 2; ++on) {
-    setenv("DZ_MOE_GEMM_CLUSTERS", on ? "1" : "0", 1);
+    setenv(abv, on ? "1" : "0", 1);
     for (int d = 0; d < 2; ++d) {
       auto f = [&] {
         if (d)
@@ -429,7 +439,7 @@ static void bench_model(const char* name, int E, int top_k, int64_t D, int64_t I
       CK(cudaMemcpy(out_cl[on][d].data(), d ? yd : h, out_cl[on][d].size() * 2, cudaMemcpyDeviceToHost));
     }
   }
-  unsetenv("DZ_MOE_GEMM_CLUSTERS");
+  unsetenv(abv);
   auto tf = [](double fl, float ms) { return fl / (ms * 1e-3) / 1e12; };
   printf("  gate/up  grouped_gemm_tc  N=%-5lld K=%-5lld %8.3f ms %7.1f TFLOP/s | cuBLAS dense %8.3f ms %7.1f TFLOP/s | ratio %.2f\n",
          (long long)I, (long long)D, t_g, tf(fl_gu, t_g), t_c1, tf(fl_gu, t_c1), t_c1 / t_g);
@@ -441,8 +451,8 @@ static void bench_model(const char* name, int E, int top_k, int64_t D, int64_t I
 
   const bool cl_eq = out_cl[0][0] == out_cl[1][0] && out_cl[0][1] == out_cl[1][1];
   if (!cl_eq) ++g_fail;
-  printf("  2-CTA clusters off / on: gate/up %.3f / %.3f ms (%.2fx), down %.3f / %.3f ms (%.2fx); outputs %s\n",
-         t_cl[0][0], t_cl[1][0], t_cl[0][0] / t_cl[1][0], t_cl[0][1], t_cl[1][1], t_cl[0][1] / t_cl[1][1],
+  printf("  2-CTA clusters (%s) off / on: gate/up %.3f / %.3f ms (%.2fx), down %.3f / %.3f ms (%.2fx); outputs %s\n",
+         abv, t_cl[0][0], t_cl[1][0], t_cl[0][0] / t_cl[1][0], t_cl[0][1], t_cl[1][1], t_cl[0][1] / t_cl[1][1],
          cl_eq ? "bitwise equal" : "DIFFER (FAIL)");
   // spot-check the bench outputs (swiglu h, then down on that h): a few rows of some experts
   std::vector<int64_t> chk;
@@ -481,11 +491,13 @@ static int run_bench(const std::string& only) {
   return g_fail ? 1 : 0;
 }
 
-// --profile [glm]: one launch of each kernel on the Kimi shapes, or GLM-5.3-Flash's at T = 8192 (for ncu).
+// --profile [glm]: one launch of each kernel on the Kimi shapes, or GLM-5.3-Flash's at T = 8192 (for ncu;
+// DZ_BENCH_ROWS as in the bench).
 static int run_profile(bool glm) {
   const int E = glm ? 288 : 256;
   const int64_t n = glm ? 8192 * 8 : 32768 * 8, D = glm ? 4096 : 2304, I = glm ? 2048 : 1024;
   std::vector<int> rows(E, int(n / E));
+  read_rows_env(rows, E, n);
   Layout L = make_layout(rows);
   bf16 *xs, *wg, *wu, *wd, *h, *yd;
   CK(cudaMalloc(&xs, sizeof(bf16) * n * D));
