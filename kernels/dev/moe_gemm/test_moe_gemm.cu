@@ -420,12 +420,15 @@ static void bench_model(const char* name, int E, int top_k, int64_t D, int64_t I
   const float t_d = time_ms([&] { dz::cuda::grouped_gemm_tc(h, wd, L.d_off, L.d_toff, E, L.max_tiles, D, I, yd, 0); });
   const float t_c2 = time_ms([&] { dense(hb, h, wd, yc, n, D, I); });
   // the plain GEMMs with the 2-CTA clusters off and on (DZ_BENCH_AB_VAR names another switch to
-  // toggle 0 / 1 instead), and their outputs compared bitwise (same k order: they must be equal)
+  // toggle, between the values DZ_BENCH_AB_OFF / _ON, 0 / 1 unless set), and their outputs compared
+  // bitwise (same k order: they must be equal)
   const char* abv = getenv("DZ_BENCH_AB_VAR") ? getenv("DZ_BENCH_AB_VAR") : "DZ_MOE_GEMM_CLUSTERS";
+  const char* ab_val[2] = {getenv("DZ_BENCH_AB_OFF") ? getenv("DZ_BENCH_AB_OFF") : "0",
+                           getenv("DZ_BENCH_AB_ON") ? getenv("DZ_BENCH_AB_ON") : "1"};
   float t_cl[2][2];
   std::vector<uint16_t> out_cl[2][2];
   for (int on = 0; on < 2; ++on) {
-    setenv(abv, on ? "1" : "0", 1);
+    setenv(abv, ab_val[on], 1);
     for (int d = 0; d < 2; ++d) {
       auto f = [&] {
         if (d)
