@@ -13,6 +13,7 @@
 // large cases use enough queries not to.
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <vector>
@@ -103,6 +104,17 @@ int run_case(const Case& c, bool check, bool bench) {
   };
   call();
   CUDA_CHECK(cudaDeviceSynchronize());
+  // DZ_SMLA_DUMP=file: every case's output appended (two builds' files compared bitwise with cmp)
+  if (const char* f = std::getenv("DZ_SMLA_DUMP")) {
+    std::vector<uint16_t> o(no);
+    CUDA_CHECK(cudaMemcpy(o.data(), dout, no * 2, cudaMemcpyDeviceToHost));
+    FILE* fp = std::fopen(f, "ab");
+    if (!fp || std::fwrite(o.data(), 2, no, fp) != no) {
+      std::fprintf(stderr, "DZ_SMLA_DUMP: cannot write %s\n", f);
+      std::exit(2);
+    }
+    std::fclose(fp);
+  }
   const char* mode = c.dense ? "dense" : "sel";
   if (bench) {
     const double ms = median_ms(call, 5, 1);
