@@ -41,8 +41,7 @@ struct Geo {
   static constexpr int Q_OFF = 0, K_OFF = NCB * CB, P_OFF = K_OFF + 2 * NCB * CB;
   static constexpr int F_OFF = P_OFF + CB;          // floats: maxpart[2][HB] sumpart[2][HB] m[HB] l[HB]
   static constexpr int V_OFF = F_OFF + 6 * HB * 4;  // int valid[2][NK]
-  static constexpr int L_OFF = V_OFF + 2 * NK * 4;  // int last[kThreads / 32]: per warp, the last valid entry
-  static constexpr int SMEM = 1024 + L_OFF + (kThreads / 32) * 4;
+  static constexpr int SMEM = 1024 + V_OFF + 2 * NK * 4;  // (DR = 64: 227 KiB, all there is)
   // byte offset of 16-byte chunk ch of row r (64-row tiles in column blocks)
   __device__ static __forceinline__ uint32_t off(int r, int ch) {
     return uint32_t((ch >> 3) * CB + r * 128 + (((ch & 7) ^ (r & 7)) << 4));
@@ -88,7 +87,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       if (v >= 0 && v <= p) last = k;
     }
     last = __reduce_max_sync(0xffffffffu, last);
-    int* sLast = reinterpret_cast<int*>(smem + G::L_OFF);
+    int* sLast = reinterpret_cast<int*>(sSumPart);  // [warps]: free until the first chunk's softmax
     if (lane == 0) sLast[warp] = last;
     __syncthreads();
 #pragma unroll
