@@ -2,8 +2,9 @@
 # The queued kernel experiments in one device command (each builds with nvcc alone: no prefix
 # needed), logs under $OUT/<name>/:
 #   bash kernels/dev/run_queued.sh [smla] [moe]      (default: all)
-#   smla:  production's sparse MLA (kernels/dev/sparse_mla/run.sh: tested against fp64, benched; a
-#          variant file given to run.sh is built in its place and run the same way)
+#   smla:  production's sparse MLA (kernels/dev/sparse_mla/run.sh: tested against fp64, benched) and
+#          the variant file SMLA_VARIANT (default: the queued sparse_mla_wgmma_skip.cu) built in its
+#          place and run the same way, outputs compared bitwise
 #   moe:   kernels/dev/moe_gemm: production's expert GEMMs (and a variant file named by
 #          MOE_VARIANT): every loader's test grid vs fp64, with and without the 2-CTA clusters,
 #          bench vs cuBLAS; then on the bench's measured (skewed) routing of GLM-5.3-Flash and
@@ -16,7 +17,7 @@ for p in $parts; do
   mkdir -p "$O/$p"
   t0=$(date +%s)
   case $p in
-    smla) OUT=$O/smla timeout 400 bash kernels/dev/sparse_mla/run.sh ;;
+    smla) OUT=$O/smla timeout 400 bash kernels/dev/sparse_mla/run.sh ${SMLA_VARIANT-kernels/dev/sparse_mla/sparse_mla_wgmma_skip.cu} ;;
     moe)
       OUT=$O/moe timeout 380 bash kernels/dev/moe_gemm/run_device.sh $MOE_VARIANT
       for b in mg mg_other; do

@@ -188,6 +188,7 @@ int run_case(const Case& c, bool check, bool bench) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);  // lines out before an abort
   const bool bench = argc > 1 && !std::strcmp(argv[1], "--bench");
   const bool nocheck = argc > 2 && !std::strcmp(argv[2], "--nocheck");
   int fails = 0;
