@@ -20,6 +20,7 @@
 // its page-table entry one chunk ahead, so those two dependent global loads no longer stand in
 // front of every chunk's cp.asyncs (H200, one command, 2026-12-03: 6.98 vs 7.57 ms on GLM-5.3-Flash's
 // shape, 14.67 vs 15.76 ms on DeepSeek-V3.2's; docs/perf/experiments_2026-12-03c.txt).
+// With a selection the loop ends at the chunk of the query's last valid entry (see cend below).
 #include <cmath>
 
 #include "common.cuh"
@@ -40,7 +41,7 @@ struct Geo {
   static constexpr int Q_OFF = 0, K_OFF = NCB * CB, P_OFF = K_OFF + 2 * NCB * CB;
   static constexpr int F_OFF = P_OFF + CB;          // floats: maxpart[2][HB] sumpart[2][HB] m[HB] l[HB]
   static constexpr int V_OFF = F_OFF + 6 * HB * 4;  // int valid[2][NK]
-  static constexpr int SMEM = 1024 + V_OFF + 2 * NK * 4;
+  static constexpr int SMEM = 1024 + V_OFF + 2 * NK * 4;  // (DR = 64: 227 KiB, all there is)
   // byte offset of 16-byte chunk ch of row r (64-row tiles in column blocks)
   __device__ static __forceinline__ uint32_t off(int r, int ch) {
     return uint32_t((ch >> 3) * CB + r * 128 + (((ch & 7) ^ (r & 7)) << 4));
@@ -73,7 +74,26 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int32_t sq = seq[qi];
   const int32_t* selq = sel ? sel + qi * K : nullptr;
   const int nchunks = (K + NK - 1) / NK;
-  const int cend = selq ? nchunks : min(nchunks, p / NK + 1);
+  int cend = selq ? nchunks : min(nchunks, p / NK + 1);
+  // With a selection, the chunks after the last valid entry (idx in [0, p]) are skipped: a chunk of
+  // masked entries leaves m, l and O bitwise as they are (its scores are -inf: alpha = 1, P = 0), so
+  // the outputs are those of the whole loop. The indexers write a query's entries first and pad with
+  // -1, so a query before position K (a prefill's first K tokens) ends early: ~1/8 of the chunks of
+  // an 8192-token prefill with Top-2048.
+  if (selq) {
+    int last = -1;  // ascending k per thread: the thread's last valid entry
+    for (int k = tid; k < K; k += kThreads) {
+      const int v = __ldg(selq + k);
+      if (v >= 0 && v <= p) last = k;
+    }
+    last = __reduce_max_sync(0xffffffffu, last);
+    int* sLast = reinterpret_cast<int*>(sSumPart);  // [warps]: free until the first chunk's softmax
+    if (lane == 0) sLast[warp] = last;
+    __syncthreads();
+#pragma unroll
+    for (int i = 0; i < kThreads / 32; ++i) last = max(last, sLast[i]);
+    cend = (last + NK) / NK;  // last = -1: no chunk
+  }
 
   // Q tile (rows past H are zeros), in the wgmma layout.
   for (int i = tid; i < HB * DKC; i += kThreads) {

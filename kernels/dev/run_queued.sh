@@ -3,10 +3,12 @@
 # needed), logs under $OUT/<name>/:
 #   bash kernels/dev/run_queued.sh [smla] [smlaprof] [moe]      (default: all)
 #   smla:  production's sparse MLA (kernels/dev/sparse_mla/run.sh: tested against fp64, benched) and
-#          the variant file SMLA_VARIANT (default: the queued sparse_mla_wgmma_skip.cu) built in its
-#          place and run the same way, outputs compared bitwise
-#   smlaprof: kernels/dev/sparse_mla/profile.sh: ncu of production's sparse MLA at GLM-5.3-Flash's
-#          DSA shape (pipes, shared-memory wavefronts, warp stall reasons)
+#          the variant file SMLA_VARIANT (default: the queued sparse_mla_wgmma_ws.cu, a producer
+#          warpgroup and the consumers on alternate key blocks) built in its place and run the
+#          same way, outputs compared bitwise (a variant with other arithmetic differs: the fp64
+#          tests decide)
+#   smlaprof: kernels/dev/sparse_mla/profile.sh: ncu of production's sparse MLA (or SMLAPROF_VARIANT)
+#          at GLM-5.3-Flash's DSA shape (pipes, shared-memory wavefronts, warp stall reasons)
 #   moe:   kernels/dev/moe_gemm: production's expert GEMMs (and a variant file named by
 #          MOE_VARIANT): every loader's test grid vs fp64, with and without the 2-CTA clusters,
 #          bench vs cuBLAS; then on the bench's measured (skewed) routing of GLM-5.3-Flash and
@@ -19,8 +21,8 @@ for p in $parts; do
   mkdir -p "$O/$p"
   t0=$(date +%s)
   case $p in
-    smla) OUT=$O/smla timeout 400 bash kernels/dev/sparse_mla/run.sh ${SMLA_VARIANT-kernels/dev/sparse_mla/sparse_mla_wgmma_skip.cu} ;;
-    smlaprof) OUT=$O/smlaprof timeout 300 bash kernels/dev/sparse_mla/profile.sh ;;
+    smla) OUT=$O/smla timeout 400 bash kernels/dev/sparse_mla/run.sh ${SMLA_VARIANT-kernels/dev/sparse_mla/sparse_mla_wgmma_ws.cu} ;;
+    smlaprof) OUT=$O/smlaprof timeout 300 bash kernels/dev/sparse_mla/profile.sh $SMLAPROF_VARIANT ;;
     moe)
       OUT=$O/moe timeout 380 bash kernels/dev/moe_gemm/run_device.sh $MOE_VARIANT
       for b in mg mg_other; do
