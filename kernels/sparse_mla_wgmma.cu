@@ -1,73 +1,116 @@
 // Sparse MLA core on Hopper wgmma for the BF16 latent cache with (R, DR) = (512, 0) (GLM-5.3-Flash)
 // and (512, 64) (DeepSeek-V3.2 / GLM-5) when the call does not split the entries (prefill, large
 // decode batches); sparse_mla() (sparse_mla.cu) routes there, to the mma.sync kernel otherwise
-// (split-KV, FP8 cache, R = 128). Same semantics and numerics (sparse_mla.cuh).
+// (split-KV, FP8 cache, R = 128). Same semantics as sparse_mla.cuh; P is rounded to bf16 for P V.
 //
-// Block = one query x 64 heads (one m64 tile), 2 warpgroups; per chunk of 64 entries:
-//   gather    the 64 latent rows by cp.async (TMA cannot gather rows of a paged cache) into the
-//             wgmma layout (column blocks of 64 dims, 128-byte rows, chunk c at c ^ (row & 7)), the
-//             next chunk's gather in flight during this one;
-//   S         warpgroup w: the 64 heads x keys 32 w .. 32 w + 31, wgmma m64n32k16 over R + DR
-//             (Q and K K-major from shared memory);
-//   softmax   the two halves' row maxima and sums meet in shared memory; each warpgroup writes its
-//             P half (bf16) into a shared [64 x 64] tile;
-//   O += P V  warpgroup w: O[:, 256 w .. 256 w + 255] (128 accumulators a thread), wgmma
-//             m64n256k16 over the 64 keys, P K-major and V N-major (the latent rows' first R dims).
-// Measured on an H200 (kernels/dev/sparse_mla/test_sparse_mla.cu --bench, 2026-12-02,
-// docs/perf/experiments_c6788c6.txt): GLM-5.3-Flash (H 64, DR 0, K 2048, 8192 queries) 7.50 ms
-// (256 TFLOP/s) vs 9.91 ms on mma.sync; DeepSeek-V3.2 (H 128, DR 64) 15.7 vs 20.3 ms.
-// The gathers' addresses are pipelined: chunk c's selection index is loaded two chunks ahead and
-// its page-table entry one chunk ahead, so those two dependent global loads no longer stand in
-// front of every chunk's cp.asyncs (H200, one command, 2026-12-03: 6.98 vs 7.57 ms on GLM-5.3-Flash's
-// shape, 14.67 vs 15.76 ms on DeepSeek-V3.2's; docs/perf/experiments_2026-12-03c.txt).
-// With a selection the loop ends at the chunk of the query's last valid entry (see cend below).
+// Block = one query x 64 heads (one m64 tile), 384 threads, warp specialised:
+//   warpgroup 2 (producer) gathers key block 2i into buffer 0 and 2i + 1 into buffer 1 by cp.async
+//     (TMA cannot gather the rows of a paged cache) into the wgmma layout (column blocks of 64
+//     dims, 128-byte rows, chunk c at c ^ (row & 7)), each buffer in two halves (column blocks
+//     0-3 = value dims 0-255; 4 .. NCB - 1) with a full and an empty mbarrier each, refilling first
+//     the halves that free first (buffer 0's left, buffer 1's right);
+//   warpgroup w (consumer) owns O[:, 256 w .. 256 w + 255] and key block 2i + w: S_w = Q K_w^T as
+//     m64n64 (Q read from shared memory once per 64 keys), the half freed first before the other;
+//     w = 0: m' = max(m, rowmax S_0), P_0 = exp2(S_0 - m'), O += P_0 V_0[:, own] (P from registers);
+//     w = 1: m'' = max(m', rowmax S_1) (m' from warpgroup 0), P_1 = exp2(S_1 - m''),
+//            O += P_1 V_1[:, own];
+//     then warpgroup 0 rescales O and P_0 by exp2(m' - m'') (P_0 rounded to bf16 once more when that
+//     factor is not 1) and each takes the other's P (bf16 in shared memory) times its own value dims
+//     of the other block.
+//   Named barriers: 1 m' ready, 2 m'' ready, 3 P_0 stored, 4 P_1 stored, 5 the consumers.
+// Every wgmma is waited for before a branch or a loop edge; the loop over block pairs is peeled so
+// the last pair needs no branch inside (a wgmma in flight across a branch makes ptxas serialise
+// them, C7520). Descriptors are recomputed in the loop (hoisted, they spill: 168 registers at
+// launch, 216 for the consumers after setmaxnreg, 72 for the producer).
+// With a selection the loop ends at the block pair of the query's last valid entry (see cend).
+//
+// Measured on an H200 (kernels/dev/sparse_mla/compare.sh, one command, 2026-12-03,
+// docs/perf/experiments_2026-12-03f.txt), median of 3: GLM-5.3-Flash's shape (H 64, DR 0, K 2048,
+// 8192 queries) 4.67 ms (412 TFLOP/s on valid entries) against 6.15 ms for the previous kernel (one
+// warpgroup pair in step over 64-key chunks, S as two m64n32 halves, 4 block barriers a chunk; it
+// was 6.98 ms before the chunk skip); DeepSeek-V3.2's (H 128, DR 64) 10.02 vs 12.95 ms. ncu of the
+// previous kernel: tensor pipe 33 % busy, barrier stalls first.
 #include <cmath>
+#include <type_traits>
 
 #include "common.cuh"
 #include "mma_sm80.cuh"
 #include "sparse_mla_wgmma.cuh"
+#include "tma.cuh"
 #include "wgmma.cuh"
 
 namespace dz::cuda {
 
 namespace {
 
-constexpr int kThreads = 256, HB = 64, NK = 64, R = 512;
+constexpr int kThreads = 384, HB = 64, NK = 64, R = 512;
+constexpr float kMinit = -1e30f;  // the running maximum's start: finite, so exp2(m - m') is never NaN
 
 template <int DR>
 struct Geo {
   static constexpr int DK = R + DR, DKC = DK / 8, NCB = DK / 64;  // dims, 16-byte chunks, column blocks
   static constexpr int CB = 64 * 128;                             // one column block of 64 rows
-  static constexpr int Q_OFF = 0, K_OFF = NCB * CB, P_OFF = K_OFF + 2 * NCB * CB;
-  static constexpr int F_OFF = P_OFF + CB;          // floats: maxpart[2][HB] sumpart[2][HB] m[HB] l[HB]
-  static constexpr int V_OFF = F_OFF + 6 * HB * 4;  // int valid[2][NK]
-  static constexpr int SMEM = 1024 + V_OFF + 2 * NK * 4;  // (DR = 64: 227 KiB, all there is)
+  static constexpr int KBUF = NCB * CB;                           // one key block
+  static constexpr int Q_OFF = 0, K_OFF = NCB * CB, S1_OFF = K_OFF + 2 * KBUF;
+  // P_0's tile: at DR = 64 in buffer 0's rope column block (only S reads it; 227 KiB is all there is)
+  static constexpr int S0_OFF = DR ? K_OFF + 8 * CB : S1_OFF + CB;
+  static constexpr int FLAG_OFF = S1_OFF + (DR ? 1 : 2) * CB;  // int [2][NK]: entry valid
+  static constexpr int M0_OFF = FLAG_OFF + 2 * NK * 4;         // float [HB]: m'
+  static constexpr int M1_OFF = M0_OFF + HB * 4;               // float [HB]: m''
+  static constexpr int L_OFF = M1_OFF + HB * 4;                // float [2][HB]: the row sums
+  static constexpr int LAST_OFF = L_OFF + 2 * HB * 4;          // int [12]: the last valid entry per warp
+  static constexpr int BAR_OFF = LAST_OFF + 64;                // mbarriers: full [2][2], empty [2][2]
+  static constexpr int SMEM = 1024 + BAR_OFF + 8 * 8;          // DR = 64: 226.6 KiB
   // byte offset of 16-byte chunk ch of row r (64-row tiles in column blocks)
   __device__ static __forceinline__ uint32_t off(int r, int ch) {
     return uint32_t((ch >> 3) * CB + r * 128 + (((ch & 7) ^ (r & 7)) << 4));
   }
 };
+static_assert(Geo<64>::SMEM <= 227 * 1024, "sparse MLA (wgmma): shared memory at DR = 64");
+
+__device__ __forceinline__ void named_sync(int id) { asm volatile("bar.sync %0, 256;\n" ::"r"(id) : "memory"); }
+__device__ __forceinline__ void named_arrive(int id) { asm volatile("bar.arrive %0, 256;\n" ::"r"(id) : "memory"); }
+__device__ __forceinline__ void fence_proxy_async() {
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+// One arrival from the warp's lane 0, predicated (no branch between wgmma issues and waits: a branch
+// there makes ptxas serialise the wgmmas, C7520).
+__device__ __forceinline__ void mbar_arrive_lane0(uint32_t bar, int lane) {
+  asm volatile(
+      "{\n .reg .pred p;\n setp.eq.u32 p, %1, 0;\n @p mbarrier.arrive.shared::cta.b64 _, [%0];\n}\n" ::"r"(bar),
+      "r"(lane)
+      : "memory");
+}
+// Hides a value from the optimiser (keeps loop-invariant wgmma descriptors from being hoisted).
+__device__ __forceinline__ void opaque(uint32_t& v) { asm volatile("" : "+r"(v)); }
+// The mbarrier gets one arrival when every cp.async this thread issued before has landed.
+__device__ __forceinline__ void cp_async_mbar_arrive(uint32_t bar) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
+}
 
 template <int DR>
 __global__ void __launch_bounds__(kThreads, 1)
     sparse_mla_wgmma_kernel(const __nv_bfloat16* __restrict__ q, const int32_t* __restrict__ sel, int K,
-                      const int32_t* __restrict__ seq, const int32_t* __restrict__ pos, int H, BlockTable bt,
-                      const __nv_bfloat16* __restrict__ cache, float scale_log2, __nv_bfloat16* __restrict__ out) {
+                            const int32_t* __restrict__ seq, const int32_t* __restrict__ pos, int H, BlockTable bt,
+                            const __nv_bfloat16* __restrict__ cache, float scale_log2,
+                            __nv_bfloat16* __restrict__ out) {
   using G = Geo<DR>;
-  constexpr int DK = G::DK, DKC = G::DKC;
+  constexpr int DK = G::DK, DKC = G::DKC, NCB = G::NCB;
   extern __shared__ uint8_t smem_raw[];
   const uint32_t sraw = smem_u32(smem_raw);
   const uint32_t pad = (1024u - (sraw & 1023u)) & 1023u;  // the 128-byte swizzle wants 1024-byte tiles
   uint8_t* smem = smem_raw + pad;
   const uint32_t sbase = sraw + pad;
-  float* sMaxPart = reinterpret_cast<float*>(smem + G::F_OFF);
-  float* sSumPart = sMaxPart + 2 * HB;
-  float* sM = sMaxPart + 4 * HB;
-  float* sL = sMaxPart + 5 * HB;
-  int* sValid = reinterpret_cast<int*>(smem + G::V_OFF);
+  int* sFlag = reinterpret_cast<int*>(smem + G::FLAG_OFF);
+  float* sM0 = reinterpret_cast<float*>(smem + G::M0_OFF);
+  float* sM1 = reinterpret_cast<float*>(smem + G::M1_OFF);
+  float* sL = reinterpret_cast<float*>(smem + G::L_OFF);
+  int* sLast = reinterpret_cast<int*>(smem + G::LAST_OFF);
+  const uint32_t bars = sbase + G::BAR_OFF;
+  auto full = [&](int b, int h) { return bars + 8u * uint32_t(2 * b + h); };
+  auto empty = [&](int b, int h) { return bars + 8u * uint32_t(4 + 2 * b + h); };
 
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, w = warp >> 2, wq = warp & 3;
-  const int g = lane >> 2, t = lane & 3;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wg = warp >> 2;
   const int64_t qi = blockIdx.y;
   const int h0 = blockIdx.x * HB;
   const int p = pos[qi];
@@ -75,108 +118,164 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int32_t* selq = sel ? sel + qi * K : nullptr;
   const int nchunks = (K + NK - 1) / NK;
   int cend = selq ? nchunks : min(nchunks, p / NK + 1);
-  // With a selection, the chunks after the last valid entry (idx in [0, p]) are skipped: a chunk of
-  // masked entries leaves m, l and O bitwise as they are (its scores are -inf: alpha = 1, P = 0), so
-  // the outputs are those of the whole loop. The indexers write a query's entries first and pad with
-  // -1, so a query before position K (a prefill's first K tokens) ends early: ~1/8 of the chunks of
-  // an 8192-token prefill with Top-2048.
+
+  if (tid == 0) {
+    for (int b = 0; b < 2; ++b) {
+      mbar_init(full(b, 0), 128 + 64);  // every producer thread's cp.asyncs + the 64 writers of the valid flags
+      mbar_init(full(b, 1), 128);
+      mbar_init(empty(b, 0), 4);  // one arrival per consumer warp
+      mbar_init(empty(b, 1), 4);
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  // With a selection, the blocks after the last valid entry (idx in [0, p]) are skipped: a block of
+  // masked entries leaves m, l and O as they are, so the outputs are those of the whole loop. The
+  // indexers write a query's entries first and pad with -1, so a query before position K (a
+  // prefill's first K tokens) ends early: ~1/8 of the blocks of an 8192-token prefill with Top-2048.
+  int last = -1;
   if (selq) {
-    int last = -1;  // ascending k per thread: the thread's last valid entry
-    for (int k = tid; k < K; k += kThreads) {
+    for (int k = tid; k < K; k += kThreads) {  // ascending k per thread: the thread's last valid entry
       const int v = __ldg(selq + k);
       if (v >= 0 && v <= p) last = k;
     }
     last = __reduce_max_sync(0xffffffffu, last);
-    int* sLast = reinterpret_cast<int*>(sSumPart);  // [warps]: free until the first chunk's softmax
     if (lane == 0) sLast[warp] = last;
-    __syncthreads();
+  }
+  __syncthreads();
+  if (selq) {
 #pragma unroll
     for (int i = 0; i < kThreads / 32; ++i) last = max(last, sLast[i]);
-    cend = (last + NK) / NK;  // last = -1: no chunk
+    cend = (last + NK) / NK;  // last = -1: no block
+  }
+  const int niter = (cend + 1) / 2;  // block pairs; a pair's second block past cend is all masked
+
+  if (wg == 2) {  // ---------------- producer ----------------
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 72;\n" ::: "memory");
+    // thread -> key row pt / 2 of both blocks of a pair, 16-byte chunks pt % 2 + 2 j
+    const int pt = tid - 256, sub = pt & 1, row = pt >> 1;
+    int idx[2];
+    int32_t pg[2];
+    auto fetch = [&](int it, int (&ix)[2], int32_t (&pgo)[2]) {
+#pragma unroll
+      for (int b = 0; b < 2; ++b) {
+        const int kc = 2 * it + b, kidx = kc * NK + row;
+        ix[b] = (kc < cend && kidx < K) ? (selq ? __ldg(selq + kidx) : kidx) : -1;
+      }
+#pragma unroll
+      for (int b = 0; b < 2; ++b) {
+        const int v = ix[b];
+        pgo[b] = (v >= 0 && v <= p) ? __ldg(bt.table + int64_t(sq) * bt.max_pages + v / bt.page_size) : 0;
+      }
+    };
+    // half h of the key block in buffer b; h = 0 also writes the valid flags (then arrives: release)
+    auto copy_half = [&](int b, int h) {
+      const uint32_t dst = sbase + G::K_OFF + b * G::KBUF;
+      const int v = idx[b];
+      const bool valid = v >= 0 && v <= p;
+      const int64_t slot = valid ? int64_t(pg[b]) * bt.page_size + v % bt.page_size : 0;
+      const __nv_bfloat16* src = cache + slot * DK;
+      if (h == 0) {
+#pragma unroll
+        for (int j = 0; j < 16; ++j) cp_async16(dst + G::off(row, sub + 2 * j), src + (sub + 2 * j) * 8, valid);
+        if (sub == 0) {
+          sFlag[b * NK + row] = valid;
+          mbar_arrive(full(b, 0));
+        }
+      } else {
+#pragma unroll
+        for (int j = 16; j < DKC / 2; ++j) cp_async16(dst + G::off(row, sub + 2 * j), src + (sub + 2 * j) * 8, valid);
+      }
+      cp_async_mbar_arrive(full(b, h));
+    };
+    if (niter > 0) fetch(0, idx, pg);
+    for (int it = 0; it < niter; ++it) {
+      const uint32_t par = uint32_t(it - 1) & 1u;  // the empty phases of the previous pair
+      if (it) mbar_wait(empty(0, 0), par);  // warpgroup 0's own product (early)
+      copy_half(0, 0);
+      if (it) mbar_wait(empty(1, 1), par);  // warpgroup 1's own product (early)
+      copy_half(1, 1);
+      int nidx[2];
+      int32_t npg[2];
+      if (it + 1 < niter) fetch(it + 1, nidx, npg);  // the next pair's addresses, in flight while waiting
+      if (it) mbar_wait(empty(0, 1), par);  // warpgroup 1's product with P_0 (late)
+      copy_half(0, 1);
+      if (it) mbar_wait(empty(1, 0), par);  // warpgroup 0's product with P_1 (late)
+      copy_half(1, 0);
+      if (it + 1 < niter) idx[0] = nidx[0], idx[1] = nidx[1], pg[0] = npg[0], pg[1] = npg[1];
+    }
+    return;
   }
 
+  // ---------------- consumers: warpgroup w = wg owns key block 2 i + w and O[:, 256 w ..] ----------------
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 216;\n" ::: "memory");
+  const int ct = tid, wq = warp & 3, g = lane >> 2, t = lane & 3;
   // Q tile (rows past H are zeros), in the wgmma layout.
-  for (int i = tid; i < HB * DKC; i += kThreads) {
+  for (int i = ct; i < HB * DKC; i += 256) {
     const int row = i / DKC, ch = i % DKC;
     uint4 v = make_uint4(0, 0, 0, 0);
     if (h0 + row < H) v = *reinterpret_cast<const uint4*>(q + ((qi * H + h0 + row) * DK + ch * 8));
     *reinterpret_cast<uint4*>(smem + G::Q_OFF + G::off(row, ch)) = v;
   }
-  if (tid < HB) {
-    sM[tid] = -INFINITY;
-    sL[tid] = 0.f;
-  }
+  fence_proxy_async();
+  named_sync(5);
 
-  // Gather: thread -> key row tid / 4, chunks tid % 4, + 4, ...
-  const int grow = tid >> 2, gsub = tid & 3;
-  // The gathers' addresses, pipelined: load_idx(c) two chunks ahead of chunk c's gather, load_page
-  // one chunk ahead (each value is first used an iteration after its load is issued).
-  auto load_idx = [&](int kc) -> int {  // the entry's position, -1 past K or past the chunks
-    const int kidx = kc * NK + grow;
-    return (kc < cend && kidx < K) ? (selq ? __ldg(selq + kidx) : kidx) : -1;
-  };
-  auto load_page = [&](int idx) -> int32_t {  // its page (0 for a masked entry: never read)
-    return (idx >= 0 && idx <= p) ? __ldg(bt.table + int64_t(sq) * bt.max_pages + idx / bt.page_size) : 0;
-  };
-  auto gather = [&](int idx, int32_t page, int stage) {
-    const bool valid = idx >= 0 && idx <= p;
-    const int64_t slot = valid ? int64_t(page) * bt.page_size + idx % bt.page_size : 0;
-    const __nv_bfloat16* src = cache + slot * DK;
-    const uint32_t dst = sbase + G::K_OFF + stage * G::NCB * G::CB;
-    for (int ch = gsub; ch < DKC; ch += 4) cp_async16(dst + G::off(grow, ch), src + ch * 8, valid);
-    if (gsub == 0) sValid[stage * NK + grow] = valid;
-  };
+  // the consumers' code once per warpgroup, w a constant: no branch on it near a wgmma
+  auto consume = [&](auto w_) {
+  constexpr int w = decltype(w_)::value;
+  const int r0 = wq * 16 + g, r1 = r0 + 8;  // this thread's heads (rows of every product)
+  uint32_t sQ_ = sbase + G::Q_OFF, kOwn_ = sbase + G::K_OFF + w * G::KBUF;
+  uint32_t kOth_ = sbase + G::K_OFF + (w ^ 1) * G::KBUF;
+  const uint32_t pOth = sbase + (w ? G::S0_OFF : G::S1_OFF);
+  const int* flags = sFlag + w * NK;
+  uint8_t* pOwnPtr = smem + (w ? G::S1_OFF : G::S0_OFF);
 
-  float o[128];  // O[:, 256 w .. 256 w + 255]: d[4 j + q] = head 16 wq + g + 8 (q >> 1), column 8 j + 2 t + (q & 1)
+  float o[128];  // O[:, 256 w .. 256 w + 255]: d[4 j + q] = head r0 (q < 2) / r1, column 8 j + 2 t + (q & 1)
 #pragma unroll
   for (int i = 0; i < 128; ++i) o[i] = 0.f;
+  float s[32];  // S_w: d[4 j + q] = head r0 / r1, key 8 j + 2 t + (q & 1)
+  float m[2] = {kMinit, kMinit}, l[2] = {0.f, 0.f};  // running max (log2 units), this thread's partial row sums
 
-  int idx1 = load_idx(1), idx2 = load_idx(2);
-  {
-    const int idx0 = load_idx(0);
-    if (cend > 0) {
-      gather(idx0, load_page(idx0), 0);
-      cp_commit();
-    }
-  }
-  int32_t pg1 = load_page(idx1);
-  const int r0 = wq * 16 + g, r1 = r0 + 8;  // this thread's heads (rows of both products)
-  for (int kc = 0; kc < cend; ++kc) {
-    const int stage = kc & 1;
-    if (kc + 1 < cend) {
-      gather(idx1, pg1, stage ^ 1);
-      cp_commit();
-      cp_wait<1>();
-    } else {
-      cp_wait<0>();
-    }
-    // advance the pipeline: chunk kc + 2's page (its index came in an iteration ago), kc + 3's index
-    idx1 = idx2;
-    pg1 = load_page(idx2);
-    idx2 = load_idx(kc + 3);
-    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // cp.async / st.shared -> wgmma
-    __syncthreads();
-    const uint32_t sK = sbase + G::K_OFF + stage * G::NCB * G::CB;
-    const int* valid = sValid + stage * NK;
-
-    // ---- S = Q K^T: 64 heads x keys 32 w .. 32 w + 31 ----
-    float s[16];
-    wgmma_fence();
+  // S over column blocks [c0, c1) of buffer kOwn (the first call clears)
+  auto qk = [&](uint32_t sQ, uint32_t kOwn, auto c0_, auto c1_, auto first_) {
+    constexpr int c0 = decltype(c0_)::value, c1 = decltype(c1_)::value;
+    constexpr bool first = decltype(first_)::value;
 #pragma unroll
-    for (int kk = 0; kk < DK / 16; ++kk) {
-      const uint32_t blk = kk >> 2, in = (kk & 3) * 32;
-      wgmma_ss<32>(s, wgmma_desc_sw128(sbase + G::Q_OFF + blk * G::CB + in),
-                   wgmma_desc_sw128(sK + blk * G::CB + w * 32 * 128 + in), kk > 0);
-    }
+    for (int cb = c0; cb < c1; ++cb)
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk)
+        wgmma_ss<64>(s, wgmma_desc_sw128(sQ + cb * G::CB + kk * 32), wgmma_desc_sw128(kOwn + cb * G::CB + kk * 32),
+                     (first && cb == c0 && kk == 0) ? 0 : 1);
+  };
+  // warpgroup 0 takes its left half first, warpgroup 1 its right half (the halves freed first)
+  using Ca0 = std::integral_constant<int, w ? 4 : 0>;
+  using Ca1 = std::integral_constant<int, w ? NCB : 4>;
+  using Cb0 = std::integral_constant<int, w ? 0 : 4>;
+  using Cb1 = std::integral_constant<int, w ? 4 : NCB>;
+  // S = Q K_w^T once both halves of the block are in (every wgmma is waited for before a branch or
+  // a spin: one in flight across them makes ptxas serialise the wgmmas, C7520)
+  auto issue_qk = [&](uint32_t ph) {
+    opaque(sQ_), opaque(kOwn_);  // no descriptors hoisted out of the loop (they would take ~150 registers)
+    const uint32_t sQ = sQ_, kOwn = kOwn_;
+    mbar_wait(full(w, w), ph);
+    fence_proxy_async();
+    wgmma_fence();
+    qk(sQ, kOwn, Ca0{}, Ca1{}, std::true_type{});
+    wgmma_commit();
+    mbar_wait(full(w, w ^ 1), ph);
+    fence_proxy_async();
+    qk(sQ, kOwn, Cb0{}, Cb1{}, std::false_type{});
     wgmma_commit();
     wgmma_wait<0>();
     wgmma_fence_regs(s);
-    float mx0 = -INFINITY, mx1 = -INFINITY;
+  };
+  // S: mask invalid keys, scale to log2 units; returns this block's row maxima
+  auto mask_max = [&](float& mx0, float& mx1) {
+    mx0 = -INFINITY, mx1 = -INFINITY;
 #pragma unroll
-    for (int j = 0; j < 4; ++j)
+    for (int j = 0; j < 8; ++j)
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
-        const bool ok = valid[w * 32 + 8 * j + 2 * t + e] != 0;
+        const bool ok = flags[8 * j + 2 * t + e] != 0;
         s[4 * j + e] = ok ? s[4 * j + e] * scale_log2 : -INFINITY;
         s[4 * j + 2 + e] = ok ? s[4 * j + 2 + e] * scale_log2 : -INFINITY;
         mx0 = fmaxf(mx0, s[4 * j + e]);
@@ -186,82 +285,154 @@ __global__ void __launch_bounds__(kThreads, 1)
     mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
     mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
     mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
-    if (t == 0) {
-      sMaxPart[w * HB + r0] = mx0;
-      sMaxPart[w * HB + r1] = mx1;
+  };
+  // O *= (a0, a1) per row, skipped when the warp's factors are all 1 (the maximum did not move: most
+  // blocks once it has settled); no wgmma is in flight here, so the branch is free
+  auto rescale = [&](float a0, float a1) {
+    if (__all_sync(0xffffffffu, a0 == 1.f && a1 == 1.f)) return;
+#pragma unroll
+    for (int j = 0; j < 32; ++j) {
+      o[4 * j] *= a0;
+      o[4 * j + 1] *= a0;
+      o[4 * j + 2] *= a1;
+      o[4 * j + 3] *= a1;
     }
-    __syncthreads();
-    auto m_use = [&](int r) {
-      const float m = fmaxf(sM[r], fmaxf(sMaxPart[r], sMaxPart[HB + r]));
-      return m == -INFINITY ? 0.f : m;
+  };
+  // P = exp2(S - n) in s, its bf16 A fragments, l = l * alpha + row sums, O *= alpha
+  uint32_t pa[4][4];
+  auto softmax = [&](float n0, float n1) {
+    const float al0 = ex2(m[0] - n0), al1 = ex2(m[1] - n1);
+    float s0 = 0.f, s1 = 0.f;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      s[4 * j] = ex2(s[4 * j] - n0);
+      s[4 * j + 1] = ex2(s[4 * j + 1] - n0);
+      s[4 * j + 2] = ex2(s[4 * j + 2] - n1);
+      s[4 * j + 3] = ex2(s[4 * j + 3] - n1);
+      s0 += s[4 * j] + s[4 * j + 1];
+      s1 += s[4 * j + 2] + s[4 * j + 3];
+      pa[j >> 1][(j & 1) * 2 + 0] = pack_bf16(s[4 * j], s[4 * j + 1]);
+      pa[j >> 1][(j & 1) * 2 + 1] = pack_bf16(s[4 * j + 2], s[4 * j + 3]);
+    }
+    l[0] = l[0] * al0 + s0;
+    l[1] = l[1] * al1 + s1;
+    m[0] = n0, m[1] = n1;
+    rescale(al0, al1);
+  };
+  // P (the bf16 fragments, times f per row: f = 1 leaves them as they are) into this warpgroup's P
+  // tile for the other warpgroup
+  auto store_p = [&](float f0, float f1) {
+    auto scaled = [](uint32_t v, float f) {
+      return pack_bf16(__uint_as_float(v << 16) * f, __uint_as_float(v & 0xffff0000u) * f);
     };
-    {
-      const float u0 = m_use(r0), u1 = m_use(r1);
-      float s0 = 0.f, s1 = 0.f;
 #pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const float p0 = ex2(s[4 * j] - u0), p1 = ex2(s[4 * j + 1] - u0);
-        const float p2 = ex2(s[4 * j + 2] - u1), p3 = ex2(s[4 * j + 3] - u1);
-        s0 += p0 + p1;
-        s1 += p2 + p3;
-        const int key = w * 32 + 8 * j + 2 * t;  // P tile: row = head, 64 keys = one column block
-        *reinterpret_cast<uint32_t*>(smem + G::P_OFF + G::off(r0, key >> 3) + (key & 7) * 2) = pack_bf16(p0, p1);
-        *reinterpret_cast<uint32_t*>(smem + G::P_OFF + G::off(r1, key >> 3) + (key & 7) * 2) = pack_bf16(p2, p3);
-      }
-      s0 += __shfl_xor_sync(0xffffffffu, s0, 1);
-      s0 += __shfl_xor_sync(0xffffffffu, s0, 2);
-      s1 += __shfl_xor_sync(0xffffffffu, s1, 1);
-      s1 += __shfl_xor_sync(0xffffffffu, s1, 2);
-      if (t == 0) {
-        sSumPart[w * HB + r0] = s0;
-        sSumPart[w * HB + r1] = s1;
-      }
+    for (int j = 0; j < 8; ++j) {
+      const int key = 8 * j + 2 * t;  // P tile: row = head, 64 keys = one column block
+      *reinterpret_cast<uint32_t*>(pOwnPtr + G::off(r0, key >> 3) + (key & 7) * 2) =
+          scaled(pa[j >> 1][(j & 1) * 2 + 0], f0);
+      *reinterpret_cast<uint32_t*>(pOwnPtr + G::off(r1, key >> 3) + (key & 7) * 2) =
+          scaled(pa[j >> 1][(j & 1) * 2 + 1], f1);
     }
-    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // P tile -> wgmma
-    __syncthreads();
-
-    // ---- O = O * alpha + P V over this warpgroup's 256 value dims ----
-    {
-      const float al0 = ex2(sM[r0] - m_use(r0)), al1 = ex2(sM[r1] - m_use(r1));
-#pragma unroll
-      for (int j = 0; j < 32; ++j) {
-        o[4 * j] *= al0;
-        o[4 * j + 1] *= al0;
-        o[4 * j + 2] *= al1;
-        o[4 * j + 3] *= al1;
-      }
-    }
+    fence_proxy_async();  // P tile -> the other warpgroup's wgmma
+  };
+  auto pv_own = [&]() {  // O += P (registers) V_own[:, 256 w ..]
+    opaque(kOwn_);
+    const uint32_t kOwn = kOwn_;
     wgmma_fence_regs(o);
     wgmma_fence();
 #pragma unroll
-    for (int kk = 0; kk < NK / 16; ++kk)
-      wgmma_ss_tb<256>(o, wgmma_desc_sw128(sbase + G::P_OFF + kk * 32),
-                       wgmma_desc_nmajor_sw128(sK + w * 4 * G::CB + kk * 16 * 128, G::CB), 1);
+    for (int kk = 0; kk < 4; ++kk)
+      wgmma_rs_tb<256>(o, pa[kk], wgmma_desc_nmajor_sw128(kOwn + w * 4 * G::CB + kk * 16 * 128, G::CB), 1);
     wgmma_commit();
-    wgmma_wait<0>();
+  };
+  auto pv_other = [&]() {  // O += P_other (shared) V_other[:, 256 w ..]
+    opaque(kOth_);
+    const uint32_t kOth = kOth_;
     wgmma_fence_regs(o);
-    __syncthreads();  // both warpgroups are done with this stage, the P tile and the partials
-    if (tid < HB) {
-      const float mo = sM[tid];
-      const float mn = fmaxf(mo, fmaxf(sMaxPart[tid], sMaxPart[HB + tid]));
-      const float mu = mn == -INFINITY ? 0.f : mn;
-      sL[tid] = sL[tid] * ex2(mo - mu) + sSumPart[tid] + sSumPart[HB + tid];
-      sM[tid] = mn;
-    }
-  }
-  __syncthreads();
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk)
+      wgmma_ss_tb<256>(o, wgmma_desc_sw128(pOth + kk * 32),
+                       wgmma_desc_nmajor_sw128(kOth + w * 4 * G::CB + kk * 16 * 128, G::CB), 1);
+    wgmma_commit();
+  };
 
+  // One block pair; the last one issues no next S (no branch inside: the loop is peeled).
+  auto body = [&](int it, auto last_) {
+    constexpr bool last = decltype(last_)::value;
+    float mx0, mx1;
+    mask_max(mx0, mx1);
+    if constexpr (w == 0) {
+      const float n0 = fmaxf(m[0], mx0), n1 = fmaxf(m[1], mx1);
+      sM0[r0] = n0, sM0[r1] = n1;  // the quad's 4 lanes store the same value
+      named_arrive(1);
+      softmax(n0, n1);
+      pv_own();
+      wgmma_wait<0>();
+      wgmma_fence_regs(o);
+      mbar_arrive_lane0(empty(0, 0), lane);
+      named_sync(2);
+      const float f0 = ex2(n0 - sM1[r0]), f1 = ex2(n1 - sM1[r1]);
+      m[0] = sM1[r0], m[1] = sM1[r1];
+      l[0] *= f0, l[1] *= f1;
+      rescale(f0, f1);
+      store_p(f0, f1);
+      named_arrive(3);
+      named_sync(4);
+      pv_other();
+      wgmma_wait<0>();
+      wgmma_fence_regs(o);
+      mbar_arrive_lane0(empty(1, 0), lane);
+    } else {
+      named_sync(1);
+      const float n0 = fmaxf(sM0[r0], mx0), n1 = fmaxf(sM0[r1], mx1);  // sM0 >= m (it took m in)
+      sM1[r0] = n0, sM1[r1] = n1;
+      named_arrive(2);
+      softmax(n0, n1);
+      pv_own();
+      store_p(1.f, 1.f);
+      named_arrive(4);
+      named_sync(3);
+      pv_other();
+      wgmma_wait<1>();  // the own product: buffer 1's right half is free
+      wgmma_fence_regs(o);
+      mbar_arrive_lane0(empty(1, 1), lane);
+      wgmma_wait<0>();
+      wgmma_fence_regs(o);
+      mbar_arrive_lane0(empty(0, 1), lane);
+    }
+    if constexpr (!last) issue_qk(uint32_t(it + 1) & 1u);
+  };
+  if (niter > 0) {
+    issue_qk(0);
+    for (int it = 0; it + 1 < niter; ++it) body(it, std::false_type{});
+    body(niter - 1, std::true_type{});
+  }
+
+  // l = both warpgroups' row sums (against the same final maximum)
+#pragma unroll
+  for (int hf = 0; hf < 2; ++hf) {
+    l[hf] += __shfl_xor_sync(0xffffffffu, l[hf], 1);
+    l[hf] += __shfl_xor_sync(0xffffffffu, l[hf], 2);
+  }
+  if (t == 0) sL[w * HB + r0] = l[0], sL[w * HB + r1] = l[1];
+  named_sync(5);
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
     const int r = half ? r1 : r0;
     if (h0 + r >= H) continue;
-    const float l = sL[r];
-    const float inv = l > 0.f ? 1.f / l : 0.f;
+    const float lt = sL[r] + sL[HB + r];
+    const float inv = lt > 0.f ? 1.f / lt : 0.f;
     __nv_bfloat16* dst = out + (qi * H + h0 + r) * R + w * 256 + 2 * t;
 #pragma unroll
     for (int j = 0; j < 32; ++j)
       *reinterpret_cast<uint32_t*>(dst + 8 * j) = pack_bf16(o[4 * j + 2 * half] * inv, o[4 * j + 2 * half + 1] * inv);
   }
+  };
+  if (wg == 0)
+    consume(std::integral_constant<int, 0>{});
+  else
+    consume(std::integral_constant<int, 1>{});
 }
 
 template <int DR>

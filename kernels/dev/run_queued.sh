@@ -3,10 +3,9 @@
 # needed), logs under $OUT/<name>/:
 #   bash kernels/dev/run_queued.sh [smla] [smlaprof] [moe]      (default: all)
 #   smla:  production's sparse MLA (kernels/dev/sparse_mla/run.sh: tested against fp64, benched) and
-#          the variant file SMLA_VARIANT (default: the queued sparse_mla_wgmma_ws.cu, a producer
-#          warpgroup and the consumers on alternate key blocks) built in its place and run the
-#          same way, outputs compared bitwise (a variant with other arithmetic differs: the fp64
-#          tests decide)
+#          the variant file SMLA_VARIANT (none queued) built in its place and run the same way,
+#          outputs compared bitwise (a variant with other arithmetic differs: the fp64 tests
+#          decide); kernels/dev/sparse_mla/compare.sh A/Bs several variants at once
 #   smlaprof: kernels/dev/sparse_mla/profile.sh: ncu of production's sparse MLA (or SMLAPROF_VARIANT)
 #          at GLM-5.3-Flash's DSA shape (pipes, shared-memory wavefronts, warp stall reasons)
 #   moe:   kernels/dev/moe_gemm: production's expert GEMMs (and a variant file named by
@@ -21,7 +20,7 @@ for p in $parts; do
   mkdir -p "$O/$p"
   t0=$(date +%s)
   case $p in
-    smla) OUT=$O/smla timeout 400 bash kernels/dev/sparse_mla/run.sh ${SMLA_VARIANT-kernels/dev/sparse_mla/sparse_mla_wgmma_ws.cu} ;;
+    smla) OUT=$O/smla timeout 400 bash kernels/dev/sparse_mla/run.sh $SMLA_VARIANT ;;
     smlaprof) OUT=$O/smlaprof timeout 300 bash kernels/dev/sparse_mla/profile.sh $SMLAPROF_VARIANT ;;
     moe)
       OUT=$O/moe timeout 380 bash kernels/dev/moe_gemm/run_device.sh $MOE_VARIANT
