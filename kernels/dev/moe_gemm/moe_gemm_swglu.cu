@@ -12,6 +12,8 @@
 // also holds up(c, token) (fragment rows g and g + 8), so the epilogue writes act(g, u) for 64
 // columns an item straight from registers: no gate / up round trip through memory and no
 // activation pass. Item = (expert, token chunk, 64 output columns). DZ_MOE_GEMM_SWGLU=0 turns it off.
+// If it wins: into moe_gemm.cu, and lib/backend/cuda/cuda_backend.cpp's BF16 experts call
+// grouped_gemm_swiglu_tc where swab_shape(I, D) holds (two grouped_gemm_tc + silu_mul elsewhere).
 // Grouped MoE expert GEMMs on tensor cores (see moe_gemm.cuh).
 //
 // One persistent block per multiprocessor, 128 output rows x 256 B-rows per work item (plain: 256
