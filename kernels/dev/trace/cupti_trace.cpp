@@ -8,8 +8,9 @@
 // memcpy, memset, api). kernels/dev/trace/summary.py reads it.
 //   nvcc -O2 -std=c++17 -shared -Xcompiler -fPIC -I<cupti include> kernels/dev/trace/cupti_trace.cpp
 //        -L<dir of libcupti.so> -lcupti -o /tmp/libdztrace.so
-// (Not yet run on the GPU machine: its first try, 2026-12-03, handed nvcc the versioned library
-// file libcupti.so.2025.3.1 of /usr/local/cuda-13.0/targets/x86_64-linux/lib, which nvcc refuses.)
+// (nvcc refuses the versioned library file, libcupti.so.2025.3.1 on the GPU machine: link through a
+// libcupti.so symlink, as .dev's device scripts do.) With DZ_TRACE_GEMM=1 in the same run,
+// kernels/dev/trace/gemm_rates.py gives every dense GEMM's shape and rate.
 #include <cupti.h>
 
 #include <cstdint>
