@@ -9,8 +9,9 @@
 //   nvcc -O2 -std=c++17 -shared -Xcompiler -fPIC -I<cupti include> kernels/dev/trace/cupti_trace.cpp
 //        -L<dir of libcupti.so> -lcupti -o /tmp/libdztrace.so
 // (nvcc refuses the versioned library file, libcupti.so.2025.3.1 on the GPU machine: link through a
-// libcupti.so symlink, as .dev's device scripts do.) With DZ_TRACE_GEMM=1 in the same run,
-// kernels/dev/trace/gemm_rates.py gives every dense GEMM's shape and rate.
+// libcupti.so symlink, as .dev's device scripts do.) With trace_gemm.patch applied and
+// DZ_TRACE_GEMM=1 in the same run, kernels/dev/trace/gemm_rates.py gives every dense GEMM's shape
+// and rate.
 #include <cupti.h>
 
 #include <cstdint>

@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Each dense GEMM's rate in a profiled forward: a cupti_trace.cpp CSV beside the stderr of the same
-run with DZ_TRACE_GEMM=1 (lib/backend/cuda/cuda_backend.cpp prints every cuBLAS product's shape).
+run with DZ_TRACE_GEMM=1, after `git apply kernels/dev/trace/trace_gemm.patch` (it makes the CUDA
+backend print every cuBLAS product's shape; kept out of production until it has run on the GPU).
 
   python3 kernels/dev/trace/gemm_rates.py trace.csv run_stderr.txt
 

@@ -11,8 +11,6 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
-#include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <tuple>
@@ -68,17 +66,6 @@ const bf16* b16(const DTensor& t) {
   return static_cast<const bf16*>(t.data);
 }
 bf16* b16w(const DTensor& t) { return const_cast<bf16*>(b16(t)); }
-
-// DZ_TRACE_GEMM=1: every cuBLAS product's shape on stderr, in call order. Beside the CUPTI timeline
-// of the same run (kernels/dev/trace) it gives each dense GEMM's rate, which kernel names alone
-// do not (cuBLAS's kernels are named by tile, not by shape).
-bool trace_gemm() {
-  static const bool on = [] {
-    const char* f = std::getenv("DZ_TRACE_GEMM");
-    return f && f[0] == '1';
-  }();
-  return on;
-}
 
 // The stream outlives every allocation made on it: deleters hold it. During a graph capture a
 // release of memory allocated before the capture is held back until the capture ends: recorded
@@ -322,9 +309,6 @@ class CudaBackend final : public Backend {
     }
     const cudaDataType ti = in_dt == DType::F32 ? CUDA_R_32F : CUDA_R_16BF;
     const cudaDataType to = out_dt == DType::F32 ? CUDA_R_32F : CUDA_R_16BF;
-    if (trace_gemm())
-      std::fprintf(stderr, "[dz gemm] T %lld in %lld out %lld %s -> %s%s\n", (long long)T, (long long)in,
-                   (long long)out, to_string(in_dt), to_string(out_dt), beta != 0.f ? " (+y)" : "");
     CUBLAS_CHECK(cublasGemmEx(blas_, CUBLAS_OP_T, CUBLAS_OP_N, int(out), int(T), int(in), &one, W, ti, int(in), x, ti,
                               int(in), &b, y, to, int(out), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
   }
@@ -875,9 +859,6 @@ class CudaBackend final : public Backend {
     const int64_t T = x.rows(), xc = x.cols(), yc = y.cols();
     if (T == 0 || n == 0) return;
     const float one = 1.f, zero = 0.f;
-    if (trace_gemm())
-      std::fprintf(stderr, "[dz head_matmul] H %lld T %lld k %lld n %lld\n", (long long)H, (long long)T, (long long)k,
-                   (long long)n);
     CUBLAS_CHECK(cublasGemmStridedBatchedEx(
         blas_, trans_w ? CUBLAS_OP_T : CUBLAS_OP_N, CUBLAS_OP_N, int(n), int(T), int(k), &one, b16(W) + w0, CUDA_R_16BF,
         int(trans_w ? k : n), w_hs, b16(x), CUDA_R_16BF, int(xc), x_hs, &zero, b16w(y), CUDA_R_16BF, int(yc), y_hs,
