@@ -791,6 +791,19 @@ __device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
   return *reinterpret_cast<const uint32_t*>(&v);
 }
 
+// 8 bf16 of one output row, columns col .. col + 7, from a 16-byte register: one store when vec16
+// (N % 8 == 0, y 16-byte aligned) and all 8 lie below N, else element stores (columns past N dropped).
+__device__ __forceinline__ void store_cols8(bf16* dst, uint4 val, int col, int N, bool vec16) {
+  if (vec16 && col + 8 <= N) {
+    *reinterpret_cast<uint4*>(dst) = val;
+    return;
+  }
+  const uint32_t w[4] = {val.x, val.y, val.z, val.w};
+#pragma unroll
+  for (int e = 0; e < 8; ++e)
+    if (col + e < N) reinterpret_cast<uint16_t*>(dst)[e] = uint16_t(w[e >> 1] >> (16 * (e & 1)));
+}
+
 // Same block, barriers, shared memory and pipeline as k_moe_gemm_ws (plain, CL = 1); see the top of
 // the file for the items and tiles. Stage: [128 weight rows | 256 token rows] x 128 bytes, swizzled.
 // GLU: the SwiGLU kernel (see the top): weight rows alternate 8 of Wg (map b0) and 8 of Wu (b1), 64
@@ -959,14 +972,7 @@ __global__ void __launch_bounds__(kThreadsWs, 1) k_moe_gemm_swab(const __grid_co
                          : "r"(stg + uint32_t(tl * 16))
                          : "memory");
             bf16* dst = a.y + (trow0 + tc) * N + oc0;
-            if (vec16 && oc0 + 8 <= N) {
-              *reinterpret_cast<uint4*>(dst) = val;
-            } else {
-              const uint32_t w[4] = {val.x, val.y, val.z, val.w};
-#pragma unroll
-              for (int e = 0; e < 8; ++e)
-                if (oc0 + e < N) reinterpret_cast<uint16_t*>(dst)[e] = uint16_t(w[e >> 1] >> (16 * (e & 1)));
-            }
+            store_cols8(dst, val, oc0, N, vec16);
           }
           __syncwarp();
         }
@@ -1016,14 +1022,7 @@ __global__ void __launch_bounds__(kThreadsWs, 1) k_moe_gemm_swab(const __grid_co
                        : "memory");
           const int col = wc0 + 8 * h;
           bf16* dst = a.y + (trow0 + tc) * N + col;
-          if (vec16 && col + 8 <= N) {
-            *reinterpret_cast<uint4*>(dst) = val;
-          } else {  // columns past N dropped; N % 8 != 0 or y not 16-byte aligned: element stores
-            const uint32_t w[4] = {val.x, val.y, val.z, val.w};
-#pragma unroll
-            for (int e = 0; e < 8; ++e)
-              if (col + e < N) reinterpret_cast<uint16_t*>(dst)[e] = uint16_t(w[e >> 1] >> (16 * (e & 1)));
-          }
+          store_cols8(dst, val, col, N, vec16);
         }
         __syncwarp();
       }
