@@ -8,15 +8,13 @@
 #          decide); kernels/dev/sparse_mla/compare.sh A/Bs several variants at once
 #   smlaprof: kernels/dev/sparse_mla/profile.sh: ncu of production's sparse MLA (or SMLAPROF_VARIANT)
 #          at GLM-5.3-Flash's DSA shape (pipes, shared-memory wavefronts, warp stall reasons)
-#   moe:   kernels/dev/moe_gemm: production's expert GEMMs and the variant file MOE_VARIANT
-#          (default: the queued moe_gemm_swglu.cu, the SwiGLU GEMM on the swap-AB kernel with the
-#          activation in its epilogue): every loader's test grid vs fp64, with and without the 2-CTA
-#          clusters, bench vs cuBLAS; then on the bench's measured (skewed) routing of GLM-5.3-Flash
-#          and Qwen3.5 at T = 8192 (rows_*.txt). The variant wins if its "swiglu (gate+up fused)"
-#          time is under twice production's gate time plus the activation pass (0.29 ms a call at
-#          GLM-5.3-Flash's T = 8192, docs/perf/trace_glm_b7b6d80.txt)
-# (The up GEMM with the activation in its epilogue and hc_post_coeff double-buffered by cp.async ran
-# 2026-12-03 and lost: docs/perf/experiments_2026-12-03e.txt.)
+#   moe:   kernels/dev/moe_gemm: production's expert GEMMs and the variant file MOE_VARIANT (none
+#          queued): every loader's test grid vs fp64, with and without the 2-CTA clusters, bench vs
+#          cuBLAS; then on the bench's measured (skewed) routing of GLM-5.3-Flash and Qwen3.5 at
+#          T = 8192 (rows_*.txt)
+# (Lost and gone: the up GEMM with the activation in its epilogue and hc_post_coeff double-buffered
+# by cp.async, docs/perf/experiments_2026-12-03e.txt; the SwiGLU GEMM on the swap-AB kernel,
+# docs/perf/experiments_2026-12-04.txt.)
 O=${OUT:-/tmp/exp}
 parts=${*:-smla smlaprof moe}
 for p in $parts; do
@@ -26,7 +24,7 @@ for p in $parts; do
     smla) OUT=$O/smla timeout 400 bash kernels/dev/sparse_mla/run.sh $SMLA_VARIANT ;;
     smlaprof) OUT=$O/smlaprof timeout 300 bash kernels/dev/sparse_mla/profile.sh $SMLAPROF_VARIANT ;;
     moe)
-      OUT=$O/moe timeout 380 bash kernels/dev/moe_gemm/run_device.sh ${MOE_VARIANT-kernels/dev/moe_gemm/moe_gemm_swglu.cu}
+      OUT=$O/moe timeout 380 bash kernels/dev/moe_gemm/run_device.sh $MOE_VARIANT
       for b in mg mg_other; do
         [ -x /tmp/$b ] || continue
         DZ_BENCH_ROWS=kernels/dev/moe_gemm/rows_glm5_3_flash_dummy_T8192.txt timeout 40 /tmp/$b --bench GLM 2>&1 |
