@@ -79,6 +79,21 @@ __global__ void k_split_bf16x3(const float* w, int64_t n, bf16* out) {
     out[2 * n + i] = __float2bfloat16_rn(r1 - __bfloat162float(mid));
   }
 }
+// The same split, row-interleaved smallest first: out [rows, 3D] = (lo | mid | hi) of w [rows, D], so
+// one GEMM over K = 3D against operands replicated three times sums the three products.
+__global__ void k_split_bf16x3_rows(const float* w, int64_t rows, int64_t D, bf16* out) {
+  const int64_t n = rows * D;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    const float v = w[i];
+    const bf16 hi = __float2bfloat16_rn(v);
+    const float r1 = v - __bfloat162float(hi);
+    const bf16 mid = __float2bfloat16_rn(r1);
+    bf16* o = out + (i / D) * 3 * D + i % D;
+    o[0] = __float2bfloat16_rn(r1 - __bfloat162float(mid));
+    o[D] = mid;
+    o[2 * D] = hi;
+  }
+}
 __global__ void k_fill_dummy(void* y, Dt dt, int64_t R, int64_t C, uint64_t key, DummyDist d, int64_t ld, int64_t r0,
                              int64_t c0) {
   const int64_t n = R * C;
@@ -945,6 +960,11 @@ void convert(const void* src, Dt sdt, void* dst, Dt ddt, int64_t n, cudaStream_t
 void split_bf16x3(const float* w, int64_t n, bf16* out, cudaStream_t s) {
   if (n <= 0) return;
   k_split_bf16x3<<<grid_for(n, 256), 256, 0, s>>>(w, n, out);
+  CUDA_CHECK_LAUNCH();
+}
+void split_bf16x3_rows(const float* w, int64_t rows, int64_t D, bf16* out, cudaStream_t s) {
+  if (rows * D <= 0) return;
+  k_split_bf16x3_rows<<<grid_for(rows * D, 256), 256, 0, s>>>(w, rows, D, out);
   CUDA_CHECK_LAUNCH();
 }
 void dummy_mx4(uint8_t* packed, uint8_t* scales, const uint64_t* keys, int64_t E, int64_t R, int64_t C, DummyDist d,

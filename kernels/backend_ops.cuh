@@ -21,6 +21,8 @@ void convert(const void* src, Dt sdt, void* dst, Dt ddt, int64_t n, cudaStream_t
 // out [3, n] bf16 = (hi, mid, lo) with w = hi + mid + lo exactly (fp32 w, 8 significant bits each;
 // values under 2^-126 lose their lowest bits): an fp32 operand as three exact bf16 ones.
 void split_bf16x3(const float* w, int64_t n, __nv_bfloat16* out, cudaStream_t s);
+// out [rows, 3D] bf16 = (lo | mid | hi) of each row of w [rows, D], the same exact split.
+void split_bf16x3_rows(const float* w, int64_t rows, int64_t D, __nv_bfloat16* out, cudaStream_t s);
 // --dummy-weights in place (core/dummy_values.hpp): y [R, C] = dummy_value(key, (r0 + r) * ld + c0 + c, d).
 // --dummy-weights of MXFP4 expert stacks [E, R, C] (C % 32 == 0): packed [E, R, C/2], scales
 // [E, R, C/32] of dummy_mx4_group over the [R, C] window at (r0, c0) of each key's [*, ld] tensor;

@@ -1,6 +1,7 @@
 // mHC hyper-connection kernels (hyper.cuh; formulas and CPU reference: lib/ops/hyper.hpp).
 #include "hyper.cuh"
 
+#include <algorithm>
 #include <cmath>
 #include <initializer_list>
 
@@ -41,13 +42,16 @@ struct Vec<1> {
 // flight together, and kept in registers for the collapse (columns past that are read again).
 // (At one scalar load in flight per thread, 8 launches took 7.9 ms of a GLM-5.3-Flash forward at
 // T = 8192: docs/perf/README.md.)
+// bc: every stream is x [T, D] itself (the first sub-layer, the streams not yet written): the same
+// arithmetic on the same values, the row read once from DRAM.
 template <int N, int W>
 __global__ void __launch_bounds__(kThr) k_hc_pre(const float* x, const float* m, const float* base, const float* scale,
-                                                 HcKernelParams p, int64_t D, float* coeff, float* in) {
+                                                 HcKernelParams p, int64_t D, bool bc, float* coeff, float* in) {
   using V = Vec<W>;
   const int64_t t = blockIdx.x;
   constexpr int C = (2 + N) * N;
-  const float* xt = x + t * N * D;
+  const float* xt = x + t * (bc ? 1 : N) * D;
+  const int64_t sd = bc ? 0 : D;  // stream stride
   const int64_t nch = D / W;  // chunks per stream
   __shared__ float red[32];
   __shared__ float cf[(2 + kMaxN) * kMaxN];
@@ -58,7 +62,7 @@ __global__ void __launch_bounds__(kThr) k_hc_pre(const float* x, const float* m,
     const int64_t c = threadIdx.x + int64_t(kThr) * j;
     if (c < nch) {
 #pragma unroll
-      for (int n = 0; n < N; ++n) xr[n][j] = V::ld(xt + n * D + c * W);
+      for (int n = 0; n < N; ++n) xr[n][j] = V::ld(xt + n * sd + c * W);
     }
   }
 #pragma unroll
@@ -74,7 +78,7 @@ __global__ void __launch_bounds__(kThr) k_hc_pre(const float* x, const float* m,
   for (int64_t c = threadIdx.x + int64_t(kThr) * kCache; c < nch; c += kThr) {
 #pragma unroll
     for (int n = 0; n < N; ++n) {
-      const typename V::T v = V::ld(xt + n * D + c * W);
+      const typename V::T v = V::ld(xt + n * sd + c * W);
 #pragma unroll
       for (int i = 0; i < W; ++i) ss += V::get(v, i) * V::get(v, i);
     }
@@ -118,15 +122,18 @@ __global__ void __launch_bounds__(kThr) k_hc_pre(const float* x, const float* m,
   for (int64_t c = threadIdx.x + int64_t(kThr) * kCache; c < nch; c += kThr) {
     typename V::T xs[N];
 #pragma unroll
-    for (int n = 0; n < N; ++n) xs[n] = V::ld(xt + n * D + c * W);
+    for (int n = 0; n < N; ++n) xs[n] = V::ld(xt + n * sd + c * W);
     collapse(c, xs);
   }
 }
 
 // One block per token: x[t, mo, :] = post[mo] y[t, :] + Σ_n comb[n, mo] x_old[t, n, :], every
-// stream's chunk read before any is written (the streams are updated in place).
+// stream's chunk read before any is written (the streams are updated in place). mean: the new
+// streams are not written; mean[t, :] = their mean instead, summed and divided as k_hc_mean does
+// (bitwise hc_post + hc_mean, without writing the streams and reading them back).
 template <int N, int W>
-__global__ void __launch_bounds__(kThr) k_hc_post(float* x, const float* coeff, const void* y, bool y_bf16, int64_t D) {
+__global__ void __launch_bounds__(kThr) k_hc_post(float* x, const float* coeff, const void* y, bool y_bf16, int64_t D,
+                                                  float* mean) {
   using V = Vec<W>;
   const int64_t t = blockIdx.x, nch = D / W;
   constexpr int C = (2 + N) * N;
@@ -155,6 +162,9 @@ __global__ void __launch_bounds__(kThr) k_hc_post(float* x, const float* coeff, 
     typename V::T old[N];
 #pragma unroll
     for (int n = 0; n < N; ++n) old[n] = V::ld(xt + n * D + c * W);
+    float acc[W];
+#pragma unroll
+    for (int i = 0; i < W; ++i) acc[i] = 0.f;
 #pragma unroll
     for (int mo = 0; mo < N; ++mo) {
       typename V::T o;
@@ -164,8 +174,15 @@ __global__ void __launch_bounds__(kThr) k_hc_post(float* x, const float* coeff, 
 #pragma unroll
         for (int n = 0; n < N; ++n) s += comb[n * N + mo] * V::get(old[n], i);
         V::set(o, i, s);
+        acc[i] += s;
       }
-      V::st(xt + mo * D + c * W, o);
+      if (!mean) V::st(xt + mo * D + c * W, o);
+    }
+    if (mean) {
+      typename V::T o;
+#pragma unroll
+      for (int i = 0; i < W; ++i) V::set(o, i, acc[i] / float(N));
+      V::st(mean + t * D + c * W, o);
     }
   }
 }
@@ -187,9 +204,9 @@ __global__ void __launch_bounds__(kThr) k_hc_post(float* x, const float* coeff, 
 // collapse with the norm 0.15 ms instead of 0.29 + 0.08: docs/perf/experiments_2026-12-03d.txt.)
 constexpr int kPT = 16, kDC = 128;
 template <bool YB>
-__global__ void __launch_bounds__(kThr, 2) k_hc_post_coeff4(float* x, const float* coeff, const void* y, const float* fn,
-                                                         int64_t T, int64_t D, const float* base, const float* scale,
-                                                         HcKernelParams p, float* coeff_next) {
+__global__ void __launch_bounds__(kThr, 2) k_hc_post_coeff4(float* x, const float* bc, const float* coeff, const void* y,
+                                                         const float* fn, int64_t T, int64_t D, const float* base,
+                                                         const float* scale, HcKernelParams p, float* coeff_next) {
   constexpr int N = 4, C = (2 + N) * N;  // 24
   __shared__ float cf[kPT][C];
   __shared__ __align__(16) float X[kPT][N * kDC];
@@ -226,9 +243,11 @@ __global__ void __launch_bounds__(kThr, 2) k_hc_post_coeff4(float* x, const floa
       }
       float old[N][8];
       float* xt = x + t * N * D + d0 + j8;
+      const float* src = bc ? bc + t * D + d0 + j8 : xt;  // bc: every old stream is bc's row
+      const int64_t sd = bc ? 0 : D;
 #pragma unroll
       for (int n = 0; n < N; ++n) {
-        const float4 a = *reinterpret_cast<const float4*>(xt + n * D), b = *reinterpret_cast<const float4*>(xt + n * D + 4);
+        const float4 a = *reinterpret_cast<const float4*>(src + n * sd), b = *reinterpret_cast<const float4*>(src + n * sd + 4);
         old[n][0] = a.x, old[n][1] = a.y, old[n][2] = a.z, old[n][3] = a.w;
         old[n][4] = b.x, old[n][5] = b.y, old[n][6] = b.z, old[n][7] = b.w;
       }
@@ -384,6 +403,16 @@ __global__ void __launch_bounds__(kThr) k_hc_collapse_norm4(const float* x, cons
   }
 }
 
+// fs [C, D] = Σ_n fn[c, n·D + d], n ascending: the projection of N equal streams h is h · fsᵀ.
+__global__ void k_hc_fn_sum(const float* fn, int64_t C, int N, int64_t D, float* fs) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < C * D; i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t c = i / D, d = i % D;
+    float s = 0.f;
+    for (int n = 0; n < N; ++n) s += fn[(c * N + n) * D + d];
+    fs[i] = s;
+  }
+}
+
 // One block per token: x[t, n, :] = h[t, :] for every stream n.
 template <int W>
 __global__ void __launch_bounds__(kThr) k_hc_expand(const float* h, int N, int64_t D, float* x) {
@@ -427,7 +456,7 @@ bool vec4(int64_t D, std::initializer_list<const void*> ps) {
 }  // namespace
 
 void hc_pre(const float* x, const float* m, const float* base, const float* scale, const HcKernelParams& p, int64_t T,
-            int64_t D, float* coeff, float* in, cudaStream_t s) {
+            int64_t D, float* coeff, float* in, cudaStream_t s, bool bc) {
   if (T <= 0) return;
   DZ_CHECK(p.N >= 1 && p.N <= kMaxN, "hc_pre: hc_mult ", p.N, " outside 1..", kMaxN);
   DZ_CHECK(T < (int64_t(1) << 31), "hc_pre: ", T, " tokens (< 2^31)");
@@ -435,42 +464,45 @@ void hc_pre(const float* x, const float* m, const float* base, const float* scal
   with_streams(p.N, [&](auto n) {
     constexpr int N = decltype(n)::value;
     if (v4)
-      k_hc_pre<N, 4><<<unsigned(T), kThr, 0, s>>>(x, m, base, scale, p, D, coeff, in);
+      k_hc_pre<N, 4><<<unsigned(T), kThr, 0, s>>>(x, m, base, scale, p, D, bc, coeff, in);
     else
-      k_hc_pre<N, 1><<<unsigned(T), kThr, 0, s>>>(x, m, base, scale, p, D, coeff, in);
+      k_hc_pre<N, 1><<<unsigned(T), kThr, 0, s>>>(x, m, base, scale, p, D, bc, coeff, in);
   });
   CUDA_CHECK_LAUNCH();
 }
-void hc_post(float* x, const float* coeff, const void* y, bool y_bf16, int N, int64_t T, int64_t D, cudaStream_t s) {
+void hc_post(float* x, const float* coeff, const void* y, bool y_bf16, int N, int64_t T, int64_t D, cudaStream_t s,
+             float* mean) {
   if (T * D <= 0) return;
   DZ_CHECK(N >= 1 && N <= kMaxN, "hc_post: hc_mult ", N, " outside 1..", kMaxN);
   DZ_CHECK(T < (int64_t(1) << 31), "hc_post: ", T, " tokens (< 2^31)");
   // bf16 y: 8-byte loads of 4 values
-  const bool v4 = vec4(D, {x}) && (y_bf16 ? (reinterpret_cast<uintptr_t>(y) & 7) == 0 : aligned16(y));
+  const bool v4 = vec4(D, {x, mean}) && (y_bf16 ? (reinterpret_cast<uintptr_t>(y) & 7) == 0 : aligned16(y));
   with_streams(N, [&](auto n) {
     constexpr int NS = decltype(n)::value;
     if (v4)
-      k_hc_post<NS, 4><<<unsigned(T), kThr, 0, s>>>(x, coeff, y, y_bf16, D);
+      k_hc_post<NS, 4><<<unsigned(T), kThr, 0, s>>>(x, coeff, y, y_bf16, D, mean);
     else
-      k_hc_post<NS, 1><<<unsigned(T), kThr, 0, s>>>(x, coeff, y, y_bf16, D);
+      k_hc_post<NS, 1><<<unsigned(T), kThr, 0, s>>>(x, coeff, y, y_bf16, D, mean);
   });
   CUDA_CHECK_LAUNCH();
 }
-bool hc_post_coeff_fits(int N, int64_t D, const float* x, const void* y, bool y_bf16, const float* fn) {
-  return N == 4 && D % kDC == 0 && aligned16(x) && aligned16(y) && aligned16(fn) && (y_bf16 || D % 4 == 0);
+bool hc_post_coeff_fits(int N, int64_t D, const float* x, const void* y, bool y_bf16, const float* fn, const float* bc) {
+  return N == 4 && D % kDC == 0 && aligned16(x) && aligned16(y) && aligned16(fn) && (y_bf16 || D % 4 == 0) &&
+         (!bc || aligned16(bc));
 }
 void hc_post_coeff(float* x, const float* coeff, const void* y, bool y_bf16, int N, int64_t T, int64_t D, const float* fn,
-                   const float* base, const float* scale, const HcKernelParams& p, float* coeff_next, cudaStream_t s) {
+                   const float* base, const float* scale, const HcKernelParams& p, float* coeff_next, cudaStream_t s,
+                   const float* bc) {
   if (T <= 0) return;
-  DZ_CHECK(hc_post_coeff_fits(N, D, x, y, y_bf16, fn) && p.N == N, "hc_post_coeff: N = ", N, ", D = ", D,
+  DZ_CHECK(hc_post_coeff_fits(N, D, x, y, y_bf16, fn, bc) && p.N == N, "hc_post_coeff: N = ", N, ", D = ", D,
            " or the operands' alignment outside what the fused kernel takes (hc_post_coeff_fits)");
   DZ_CHECK(D > 0 && (T + kPT - 1) / kPT < (int64_t(1) << 31), "hc_post_coeff: ", T, " tokens");
   DZ_CHECK(aligned16(coeff) && aligned16(coeff_next), "hc_post_coeff: coefficients not 16-byte aligned");
   const unsigned blocks = unsigned((T + kPT - 1) / kPT);
   if (y_bf16)
-    k_hc_post_coeff4<true><<<blocks, kThr, 0, s>>>(x, coeff, y, fn, T, D, base, scale, p, coeff_next);
+    k_hc_post_coeff4<true><<<blocks, kThr, 0, s>>>(x, bc, coeff, y, fn, T, D, base, scale, p, coeff_next);
   else
-    k_hc_post_coeff4<false><<<blocks, kThr, 0, s>>>(x, coeff, y, fn, T, D, base, scale, p, coeff_next);
+    k_hc_post_coeff4<false><<<blocks, kThr, 0, s>>>(x, bc, coeff, y, fn, T, D, base, scale, p, coeff_next);
   CUDA_CHECK_LAUNCH();
 }
 void hc_collapse_norm(const float* x, const float* coeff, int N, int64_t T, int64_t D, const float* w, float eps, bool zc,
@@ -494,6 +526,12 @@ void hc_expand(const float* h, int N, int64_t T, int64_t D, float* x, cudaStream
     k_hc_expand<4><<<unsigned(T), kThr, 0, s>>>(h, N, D, x);
   else
     k_hc_expand<1><<<unsigned(T), kThr, 0, s>>>(h, N, D, x);
+  CUDA_CHECK_LAUNCH();
+}
+void hc_fn_sum(const float* fn, int64_t C, int N, int64_t D, float* fs, cudaStream_t s) {
+  if (C * D <= 0) return;
+  const int64_t blocks = std::min<int64_t>((C * D + 255) / 256, 4096);
+  k_hc_fn_sum<<<unsigned(blocks), 256, 0, s>>>(fn, C, N, D, fs);
   CUDA_CHECK_LAUNCH();
 }
 void hc_mean(const float* x, int N, int64_t T, int64_t D, float* out, cudaStream_t s) {

@@ -357,6 +357,28 @@ class Backend {
   }
   virtual void hc_expand(const DTensor& h, int64_t N, const DTensor& x) = 0;
   virtual void hc_mean(const DTensor& x, int64_t N, const DTensor& out) = 0;
+  // The first sub-layer, whose N streams are all the embedding h [T, D] F32 (the streams x [T, N·D]
+  // are then never read, only written by its post):
+  //   hc_pre_expand: hc_pre of the streams h, ..., h; x is scratch. Default: hc_expand into x, hc_pre.
+  //   hc_post_pre_expand: hc_post_pre of the streams h, ..., h into x. Default: hc_expand, hc_post_pre.
+  // The last sub-layer of a model with the mean head:
+  //   hc_post_mean: out [T, D] F32 = the streams' mean after hc_post; x is left unspecified (it
+  //           need not be written). Default: hc_post, hc_mean.
+  virtual void hc_pre_expand(const DTensor& h, int64_t N, const DTensor& x, const DTensor& fn, const DTensor& base,
+                             const DTensor& scale, const HcParams& p, const DTensor& coeff, const DTensor& in) {
+    hc_expand(h, N, x);
+    hc_pre(x, fn, base, scale, p, coeff, in);
+  }
+  virtual void hc_post_pre_expand(const DTensor& h, const DTensor& x, const DTensor& coeff, const DTensor& y, int64_t N,
+                                  const DTensor& fn, const DTensor& base, const DTensor& scale, const HcParams& p,
+                                  const DTensor& coeff_next, const DTensor& in_next, const HcNorm& norm) {
+    hc_expand(h, N, x);
+    hc_post_pre(x, coeff, y, N, fn, base, scale, p, coeff_next, in_next, norm);
+  }
+  virtual void hc_post_mean(const DTensor& x, const DTensor& coeff, const DTensor& y, int64_t N, const DTensor& out) {
+    hc_post(x, coeff, y, N);
+    hc_mean(x, N, out);
+  }
 
   // ---- LM head pieces (vocabulary shard of n columns, reductions in fp32/fp64) ----
   // parts [rows, 3] on the host, per row of logits [rows, n] F32: the row's max m, the sum of

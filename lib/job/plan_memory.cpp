@@ -128,6 +128,11 @@ MemoryPlan plan_memory(const ModelConfig& cfg, const MemoryQuery& q) {
                      nv = double(cfg.qk_nope_head_dim) + dv;
         double a = S * (R + H * nv + H * (dqk + dv)) * act + T * H * (2 * dqk + 2 * dv) * act;
         if (own) a += T * double(cfg.index_n_heads) * double(cfg.index_head_dim) * act + std::min(T, 4096.0) * S * 4;
+        if (own && cfg.index_kpool > 0) {  // the group products (<= 512 MiB) and q repeated for them (<= 256 MiB)
+          const double prod = T * double(cfg.index_n_heads) * std::max(1.0, S / double(cfg.index_kpool)) * 4;
+          a += std::min(prod, 512.0 * (1 << 20)) +
+               std::min(T * double(cfg.index_n_heads) * 3 * double(cfg.index_head_dim) * 2, 256.0 * (1 << 20));
+        }
         if (ls.has_indexer) a += T * double(cfg.index_topk) * 4;
         mixer_act = std::max(mixer_act, a);
         break;

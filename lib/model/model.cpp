@@ -270,7 +270,8 @@ void Model::embed_into(const int32_t* tokens, Pass& p) const {
   p.tokens = tokens;
   const DTensor ids = be.upload_i32(tokens, {T});
   be.embed(embed_, ids, p.h);
-  if (hc_) be.hc_expand(p.h, hc_, p.streams);  // every stream starts as the embedding
+  // mHC: every stream starts as the embedding; sub-layer 0 reads them as p.h (hc_pre_expand) and its
+  // post writes p.streams, so they are not expanded here
   if (!attn_res_) return;
   if (p.ar)
     attn_res_->restart(be, *p.ar, p.h);
@@ -292,7 +293,8 @@ void Model::sublayer(int64_t k, const MixFn& mix, Pass& p, WorkStats* stats) con
   // sub-layers 0 .. K-1 of a pass in order; a decode graph run that starts at k has p.normed from the
   // run before).
   if (hc_ && k == 0)
-    be.hc_pre(p.streams, L.hc_fn[which], L.hc_base[which], L.hc_scale[which], hc_params(), p.coeff, p.input);
+    be.hc_pre_expand(p.h, hc_, p.streams, L.hc_fn[which], L.hc_base[which], L.hc_scale[which], hc_params(), p.coeff,
+                     p.input);
   if (!hc_ || k == 0)
     be.rmsnorm(ar || hc_ ? p.input : p.h, which == 0 ? L.attn_norm : L.ffn_norm, p.normed, cfg_.rms_norm_eps,
                cfg_.norm_zero_centered);
@@ -308,9 +310,16 @@ void Model::sublayer(int64_t k, const MixFn& mix, Pass& p, WorkStats* stats) con
     if (k + 1 < sublayers()) {
       const Layer& Ln = layers_[size_t((k + 1) / 2)];
       const int wn = int((k + 1) % 2);
-      be.hc_post_pre(p.streams, p.coeff, p.out, hc_, Ln.hc_fn[wn], Ln.hc_base[wn], Ln.hc_scale[wn], hc_params(),
-                     p.coeff, p.input,
-                     {wn == 0 ? Ln.attn_norm : Ln.ffn_norm, cfg_.rms_norm_eps, cfg_.norm_zero_centered, p.normed});
+      const Backend::HcNorm nn{wn == 0 ? Ln.attn_norm : Ln.ffn_norm, cfg_.rms_norm_eps, cfg_.norm_zero_centered,
+                               p.normed};
+      if (k == 0)  // the old streams are the embedding p.h
+        be.hc_post_pre_expand(p.h, p.streams, p.coeff, p.out, hc_, Ln.hc_fn[wn], Ln.hc_base[wn], Ln.hc_scale[wn],
+                              hc_params(), p.coeff, p.input, nn);
+      else
+        be.hc_post_pre(p.streams, p.coeff, p.out, hc_, Ln.hc_fn[wn], Ln.hc_base[wn], Ln.hc_scale[wn], hc_params(),
+                       p.coeff, p.input, nn);
+    } else if (!head_fn_.defined() && !p.keep_streams) {
+      be.hc_post_mean(p.streams, p.coeff, p.out, hc_, p.h);  // GLM-5.3-Flash's head, the streams not written
     } else {
       be.hc_post(p.streams, p.coeff, p.out, hc_);
     }
@@ -324,8 +333,8 @@ DTensor Model::finish(Pass& p) const {
   if (p.ar) attn_res_->final_output(be, *p.ar, p.h);
   if (hc_ && head_fn_.defined()) {  // DeepSeek-V4's weighted head
     be.hc_pre(p.streams, head_fn_, head_base_, head_scale_, hc_params(), p.coeff, p.h);
-  } else if (hc_) {
-    be.hc_mean(p.streams, hc_, p.h);  // GLM-5.3-Flash's head: the mean of the streams
+  } else if (hc_ && p.keep_streams) {
+    be.hc_mean(p.streams, hc_, p.h);  // GLM-5.3-Flash's head: the mean of the streams (else: in p.h already)
   }
   DTensor y = be.act(p.h.shape);
   be.rmsnorm(p.h, final_norm_, y, cfg_.rms_norm_eps, cfg_.norm_zero_centered);
@@ -336,6 +345,7 @@ DTensor Model::run(const int32_t* tokens, int64_t T, const MixFn& mix, const std
                    std::vector<Tensor>* layer_hidden, WorkStats* stats) const {
   Backend& be = *be_;
   Pass p = make_pass(T);
+  p.keep_streams = layer_hidden != nullptr;
   embed_into(tokens, p);
   auto snapshot = [&](const DTensor& t) {
     Tensor c({T, t.cols()});
@@ -344,6 +354,7 @@ DTensor Model::run(const int32_t* tokens, int64_t T, const MixFn& mix, const std
   };
   if (layer_hidden) {
     layer_hidden->clear();
+    if (hc_) be.hc_expand(p.h, hc_, p.streams);  // (sub-layer 0 reads p.h and rewrites the streams)
     snapshot(hc_ ? p.streams : p.h);  // the embedding (mHC: in every stream, as transformers reports it)
   }
   for (size_t i = 0; i < layers_.size(); ++i) {

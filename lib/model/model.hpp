@@ -85,6 +85,9 @@ class Model {
     DTensor streams, coeff;  // mHC models: the N residual streams [T, N·D] F32, a sub-layer's coefficients
     std::shared_ptr<AttnRes::Stream> ar;  // AttnRes models, from the first embed_into
     const int32_t* tokens = nullptr;      // the rows' token ids (host), from embed_into (hash-routed MoE)
+    // mHC: the streams after the last sub-layer are kept (layer snapshots), else a mean head's last
+    // post writes the mean into h without them (hc_post_mean)
+    bool keep_streams = false;
   };
   Pass make_pass(int64_t T) const;
   void embed_into(const int32_t* tokens, Pass& p) const;  // tokens [T] (host) -> p.h; (re)starts p.ar

@@ -888,6 +888,57 @@ TEST_CASE("backend ops: mHC hyper-connections on cuda equal the cpu backend", "[
         a.insert(a.end(), m.begin(), m.end());
         return a;
       });
+      // The first sub-layer, every stream the embedding h (on cuda never expanded: the projection
+      // through the summed fn blocks, the post reading h for each old stream), and the last with
+      // the mean head (the streams' mean, the streams not written).
+      const auto hv = rnd(size_t(T * D), 109);
+      for (int part = 0; part < 5; ++part)
+        check(part == 0   ? "hc_pre_expand coeff"
+              : part == 1 ? "hc_pre_expand in"
+              : part == 2 ? "hc_post_pre_expand streams"
+              : part == 3 ? "hc_post_pre_expand coeff"
+                          : "hc_post_pre_expand normed",
+              sh, 1e-5, [&](Backend& be) {
+          DTensor h = be.upload(hv.data(), {T, D}, DType::F32), xs = be.alloc({T, N * D}, DType::F32),
+                  coeff = be.alloc({T, C}, DType::F32), in = be.alloc({T, D}, DType::F32), normed = be.act({T, D});
+          std::vector<float> sc(scale);
+          for (float& v : sc) v += 1.f;
+          const DTensor scd = be.upload(sc.data(), {3}, DType::F32);
+          be.hc_pre_expand(h, N, xs, be.upload(fn.data(), {C, N * D}, DType::F32), be.upload(base.data(), {C}, DType::F32),
+                           scd, hp, coeff, in);
+          if (part == 0) return be.to_host(coeff);
+          if (part == 1) return be.to_host(in);
+          be.hc_post_pre_expand(h, xs, coeff, be.upload(y.data(), {T, D}, be.act_dtype()), N,
+                                be.upload(fn2.data(), {C, N * D}, DType::F32), be.upload(base2.data(), {C}, DType::F32),
+                                scd, hp, coeff, in, {be.upload(nw.data(), {D}, DType::F32), 1e-5f, false, normed});
+          return be.to_host(part == 2 ? xs : part == 3 ? coeff : normed);
+        });
+      check("hc_post_mean", sh, 1e-5, [&](Backend& be) {
+        DTensor xs = be.upload(x.data(), {T, N * D}, DType::F32), coeff = be.alloc({T, C}, DType::F32),
+                in = be.alloc({T, D}, DType::F32), out = be.alloc({T, D}, DType::F32);
+        std::vector<float> sc(scale);
+        for (float& v : sc) v += 1.f;
+        be.hc_pre(xs, be.upload(fn.data(), {C, N * D}, DType::F32), be.upload(base.data(), {C}, DType::F32),
+                  be.upload(sc.data(), {3}, DType::F32), hp, coeff, in);
+        be.hc_post_mean(xs, coeff, be.upload(y.data(), {T, D}, be.act_dtype()), N, out);
+        return be.to_host(out);
+      });
+      {  // on cuda bitwise the two calls it fuses
+        Backend& be = *backends().gpu;
+        DTensor x1 = be.upload(x.data(), {T, N * D}, DType::F32), x2 = be.upload(x.data(), {T, N * D}, DType::F32),
+                coeff = be.alloc({T, C}, DType::F32), in = be.alloc({T, D}, DType::F32),
+                o1 = be.alloc({T, D}, DType::F32), o2 = be.alloc({T, D}, DType::F32),
+                ya = be.upload(y.data(), {T, D}, be.act_dtype());
+        std::vector<float> sc(scale);
+        for (float& v : sc) v += 1.f;
+        be.hc_pre(x1, be.upload(fn.data(), {C, N * D}, DType::F32), be.upload(base.data(), {C}, DType::F32),
+                  be.upload(sc.data(), {3}, DType::F32), hp, coeff, in);
+        be.hc_post_mean(x1, coeff, ya, N, o1);
+        be.hc_post(x2, coeff, ya, N);
+        be.hc_mean(x2, N, o2);
+        INFO("hc_post_mean vs hc_post + hc_mean on cuda, " << sh);
+        CHECK(be.to_host(o1) == be.to_host(o2));
+      }
     }
 }
 

@@ -960,11 +960,10 @@ class CudaBackend final : public Backend {
     const int64_t T = w.rows(), D = cache.cols() / 2, S = cache.rows(), NP = S / P;
     if (T == 0) return;
     DZ_CHECK(cache.dtype == DType::BF16 && q.dtype == DType::BF16, "indexer_kpool_topk: bf16 cache and queries");
-    DTensor kp = alloc({std::max<int64_t>(NP, 1), D}, DType::F32), k3 = alloc({3, std::max<int64_t>(NP, 1), D}, DType::BF16);
+    DTensor kp = alloc({std::max<int64_t>(NP, 1), D}, DType::F32), k3 = alloc({std::max<int64_t>(NP, 1), 3 * D}, DType::BF16);
     cuda::kpool_pooled_keys(b16(cache), ape.ptr<float>(), S, D, P, kp.ptr<float>(), st());
-    const int64_t nk = std::max<int64_t>(NP, 1) * D;
-    cuda::split_bf16x3(kp.ptr<float>(), nk, b16w(k3), st());  // hi | mid | lo
-    group_pick(q, w, wscale, {b16(k3) + 2 * nk, b16(k3) + nk, b16(k3)}, D, NP, P, pos0, H, Kp, tail, sel);
+    cuda::split_bf16x3_rows(kp.ptr<float>(), std::max<int64_t>(NP, 1), D, b16w(k3), st());  // [NP, lo | mid | hi]
+    group_pick(q, w, wscale, b16(k3), 3, D, NP, P, pos0, H, Kp, tail, sel);
   }
   void pool_softmax(const DTensor& src, const DTensor& ape, int64_t P, const DTensor& out) override {
     const int64_t D = src.cols() / 2, S = src.rows();
@@ -985,7 +984,7 @@ class CudaBackend final : public Backend {
     DZ_CHECK((pos0 + T) / P <= NG, "group_topk: rows reach group ", (pos0 + T) / P - 1, " beyond ", NG, " groups");
     if (T == 0) return;
     DZ_CHECK(keys.dtype == DType::BF16, "group_topk: bf16 keys");
-    group_pick(q, w, wscale, {b16(keys)}, D, NG, P, pos0, H, K, false, sel, true);
+    group_pick(q, w, wscale, b16(keys), 1, D, NG, P, pos0, H, K, false, sel, true);
   }
   void dsv4_attention(const DTensor& q, const DTensor& raw, const DTensor& comp, const DTensor& sel,
                       const DTensor& sinks, int64_t pos0, int64_t H, int64_t W, int64_t m, float scale,
@@ -1007,33 +1006,45 @@ class CudaBackend final : public Backend {
   // queries over the groups the block's last query sees, then the head-weighted ReLU sum and the
   // block Top-K; blocks keep the [rows * H, groups] product scratch near 512 MiB. groups_only:
   // sel [T, Kp] holds the groups, else their tokens. The products run on tensor cores, as the
-  // router's: the keys kp [>= NP, D] come as bf16 parts, smallest first, whose sum is the fp32 keys
-  // exactly (split_bf16x3), or as the one bf16 part they are; q is bf16, so every product is exact
-  // and the fp32 accumulation is the only rounding (the CPU's fp32 scores within summation order),
-  // as in the fp32 SIMT GEMM this replaced (0.84 ms of a GLM-5.3-Flash 4-layer forward at T = 8192,
-  // docs/perf/ncu_glm5_3_flash_4l_T8192_2e3de59.json).
-  void group_pick(const DTensor& q, const DTensor& w, float wscale, std::initializer_list<const bf16*> kp, int64_t D,
-                  int64_t NP, int64_t P, int64_t pos0, int64_t H, int64_t Kp, bool tail, const DTensor& sel,
+  // router's: the keys kp [>= NP, parts * D] come as the one bf16 part they are (parts 1), or as
+  // three bf16 parts per row, smallest first, whose sum is the fp32 keys exactly
+  // (split_bf16x3_rows); q is bf16, so every product is exact and the fp32 accumulation is the only
+  // rounding (the CPU's fp32 scores within summation order), as in the fp32 SIMT GEMM this replaced
+  // (0.84 ms of a GLM-5.3-Flash 4-layer forward at T = 8192, ncu_glm5_3_flash_4l_T8192_2e3de59.json).
+  // Three parts are one GEMM over K = 3D against q repeated three times in a row, not three GEMMs
+  // accumulating into the product: the [T * H, NP] fp32 product (537 MB at GLM-5.3-Flash's T = 8192)
+  // is then written once instead of written three times and read twice (0.7 ms of its 1.0).
+  void group_pick(const DTensor& q, const DTensor& w, float wscale, const bf16* kp, int parts, int64_t D, int64_t NP,
+                  int64_t P, int64_t pos0, int64_t H, int64_t Kp, bool tail, const DTensor& sel,
                   bool groups_only = false) {
-    const int64_t T = w.rows();
+    const int64_t T = w.rows(), KD = parts * D;
     DTensor ws = alloc({T, H}, DType::F32);
     CUDA_CHECK(cudaMemcpyAsync(ws.data, w.data, size_t(T * H) * 4, cudaMemcpyDeviceToDevice, st()));
     cuda::scale(ws.ptr<float>(), wscale, T * H, st());
-    const int64_t block = std::max<int64_t>(1, std::min<int64_t>(T, (int64_t(1) << 27) / std::max<int64_t>(H * NP, 1)));
+    // rows * H * max(NP, KD) <= 2^27: the fp32 products and the repeated q under 512 / 256 MiB
+    const int64_t wide = std::max<int64_t>(std::max<int64_t>(NP, 1), parts > 1 ? KD : 1);
+    const int64_t block = std::max<int64_t>(1, std::min<int64_t>(T, (int64_t(1) << 27) / std::max<int64_t>(H * wide, 1)));
     const int64_t cols = std::max<int64_t>(NP, 1);
     DTensor prod = alloc({block * H, cols}, DType::F32), scores = alloc({block, cols}, DType::F32),
             groups = alloc({block, Kp}, DType::I32);
+    DTensor q3;
+    if (parts > 1) q3 = alloc({block * H, KD}, DType::BF16);
     const int64_t width = sel.cols();
     const float one = 1.f, zero = 0.f;
     for (int64_t t0 = 0; t0 < T; t0 += block) {
       const int64_t n = std::min(block, T - t0), nv = (pos0 + t0 + n) / P;  // groups visible to the block
       const int64_t ld = std::max<int64_t>(nv, 1);
-      int part = 0;
-      if (nv > 0)
-        for (const bf16* k : kp)  // prod^T [nv, n*H] (column-major) += kp part [nv, D] (rows of D) x q rows
-          CUBLAS_CHECK(cublasGemmEx(blas_, CUBLAS_OP_T, CUBLAS_OP_N, int(nv), int(n * H), int(D), &one, k, CUDA_R_16BF,
-                                    int(D), b16(q) + t0 * H * D, CUDA_R_16BF, int(D), part++ ? &one : &zero, prod.data,
-                                    CUDA_R_32F, int(ld), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+      const bf16* qb = b16(q) + t0 * H * D;
+      if (nv > 0 && parts > 1) {  // q3 [n * H, parts * D]: each q row once per key part
+        for (int i = 0; i < parts; ++i)
+          CUDA_CHECK(cudaMemcpy2DAsync(b16w(q3) + i * D, size_t(KD) * 2, qb, size_t(D) * 2, size_t(D) * 2,
+                                       size_t(n * H), cudaMemcpyDeviceToDevice, st()));
+        qb = b16(q3);
+      }
+      if (nv > 0)  // prod^T [nv, n*H] (column-major) = kp [nv, KD] (rows of KD) x q rows
+        CUBLAS_CHECK(cublasGemmEx(blas_, CUBLAS_OP_T, CUBLAS_OP_N, int(nv), int(n * H), int(KD), &one, kp, CUDA_R_16BF,
+                                  int(KD), qb, CUDA_R_16BF, int(KD), &zero, prod.data, CUDA_R_32F, int(ld),
+                                  CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
       int32_t* out = sel.ptr<int32_t>() + t0 * width;
       cuda::kpool_pick(prod.ptr<float>(), ld, ws.ptr<float>() + t0 * H, n, pos0 + t0, H, P, Kp, tail,
                        scores.ptr<float>(), groups_only ? out : groups.ptr<int32_t>(), groups_only ? nullptr : out,
@@ -1105,6 +1116,49 @@ class CudaBackend final : public Backend {
   }
   void hc_expand(const DTensor& h, int64_t N, const DTensor& x) override {
     cuda::hc_expand(h.ptr<float>(), int(N), h.rows(), h.cols(), x.ptr<float>(), st());
+  }
+  // The streams h, ..., h never materialised for the first sub-layer: its projection is h · fsᵀ with
+  // fs the fn blocks summed (a quarter of the GEMM at N = 4) and its collapse reads h once; its post
+  // reads h for every old stream. (GLM-5.3-Flash at T = 8192: the expand wrote 537 MB and the
+  // projection read it back, 0.18 + 0.31 ms.)
+  void hc_pre_expand(const DTensor& h, int64_t N, const DTensor& x, const DTensor& fn, const DTensor& base,
+                     const DTensor& scale, const HcParams& p, const DTensor& coeff, const DTensor& in) override {
+    const int64_t T = h.rows(), D = h.cols(), C = fn.rows();
+    DZ_CHECK(fn.cols() == N * D && x.numel() == T * N * D && in.numel() == T * D, "hc_pre_expand: h ",
+             shape_str(h.shape), ", fn ", shape_str(fn.shape), ", streams ", shape_str(x.shape));
+    DTensor fs = alloc({C, D}, DType::F32), m = alloc({T, C}, DType::F32);
+    cuda::hc_fn_sum(fn.ptr<float>(), C, int(N), D, fs.ptr<float>(), st());
+    gemm(h.data, fs.data, m.data, DType::F32, DType::F32, T, D, C);
+    cuda::hc_pre(h.ptr<float>(), m.ptr<float>(), base.ptr<float>(), scale.ptr<float>(), hc_kernel_params(p), T, D,
+                 coeff.ptr<float>(), in.ptr<float>(), st(), true);
+  }
+  void hc_post_pre_expand(const DTensor& h, const DTensor& x, const DTensor& coeff, const DTensor& y, int64_t N,
+                          const DTensor& fn, const DTensor& base, const DTensor& scale, const HcParams& p,
+                          const DTensor& coeff_next, const DTensor& in_next, const HcNorm& norm) override {
+    const int64_t T = y.rows(), D = y.cols();
+    const bool yb = y.dtype == DType::BF16;
+    const DType od = norm.out.dtype;
+    if (!(yb || y.dtype == DType::F32) || (od != DType::BF16 && od != DType::F32) || h.numel() != T * D ||
+        !cuda::hc_post_coeff_fits(int(N), D, x.ptr<float>(), y.data, yb, fn.ptr<float>(), h.ptr<float>())) {
+      Backend::hc_post_pre_expand(h, x, coeff, y, N, fn, base, scale, p, coeff_next, in_next, norm);
+      return;
+    }
+    DZ_CHECK(x.cols() == N * D && fn.cols() == N * D && fn.rows() == (2 + N) * N && norm.out.numel() == T * D &&
+                 (!norm.w.defined() || norm.w.numel() == D),
+             "hc_post_pre_expand: streams ", shape_str(x.shape), ", fn ", shape_str(fn.shape), ", y ", shape_str(y.shape),
+             ", norm out ", shape_str(norm.out.shape));
+    cuda::hc_post_coeff(x.ptr<float>(), coeff.ptr<float>(), y.data, yb, int(N), T, D, fn.ptr<float>(),
+                        base.ptr<float>(), scale.ptr<float>(), hc_kernel_params(p), coeff_next.ptr<float>(), st(),
+                        h.ptr<float>());
+    cuda::hc_collapse_norm(x.ptr<float>(), coeff_next.ptr<float>(), int(N), T, D, optf(norm.w), norm.eps, norm.zc,
+                           norm.out.data, od == DType::BF16, st());
+  }
+  void hc_post_mean(const DTensor& x, const DTensor& coeff, const DTensor& y, int64_t N, const DTensor& out) override {
+    DZ_CHECK(y.dtype == DType::BF16 || y.dtype == DType::F32, "hc_post_mean: y is ", to_string(y.dtype));
+    DZ_CHECK(out.numel() == y.numel() && x.numel() == N * y.numel(), "hc_post_mean: streams ", shape_str(x.shape),
+             ", y ", shape_str(y.shape), ", out ", shape_str(out.shape));
+    cuda::hc_post(x.ptr<float>(), coeff.ptr<float>(), y.data, y.dtype == DType::BF16, int(N), y.rows(), y.cols(), st(),
+                  out.ptr<float>());
   }
   void hc_mean(const DTensor& x, int64_t N, const DTensor& out) override {
     cuda::hc_mean(x.ptr<float>(), int(N), out.rows(), out.cols(), out.ptr<float>(), st());
