@@ -14,6 +14,8 @@
 # whole run takes ~11 min on the H200 with a cold build: the device tool's 600 s per command holds
 # it as DZ_GPU_SKIP_CRASH=1, then DZ_GPU_CRASH_ONLY=1. Exit status: non-zero when anything failed.
 #   bash scripts/gpu-tests.sh PREFIX BUILD_DIR LOG_DIR [test specs...]
+# (Catch2 v2 test specs: several test cases as ONE argument, comma-separated, e.g. "*mHC*,*k-pool*";
+# separate arguments are ANDed, and a filter that matches nothing still exits 0 with "No tests ran".)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 P=${1:?prefix dir}; B=${2:?build dir}; L=${3:?log dir}
