@@ -1,7 +1,7 @@
 #!/bin/bash
 # The queued kernel experiments in one device command (each builds with nvcc alone: no prefix
 # needed), logs under $OUT/<name>/:
-#   bash kernels/dev/run_queued.sh [smla] [smlaprof] [moe]      (default: all)
+#   bash kernels/dev/run_queued.sh [smla] [smlaprof] [moe] [laprof]      (default: all)
 #   smla:  production's sparse MLA (kernels/dev/sparse_mla/run.sh: tested against fp64, benched) and
 #          the variant file SMLA_VARIANT (none queued) built in its place and run the same way,
 #          outputs compared bitwise (a variant with other arithmetic differs: the fp64 tests
@@ -12,11 +12,13 @@
 #          queued): every loader's test grid vs fp64, with and without the 2-CTA clusters, bench vs
 #          cuBLAS; then on the bench's measured (skewed) routing of GLM-5.3-Flash and Qwen3.5 at
 #          T = 8192 (rows_*.txt)
+#   laprof: kernels/dev/linear_attn/profile.sh: ncu of the KDA prep kernel (mma_prep_kernel) with its
+#          stall samples per source line (the next step on KDA: docs/perf/README.md, eighth session)
 # (Lost and gone: the up GEMM with the activation in its epilogue and hc_post_coeff double-buffered
 # by cp.async, docs/perf/experiments_2026-12-03e.txt; the SwiGLU GEMM on the swap-AB kernel,
 # docs/perf/experiments_2026-12-04.txt.)
 O=${OUT:-/tmp/exp}
-parts=${*:-smla smlaprof moe}
+parts=${*:-smla smlaprof moe laprof}
 for p in $parts; do
   mkdir -p "$O/$p"
   t0=$(date +%s)
@@ -32,6 +34,7 @@ for p in $parts; do
         DZ_BENCH_ROWS=kernels/dev/moe_gemm/rows_qwen3_5_dummy_T8192.txt timeout 40 /tmp/$b --bench "Qwen3.5-35B-A3B T=8192" 2>&1 |
           grep -E "rows per|grouped_gemm_tc|swiglu|clusters|spot" | sed "s/^/$b: /"
       done | tee $O/moe/bench_rows.txt ;;
+    laprof) OUT=$O/laprof timeout 420 bash kernels/dev/linear_attn/profile.sh ;;
     *) echo "unknown part $p" ;;
   esac
   echo "== $p: rc $? in $(($(date +%s) - t0)) s"

@@ -1,0 +1,46 @@
+#!/bin/bash
+# On the GPU machine, from the repository root: where the KDA prep kernel's time goes (mma_prep_kernel:
+# 1.18 ms a layer of GLM-5.3-Flash's forward at T = 8192, 3-4x its roofline; docs/cuda_linear_attention.md
+# has the last profile, b2f09e7). Builds the dev harness with -lineinfo (run_gpu.sh BUILD_ONLY=1), then ncu
+# over the first mma_prep_kernel launch of its bench (KDA, H = 32, T = 65536: GLM's per-layer work x 4):
+# speed of light, occupancy, warp states, and the stall samples per CUDA source line, summarised; the raw
+# reports stay under $OUT.   bash kernels/dev/linear_attn/profile.sh
+O=${OUT:-/tmp/la_prof}
+B=${BUILD_DIR:-/tmp/la_build}
+mkdir -p "$O"
+EXTRA_NVFLAGS=-lineinfo BUILD_ONLY=1 OUT=$O BUILD_DIR=$B bash kernels/dev/linear_attn/run_gpu.sh || exit 1
+timeout 300 ncu --kernel-name regex:mma_prep_kernel --launch-count 1 --import-source yes \
+  --section SpeedOfLight --section Occupancy --section WarpStateStats --section SchedulerStats \
+  --section MemoryWorkloadAnalysis --section SourceCounters -o "$O/prep" -f "$B/la" --bench > "$O/ncu_run.txt" 2>&1
+echo "ncu rc $?"
+ncu -i "$O/prep.ncu-rep" --page details > "$O/details.txt" 2>&1
+grep -E "Duration|Achieved Occupancy|Registers Per|Theoretical Occ|Compute \(SM\) Throughput|Memory Throughput|Issue Slots Busy|No Eligible|Warp Cycles Per Issued" "$O/details.txt" | head -20
+ncu -i "$O/prep.ncu-rep" --page source --csv --print-source cuda > "$O/source.csv" 2> "$O/source_err.txt" ||
+  { echo "per-line export failed:"; head -3 "$O/source_err.txt"; }
+python3 - "$O/source.csv" <<'PY'
+import csv, sys
+try:
+    rows = list(csv.reader(open(sys.argv[1])))
+except OSError:
+    sys.exit("no source.csv")
+hi = next((i for i, r in enumerate(rows) if any("Source" == c.strip() or "# Source" in c for c in r)), None)
+if hi is None:
+    sys.exit("no header in source.csv: " + " | ".join(rows[0][:6]) if rows else "empty source.csv")
+h = rows[hi]
+def col(*keys):
+    for i, c in enumerate(h):
+        if all(k.lower() in c.lower() for k in keys): return i
+    return None
+src, samp = col("source"), col("stall", "sampling", "all") or col("sampling", "all") or col("samples")
+line = col("line") or 0
+if samp is None:
+    sys.exit("no stall-sampling column: " + " | ".join(h))
+def num(x):
+    try: return float(x.replace(",", ""))
+    except ValueError: return 0.0
+body = [r for r in rows[hi + 1:] if len(r) > max(samp, src or 0)]
+tot = sum(num(r[samp]) for r in body) or 1.0
+print(f"stall samples per source line ({h[samp]}), top 30 of {int(tot)}:")
+for r in sorted(body, key=lambda r: -num(r[samp]))[:30]:
+    print(f"  {100 * num(r[samp]) / tot:5.1f} %  {r[line]:>6}  {(r[src] if src is not None else '').strip()[:110]}")
+PY
