@@ -175,7 +175,7 @@ DocResult chunked_document(const Model& model, int64_t doc, const std::vector<in
         break;
     }
   }
-  if (p.mode == OutputMode::LastLogits) r.values = last;
+  if (p.mode == OutputMode::LastLogits) r.values = std::move(last);
   if (p.mode == OutputMode::Generate) generate(model, doc, p, st, last, tick, r, stats);
   r.stats.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return r;
@@ -375,6 +375,10 @@ std::vector<DocResult> compute_packed(const Model& model, const std::vector<int6
         model.logits(last_rows, lg.data());
       }
       if (p.mode == OutputMode::LastLogits) {
+        if (B == 1) {  // no copy: the host's work after the device's last step is the forward's time too
+          res[0].values = std::move(lg);
+          break;
+        }
         for (size_t b = 0; b < B; ++b) res[b].values.assign(lg.begin() + int64_t(b) * V, lg.begin() + int64_t(b + 1) * V);
         break;
       }

@@ -26,12 +26,12 @@ DTensor LmHead::shard_logits(const DTensor& hidden, int64_t r0, int64_t m) const
 
 void LmHead::logits_full(const DTensor& hidden, float* out) const {
   const int64_t rows = hidden.numel() / D_, n = v1_ - v0_;
-  std::vector<float> mine(static_cast<size_t>(rows * n));
-  if (rows) be_->download(shard_logits(hidden, 0, rows), mine.data());
-  if (tp_.size == 1) {
-    std::copy(mine.begin(), mine.end(), out);
+  if (tp_.size == 1) {  // straight into the caller's rows: no host copy after the device's last step
+    if (rows) be_->download(shard_logits(hidden, 0, rows), out);
     return;
   }
+  std::vector<float> mine(static_cast<size_t>(rows * n));
+  if (rows) be_->download(shard_logits(hidden, 0, rows), mine.data());
   // Shards arrive in TP-rank order = vocabulary order; re-interleave per row.
   std::vector<float> all = tp_.comm->allgatherv(mine);
   int64_t off = 0;
