@@ -1,7 +1,7 @@
 #!/bin/bash
 # The queued kernel experiments in one device command (each builds with nvcc alone: no prefix
 # needed), logs under $OUT/<name>/:
-#   bash kernels/dev/run_queued.sh [smla] [smlaprof] [moe] [laprof] [conv]      (default: all)
+#   bash kernels/dev/run_queued.sh [smla] [smlaprof] [moe] [laprof] [conv] [hc]      (default: all)
 #   smla:  production's sparse MLA (kernels/dev/sparse_mla/run.sh: tested against fp64, benched) and
 #          the variant file SMLA_VARIANT (none queued) built in its place and run the same way,
 #          outputs compared bitwise (a variant with other arithmetic differs: the fp64 tests
@@ -17,11 +17,14 @@
 #   conv:  kernels/dev/short_conv/run.sh: short-conv prefill variants (more bytes in flight: deeper
 #          register prefetch, cp.async row blocks in shared memory) bitwise against production, then
 #          timed at GLM-5.3-Flash's q|k|v shape (production: ~1.75 TB/s, 0.46 ms a call at 482a8d3)
+#   hc:    kernels/dev/hyper/run.sh: hc_post_coeff with its projection on tensor cores (3xTF32,
+#          kernels/dev/hyper/hyper_tc.cu) and production, both against the CPU reference, then timed
+#          at GLM-5.3-Flash's shape (production: 0.474 ms a call, 7 a forward, at 482a8d3)
 # (Lost and gone: the up GEMM with the activation in its epilogue and hc_post_coeff double-buffered
 # by cp.async, docs/perf/experiments_2026-12-03e.txt; the SwiGLU GEMM on the swap-AB kernel,
 # docs/perf/experiments_2026-12-04.txt.)
 O=${OUT:-/tmp/exp}
-parts=${*:-smla smlaprof moe laprof conv}
+parts=${*:-smla smlaprof moe laprof conv hc}
 for p in $parts; do
   mkdir -p "$O/$p"
   t0=$(date +%s)
@@ -39,6 +42,7 @@ for p in $parts; do
       done | tee $O/moe/bench_rows.txt ;;
     laprof) OUT=$O/laprof timeout 420 bash kernels/dev/linear_attn/profile.sh ;;
     conv) OUT=$O/conv timeout 200 bash kernels/dev/short_conv/run.sh ;;
+    hc) OUT=$O/hc timeout 400 bash kernels/dev/hyper/run.sh ;;
     *) echo "unknown part $p" ;;
   esac
   echo "== $p: rc $? in $(($(date +%s) - t0)) s"
