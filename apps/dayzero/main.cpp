@@ -57,6 +57,21 @@ int main(int argc, char** argv) {
   run->add_flag("--eager-decode", ro.eager_decode,
                 "Generate mode on the GPU: issue every decode op one by one instead of replaying CUDA graphs of the "
                 "linear-attention, FFN and norm runs (the same results; for debugging and timing)");
+  run->add_option("--speculative", ro.speculative,
+                  "Generate mode: speculative decoding with drafts from n-gram matches in the document (ngram) or "
+                  "the checkpoint's MTP layers (mtp), or what an earlier run generated (oracle, --oracle-drafts: the "
+                  "ceiling of speculation, for measurements), verified in one forward; greedy output equals plain "
+                  "decoding")
+      ->check(CLI::IsMember({"ngram", "mtp", "oracle"}));
+  run->add_option("--oracle-drafts", ro.oracle_drafts,
+                  "--speculative oracle: the output of an earlier generate run over the same input");
+  run->add_option("--draft-tokens", ro.draft_tokens, "Speculative decoding: draft tokens per step, at most")
+      ->capture_default_str();
+  run->add_option("--spec-restore", ro.spec_restore,
+                  "Speculative decoding: how linear-attention states undo rejected drafts: replay (snapshot, then "
+                  "the scan again over the accepted tokens) | per-token (the state after every verified token kept)")
+      ->check(CLI::IsMember({"replay", "per-token"}))
+      ->capture_default_str();
   run->add_flag("--resume", ro.resume, "Continue OUT (or OUT.part), skipping documents already done");
   run->add_flag("--overwrite", ro.overwrite, "Replace an existing OUT when the new run completes");
   run->add_option("--report", ro.report, "Write a JSON report (documents, tokens, tokens/s, per-document times)");

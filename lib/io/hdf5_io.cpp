@@ -199,6 +199,36 @@ InputFile::InputFile(const std::string& path) : path_(path) {
   tokens_ = tokens.release();
 }
 
+std::vector<std::vector<int32_t>> read_generated(const std::string& path) {
+  h5::init();
+  int fd = ::open(path.c_str(), O_RDONLY);
+  DZ_CHECK(fd >= 0, path, ": cannot open: ", std::strerror(errno));
+  ::close(fd);
+  Handle fapl = h5::file_access();
+  Handle file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, fapl.get()));
+  DZ_CHECK(file, path, ": not an HDF5 file or cannot be opened");
+  DZ_CHECK(H5Lexists(file.get(), "generated", H5P_DEFAULT) > 0 && H5Lexists(file.get(), "generated_offsets", H5P_DEFAULT) > 0,
+           path, ": not a finished generate-mode output (no /generated and /generated_offsets)");
+  Handle gen = open_int_1d(file.get(), path, "generated");
+  Handle off = open_int_1d(file.get(), path, "generated_offsets");
+  const hsize_t n = h5::dims_of(gen.get())[0], n_off = h5::dims_of(off.get())[0];
+  DZ_CHECK(n_off >= 1 && n_off - 1 <= (hsize_t(1) << 31), path, ": /generated_offsets has ", n_off, " entries");
+  std::vector<int64_t> o(n_off);
+  std::vector<int32_t> g(n);
+  Handle dxpl = strict_transfer();
+  DZ_CHECK(transfer(false, off.get(), H5T_NATIVE_INT64, {0}, {n_off}, o.data(), dxpl.get()), path,
+           ": cannot read /generated_offsets");
+  if (n) DZ_CHECK(transfer(false, gen.get(), H5T_NATIVE_INT32, {0}, {n}, g.data(), dxpl.get()), path, ": cannot read /generated");
+  DZ_CHECK(o[0] == 0 && o.back() == int64_t(n), path, ": /generated_offsets run from ", o[0], " to ", o.back(), ", not 0 to ",
+           n);
+  std::vector<std::vector<int32_t>> out(n_off - 1);
+  for (size_t i = 0; i + 1 < n_off; ++i) {
+    DZ_CHECK(o[i + 1] >= o[i], path, ": /generated_offsets decrease at document ", i);
+    out[i].assign(g.begin() + o[i], g.begin() + o[i + 1]);
+  }
+  return out;
+}
+
 InputFile::~InputFile() {
   if (tokens_ >= 0) Handle::close_id(tokens_);
   if (file_ >= 0) Handle::close_id(file_);

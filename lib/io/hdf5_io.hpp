@@ -58,6 +58,11 @@ class InputFile {
   mutable bool validated_ = false;
 };
 
+// The generated tokens of a finished generate-mode output (/generated, /generated_offsets), per
+// document; oracle drafts for speculative decoding (DESIGN §11) come from a plain run's output.
+// Throws one-line errors naming the file for anything else.
+std::vector<std::vector<int32_t>> read_generated(const std::string& path);
+
 // Writes a synthetic or given token set as an input file (make-input, tests).
 void write_input_file(const std::string& path, const std::vector<int32_t>& tokens, const std::vector<int64_t>& offsets);
 
@@ -78,6 +83,8 @@ struct DocStats {
   double seconds = 0;  // wall time of the document on its rank
   int64_t tokens = 0;  // input tokens
   int32_t rank = -1;   // world rank that computed it
+  // speculative generation: verify forwards, draft tokens proposed and accepted (report only)
+  int64_t spec_steps = 0, spec_drafted = 0, spec_accepted = 0;
 };
 
 class OutputFile {

@@ -10,6 +10,7 @@
 #include "core/hash.hpp"
 #include "core/log.hpp"
 #include "dist/seq_layout.hpp"
+#include "job/speculative.hpp"
 #include "model/decode_runner.hpp"
 
 namespace dz {
@@ -68,9 +69,129 @@ namespace {
 // the step's batch (its rows are computed and dropped) until half the batch has finished: the
 // decode graphs are captured again only when the batch shrinks, log2(B) times at most, not once per
 // finished document.
+// Speculative continuation (DESIGN §11, job/speculative.hpp) of the same documents: each step
+// every live document forwards its current token and its draft (n-gram matches in its prompt and
+// what it generated) in one packed verify forward; the drafts are accepted while each equals the
+// model's choice at the row before (greedy: the argmax; sampling: rejection sampling, the residual
+// on rejection) and the model's own choice at the first rejected row (or after the last draft)
+// becomes the next current token; every layer then keeps the verified rows of the accepted prefix
+// (Model::spec_keep). A document's token choices are those of plain decoding: greedy equal token
+// for token, sampling equal in distribution (with no draft, the same draw as choose_token).
+void spec_decode_batch(const Model& model, const std::vector<int64_t>& docs, const std::vector<Model::State*>& st,
+                       const std::vector<float>& lg, const ModeParams& p, const std::function<void()>& tick,
+                       const std::vector<std::vector<int32_t>*>& ids,
+                       const std::vector<const std::vector<int32_t>*>& prompts, const std::vector<DocStats*>& dst,
+                       WorkStats* stats) {
+  const int64_t V = model.config().vocab_size;
+  const size_t B = docs.size();
+  const bool greedy = p.temperature <= 0.0;
+  DZ_CHECK(p.speculative == "ngram" || (p.speculative == "oracle" && p.oracle), "--speculative ", p.speculative,
+           ": only ngram and oracle drafts are built (mtp is not yet)");
+  DZ_CHECK(p.draft_tokens >= 1, "--draft-tokens must be >= 1 (got ", p.draft_tokens, ")");
+  DZ_CHECK(prompts.size() == B && dst.size() == B && ids.size() == B, "speculative decode: ", B, " documents, ",
+           prompts.size(), " prompts, ", dst.size(), " stats");
+  WorkStats::Timer timer(stats, "decode");
+  std::vector<std::unique_ptr<Drafter>> dr;
+  for (size_t b = 0; b < B; ++b) {
+    if (p.speculative == "oracle") {
+      DZ_CHECK(docs[b] >= 0 && docs[b] < int64_t(p.oracle->size()), "oracle drafts: no document ", docs[b]);
+      dr.push_back(std::make_unique<OracleDrafter>((*p.oracle)[size_t(docs[b])]));
+    } else {
+      dr.push_back(std::make_unique<NgramDrafter>(*prompts[b]));
+    }
+  }
+  std::vector<char> live(B, 1);
+  std::vector<int32_t> cur(B, 0);  // the chosen token a live document forwards next
+  auto emit = [&](size_t b, int32_t tok) {  // false: the document is finished
+    ids[b]->push_back(tok);
+    dr[b]->push(tok);
+    if (tok == model.config().eos_token_id || int64_t(ids[b]->size()) >= p.max_new_tokens) live[b] = 0;
+    return bool(live[b]);
+  };
+  for (size_t b = 0; b < B; ++b) {
+    const int32_t tok = choose_token(lg.data() + int64_t(b) * V, V, p.temperature, p.seed, docs[b], 0);
+    if (emit(b, tok)) cur[b] = tok;
+  }
+  std::vector<int32_t> row_ids;
+  std::vector<float> row_lg;
+  int64_t steps = 0, drafted = 0, accepted = 0;
+  for (;;) {
+    std::vector<size_t> act;
+    std::vector<std::vector<int32_t>> drafts;
+    std::vector<int32_t> toks;
+    std::vector<int64_t> cu{0};
+    std::vector<Model::State*> sp;
+    for (size_t b = 0; b < B; ++b) {
+      if (!live[b]) continue;
+      // at most the tokens still to generate, less the one the model adds after the drafts
+      const int64_t room = p.max_new_tokens - int64_t(ids[b]->size()) - 1;
+      drafts.push_back(dr[b]->draft(std::min(p.draft_tokens, room)));
+      toks.push_back(cur[b]);
+      toks.insert(toks.end(), drafts.back().begin(), drafts.back().end());
+      cu.push_back(int64_t(toks.size()));
+      sp.push_back(st[b]);
+      act.push_back(b);
+    }
+    if (act.empty()) break;
+    model.spec_begin(sp, p.spec_restore);
+    const DTensor h = model.forward_packed(toks.data(), cu, sp, tick);
+    ++steps;
+    const int64_t rows = int64_t(toks.size());
+    if (greedy) {
+      row_ids.resize(size_t(rows));
+      model.greedy(h, row_ids.data());
+    } else {
+      row_lg.resize(size_t(rows * V));
+      model.logits(h, row_lg.data());
+    }
+    std::vector<int64_t> keep(act.size());
+    for (size_t i = 0; i < act.size(); ++i) {
+      const size_t b = act[i];
+      const std::vector<int32_t>& d = drafts[i];
+      const int64_t k = int64_t(d.size()), r0 = cu[i];
+      int64_t a = 0;
+      for (int64_t j = 0; j <= k; ++j) {
+        const int64_t idx = int64_t(ids[b]->size());  // the generated tokens before this one
+        const float* row = greedy ? nullptr : row_lg.data() + (r0 + j) * V;
+        bool acc = false;
+        int32_t tok;
+        if (greedy) {
+          tok = row_ids[size_t(r0 + j)];
+          acc = j < k && tok == d[size_t(j)];
+        } else if (j < k) {
+          tok = accept_or_resample(row, V, p.temperature, d[size_t(j)], spec_uniform(p.seed, docs[b], idx, 0),
+                                   spec_uniform(p.seed, docs[b], idx, 1), &acc);
+        } else {
+          tok = choose_token(row, V, p.temperature, p.seed, docs[b], idx);
+        }
+        a += acc;
+        if (!emit(b, tok)) break;
+        if (!acc) {  // the model's own token: forwarded next step
+          cur[b] = tok;
+          break;
+        }
+      }
+      keep[i] = a + 1;  // the current token and the accepted drafts
+      dst[b]->spec_steps += 1, dst[b]->spec_drafted += k, dst[b]->spec_accepted += a;
+      drafted += k, accepted += a;
+    }
+    model.spec_keep(sp, keep);
+  }
+  if (stats) {
+    stats->counts["decode_steps"] += steps;
+    stats->counts["spec_drafted"] += drafted;
+    stats->counts["spec_accepted"] += accepted;
+  }
+}
+
 void decode_batch(const Model& model, const std::vector<int64_t>& docs, const std::vector<Model::State*>& st,
                   std::vector<float>& lg, const ModeParams& p, const std::function<void()>& tick,
-                  const std::vector<std::vector<int32_t>*>& ids, WorkStats* stats) {
+                  const std::vector<std::vector<int32_t>*>& ids, const std::vector<const std::vector<int32_t>*>& prompts,
+                  const std::vector<DocStats*>& dst, WorkStats* stats) {
+  if (!p.speculative.empty()) {
+    spec_decode_batch(model, docs, st, lg, p, tick, ids, prompts, dst, stats);
+    return;
+  }
   const int64_t V = model.config().vocab_size;
   const size_t B = docs.size();
   const bool greedy = p.temperature <= 0.0;
@@ -132,9 +253,10 @@ void decode_batch(const Model& model, const std::vector<int64_t>& docs, const st
 
 // One document's continuation. Every CP rank holds the whole document's state after the prefill,
 // so all of them decode the same tokens (TP collectives run inside each CP rank's TP group).
-void generate(const Model& model, int64_t doc, const ModeParams& p, Model::State& st, std::vector<float>& last,
-              const std::function<void()>& tick, DocResult& r, WorkStats* stats) {
-  decode_batch(model, {doc}, {&st}, last, p, tick, {&r.ids}, stats);
+void generate(const Model& model, int64_t doc, const std::vector<int32_t>& prompt, const ModeParams& p,
+              Model::State& st, std::vector<float>& last, const std::function<void()>& tick, DocResult& r,
+              WorkStats* stats) {
+  decode_batch(model, {doc}, {&st}, last, p, tick, {&r.ids}, {&prompt}, {&r.stats}, stats);
 }
 
 // The serial prefill in chunks of p.chunk_tokens: each chunk's rows go through the LM head as
@@ -176,7 +298,7 @@ DocResult chunked_document(const Model& model, int64_t doc, const std::vector<in
     }
   }
   if (p.mode == OutputMode::LastLogits) r.values = std::move(last);
-  if (p.mode == OutputMode::Generate) generate(model, doc, p, st, last, tick, r, stats);
+  if (p.mode == OutputMode::Generate) generate(model, doc, tokens, p, st, last, tick, r, stats);
   r.stats.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return r;
 }
@@ -274,7 +396,7 @@ DocResult compute_document(const Model& model, int64_t doc, const std::vector<in
     case OutputMode::Generate: {
       std::vector<float> last(static_cast<size_t>(V));
       model.logits(last_hidden(), last.data());
-      generate(model, doc, p, st, last, tick, r, par.stats);
+      generate(model, doc, tokens, p, st, last, tick, r, par.stats);
       break;
     }
   }
@@ -384,7 +506,10 @@ std::vector<DocResult> compute_packed(const Model& model, const std::vector<int6
       }
       std::vector<std::vector<int32_t>*> ids;
       for (auto& r : res) ids.push_back(&r.ids);
-      decode_batch(model, docs, sp, lg, p, tick, ids, stats);  // sp: the states of the prefill
+      std::vector<const std::vector<int32_t>*> prompts;
+      std::vector<DocStats*> dst;
+      for (size_t b = 0; b < B; ++b) prompts.push_back(&tokens[b]), dst.push_back(&res[b].stats);
+      decode_batch(model, docs, sp, lg, p, tick, ids, prompts, dst, stats);  // sp: the states of the prefill
       break;
     }
   }
@@ -398,12 +523,22 @@ struct Header {
   int64_t doc, tokens;
   double seconds;
   int32_t rank, pad;
+  int64_t spec_steps, spec_drafted, spec_accepted;
   uint64_t n_ids, n_values;
 };
 }  // namespace
 
 std::vector<char> pack(const DocResult& r) {
-  Header h{r.doc, r.stats.tokens, r.stats.seconds, r.stats.rank, 0, r.ids.size(), r.values.size()};
+  Header h{r.doc,
+           r.stats.tokens,
+           r.stats.seconds,
+           r.stats.rank,
+           0,
+           r.stats.spec_steps,
+           r.stats.spec_drafted,
+           r.stats.spec_accepted,
+           r.ids.size(),
+           r.values.size()};
   std::vector<char> b(sizeof h + r.ids.size() * 4 + r.values.size() * 4);
   std::memcpy(b.data(), &h, sizeof h);
   if (!r.ids.empty()) std::memcpy(b.data() + sizeof h, r.ids.data(), r.ids.size() * 4);
@@ -421,6 +556,7 @@ DocResult unpack(const std::vector<char>& b) {
   r.stats.tokens = h.tokens;
   r.stats.seconds = h.seconds;
   r.stats.rank = h.rank;
+  r.stats.spec_steps = h.spec_steps, r.stats.spec_drafted = h.spec_drafted, r.stats.spec_accepted = h.spec_accepted;
   r.ids.resize(size_t(h.n_ids));
   r.values.resize(size_t(h.n_values));
   if (h.n_ids) std::memcpy(r.ids.data(), b.data() + sizeof h, h.n_ids * 4);

@@ -2,6 +2,8 @@
 #pragma once
 #include <cstdint>
 #include <functional>
+#include <memory>
+#include <string>
 #include <vector>
 
 #include "io/hdf5_io.hpp"
@@ -22,6 +24,14 @@ struct ModeParams {
   // Generate mode: decode steps replay CUDA graphs where the backend has them
   // (model/decode_runner.hpp); false (--eager-decode): every step issues its ops one by one.
   bool decode_graphs = true;
+  // Generate mode: speculative decoding (DESIGN §11; job/speculative.hpp): "ngram" drafts up to
+  // draft_tokens tokens a step from the document itself, "oracle" from a previous run's output,
+  // and verifies them in one forward; "" decodes one token a step. spec_restore: how the recurrent states undo rejected drafts.
+  std::string speculative;
+  int64_t draft_tokens = 4;
+  SpecRestore spec_restore = SpecRestore::Replay;
+  // "oracle": each document's drafts are what a previous run generated for it ([doc] -> tokens)
+  std::shared_ptr<const std::vector<std::vector<int32_t>>> oracle;
 };
 
 struct DocResult {

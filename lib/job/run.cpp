@@ -209,6 +209,21 @@ int run_job(const RunOptions& opt) {
     DZ_CHECK(opt.max_batch_tokens >= 0, "--max-batch-tokens must be >= 0 (got ", opt.max_batch_tokens, ")");
     mp.chunk_tokens = opt.max_batch_tokens;
     mp.decode_graphs = !opt.eager_decode;
+    DZ_CHECK(opt.speculative.empty() || mp.mode == OutputMode::Generate, "--speculative needs --mode generate (got ",
+             opt.mode, ")");
+    DZ_CHECK(opt.speculative != "mtp",
+             "--speculative mtp: drafts from MTP layers are not built yet; use --speculative ngram");
+    DZ_CHECK(opt.speculative.empty() || opt.speculative == "ngram" || opt.speculative == "oracle",
+             "--speculative must be ngram, oracle or mtp (got ", opt.speculative, ")");
+    DZ_CHECK((opt.speculative == "oracle") == !opt.oracle_drafts.empty(),
+             "--oracle-drafts goes with --speculative oracle, and --speculative oracle needs it");
+    DZ_CHECK(opt.draft_tokens >= 1 && opt.draft_tokens <= 64, "--draft-tokens must be in 1..64 (got ",
+             opt.draft_tokens, ")");
+    DZ_CHECK(opt.spec_restore == "replay" || opt.spec_restore == "per-token",
+             "--spec-restore must be replay or per-token (got ", opt.spec_restore, ")");
+    mp.speculative = opt.speculative;
+    mp.draft_tokens = opt.draft_tokens;
+    mp.spec_restore = opt.spec_restore == "per-token" ? SpecRestore::PerToken : SpecRestore::Replay;
     DZ_CHECK(mp.mode != OutputMode::TopK || opt.topk >= 1, "--topk must be >= 1 (got ", opt.topk, ")");
     DZ_CHECK(mp.mode != OutputMode::Generate || opt.max_new_tokens >= 1, "--max-new-tokens must be >= 1 (got ",
              opt.max_new_tokens, ")");
@@ -251,6 +266,12 @@ int run_job(const RunOptions& opt) {
              "--kv-cache ", opt.kv_cache, " --index-quant ", opt.index_quant, ": DeepSeek-V4's caches are kept in the "
              "activation dtype only for now (--kv-cache bf16 --index-quant none)");
     input = std::make_unique<InputFile>(opt.input);
+    if (!opt.oracle_drafts.empty()) {  // every rank keeps every document's (small) oracle tokens
+      auto o = std::make_shared<std::vector<std::vector<int32_t>>>(read_generated(opt.oracle_drafts));
+      DZ_CHECK(int64_t(o->size()) == input->n_docs(), "--oracle-drafts ", opt.oracle_drafts, " has ", o->size(),
+               " documents, the input ", input->n_docs());
+      mp.oracle = std::move(o);
+    }
     if (world.rank() != 0) return;
     input->validate(c.vocab_size);
     DZ_CHECK(mp.mode != OutputMode::TopK || opt.topk <= c.vocab_size, "--topk ", opt.topk,
@@ -478,6 +499,11 @@ int run_job(const RunOptions& opt) {
       j["input"] = opt.input;
       j["output"] = opt.output;
       j["mode"] = opt.mode;
+      if (!opt.speculative.empty()) {
+        j["speculative"] = opt.speculative;
+        j["draft_tokens"] = opt.draft_tokens;
+        j["spec_restore"] = opt.spec_restore;
+      }
       j["backend"] = opt.backend;
       j["dummy_weights"] = opt.dummy_weights;
       j["load_seconds"] = load_seconds;
@@ -497,8 +523,19 @@ int run_job(const RunOptions& opt) {
       for (auto& r : writer.summary) by_doc.push_back(&r);
       std::sort(by_doc.begin(), by_doc.end(), [](auto* a, auto* b) { return a->doc < b->doc; });
       for (auto* r : by_doc)
-        per.push_back({{"doc", r->doc}, {"tokens", r->stats.tokens}, {"seconds", r->stats.seconds},
-                       {"rank", r->stats.rank}});
+      {
+        nlohmann::json d = {{"doc", r->doc}, {"tokens", r->stats.tokens}, {"seconds", r->stats.seconds},
+                            {"rank", r->stats.rank}};
+        if (!opt.speculative.empty()) {  // per verify step: drafts accepted, tokens generated
+          const DocStats& s = r->stats;
+          d["spec_steps"] = s.spec_steps;
+          d["drafts_proposed"] = s.spec_drafted;
+          d["drafts_accepted"] = s.spec_accepted;
+          d["mean_accepted_length"] = s.spec_steps ? double(s.spec_accepted) / double(s.spec_steps) : 0.0;
+          d["tokens_per_step"] = s.spec_steps ? double(s.spec_accepted + s.spec_steps) / double(s.spec_steps) : 0.0;
+        }
+        per.push_back(d);
+      }
       j["per_document"] = per;
       nlohmann::json ranks = nlohmann::json::array();
       std::string text(all_ranks.begin(), all_ranks.end());

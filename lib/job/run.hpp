@@ -22,6 +22,10 @@ struct RunOptions {
   int64_t max_batch_tokens = 0;  // > 0: prefill a document in forwards of at most this many tokens
   bool dummy_weights = false;  // config.json alone, deterministic random weights (benchmarks, planning)
   bool eager_decode = false;   // generate: no CUDA graphs (every decode op issued one by one)
+  std::string speculative;     // generate: "" (one token a step) | "ngram" | "oracle" | "mtp" (DESIGN §11)
+  std::string oracle_drafts;   // --speculative oracle: a previous generate run's output
+  int64_t draft_tokens = 4;    // speculative: draft tokens per step, at most
+  std::string spec_restore = "replay";  // speculative: replay | per-token (how recurrent states undo drafts)
   bool resume = false;
   bool overwrite = false;
   double progress_seconds = 30.0;  // rank 0 prints a progress line this often

@@ -31,6 +31,11 @@ struct RowStore {
   DTensor all() const { return view(0, n); }
   // Grows by k rows and returns the view to write them into.
   DTensor append(int64_t k);
+  // Drops the rows from r on (r <= rows(); the capacity stays).
+  void truncate(int64_t r) {
+    DZ_CHECK(r >= 0 && r <= n, "RowStore: truncate to ", r, " of ", n, " rows");
+    n = r;
+  }
   std::vector<float> host() const;
   RowStore deep_copy() const;
   bool operator==(const RowStore& o) const { return host() == o.host(); }

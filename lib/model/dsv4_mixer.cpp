@@ -61,6 +61,15 @@ struct Dsv4State : MixerState {
   }
 };
 
+// A verify forward's undo record (Dsv4Mixer::spec_begin): the compressors' pending rows and pooled
+// entries do not cut at a row, so undoing is the state before the verify forward (a snapshot)
+// forwarded again over the kept rows (the recorded mixer input).
+struct Dsv4Spec : SpecRecord {
+  std::unique_ptr<MixerState> before;
+  DTensor x;  // the verify forward's input rows (a copy)
+  bool noted = false;
+};
+
 // One compressor: rate m, entry width Dc; overlap (CSA): 2m slots per entry.
 struct Compressor {
   int64_t m = 0, Dc = 0, rd = 0;
@@ -205,11 +214,40 @@ class Dsv4Mixer : public Mixer {
     s->ipend.init(*be_, icomp_.width(), be_->act_dtype());
     return s;
   }
+  void spec_begin(MixerState& ms, SpecRestore) const override {
+    auto& st = static_cast<Dsv4State&>(ms);
+    auto r = std::make_unique<Dsv4Spec>();
+    r->before = st.clone();
+    st.spec = std::move(r);
+  }
+  void spec_keep(MixerState& ms, int64_t keep) const override {
+    auto& st = static_cast<Dsv4State&>(ms);
+    auto* r = dynamic_cast<Dsv4Spec*>(st.spec.get());
+    DZ_CHECK(r && r->noted, "DeepSeek-V4 mixer: spec_keep without spec_begin and a verify forward");
+    const int64_t T = r->x.rows();
+    DZ_CHECK(keep >= 1 && keep <= T && st.pos == r->before->pos + T, "DeepSeek-V4 mixer: keep ", keep,
+             " of a verify forward of ", T, " rows");
+    std::unique_ptr<SpecRecord> rec = std::move(st.spec);  // (r stays valid: owned by rec)
+    if (keep < T) {
+      auto& b = static_cast<Dsv4State&>(*r->before);
+      st.pos = b.pos;
+      st.raw = b.raw, st.comp = b.comp, st.icomp = b.icomp, st.pend = b.pend, st.ipend = b.ipend;
+      st.last_sel = b.last_sel;
+      DTensor out = be_->act({keep, hid_});  // the kept rows' outputs came from the verify forward
+      forward(r->x.slab(0, keep), st, out);
+    }
+  }
   using Mixer::forward;
   void forward(const DTensor& x, MixerState& ms, const DTensor& out) const override {
     auto& st = static_cast<Dsv4State&>(ms);
     Backend& be = *be_;
     const int64_t T = x.rows(), pos0 = st.pos;
+    if (auto* r = dynamic_cast<Dsv4Spec*>(st.spec.get())) {
+      DZ_CHECK(!r->noted, "DeepSeek-V4 mixer: two forwards over one state between spec_begin and spec_keep");
+      r->x = be.act(x.shape);  // a copy: x is the model's pass buffer, the next layers write it
+      if (T) be.copy_rows(x, 0, r->x, 0, T);
+      r->noted = true;
+    }
     if (T == 0) return;
     DTensor qr = be.act({T, QL_}), q = be.act({T, H_ * D_}), kv = be.act({T, D_});
     project(x, qr, q, kv);

@@ -24,6 +24,64 @@ LaState& LinearAttnMixer::state_of(MixerState& base) const {
   return *st;
 }
 
+namespace {
+// A verify forward's undo record (LinearAttnMixer::spec_begin).
+struct LaSpec : SpecRecord {
+  SpecRestore how = SpecRestore::Replay;
+  int64_t pos0 = 0;
+  DTensor S0, conv0;     // the state and conv tail before the verify forward (copies)
+  DTensor pre, f, beta;  // the verify rows' scan inputs (views of the forward's projections)
+  bool noted = false;
+};
+LaSpec* la_spec(MixerState& st) { return dynamic_cast<LaSpec*>(st.spec.get()); }
+}  // namespace
+
+void LinearAttnMixer::spec_begin(MixerState& base, SpecRestore how) const {
+  LaState& st = state_of(base);
+  DZ_CHECK(how == SpecRestore::Replay, name_, " mixer: speculative restore by per-token states is not built yet "
+           "(use replay)");
+  auto r = std::make_unique<LaSpec>();
+  r->how = how;
+  r->pos0 = st.pos;
+  const DTensor S = st.S(), c = st.conv();
+  r->S0 = be_->alloc(S.shape, S.dtype);
+  be_->copy_rows(S.reshaped({1, S.numel()}), 0, r->S0.reshaped({1, S.numel()}), 0, 1);
+  r->conv0 = be_->alloc(c.shape, c.dtype);
+  if (c.numel()) be_->copy_rows(c, 0, r->conv0, 0, c.rows());
+  st.spec = std::move(r);
+}
+
+void LinearAttnMixer::note_spec(LaState& st, const Tok& tk, int64_t r0, int64_t r1) const {
+  LaSpec* r = la_spec(st);
+  if (!r) return;
+  DZ_CHECK(!r->noted, name_, " mixer: two forwards over one state between spec_begin and spec_keep");
+  r->pre = tk.pre.slab(r0, r1), r->f = tk.f.slab(r0, r1), r->beta = tk.beta.slab(r0, r1);
+  r->noted = true;
+}
+
+void LinearAttnMixer::spec_keep(MixerState& base, int64_t keep) const {
+  LaState& st = state_of(base);
+  LaSpec* r = la_spec(st);
+  DZ_CHECK(r && r->noted, name_, " mixer: spec_keep without spec_begin and a verify forward");
+  const int64_t T = r->pre.rows();
+  DZ_CHECK(keep >= 1 && keep <= T && st.pos == r->pos0 + T, name_, " mixer: keep ", keep, " of a verify forward of ",
+           T, " rows");
+  if (keep < T) {  // back to the snapshot, then the conv and the scan over the kept rows
+    const DTensor S = st.S(), c = st.conv();
+    be_->copy_rows(r->S0.reshaped({1, S.numel()}), 0, S.reshaped({1, S.numel()}), 0, 1);
+    if (c.numel()) be_->copy_rows(r->conv0, 0, c, 0, c.rows());
+    Tok tk;
+    tk.pre = r->pre.slab(0, keep), tk.f = r->f.slab(0, keep), tk.beta = r->beta.slab(0, keep);
+    LaScanArgs a = scan_args(tk, keep);
+    be_->short_conv_split(tk.pre, conv_, c, {a.q, a.k, a.v});
+    a.state = S;
+    a.o = be_->act({keep, HV_ * V_});  // not needed: the verify forward gave the kept rows' outputs
+    be_->la_scan(a);
+    st.pos = r->pos0 + keep;
+  }
+  st.spec.reset();
+}
+
 // o [T, HV*V] -> per-head RMSNorm * act(gate) -> output projection (partial under TP) -> all-reduce
 void LinearAttnMixer::finish(DTensor& o, const DTensor& gate, const DTensor& out) const {
   DTensor oh = o.reshaped({o.numel() / V_, V_});
@@ -52,6 +110,7 @@ void LinearAttnMixer::forward(const DTensor& x, MixerState& base, const DTensor&
   LaState& st = state_of(base);
   const int64_t T = x.rows(), VD = HV_ * V_;
   Tok tk = project(x);
+  note_spec(st, tk, 0, T);
   LaScanArgs a = scan_args(tk, T);
   be_->short_conv_split(tk.pre, conv_, st.conv(), {a.q, a.k, a.v});
   a.state = st.S();
@@ -69,6 +128,7 @@ void LinearAttnMixer::forward_packed(const DTensor& x, const std::vector<int64_t
   std::vector<LaState*> st(static_cast<size_t>(N));
   for (int64_t b = 0; b < N; ++b) st[size_t(b)] = &state_of(*sts[size_t(b)]);
   Tok tk = project(x);
+  for (int64_t b = 0; b < N; ++b) note_spec(*st[size_t(b)], tk, cu[size_t(b)], cu[size_t(b) + 1]);
   LaScanArgs a = scan_args(tk, T);
   if (T == N) {  // one token per document (a batched decode step): the conv and the scan on the slots
     std::vector<int32_t> slots(static_cast<size_t>(N));

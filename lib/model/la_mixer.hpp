@@ -30,6 +30,11 @@ class LinearAttnMixer : public Mixer {
   int64_t hidden() const override { return D_; }
   // A decode step is the recurrent kernel on the states in place and the conv on its tail.
   bool graph_safe_decode() const override { return tp_.size == 1; }
+  // Speculative decoding: Replay snapshots the state and conv tail, the verify forward records its
+  // rows' pre-conv projections, gate inputs and beta logits, and spec_keep restores the snapshot
+  // and runs the conv and the scan again over the kept rows (no projection again).
+  void spec_begin(MixerState& st, SpecRestore how) const override;
+  void spec_keep(MixerState& st, int64_t keep) const override;
   using Mixer::forward;
   using Mixer::forward_cp;
 
@@ -62,6 +67,8 @@ class LinearAttnMixer : public Mixer {
 
  private:
   LaState& state_of(MixerState& base) const;
+  // A verify forward's rows r0 .. r1 of tk are this state's (spec_begin set its record).
+  void note_spec(LaState& st, const Tok& tk, int64_t r0, int64_t r1) const;
   void finish(DTensor& o, const DTensor& gate, const DTensor& out) const;
   // The scan's inputs for T rows: q | k | v allocated (the conv writes them), beta and gate from tk.
   LaScanArgs scan_args(const Tok& tk, int64_t T) const;

@@ -64,6 +64,11 @@ class Model {
   // its own forward(). Returns the final hidden states [cu[B], D].
   DTensor forward_packed(const int32_t* tokens, const std::vector<int64_t>& cu, const std::vector<State*>& states,
                          const std::function<void()>& tick = {}, WorkStats* stats = nullptr) const;
+  // Speculative decoding (DESIGN §11): the next forward_packed over these states is a verify
+  // forward; spec_keep then keeps keep[b] of document b's verify rows (1 .. its row count) in every
+  // layer and undoes the rest, as if only those rows had been forwarded.
+  void spec_begin(const std::vector<State*>& states, SpecRestore how) const;
+  void spec_keep(const std::vector<State*>& states, const std::vector<int64_t>& keep) const;
   // logits[rows, V] (host) = hidden[rows, D] · lm_head^T (the full rows, on every TP rank)
   void logits(const DTensor& hidden, float* out) const { head_.logits_full(hidden, out); }
   void logits(const float* hidden, int64_t rows, float* out) const;

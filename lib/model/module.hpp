@@ -44,6 +44,14 @@ class Mixer {
   // positions and cache lengths are kernel arguments).
   virtual bool graph_safe_decode() const { return false; }
 
+  // Speculative decoding (DESIGN §11). spec_begin: the next forward (or forward_packed) over st is
+  // a verify forward of T rows; the mixer notes what it needs to undo it (a mixer that cannot
+  // throws, naming itself). spec_keep: after that forward, keep its first `keep` rows (1 <= keep
+  // <= T) and undo the others, as if only the kept rows had been forwarded; st.pos ends at the
+  // position before the verify forward plus keep.
+  virtual void spec_begin(MixerState& st, SpecRestore how) const;
+  virtual void spec_keep(MixerState& st, int64_t keep) const;
+
   // Host fp32 conveniences for mixers on the CPU backend (tools, tests).
   void forward(const float* x, int64_t T, MixerState& st, float* out) const {
     DTensor o = host_view(out, {T, hidden()});
