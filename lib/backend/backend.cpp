@@ -78,6 +78,22 @@ void Backend::la_decode_slots(const LaScanArgs& a, const DTensor& states, const 
   }
 }
 
+void Backend::la_scan_states(const LaScanArgs& a, const DTensor& states) {
+  DZ_CHECK(a.cu.empty(), "la_scan_states: one sequence at a time");
+  const int64_t T = a.v.numel() / (a.HV * a.V), n = a.HV * a.K * a.V;
+  DZ_CHECK(states.numel() == T * n && a.state.numel() == n, "la_scan_states: states ", shape_str(states.shape), " for ",
+           T, " rows of state ", shape_str(a.state.shape));
+  const DTensor flat = states.reshaped({T, n});
+  for (int64_t t = 0; t < T; ++t) {
+    LaScanArgs s = a;
+    s.q = a.q.slab(t, t + 1), s.k = a.k.slab(t, t + 1), s.v = a.v.slab(t, t + 1), s.beta = a.beta.slab(t, t + 1);
+    s.gate.f = a.gate.f.slab(t, t + 1);
+    s.o = a.o.slab(t, t + 1);
+    la_scan(s);
+    copy_rows(a.state.reshaped({1, n}), 0, flat, t, 1);
+  }
+}
+
 void Backend::check_conv_split(const DTensor& x, const DTensor& w, const std::vector<DTensor>& ys) {
   const int64_t C = w.dim(0), T = C ? x.numel() / C : 0;
   DZ_CHECK(!ys.empty() && ys.size() <= 3, "short_conv_split: ", ys.size(), " output blocks (1 to 3)");

@@ -232,6 +232,11 @@ class Backend {
                                 const std::vector<DTensor>& ys);
   // Delta-rule scan of one sequence from a.state, advancing it (ops/linear_attn.hpp).
   virtual void la_scan(const LaScanArgs& a) = 0;
+  // The scan of one sequence (a.cu empty) keeping the state after every row: states [T, HV, K, V]
+  // F32, row t the state after row t (a.state ends as the last). Speculative decoding's per-token
+  // restore (DESIGN §11). This default scans row by row (the decode path's kernel on a backend
+  // that has one) and copies the state after each.
+  virtual void la_scan_states(const LaScanArgs& a, const DTensor& states);
   // One token of each of N sequences whose states live in a pool (model/la_state.hpp LaPool):
   // row b of a's q / k / v / beta / gate / o is sequence b, its state row slots[b] of states
   // [cap, HV, K, V] F32, advanced in place (a.state, a.cu unused). This default is la_scan per

@@ -29,8 +29,9 @@ namespace {
 struct LaSpec : SpecRecord {
   SpecRestore how = SpecRestore::Replay;
   int64_t pos0 = 0;
-  DTensor S0, conv0;     // the state and conv tail before the verify forward (copies)
+  DTensor S0, conv0;     // the state (Replay) and conv tail before the verify forward (copies)
   DTensor pre, f, beta;  // the verify rows' scan inputs (views of the forward's projections)
+  DTensor states;        // PerToken: [T, HV, K, V] the state after each verify row
   bool noted = false;
 };
 LaSpec* la_spec(MixerState& st) { return dynamic_cast<LaSpec*>(st.spec.get()); }
@@ -38,14 +39,14 @@ LaSpec* la_spec(MixerState& st) { return dynamic_cast<LaSpec*>(st.spec.get()); }
 
 void LinearAttnMixer::spec_begin(MixerState& base, SpecRestore how) const {
   LaState& st = state_of(base);
-  DZ_CHECK(how == SpecRestore::Replay, name_, " mixer: speculative restore by per-token states is not built yet "
-           "(use replay)");
   auto r = std::make_unique<LaSpec>();
   r->how = how;
   r->pos0 = st.pos;
   const DTensor S = st.S(), c = st.conv();
-  r->S0 = be_->alloc(S.shape, S.dtype);
-  be_->copy_rows(S.reshaped({1, S.numel()}), 0, r->S0.reshaped({1, S.numel()}), 0, 1);
+  if (how == SpecRestore::Replay) {
+    r->S0 = be_->alloc(S.shape, S.dtype);
+    be_->copy_rows(S.reshaped({1, S.numel()}), 0, r->S0.reshaped({1, S.numel()}), 0, 1);
+  }
   r->conv0 = be_->alloc(c.shape, c.dtype);
   if (c.numel()) be_->copy_rows(c, 0, r->conv0, 0, c.rows());
   st.spec = std::move(r);
@@ -66,7 +67,18 @@ void LinearAttnMixer::spec_keep(MixerState& base, int64_t keep) const {
   const int64_t T = r->pre.rows();
   DZ_CHECK(keep >= 1 && keep <= T && st.pos == r->pos0 + T, name_, " mixer: keep ", keep, " of a verify forward of ",
            T, " rows");
-  if (keep < T) {  // back to the snapshot, then the conv and the scan over the kept rows
+  if (keep < T && r->how == SpecRestore::PerToken) {  // the kept row's state; the tail from the inputs
+    const DTensor S = st.S(), c = st.conv();
+    const int64_t n = S.numel(), P = c.rows();
+    DZ_CHECK(r->states.numel() == T * n, name_, " mixer: per-token states of ", r->states.numel() / std::max<int64_t>(n, 1),
+             " rows for a verify forward of ", T);
+    be_->copy_rows(r->states.reshaped({T, n}), keep - 1, S.reshaped({1, n}), 0, 1);
+    // the last P inputs of [tail before; kept rows]: old tail rows keep .. P-1, then kept rows
+    const int64_t old_rows = std::max<int64_t>(P - keep, 0);
+    if (old_rows) be_->copy_rows(r->conv0, P - old_rows, c, 0, old_rows);
+    if (P - old_rows) be_->copy_rows(r->pre, keep - (P - old_rows), c, old_rows, P - old_rows);
+    st.pos = r->pos0 + keep;
+  } else if (keep < T) {  // back to the snapshot, then the conv and the scan over the kept rows
     const DTensor S = st.S(), c = st.conv();
     be_->copy_rows(r->S0.reshaped({1, S.numel()}), 0, S.reshaped({1, S.numel()}), 0, 1);
     if (c.numel()) be_->copy_rows(r->conv0, 0, c, 0, c.rows());
@@ -115,9 +127,20 @@ void LinearAttnMixer::forward(const DTensor& x, MixerState& base, const DTensor&
   be_->short_conv_split(tk.pre, conv_, st.conv(), {a.q, a.k, a.v});
   a.state = st.S();
   a.o = be_->act({T, VD});
-  be_->la_scan(a);
+  scan(st, a);
   finish(a.o, tk.gate, out);
   st.pos += T;
+}
+
+void LinearAttnMixer::scan(LaState& st, const LaScanArgs& a) const {
+  LaSpec* r = la_spec(st);
+  if (r && r->how == SpecRestore::PerToken) {
+    const int64_t T = a.v.rows();
+    r->states = be_->alloc({T, HV_, K_, V_}, DType::F32);
+    be_->la_scan_states(a, r->states);
+  } else {
+    be_->la_scan(a);
+  }
 }
 
 void LinearAttnMixer::forward_packed(const DTensor& x, const std::vector<int64_t>& cu,
@@ -149,6 +172,28 @@ void LinearAttnMixer::forward_packed(const DTensor& x, const std::vector<int64_t
     const int64_t r0 = cu[size_t(b)], r1 = cu[size_t(b) + 1];
     be_->short_conv_split(tk.pre.slab(r0, r1), conv_, st[size_t(b)]->conv(),
                           {a.q.slab(r0, r1), a.k.slab(r0, r1), a.v.slab(r0, r1)});
+  }
+  bool per_token = false;
+  for (LaState* x : st) {
+    const LaSpec* r = la_spec(*x);
+    per_token = per_token || (r && r->how == SpecRestore::PerToken);
+  }
+  if (per_token) {  // a verify forward keeping per-token states: each document on its slot's state
+    a.o = be_->act({T, VD});
+    for (int64_t b = 0; b < N; ++b) {
+      const int64_t r0 = cu[size_t(b)], r1 = cu[size_t(b) + 1];
+      if (r1 > r0) {
+        LaScanArgs s = a;
+        s.q = a.q.slab(r0, r1), s.k = a.k.slab(r0, r1), s.v = a.v.slab(r0, r1), s.beta = a.beta.slab(r0, r1);
+        s.gate.f = a.gate.f.slab(r0, r1);
+        s.o = a.o.slab(r0, r1);
+        s.state = st[size_t(b)]->S();
+        scan(*st[size_t(b)], s);
+      }
+      st[size_t(b)]->pos += r1 - r0;
+    }
+    finish(a.o, tk.gate, out);
+    return;
   }
   // The varlen chunked scan reads and writes the states [N, ...] in document order: gathered from
   // the slots and back.

@@ -32,7 +32,9 @@ class LinearAttnMixer : public Mixer {
   bool graph_safe_decode() const override { return tp_.size == 1; }
   // Speculative decoding: Replay snapshots the state and conv tail, the verify forward records its
   // rows' pre-conv projections, gate inputs and beta logits, and spec_keep restores the snapshot
-  // and runs the conv and the scan again over the kept rows (no projection again).
+  // and runs the conv and the scan again over the kept rows (no projection again). PerToken: the
+  // verify forward scans row by row keeping every row's state (Backend::la_scan_states); spec_keep
+  // takes the kept row's and rebuilds the conv tail from the old tail and the kept inputs.
   void spec_begin(MixerState& st, SpecRestore how) const override;
   void spec_keep(MixerState& st, int64_t keep) const override;
   using Mixer::forward;
@@ -67,6 +69,9 @@ class LinearAttnMixer : public Mixer {
 
  private:
   LaState& state_of(MixerState& base) const;
+  // la_scan of one sequence on st's state, or la_scan_states into its record when a per-token
+  // verify forward (spec_begin) is under way.
+  void scan(LaState& st, const LaScanArgs& a) const;
   // A verify forward's rows r0 .. r1 of tk are this state's (spec_begin set its record).
   void note_spec(LaState& st, const Tok& tk, int64_t r0, int64_t r1) const;
   void finish(DTensor& o, const DTensor& gate, const DTensor& out) const;

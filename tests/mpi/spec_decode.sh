@@ -49,6 +49,8 @@ PY
     mpi 1 run "${a[@]}" "${o[@]}" --draft-tokens $k --output "$W/o${k}_$name.h5" --report "$W/o${k}_$name.json" >/dev/null
     same "$W/plain_$name.h5" "$W/o${k}_$name.h5" /generated /generated_offsets /done
   done
+  mpi 1 run "${a[@]}" "${o[@]}" --spec-restore per-token --output "$W/pt_$name.h5" >/dev/null
+  same "$W/plain_$name.h5" "$W/pt_$name.h5" /generated /generated_offsets /done
   mpi 1 run "${a[@]}" --speculative ngram --output "$W/ngram_$name.h5" --report "$W/ngram_$name.json" >/dev/null
   same "$W/plain_$name.h5" "$W/ngram_$name.h5" /generated /generated_offsets /done
   mpi 1 run "${a[@]}" "${o[@]}" --max-batch-tokens 256 --output "$W/packed_$name.h5" >/dev/null
@@ -81,6 +83,10 @@ for name in kimi_linear qwen3_5_moe deepseek_v32 deepseek_v4 demo; do
   mpi 4 run --model "$M" --input "$W/in_$name.h5" --mode generate --max-new-tokens 20 --cp 2 --tp 2 \
     --speculative oracle --oracle-drafts "$W/bent_$name.h5" --output "$W/cptp_$name.h5" >/dev/null
   same "$W/plain_$name.h5" "$W/cptp_$name.h5" /generated /generated_offsets /done
+  mpi 4 run --model "$M" --input "$W/in_$name.h5" --mode generate --max-new-tokens 20 --cp 2 --tp 2 \
+    --speculative oracle --oracle-drafts "$W/bent_$name.h5" --spec-restore per-token --max-batch-tokens 256 \
+    --output "$W/cptp_pt_$name.h5" >/dev/null
+  same "$W/plain_$name.h5" "$W/cptp_pt_$name.h5" /generated /generated_offsets /done
 done
 # killed after a few documents, resumed on another rank count: equal to the uninterrupted run
 a=(--model "$W/demo" --input "$W/in_demo.h5" --mode generate --max-new-tokens 20 --speculative oracle
@@ -91,4 +97,4 @@ set -e
 [ -e "$W/cut.h5.part" ] || { echo "FAIL: no .part after the kill"; exit 1; }
 mpi 3 run "${a[@]}" --output "$W/cut.h5" --resume >/dev/null
 same "$W/plain_demo.h5" "$W/cut.h5" /generated /generated_offsets /done
-say "speculative greedy generation equals plain decoding (9 models; oracle drafts 1/4/8, n-gram, packed, chunked, CP x TP, resumed)"
+say "speculative greedy generation equals plain decoding (9 models; oracle drafts 1/4/8, n-gram, replay / per-token, packed, chunked, CP x TP, resumed)"

@@ -50,9 +50,10 @@ TEST_CASE("speculative: keeping k of a verify forward's rows equals forwarding t
           "[unit]") {
   // Two documents verified together (packed, as the decode loop does) with different keeps; then
   // both continue with the same tokens as references that forwarded only the kept rows. The
-  // continuation's hidden states and the positions must match. Tolerance 2e-5 relative: the replay
-  // scans the kept rows in one call where the reference did too, but the verify forward's
-  // projections ran over more rows (GEMM blocking may round differently).
+  // continuation's hidden states and the positions must match, for both restores of the recurrent
+  // states (replay; per-token states). Tolerance 2e-5 relative: the verify forward's projections
+  // ran over more rows than the reference's (GEMM blocking may round differently), and per-token
+  // states come from a row-by-row scan where the reference scanned the rows in one call.
   for (const std::string name : {"kimi_linear", "qwen3_next", "deepseek_v32", "glm5_next", "glm_moe_dsa",
                                  "qwen3_5_moe_text", "deepseek_v4", "kimi_k3", "demo"}) {
     const ModelConfig cfg = config_of(name);
@@ -60,8 +61,9 @@ TEST_CASE("speculative: keeping k of a verify forward's rows equals forwarding t
     auto m = Model::build(cfg, *ck);
     Backend& be = m->backend();
     const int64_t V = cfg.vocab_size;
-    for (const auto& keeps : std::vector<std::vector<int64_t>>{{1, 5}, {3, 2}, {5, 1}, {4, 4}}) {
-      INFO(name << " keeps " << keeps[0] << ", " << keeps[1]);
+    for (const auto& keeps : std::vector<std::vector<int64_t>>{{1, 5}, {3, 2}, {5, 1}, {4, 4}})
+    for (const SpecRestore how : {SpecRestore::Replay, SpecRestore::PerToken}) {
+      INFO(name << " keeps " << keeps[0] << ", " << keeps[1] << (how == SpecRestore::Replay ? " replay" : " per-token"));
       const std::vector<int64_t> prompt_len{6, 11};
       const int64_t R = 5;  // verify rows per document (4 drafts + the current token)
       std::vector<Model::State> spec, ref;
@@ -81,7 +83,7 @@ TEST_CASE("speculative: keeping k of a verify forward's rows equals forwarding t
         cu.push_back(cu.back() + R);
       }
       std::vector<Model::State*> sp{&spec[0], &spec[1]};
-      m->spec_begin(sp, SpecRestore::Replay);
+      m->spec_begin(sp, how);
       m->forward_packed(vt.data(), cu, sp);
       m->spec_keep(sp, keeps);
       for (size_t b = 0; b < 2; ++b) {
