@@ -175,3 +175,134 @@ TEST_CASE("speculative: rejection sampling against a one-token draft keeps the t
     }
   }
 }
+
+TEST_CASE("speculative: sampled generation with drafts has the model's exact distribution (tiny model)", "[unit]") {
+  // A 4-layer demo model (KDA + MLA/DSA + MoE + AttnRes) with a 12-token vocabulary samples 3 tokens
+  // after a prompt at temperature 0.2, N = 4000 times (one packed batch per seed, each document
+  // its own random stream), drafting at every step what greedy decoding would continue with (oracle
+  // drafts of up to 3 tokens): drafts are accepted and rejected often (checked). The exact law of (t1, t2, t3) comes from the model
+  // itself (1 + 12 + 144 forwards). Three chi-square tests against it: the (t1, t2) joint (cells of
+  // expected count < 5 pooled), and the t2 and t3 marginals. Each has a false-alarm rate of 1e-4
+  // (threshold: the chi-square quantile at 1 - 1e-4, Wilson-Hilferty), 3e-4 for the case; the
+  // seeds are fixed, so the outcome is deterministic.
+  nlohmann::json j = nlohmann::json::parse(presets().at("demo"));
+  j["vocab_size"] = 12;
+  j["eos_token_id"] = 11;
+  const ModelConfig cfg = ModelConfig::from_json(j);
+  auto ck = Checkpoint::random(21);
+  auto m = Model::build(cfg, *ck);
+  Backend& be = m->backend();
+  const int64_t V = 12;
+  const double temp = 0.2;
+  const std::vector<int32_t> prompt{3, 5, 7, 3, 5, 7, 3, 5, 7, 3, 5};
+  auto probs = [&](const std::vector<int32_t>& t) {  // p(next | t) at the temperature
+    Model::State st = m->make_state();
+    const DTensor h = m->forward(t.data(), int64_t(t.size()), st);
+    std::vector<float> lg(static_cast<size_t>(V));
+    m->logits(h.slab(int64_t(t.size()) - 1, int64_t(t.size())), lg.data());
+    std::vector<double> p(static_cast<size_t>(V));
+    double mx = *std::max_element(lg.begin(), lg.end()), s = 0;
+    for (int64_t i = 0; i < V; ++i) s += (p[size_t(i)] = std::exp((lg[size_t(i)] - mx) / temp));
+    for (double& x : p) x /= s;
+    return p;
+  };
+  // exact law; EOS (11) ends a sequence early: its later tokens are "none" (index V)
+  std::vector<double> P(size_t((V + 1) * (V + 1) * (V + 1)), 0.0);
+  auto cell = [&](int64_t a, int64_t b, int64_t c) -> double& { return P[size_t((a * (V + 1) + b) * (V + 1) + c)]; };
+  const auto p1 = probs(prompt);
+  for (int64_t a = 0; a < V; ++a) {
+    if (a == 11) {
+      cell(a, V, V) += p1[size_t(a)];
+      continue;
+    }
+    std::vector<int32_t> t1 = prompt;
+    t1.push_back(int32_t(a));
+    const auto p2 = probs(t1);
+    for (int64_t b = 0; b < V; ++b) {
+      if (b == 11) {
+        cell(a, b, V) += p1[size_t(a)] * p2[size_t(b)];
+        continue;
+      }
+      std::vector<int32_t> t2 = t1;
+      t2.push_back(int32_t(b));
+      const auto p3 = probs(t2);
+      for (int64_t c = 0; c < V; ++c) cell(a, b, c) += p1[size_t(a)] * p2[size_t(b)] * p3[size_t(c)];
+    }
+  }
+  // sampled, with speculation: every step drafts the greedy continuation (oracle drafts), which the
+  // sampler accepts often and rejects often at this temperature
+  std::vector<int32_t> greedy_cont;
+  {
+    std::vector<int32_t> t = prompt;
+    for (int i = 0; i < 3; ++i) {
+      const auto p = probs(t);
+      t.push_back(int32_t(std::max_element(p.begin(), p.end()) - p.begin()));
+      greedy_cont.push_back(t.back());
+    }
+  }
+  const int64_t per = 2000, rounds = 2, N = per * rounds;
+  auto oracle = std::make_shared<std::vector<std::vector<int32_t>>>(static_cast<size_t>(per), greedy_cont);
+  std::vector<int64_t> cnt(P.size(), 0);
+  int64_t drafted = 0, accepted = 0;
+  for (int64_t r = 0; r < rounds; ++r) {
+    ModeParams mp;
+    mp.mode = OutputMode::Generate;
+    mp.max_new_tokens = 3;
+    mp.temperature = temp;
+    mp.seed = uint64_t(100 + r);
+    mp.speculative = "oracle";
+    mp.oracle = oracle;
+    mp.draft_tokens = 3;
+    std::vector<int64_t> docs(static_cast<size_t>(per));
+    for (int64_t i = 0; i < per; ++i) docs[size_t(i)] = i;
+    const std::vector<std::vector<int32_t>> toks(static_cast<size_t>(per), prompt);
+    const std::vector<DocResult> res = compute_packed(*m, docs, toks, mp, {});
+    for (const DocResult& d : res) {
+      REQUIRE((!d.ids.empty() && d.ids.size() <= 3));
+      int64_t x[3] = {V, V, V};
+      for (size_t i = 0; i < d.ids.size(); ++i) x[i] = d.ids[i];
+      cnt[size_t((x[0] * (V + 1) + x[1]) * (V + 1) + x[2])] += 1;
+      drafted += d.stats.spec_drafted, accepted += d.stats.spec_accepted;
+    }
+  }
+  INFO("drafted " << drafted << " accepted " << accepted);
+  CHECK(accepted > N / 8);
+  CHECK(drafted - accepted > N / 4);
+  (void)be;
+  auto crit = [](double k) {  // chi-square quantile at 1 - 1e-4 (Wilson-Hilferty; z = 3.719)
+    const double z = 3.719, c = 2.0 / (9.0 * k);
+    return k * std::pow(1.0 - c + z * std::sqrt(c), 3.0);
+  };
+  // a chi-square test of counts against probabilities, pooling cells of expected count < 5
+  auto test = [&](const std::vector<double>& p, const std::vector<int64_t>& n, const char* what) {
+    double chi = 0, pool_e = 0, pool_n = 0;
+    int64_t cells = 0;
+    for (size_t i = 0; i < p.size(); ++i) {
+      const double e = p[i] * double(N);
+      if (e < 5) {
+        pool_e += e, pool_n += double(n[i]);
+        continue;
+      }
+      chi += (double(n[i]) - e) * (double(n[i]) - e) / e;
+      ++cells;
+    }
+    if (pool_e > 0) chi += (pool_n - pool_e) * (pool_n - pool_e) / pool_e, ++cells;
+    INFO(what << ": chi-square " << chi << " over " << cells << " cells, threshold " << crit(double(cells - 1)));
+    CHECK(cells >= 5);
+    CHECK(chi < crit(double(cells - 1)));
+  };
+  const int64_t W = V + 1;
+  std::vector<double> pj(size_t(W * W), 0.0), p2(size_t(W), 0.0), p3(size_t(W), 0.0);
+  std::vector<int64_t> nj(size_t(W * W), 0), n2(size_t(W), 0), n3(size_t(W), 0);
+  for (int64_t a = 0; a < W; ++a)
+    for (int64_t b = 0; b < W; ++b)
+      for (int64_t c = 0; c < W; ++c) {
+        const size_t i = size_t((a * W + b) * W + c);
+        pj[size_t(a * W + b)] += P[i], nj[size_t(a * W + b)] += cnt[i];
+        p2[size_t(b)] += P[i], n2[size_t(b)] += cnt[i];
+        p3[size_t(c)] += P[i], n3[size_t(c)] += cnt[i];
+      }
+  test(pj, nj, "(t1, t2)");
+  test(p2, n2, "t2");
+  test(p3, n3, "t3");
+}
