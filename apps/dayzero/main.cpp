@@ -8,6 +8,7 @@
 #include "core/log.hpp"
 #include "dist/comm.hpp"
 #include "job/bench_e2e.hpp"
+#include "job/bench_spec.hpp"
 #include "job/run.hpp"
 #include "job/tools.hpp"
 #ifdef DAYZERO_HAVE_CUDA
@@ -135,9 +136,11 @@ int main(int argc, char** argv) {
   bool bench_real_weights = false;
   auto* be = app.add_subcommand("bench", "Time the CUDA kernels or the whole job on this GPU and write a JSON report "
                                          "(docs/perf/)");
-  be->add_option("which", bench_which, "linear-attn | sparse-attn (kernels) | e2e (the job's prefill, DESIGN §7)")
+  be->add_option("which", bench_which,
+                 "linear-attn | sparse-attn (kernels) | e2e (the job's prefill, DESIGN §7) | spec (speculative "
+                 "decoding: verify and restore costs per draft length, speedups with oracle and n-gram drafts)")
       ->required()
-      ->check(CLI::IsMember({"linear-attn", "sparse-attn", "e2e"}));
+      ->check(CLI::IsMember({"linear-attn", "sparse-attn", "e2e", "spec"}));
   be->add_option("--json", bench_json, "Write the report here (commit from $DZ_COMMIT)");
   be->add_option("--model", eo.models, "e2e: model directories (config.json; built with --dummy-weights)");
   be->add_option("--tokens", eo.tokens, "e2e: document lengths")->delimiter(',')->capture_default_str();
@@ -149,8 +152,15 @@ int main(int argc, char** argv) {
   be->add_option("--backend", eo.backend, "e2e: cpu | cuda")->capture_default_str();
   be->add_option("--max-batch-tokens", eo.max_batch_tokens, "e2e: prefill in forwards of this many tokens (0: whole)")
       ->capture_default_str();
-  be->add_option("--new-tokens", eo.new_tokens, "e2e generate mode: tokens generated after the prefill (decode "
-                                                 "time per token reported)")
+  dz::BenchSpecOptions so;
+  be->add_option("--batches", so.batch, "spec: documents decoded together (one measurement each)")
+      ->delimiter(',')
+      ->capture_default_str();
+  be->add_option("--draft-tokens", so.draft_tokens, "spec: draft lengths K")->delimiter(',')->capture_default_str();
+  be->add_option("--prompt-tokens", so.prompt_tokens, "spec: prompt length of each document")->capture_default_str();
+  auto* new_tok = be->add_option("--new-tokens", eo.new_tokens,
+                                 "e2e generate mode: tokens generated after the prefill (decode time per token "
+                                 "reported); spec: tokens generated per document (default 64)")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
   be->add_flag("--eager-decode", eo.eager_decode, "e2e generate mode: decode without CUDA graphs");
@@ -184,6 +194,15 @@ int main(int argc, char** argv) {
     if (mi->parsed()) dz::make_input(io);
     if (ins->parsed()) return dz::inspect(inspect_dir, inspect_json, inspect_structural);
     if (pl->parsed()) return dz::plan(plan_model, plan_len, plan_cp, plan_seg, plan_json, pmo);
+    if (be->parsed() && bench_which == "spec") {
+      so.models = eo.models;
+      so.repeats = eo.repeats;
+      so.backend = eo.backend;
+      so.dummy_weights = !bench_real_weights;
+      so.json = bench_json;
+      if (new_tok->count()) so.new_tokens = eo.new_tokens;
+      return dz::bench_spec(so);
+    }
     if (be->parsed() && bench_which == "e2e") {
       eo.json = bench_json;
       eo.dummy_weights = !bench_real_weights;

@@ -133,17 +133,20 @@ void spec_decode_batch(const Model& model, const std::vector<int64_t>& docs, con
       act.push_back(b);
     }
     if (act.empty()) break;
-    model.spec_begin(sp, p.spec_restore);
-    const DTensor h = model.forward_packed(toks.data(), cu, sp, tick);
-    ++steps;
     const int64_t rows = int64_t(toks.size());
-    if (greedy) {
-      row_ids.resize(size_t(rows));
-      model.greedy(h, row_ids.data());
-    } else {
-      row_lg.resize(size_t(rows * V));
-      model.logits(h, row_lg.data());
+    {
+      WorkStats::Timer tv(stats, "spec_verify");  // the snapshot, the verify forward, the row choices
+      model.spec_begin(sp, p.spec_restore);
+      const DTensor h = model.forward_packed(toks.data(), cu, sp, tick);
+      if (greedy) {
+        row_ids.resize(size_t(rows));
+        model.greedy(h, row_ids.data());
+      } else {
+        row_lg.resize(size_t(rows * V));
+        model.logits(h, row_lg.data());
+      }
     }
+    ++steps;
     std::vector<int64_t> keep(act.size());
     for (size_t i = 0; i < act.size(); ++i) {
       const size_t b = act[i];
@@ -175,6 +178,7 @@ void spec_decode_batch(const Model& model, const std::vector<int64_t>& docs, con
       dst[b]->spec_steps += 1, dst[b]->spec_drafted += k, dst[b]->spec_accepted += a;
       drafted += k, accepted += a;
     }
+    WorkStats::Timer tr(stats, "spec_restore");
     model.spec_keep(sp, keep);
   }
   if (stats) {

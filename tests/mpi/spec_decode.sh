@@ -97,4 +97,18 @@ set -e
 [ -e "$W/cut.h5.part" ] || { echo "FAIL: no .part after the kill"; exit 1; }
 mpi 3 run "${a[@]}" --output "$W/cut.h5" --resume >/dev/null
 same "$W/plain_demo.h5" "$W/cut.h5" /generated /generated_offsets /done
+# `bench spec` on the CPU (a smoke run: it checks its speculative outputs against plain decoding itself)
+"$DZ" bench spec --model "$W/demo" --backend cpu --batches 1,3 --draft-tokens 1,3 --prompt-tokens 32 --new-tokens 8 \
+  --repeats 1 --json "$W/bench_spec.json" >/dev/null
+python3 - "$W/bench_spec.json" <<'PY'
+import json, sys
+r = json.load(open(sys.argv[1]))
+assert [x["batch"] for x in r["results"]] == [1, 3] and all("error" not in x for x in r["results"]), r
+for x in r["results"]:
+    assert [k["draft_tokens"] for k in x["per_draft_tokens"]] == [1, 3]
+    for k in x["per_draft_tokens"]:
+        for h in ("replay", "per_token"):
+            assert k[h + "_verify_ms"] > 0 and k[h + "_restore_ms"] >= 0 and k[h + "_oracle_speedup"] > 0, k
+print("[spec_decode] bench spec: JSON complete")
+PY
 say "speculative greedy generation equals plain decoding (9 models; oracle drafts 1/4/8, n-gram, replay / per-token, packed, chunked, CP x TP, resumed)"
