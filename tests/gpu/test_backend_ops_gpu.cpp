@@ -999,6 +999,20 @@ TEST_CASE("backend ops: short conv and the linear-attention scan on cuda equal t
       };
       check("la_scan output", sh, 5e-4, [&](Backend& be) { return run(be, false); });
       check("la_scan state", sh, 1e-4, [&](Backend& be) { return run(be, true); });
+      // The scan keeping every row's state (speculative decoding's per-token restore): outputs and
+      // the [T, HV, K, V] states, held to la_scan's tolerances (short verify lengths only).
+      if (T <= 19) {
+        auto run_states = [&](Backend& be, bool want_states) {
+          dz::LaScanArgs a = la_args(be, c, in, T);
+          a.state = be.upload(h0.data(), {c.HV, c.K, c.V}, DType::F32);
+          a.o = be.act({T, VD});
+          DTensor states = be.alloc({T, c.HV, c.K, c.V}, DType::F32);
+          be.la_scan_states(a, states);
+          return be.to_host(want_states ? states : a.o);
+        };
+        check("la_scan_states output", sh, 5e-4, [&](Backend& be) { return run_states(be, false); });
+        check("la_scan_states states", sh, 1e-4, [&](Backend& be) { return run_states(be, true); });
+      }
       // The segment's transition (A, B) and the merge of two copies of it (each backend merges its
       // own transition): fp32 state math, held to the state's 1e-4.
       if (T != 19) continue;

@@ -279,3 +279,81 @@ TEST_CASE("e2e gpu: decode steps replayed from CUDA graphs equal eager steps bit
     CHECK(re.captures() == 0);
   }
 }
+
+// Speculative decoding's undo on the GPU (Model::spec_begin / spec_keep, DESIGN §11): two documents
+// verified together (5 rows each), keeping (1, 5), (3, 2) or (5, 1) rows, both restores of the
+// recurrent states; then both continue with the same 3 tokens as states that forwarded only the
+// kept rows. Every family on its golden weights, the demo preset, and kimi_linear / qwen3_next at
+// head dims 128 / 64 (the chunked and decode kernels). Tolerance: relative L2 error of the
+// continuation's hidden states <= 1e-2: both sides are bf16 forwards of the same tokens, but the
+// verify forward's projections run over 10 rows where the reference's run over the kept ones
+// (another GEMM tiling, other bf16 roundings), and per-token states come from the decode kernel row
+// by row where the reference ran the chunked kernel; a wrong state (a row too many or too few, a
+// stale conv tail) moves the continuation by O(1) (the CPU test holds the same undo to 2e-5).
+TEST_CASE("e2e gpu: speculative undo on cuda equals forwarding only the kept rows", "[gpu]") {
+  auto gpu = dz::make_cuda_backend(0);
+  std::vector<std::pair<std::string, std::unique_ptr<dz::Model>>> models;
+  for (const std::string name : {"kimi_linear", "qwen3_next", "deepseek_v32", "qwen3_5_moe", "glm_moe_dsa", "glm5_next",
+                                 "deepseek_v4", "kimi_k3"})
+    models.emplace_back(name, dz::Model::load(std::string(DZ_SOURCE_DIR) + "/tests/golden/" + name, dz::TpShard{}, false,
+                                              false, *gpu));
+  {
+    const dz::ModelConfig cfg = dz::ModelConfig::from_json(nlohmann::json::parse(dz::presets().at("demo")));
+    auto ck = dz::Checkpoint::random(1);
+    models.emplace_back("demo", dz::Model::build(cfg, *ck, dz::TpShard{}, *gpu));
+  }
+  for (const std::string fam : {"kimi_linear", "qwen3_next"}) {  // wide heads: the tensor-core kernels
+    std::ifstream f(std::string(DZ_SOURCE_DIR) + "/tests/golden/" + fam + "/config.json");
+    nlohmann::json j = nlohmann::json::parse(f);
+    if (fam == "kimi_linear") j["linear_head_dim"] = 128;
+    else j["linear_key_head_dim"] = 64, j["linear_value_head_dim"] = 64;
+    j["hidden_size"] = 256;
+    j["initializer_range"] = 0.02;
+    auto ck = dz::Checkpoint::random(3);
+    models.emplace_back(fam + " wide", dz::Model::build(dz::ModelConfig::from_json(j), *ck, dz::TpShard{}, *gpu));
+  }
+  for (auto& [name, m] : models) {
+    const int64_t V = m->config().vocab_size;
+    auto toks = [&](int64_t n, int64_t salt) {
+      std::vector<int32_t> t(static_cast<size_t>(n));
+      for (int64_t i = 0; i < n; ++i) t[size_t(i)] = int32_t((i * 37 + salt * 11 + 5) % V);
+      return t;
+    };
+    double worst = 0;
+    for (const auto& keeps : std::vector<std::vector<int64_t>>{{1, 5}, {3, 2}, {5, 1}})
+      for (const dz::SpecRestore how : {dz::SpecRestore::Replay, dz::SpecRestore::PerToken}) {
+        INFO(name << " keeps " << keeps[0] << ", " << keeps[1] << (how == dz::SpecRestore::Replay ? " replay" : " per-token"));
+        std::vector<dz::Model::State> spec, ref;
+        for (int64_t b = 0; b < 2; ++b) {
+          const auto p = toks(b ? 40 : 9, b);
+          spec.push_back(m->make_state());
+          ref.push_back(m->make_state());
+          m->forward(p.data(), int64_t(p.size()), spec.back());
+          m->forward(p.data(), int64_t(p.size()), ref.back());
+        }
+        std::vector<int32_t> vt;
+        std::vector<std::vector<int32_t>> rows;
+        for (int64_t b = 0; b < 2; ++b) {
+          rows.push_back(toks(5, 40 + b));
+          vt.insert(vt.end(), rows.back().begin(), rows.back().end());
+        }
+        std::vector<dz::Model::State*> sp{&spec[0], &spec[1]};
+        m->spec_begin(sp, how);
+        m->forward_packed(vt.data(), {0, 5, 10}, sp);
+        m->spec_keep(sp, keeps);
+        for (size_t b = 0; b < 2; ++b) {
+          m->forward(rows[b].data(), keeps[b], ref[b]);
+          REQUIRE(spec[b].pos == ref[b].pos);
+          const auto more = toks(3, 90 + int64_t(b));
+          const std::vector<float> ys = gpu->to_host(m->forward(more.data(), 3, spec[b]));
+          const std::vector<float> yr = gpu->to_host(m->forward(more.data(), 3, ref[b]));
+          double num = 0, den = 0;
+          for (size_t i = 0; i < ys.size(); ++i) num += (ys[i] - yr[i]) * double(ys[i] - yr[i]), den += double(yr[i]) * yr[i];
+          const double rel = std::sqrt(num / std::max(den, 1e-30));
+          worst = std::max(worst, rel);
+          CHECK(rel <= 1e-2);
+        }
+      }
+    std::printf("spec undo %-18s continuation relative L2 error, worst of 12: %.3g (tol 1e-2)\n", name.c_str(), worst);
+  }
+}
