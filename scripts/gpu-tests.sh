@@ -83,18 +83,7 @@ for fam in ${DZ_GPU_FAMILIES:-kimi_linear qwen3_next deepseek_v32 qwen3_5_moe gl
     --max-new-tokens 8 --eager-decode >/dev/null  # decode without CUDA graphs: the same tokens
   # speculative decoding on the GPU (DESIGN §11): oracle drafts = the plain run's tokens with every
   # fifth changed (accepted and rejected), both restores; n-gram drafts; CP x TP (ranks share the GPU)
-  python3 - "$W/$fam.generate.cuda.h5" "$W/$fam.bent.h5" <<'PY'
-import sys, h5py
-with h5py.File(sys.argv[1], "r") as f:
-    g, o = f["/generated"][:], f["/generated_offsets"][:]
-b = g.copy()
-for d in range(len(o) - 1):
-    for j in range(o[d], o[d + 1]):
-        if (7 * (j - o[d]) + d) % 5 == 2:
-            b[j] = b[j] + 1 if b[j] == 0 else b[j] - 1
-with h5py.File(sys.argv[2], "w") as f:
-    f["/generated"], f["/generated_offsets"] = b, o
-PY
+  python3 tests/bend_drafts.py "$W/$fam.generate.cuda.h5" "$W/$fam.bent.h5"
   sg=(--model "$M" --input "$W/$fam.in.h5" --backend cuda --mode generate --max-new-tokens 8)
   for how in replay per-token; do
     "$EXE" run "${sg[@]}" --speculative oracle --oracle-drafts "$W/$fam.bent.h5" --draft-tokens 4 --spec-restore $how \

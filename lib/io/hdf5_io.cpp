@@ -170,11 +170,8 @@ Handle open_int_1d(hid_t file, const std::string& path, const char* name) {
   return d;
 }
 
-}  // namespace
-
-// ================================================================ InputFile
-
-InputFile::InputFile(const std::string& path) : path_(path) {
+// PATH opened read-only, with the one-line errors a user's path gets (missing, not HDF5).
+Handle open_readonly(const std::string& path) {
   h5::init();
   int fd = ::open(path.c_str(), O_RDONLY);
   DZ_CHECK(fd >= 0, path, ": cannot open: ", std::strerror(errno));
@@ -182,6 +179,15 @@ InputFile::InputFile(const std::string& path) : path_(path) {
   Handle fapl = h5::file_access();
   Handle file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, fapl.get()));
   DZ_CHECK(file, path, ": not an HDF5 file or cannot be opened");
+  return file;
+}
+
+}  // namespace
+
+// ================================================================ InputFile
+
+InputFile::InputFile(const std::string& path) : path_(path) {
+  Handle file = open_readonly(path);
   Handle tokens = open_int_1d(file.get(), path, "tokens");
   Handle offsets = open_int_1d(file.get(), path, "offsets");
   n_tokens_ = int64_t(h5::dims_of(tokens.get())[0]);
@@ -200,13 +206,7 @@ InputFile::InputFile(const std::string& path) : path_(path) {
 }
 
 std::vector<std::vector<int32_t>> read_generated(const std::string& path) {
-  h5::init();
-  int fd = ::open(path.c_str(), O_RDONLY);
-  DZ_CHECK(fd >= 0, path, ": cannot open: ", std::strerror(errno));
-  ::close(fd);
-  Handle fapl = h5::file_access();
-  Handle file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, fapl.get()));
-  DZ_CHECK(file, path, ": not an HDF5 file or cannot be opened");
+  Handle file = open_readonly(path);
   DZ_CHECK(H5Lexists(file.get(), "generated", H5P_DEFAULT) > 0 && H5Lexists(file.get(), "generated_offsets", H5P_DEFAULT) > 0,
            path, ": not a finished generate-mode output (no /generated and /generated_offsets)");
   Handle gen = open_int_1d(file.get(), path, "generated");

@@ -14,6 +14,7 @@
 #include "core/error.hpp"
 #include "core/log.hpp"
 #include "io/checkpoint.hpp"
+#include "job/bench_report.hpp"
 #include "job/doc_compute.hpp"
 #include "job/plan_memory.hpp"
 #include "model/model.hpp"
@@ -199,15 +200,7 @@ int bench_e2e(const BenchE2eOptions& opt) {
     }
   }
   if (!opt.json.empty()) {
-    json j;
-    const char* commit = std::getenv("DZ_COMMIT");
-    j["commit"] = commit ? commit : "unknown";
-    std::time_t now = std::time(nullptr);
-    char date[32];
-    std::strftime(date, sizeof date, "%Y-%m-%d", std::gmtime(&now));
-    j["date"] = date;
-    j["device"] = be->describe();
-    j["backend"] = opt.backend;
+    json j = bench_envelope(*be, opt.backend);
     j["weights"] = opt.dummy_weights ? str("dummy ", to_string(be->weight_dtype()),
                                            be->mxfp4_weights_kept() ? " (routed experts MXFP4 where declared)" : "",
                                            " (--dummy-weights)")
@@ -215,9 +208,7 @@ int bench_e2e(const BenchE2eOptions& opt) {
     j["method"] = str("one random document per T, compute_document (the job's path), median of ", opt.repeats,
                       " after one warm-up; mfu_dense = 2 x active non-embedding params x T / 989 TFLOP/s");
     j["results"] = results;
-    std::ofstream f(opt.json);
-    DZ_CHECK(f.good(), "cannot write ", opt.json);
-    f << j.dump(1) << "\n";
+    write_bench_report(opt.json, j);
   }
   for (const auto& r : results)
     if (r.contains("error")) return 1;

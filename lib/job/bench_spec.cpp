@@ -15,6 +15,7 @@
 #include "core/error.hpp"
 #include "core/log.hpp"
 #include "io/checkpoint.hpp"
+#include "job/bench_report.hpp"
 #include "job/doc_compute.hpp"
 #include "model/decode_runner.hpp"
 #include "model/model.hpp"
@@ -175,26 +176,24 @@ int bench_spec(const BenchSpecOptions& opt) {
             mp.oracle = oracle;
             mp.draft_tokens = K;
             mp.spec_restore = how;
-            const GenRun o = generate_once(*model, *be, rnd, mp);
-            DZ_CHECK(o.ids == base.ids, "bench spec: speculative greedy output differs from plain decoding (",
-                     base_name(dir), ", B ", B, ", K ", K, ", ", hn, ")");
-            k[hn + "_oracle_tok_s"] = o.decode_s > 0 ? double(o.generated) / o.decode_s : 0.0;
-            k[hn + "_oracle_speedup"] = o.decode_s > 0 ? base.decode_s / o.decode_s : 0.0;
-            k[hn + "_oracle_steps"] = o.steps;
-            k[hn + "_oracle_verify_s"] = o.verify_s;
-            k[hn + "_oracle_restore_s"] = o.restore_s;
+            // a speculative run against its plain one: equal tokens (else the bench stops), rates
+            auto record = [&](const std::string& kind, const GenRun& g, const GenRun& ref) {
+              DZ_CHECK(g.ids == ref.ids, "bench spec: ", kind, " speculative output differs from plain decoding (",
+                       base_name(dir), ", B ", B, ", K ", K, ", ", hn, ")");
+              const std::string p = hn + "_" + kind + "_";
+              k[p + "tok_s"] = g.decode_s > 0 ? double(g.generated) / g.decode_s : 0.0;
+              k[p + "speedup"] = g.decode_s > 0 ? ref.decode_s / g.decode_s : 0.0;
+              k[p + "steps"] = g.steps;
+              k[p + "acceptance"] = g.drafted ? double(g.accepted) / double(g.drafted) : 0.0;
+              k[p + "tokens_per_step"] = g.steps ? double(g.generated) / double(g.steps) : 0.0;
+              k[p + "verify_s"] = g.verify_s;
+              k[p + "restore_s"] = g.restore_s;
+            };
+            record("oracle", generate_once(*model, *be, rnd, mp), base);
             // n-gram drafts on the repetitive documents
-            ModeParams ng = plain;
-            ng.speculative = "ngram";
-            ng.draft_tokens = K;
-            ng.spec_restore = how;
-            const GenRun n = generate_once(*model, *be, rep, ng);
-            DZ_CHECK(n.ids == base_rep.ids, "bench spec: n-gram speculative output differs from plain decoding (",
-                     base_name(dir), ", B ", B, ", K ", K, ", ", hn, ")");
-            k[hn + "_ngram_tok_s"] = n.decode_s > 0 ? double(n.generated) / n.decode_s : 0.0;
-            k[hn + "_ngram_speedup"] = n.decode_s > 0 ? base_rep.decode_s / n.decode_s : 0.0;
-            k[hn + "_ngram_acceptance"] = n.drafted ? double(n.accepted) / double(n.drafted) : 0.0;
-            k[hn + "_ngram_tokens_per_step"] = n.steps ? double(n.generated) / double(n.steps) : 0.0;
+            mp.speculative = "ngram";
+            mp.oracle = nullptr;
+            record("ngram", generate_once(*model, *be, rep, mp), base_rep);
           }
           per_k.push_back(k);
         }
@@ -208,24 +207,14 @@ int bench_spec(const BenchSpecOptions& opt) {
     }
   }
   if (!opt.json.empty()) {
-    json j;
-    const char* commit = std::getenv("DZ_COMMIT");
-    j["commit"] = commit ? commit : "unknown";
-    std::time_t now = std::time(nullptr);
-    char date[32];
-    std::strftime(date, sizeof date, "%Y-%m-%d", std::gmtime(&now));
-    j["date"] = date;
-    j["device"] = be->describe();
-    j["backend"] = opt.backend;
+    json j = bench_envelope(*be, opt.backend);
     j["weights"] = opt.dummy_weights ? "dummy (--dummy-weights)" : "checkpoint";
     j["method"] = str("B documents of ", opt.prompt_tokens, " random tokens (n-gram: a 16-token block repeated), ",
                       opt.new_tokens, " generated each through compute_packed (greedy); plain: median of ", opt.repeats,
                       " runs by decode time; step costs: median of ", opt.repeats, " verify forwards of K+1 rows per "
                       "document (snapshot included) and restores keeping K; oracle drafts: the plain run's tokens");
     j["results"] = results;
-    std::ofstream f(opt.json);
-    DZ_CHECK(f.good(), "cannot write ", opt.json);
-    f << j.dump(1) << "\n";
+    write_bench_report(opt.json, j);
   }
   for (const auto& r : results)
     if (r.contains("error")) return 1;

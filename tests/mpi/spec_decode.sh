@@ -32,18 +32,7 @@ for name in demo kimi_linear qwen3_next deepseek_v32 glm5_next glm_moe_dsa qwen3
   a=(--model "$M" --input "$W/in_$name.h5" --mode generate --max-new-tokens 20)
   mpi 1 run "${a[@]}" --output "$W/plain_$name.h5" >/dev/null
   # oracle drafts that are partly right: the greedy tokens with every few changed (rejected there)
-  python3 - "$W/plain_$name.h5" "$W/bent_$name.h5" <<'PY'
-import sys, h5py, numpy as np
-with h5py.File(sys.argv[1], "r") as f:
-    g, o = f["/generated"][:], f["/generated_offsets"][:]
-b = g.copy()
-for d in range(len(o) - 1):
-    for j in range(o[d], o[d + 1]):
-        if (7 * (j - o[d]) + d) % 5 == 2:
-            b[j] = (b[j] + 1) % 7 if b[j] < 7 else b[j] - 1
-with h5py.File(sys.argv[2], "w") as f:
-    f["/generated"], f["/generated_offsets"] = b, o
-PY
+  python3 "$SRC/tests/bend_drafts.py" "$W/plain_$name.h5" "$W/bent_$name.h5"
   o=(--speculative oracle --oracle-drafts "$W/bent_$name.h5")
   for k in 1 4 8; do
     mpi 1 run "${a[@]}" "${o[@]}" --draft-tokens $k --output "$W/o${k}_$name.h5" --report "$W/o${k}_$name.json" >/dev/null
