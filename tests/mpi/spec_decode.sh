@@ -77,6 +77,14 @@ for name in kimi_linear qwen3_5_moe deepseek_v32 deepseek_v4 demo; do
     --output "$W/cptp_pt_$name.h5" >/dev/null
   same "$W/plain_$name.h5" "$W/cptp_pt_$name.h5" /generated /generated_offsets /done
 done
+# sampled speculative generation does not depend on the rank count (every draw is seeded by
+# document and token index), and differs from greedy somewhere
+s=(--model "$W/demo" --input "$W/in_demo.h5" --mode generate --max-new-tokens 20 --temperature 0.8 --seed 3
+   --speculative oracle --oracle-drafts "$W/bent_demo.h5")
+mpi 1 run "${s[@]}" --output "$W/samp1.h5" >/dev/null
+mpi 3 run "${s[@]}" --output "$W/samp3.h5" >/dev/null
+same "$W/samp1.h5" "$W/samp3.h5" /generated /generated_offsets /done
+if h5diff -q "$W/samp1.h5" "$W/plain_demo.h5" /generated /generated; then echo "FAIL: sampled == greedy"; exit 1; fi
 # killed after a few documents, resumed on another rank count: equal to the uninterrupted run
 a=(--model "$W/demo" --input "$W/in_demo.h5" --mode generate --max-new-tokens 20 --speculative oracle
    --oracle-drafts "$W/bent_demo.h5")
