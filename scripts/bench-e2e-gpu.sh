@@ -16,6 +16,8 @@
 #           with CUDA graphs (the default) and --eager-decode
 #   decodeb: 32 documents of 2048 tokens prefilled in one packed forward and decoded together
 #           (generate, 17 new tokens: decode tokens/s of the batch)
+#   spec:   `bench spec` (speculative decoding) on the two 8-layer shapes, B = 1 and 64, K = 1, 2, 4, 8:
+#           verify and restore costs (replay, per-token), speedups with oracle and n-gram drafts
 #   ncu:    Nsight Compute (--clock-control none) over one timed last-logits forward at T=32768 of
 #           each 8-layer shape: kernel time by group (scripts/ncu_summary.py)
 #   ncu26:  the same over the 2026 shapes (Qwen3.5 8 layers, GLM-5.3-Flash 4 layers) at T=8192
@@ -94,6 +96,11 @@ if has decodeb; then
   "$DZ" bench e2e --model configs/bench/kimi_linear_48b_a3b_8l --model configs/bench/qwen3_next_80b_a3b_8l \
     --tokens 2048 --batch 32 --modes generate --new-tokens 17 --repeats 2 --json "$L/decode_batch32_dayzero.json" 2>&1 |
     grep -v '^{'
+fi
+if has spec; then  # speculative decoding (issue 13): verify / restore per K, oracle and n-gram speedups
+  "$DZ" bench spec --model configs/bench/kimi_linear_48b_a3b_8l --model configs/bench/qwen3_next_80b_a3b_8l \
+    --batches 1,64 --draft-tokens 1,2,4,8 --prompt-tokens 2048 --new-tokens 64 --repeats 3 \
+    --json "$L/spec_dayzero.json" 2>&1 | grep -v '^{'
 fi
 ncu_over() {  # $1 = tokens, $2.. = models: kernel time by group (scripts/ncu_summary.py)
   local T=$1 m
