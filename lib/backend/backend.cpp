@@ -94,6 +94,29 @@ void Backend::la_scan_states(const LaScanArgs& a, const DTensor& states) {
   }
 }
 
+void Backend::la_scan_states_slots(const LaScanArgs& a, const DTensor& pool, const std::vector<int32_t>& slots,
+                                   const DTensor& states) {
+  const int64_t N = int64_t(slots.size()), n = a.HV * a.K * a.V;
+  DZ_CHECK(N >= 1 && a.sequences() == N && a.cu.back() == a.v.rows() && states.numel() == a.v.rows() * n &&
+               pool.numel() % std::max<int64_t>(n, 1) == 0,
+           "la_scan_states_slots: ", N, " slots, ", a.sequences(), " sequences, ", a.v.rows(), " rows, states ",
+           shape_str(states.shape));
+  const DTensor flat = states.reshaped({a.v.rows(), n});
+  for (int64_t b = 0; b < N; ++b) {
+    const int64_t r0 = a.cu[size_t(b)], r1 = a.cu[size_t(b) + 1];
+    const int32_t s = slots[size_t(b)];
+    DZ_CHECK(s >= 0 && s < pool.dim(0), "la_scan_states_slots: slot ", s, " outside the pool of ", pool.dim(0));
+    if (r1 == r0) continue;
+    LaScanArgs q = a;
+    q.cu.clear();
+    q.q = a.q.slab(r0, r1), q.k = a.k.slab(r0, r1), q.v = a.v.slab(r0, r1), q.beta = a.beta.slab(r0, r1);
+    q.gate.f = a.gate.f.slab(r0, r1);
+    q.o = a.o.slab(r0, r1);
+    q.state = pool.slab(s, s + 1).reshaped({a.HV, a.K, a.V});
+    la_scan_states(q, flat.slab(r0, r1).reshaped({r1 - r0, a.HV, a.K, a.V}));
+  }
+}
+
 void Backend::check_conv_split(const DTensor& x, const DTensor& w, const std::vector<DTensor>& ys) {
   const int64_t C = w.dim(0), T = C ? x.numel() / C : 0;
   DZ_CHECK(!ys.empty() && ys.size() <= 3, "short_conv_split: ", ys.size(), " output blocks (1 to 3)");

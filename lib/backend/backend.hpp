@@ -237,6 +237,12 @@ class Backend {
   // restore (DESIGN §11). This default scans row by row (the decode path's kernel on a backend
   // that has one) and copies the state after each.
   virtual void la_scan_states(const LaScanArgs& a, const DTensor& states);
+  // The same for N sequences of a packed forward whose states live in a pool: rows a.cu[b] ..
+  // a.cu[b + 1] of a's inputs are sequence b, its state row slots[b] of pool [cap, HV, K, V] F32
+  // (advanced in place; a.state unused); states [rows, HV, K, V] gets the state after every row.
+  // This default is la_scan_states per sequence on its slot.
+  virtual void la_scan_states_slots(const LaScanArgs& a, const DTensor& pool, const std::vector<int32_t>& slots,
+                                    const DTensor& states);
   // One token of each of N sequences whose states live in a pool (model/la_state.hpp LaPool):
   // row b of a's q / k / v / beta / gate / o is sequence b, its state row slots[b] of states
   // [cap, HV, K, V] F32, advanced in place (a.state, a.cu unused). This default is la_scan per

@@ -178,20 +178,19 @@ void LinearAttnMixer::forward_packed(const DTensor& x, const std::vector<int64_t
     const LaSpec* r = la_spec(*x);
     per_token = per_token || (r && r->how == SpecRestore::PerToken);
   }
-  if (per_token) {  // a verify forward keeping per-token states: each document on its slot's state
+  if (per_token) {  // a verify forward keeping per-token states: every document on its slot, one call
     a.o = be_->act({T, VD});
+    a.cu = cu;
+    std::vector<int32_t> slots(static_cast<size_t>(N));
+    const DTensor states = be_->alloc({T, HV_, K_, V_}, DType::F32);
     for (int64_t b = 0; b < N; ++b) {
-      const int64_t r0 = cu[size_t(b)], r1 = cu[size_t(b) + 1];
-      if (r1 > r0) {
-        LaScanArgs s = a;
-        s.q = a.q.slab(r0, r1), s.k = a.k.slab(r0, r1), s.v = a.v.slab(r0, r1), s.beta = a.beta.slab(r0, r1);
-        s.gate.f = a.gate.f.slab(r0, r1);
-        s.o = a.o.slab(r0, r1);
-        s.state = st[size_t(b)]->S();
-        scan(*st[size_t(b)], s);
-      }
-      st[size_t(b)]->pos += r1 - r0;
+      slots[size_t(b)] = st[size_t(b)]->slot;
+      LaSpec* r = la_spec(*st[size_t(b)]);
+      DZ_CHECK(r && r->how == SpecRestore::PerToken, name_, " mixer: a packed verify forward mixes restores");
+      r->states = states.slab(cu[size_t(b)], cu[size_t(b) + 1]);
+      st[size_t(b)]->pos += cu[size_t(b) + 1] - cu[size_t(b)];
     }
+    be_->la_scan_states_slots(a, pool_->states(), slots, states);
     finish(a.o, tk.gate, out);
     return;
   }

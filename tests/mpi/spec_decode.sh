@@ -84,7 +84,10 @@ s=(--model "$W/demo" --input "$W/in_demo.h5" --mode generate --max-new-tokens 20
 mpi 1 run "${s[@]}" --output "$W/samp1.h5" >/dev/null
 mpi 3 run "${s[@]}" --output "$W/samp3.h5" >/dev/null
 same "$W/samp1.h5" "$W/samp3.h5" /generated /generated_offsets /done
-if h5diff -q "$W/samp1.h5" "$W/plain_demo.h5" /generated /generated; then echo "FAIL: sampled == greedy"; exit 1; fi
+python3 -c "
+import h5py, numpy as np
+a, b = (h5py.File(f, 'r')['/generated'][:] for f in ('$W/samp1.h5', '$W/plain_demo.h5'))
+assert not np.array_equal(a, b), 'sampled == greedy'"
 # killed after a few documents, resumed on another rank count: equal to the uninterrupted run
 a=(--model "$W/demo" --input "$W/in_demo.h5" --mode generate --max-new-tokens 20 --speculative oracle
    --oracle-drafts "$W/bent_demo.h5")
