@@ -1036,6 +1036,30 @@ TEST_CASE("backend ops: short conv and the linear-attention scan on cuda equal t
       check("la_transition B", sh, 1e-4, [&](Backend& be) { return trans(be, 1); });
       check("la_merge", sh, 1e-4, [&](Backend& be) { return trans(be, 2); });
     }
+  // A packed verify forward keeping per-row states (la_scan_states_slots): documents of 1 to 9 rows
+  // on scattered pool slots, outputs, per-row states and the slots after, la_scan's tolerances.
+  for (const Case& c : cases) {
+    const std::vector<int64_t> cu{0, 5, 6, 15, 18};
+    const std::vector<int32_t> slots{3, 0, 5, 1};
+    const int64_t N = 4, T = cu.back(), cap = 6, n = c.HV * c.K * c.V;
+    const std::string sh = std::string(c.kda ? "KDA" : "GDN") + " K=" + std::to_string(c.K) + " states_slots T=" +
+                           std::to_string(T);
+    const LaInputs in = la_inputs(c, T, 61);
+    const auto pool0 = rnd(size_t(cap * n), 66, 0.1f);
+    auto run = [&](Backend& be, int part) {
+      dz::LaScanArgs a = la_args(be, c, in, T);
+      a.o = be.act({T, c.HV * c.V});
+      a.cu = cu;
+      DTensor pool = be.upload(pool0.data(), {cap, c.HV, c.K, c.V}, DType::F32);
+      DTensor states = be.alloc({T, c.HV, c.K, c.V}, DType::F32);
+      be.la_scan_states_slots(a, pool, slots, states);
+      return be.to_host(part == 0 ? a.o : part == 1 ? states : pool);
+    };
+    (void)N;
+    check("la_scan_states_slots output", sh, 5e-4, [&](Backend& be) { return run(be, 0); });
+    check("la_scan_states_slots states", sh, 1e-4, [&](Backend& be) { return run(be, 1); });
+    check("la_scan_states_slots pool", sh, 1e-4, [&](Backend& be) { return run(be, 2); });
+  }
   // Varlen (a packed forward): N sequences, each from its own state [N, HV, K, V]; one token per
   // sequence is a batched decode step (the recurrent decode kernel over N slots), mixed lengths
   // the varlen chunked kernel. Same tolerances as one sequence.
