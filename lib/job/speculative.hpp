@@ -28,7 +28,8 @@ class OracleDrafter : public Drafter {
   explicit OracleDrafter(std::vector<int32_t> tokens) : t_(std::move(tokens)) {}
   void push(int32_t) override { ++n_; }
   std::vector<int32_t> draft(int64_t k) const override {
-    const int64_t a = std::min<int64_t>(n_, int64_t(t_.size())), e = std::min<int64_t>(a + k, int64_t(t_.size()));
+    const int64_t a = std::min<int64_t>(n_, int64_t(t_.size()));
+    const int64_t e = std::min<int64_t>(a + std::max<int64_t>(k, 0), int64_t(t_.size()));
     return std::vector<int32_t>(t_.begin() + a, t_.begin() + e);
   }
 

@@ -197,3 +197,22 @@ TEST_CASE("bad input: head counts not divisible by --tp", "[unit][cli]") {
   CHECK(r.err.find("is not divisible by --tp 4") != std::string::npos);
   CHECK(slurp(fx.prev_out) == fx.prev_bytes);
 }
+
+TEST_CASE("bad input: speculative decoding options", "[unit][cli]") {
+  Fixture fx;
+  const std::string base = "--model " + fx.model + " --input " + fx.good_in;
+  fx.expect_refused(base + " --speculative ngram", "--speculative needs --mode generate");
+  fx.expect_refused(base + " --mode generate --speculative mtp", "MTP layers are not built yet");
+  fx.expect_refused(base + " --mode generate --speculative oracle", "--oracle-drafts");
+  fx.expect_refused(base + " --mode generate --oracle-drafts " + fx.prev_out, "--oracle-drafts");
+  fx.expect_refused(base + " --mode generate --speculative ngram --draft-tokens 0", "--draft-tokens must be in 1..64");
+  // an oracle that is not a generate output, and one with another document count
+  fx.expect_refused(base + " --mode generate --speculative oracle --oracle-drafts " + fx.good_in,
+                    "not a finished generate-mode output");
+  const std::string gen = fx.dir + "/gen.h5", in3 = fx.dir + "/in3.h5";
+  REQUIRE(dayzero("run " + base + " --mode generate --max-new-tokens 3 --output " + gen, fx.dir, 1).code == 0);
+  dz::write_input_file(in3, {5, 6, 7, 8, 9, 10}, {0, 2, 4, 6});
+  fx.expect_refused("--model " + fx.model + " --input " + in3 + " --mode generate --speculative oracle --oracle-drafts " +
+                        gen,
+                    "has 2 documents, the input 3");
+}
