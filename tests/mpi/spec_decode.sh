@@ -77,6 +77,22 @@ for name in kimi_linear qwen3_5_moe deepseek_v32 deepseek_v4 demo; do
     --output "$W/cptp_pt_$name.h5" >/dev/null
   same "$W/plain_$name.h5" "$W/cptp_pt_$name.h5" /generated /generated_offsets /done
 done
+# EOS inside an accepted run of drafts: the demo model with its eos_token_id set to the 6th token
+# its plain run generates for document 0 (so that document stops there, mid-step, and the others
+# wherever that token comes up); speculative output still equals plain decoding's
+mkdir -p "$W/demo_eos" && cp "$W/demo"/* "$W/demo_eos/"
+python3 - "$W/plain_demo.h5" "$W/demo_eos/config.json" <<'PY'
+import json, sys, h5py
+eos = int(h5py.File(sys.argv[1], "r")["/generated"][5])
+c = json.load(open(sys.argv[2])); c["eos_token_id"] = eos; json.dump(c, open(sys.argv[2], "w"))
+PY
+e=(--model "$W/demo_eos" --input "$W/in_demo.h5" --mode generate --max-new-tokens 20)
+mpi 1 run "${e[@]}" --output "$W/eos_plain.h5" >/dev/null
+mpi 1 run "${e[@]}" --speculative oracle --oracle-drafts "$W/plain_demo.h5" --draft-tokens 8 --output "$W/eos_spec.h5" >/dev/null
+same "$W/eos_plain.h5" "$W/eos_spec.h5" /generated /generated_offsets /done
+python3 -c "
+import h5py; o = h5py.File('$W/eos_plain.h5', 'r')['/generated_offsets'][:]
+assert o[1] - o[0] == 6, ('document 0 stops at its 6th token', o[:3])"
 # sampled speculative generation does not depend on the rank count (every draw is seeded by
 # document and token index), and differs from greedy somewhere
 s=(--model "$W/demo" --input "$W/in_demo.h5" --mode generate --max-new-tokens 20 --temperature 0.8 --seed 3
