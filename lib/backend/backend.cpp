@@ -68,12 +68,8 @@ void Backend::check_conv_slots(const DTensor& x, const DTensor& w, const DTensor
 void Backend::la_decode_slots(const LaScanArgs& a, const DTensor& states, const std::vector<int32_t>& slots) {
   check_la_slots(a, states, slots);
   for (int64_t b = 0; b < int64_t(slots.size()); ++b) {
-    LaScanArgs s = a;
-    s.q = a.q.slab(b, b + 1), s.k = a.k.slab(b, b + 1), s.v = a.v.slab(b, b + 1), s.beta = a.beta.slab(b, b + 1);
-    s.gate.f = a.gate.f.slab(b, b + 1);
-    s.o = a.o.slab(b, b + 1);
+    LaScanArgs s = a.rows(b, b + 1);
     s.state = states.slab(slots[size_t(b)], slots[size_t(b)] + 1).reshaped({a.HV, a.K, a.V});
-    s.cu.clear();
     la_scan(s);
   }
 }
@@ -85,11 +81,7 @@ void Backend::la_scan_states(const LaScanArgs& a, const DTensor& states) {
            T, " rows of state ", shape_str(a.state.shape));
   const DTensor flat = states.reshaped({T, n});
   for (int64_t t = 0; t < T; ++t) {
-    LaScanArgs s = a;
-    s.q = a.q.slab(t, t + 1), s.k = a.k.slab(t, t + 1), s.v = a.v.slab(t, t + 1), s.beta = a.beta.slab(t, t + 1);
-    s.gate.f = a.gate.f.slab(t, t + 1);
-    s.o = a.o.slab(t, t + 1);
-    la_scan(s);
+    la_scan(a.rows(t, t + 1));
     copy_rows(a.state.reshaped({1, n}), 0, flat, t, 1);
   }
 }
@@ -107,11 +99,7 @@ void Backend::la_scan_states_slots(const LaScanArgs& a, const DTensor& pool, con
     const int32_t s = slots[size_t(b)];
     DZ_CHECK(s >= 0 && s < pool.dim(0), "la_scan_states_slots: slot ", s, " outside the pool of ", pool.dim(0));
     if (r1 == r0) continue;
-    LaScanArgs q = a;
-    q.cu.clear();
-    q.q = a.q.slab(r0, r1), q.k = a.k.slab(r0, r1), q.v = a.v.slab(r0, r1), q.beta = a.beta.slab(r0, r1);
-    q.gate.f = a.gate.f.slab(r0, r1);
-    q.o = a.o.slab(r0, r1);
+    LaScanArgs q = a.rows(r0, r1);
     q.state = pool.slab(s, s + 1).reshaped({a.HV, a.K, a.V});
     la_scan_states(q, flat.slab(r0, r1).reshaped({r1 - r0, a.HV, a.K, a.V}));
   }

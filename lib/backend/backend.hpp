@@ -80,16 +80,20 @@ struct LaScanArgs {
   // empty: one sequence of all rows.
   std::vector<int64_t> cu;
   int64_t sequences() const { return cu.empty() ? 1 : int64_t(cu.size()) - 1; }
-  // Sequence b alone (rows cu[b] .. cu[b+1], its state).
-  LaScanArgs sequence(int64_t b) const {
-    if (cu.empty()) return *this;
+  // Rows r0 .. r1 of the inputs and the output as one sequence (cu cleared; the state as it is).
+  LaScanArgs rows(int64_t r0, int64_t r1) const {
     LaScanArgs s = *this;
-    const int64_t r0 = cu[size_t(b)], r1 = cu[size_t(b) + 1];
     s.q = q.slab(r0, r1), s.k = k.slab(r0, r1), s.v = v.slab(r0, r1), s.beta = beta.slab(r0, r1);
     s.gate.f = gate.f.slab(r0, r1);
     s.o = o.slab(r0, r1);
-    s.state = state.slab(b, b + 1).reshaped({HV, K, V});
     s.cu.clear();
+    return s;
+  }
+  // Sequence b alone (rows cu[b] .. cu[b+1], its state).
+  LaScanArgs sequence(int64_t b) const {
+    if (cu.empty()) return *this;
+    LaScanArgs s = rows(cu[size_t(b)], cu[size_t(b) + 1]);
+    s.state = state.slab(b, b + 1).reshaped({HV, K, V});
     return s;
   }
 };

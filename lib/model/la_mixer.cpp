@@ -67,28 +67,28 @@ void LinearAttnMixer::spec_keep(MixerState& base, int64_t keep) const {
   const int64_t T = r->pre.rows();
   DZ_CHECK(keep >= 1 && keep <= T && st.pos == r->pos0 + T, name_, " mixer: keep ", keep, " of a verify forward of ",
            T, " rows");
-  if (keep < T && r->how == SpecRestore::PerToken) {  // the kept row's state; the tail from the inputs
+  if (keep < T) {
     const DTensor S = st.S(), c = st.conv();
     const int64_t n = S.numel(), P = c.rows();
-    DZ_CHECK(r->states.numel() == T * n, name_, " mixer: per-token states of ", r->states.numel() / std::max<int64_t>(n, 1),
-             " rows for a verify forward of ", T);
-    be_->copy_rows(r->states.reshaped({T, n}), keep - 1, S.reshaped({1, n}), 0, 1);
-    // the last P inputs of [tail before; kept rows]: old tail rows keep .. P-1, then kept rows
-    const int64_t old_rows = std::max<int64_t>(P - keep, 0);
-    if (old_rows) be_->copy_rows(r->conv0, P - old_rows, c, 0, old_rows);
-    if (P - old_rows) be_->copy_rows(r->pre, keep - (P - old_rows), c, old_rows, P - old_rows);
-    st.pos = r->pos0 + keep;
-  } else if (keep < T) {  // back to the snapshot, then the conv and the scan over the kept rows
-    const DTensor S = st.S(), c = st.conv();
-    be_->copy_rows(r->S0.reshaped({1, S.numel()}), 0, S.reshaped({1, S.numel()}), 0, 1);
-    if (c.numel()) be_->copy_rows(r->conv0, 0, c, 0, c.rows());
-    Tok tk;
-    tk.pre = r->pre.slab(0, keep), tk.f = r->f.slab(0, keep), tk.beta = r->beta.slab(0, keep);
-    LaScanArgs a = scan_args(tk, keep);
-    be_->short_conv_split(tk.pre, conv_, c, {a.q, a.k, a.v});
-    a.state = S;
-    a.o = be_->act({keep, HV_ * V_});  // not needed: the verify forward gave the kept rows' outputs
-    be_->la_scan(a);
+    if (r->how == SpecRestore::PerToken) {  // the kept row's state; the tail from the inputs
+      DZ_CHECK(r->states.numel() == T * n, name_, " mixer: per-token states of ", r->states.numel() / std::max<int64_t>(n, 1),
+               " rows for a verify forward of ", T);
+      be_->copy_rows(r->states.reshaped({T, n}), keep - 1, S.reshaped({1, n}), 0, 1);
+      // the last P inputs of [tail before; kept rows]: old tail rows keep .. P-1, then kept rows
+      const int64_t old_rows = std::max<int64_t>(P - keep, 0);
+      if (old_rows) be_->copy_rows(r->conv0, P - old_rows, c, 0, old_rows);
+      if (P - old_rows) be_->copy_rows(r->pre, keep - (P - old_rows), c, old_rows, P - old_rows);
+    } else {  // back to the snapshot, then the conv and the scan over the kept rows
+      be_->copy_rows(r->S0.reshaped({1, n}), 0, S.reshaped({1, n}), 0, 1);
+      if (P) be_->copy_rows(r->conv0, 0, c, 0, P);
+      Tok tk;
+      tk.pre = r->pre.slab(0, keep), tk.f = r->f.slab(0, keep), tk.beta = r->beta.slab(0, keep);
+      LaScanArgs a = scan_args(tk, keep);
+      be_->short_conv_split(tk.pre, conv_, c, {a.q, a.k, a.v});
+      a.state = S;
+      a.o = be_->act({keep, HV_ * V_});  // not needed: the verify forward gave the kept rows' outputs
+      be_->la_scan(a);
+    }
     st.pos = r->pos0 + keep;
   }
   st.spec.reset();
