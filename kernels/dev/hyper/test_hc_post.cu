@@ -15,32 +15,15 @@
 #include <string>
 #include <vector>
 
+#include "common.cuh"  // CUDA_CHECK
+#include "core/bf16.hpp"
 #include "core/error.hpp"
 #include "hyper.cuh"
 #include "ops/hyper.hpp"
 
-#define CK(x)                                                                                  \
-  do {                                                                                         \
-    cudaError_t e_ = (x);                                                                      \
-    if (e_ != cudaSuccess) {                                                                   \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-      std::exit(2);                                                                            \
-    }                                                                                          \
-  } while (0)
 
 namespace {
 
-uint16_t to_bf(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  return uint16_t((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-}
-float from_bf(uint16_t h) {
-  const uint32_t u = uint32_t(h) << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
 double nmse(const std::vector<float>& a, const std::vector<float>& b) {
   double num = 0, den = 0;
   for (size_t i = 0; i < a.size(); ++i) {
@@ -53,8 +36,8 @@ double nmse(const std::vector<float>& a, const std::vector<float>& b) {
 template <class T>
 T* dev(const std::vector<T>& h) {
   T* p;
-  CK(cudaMalloc(&p, std::max<size_t>(h.size(), 1) * sizeof(T)));
-  if (!h.empty()) CK(cudaMemcpy(p, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice));
+  CUDA_CHECK(cudaMalloc(&p, std::max<size_t>(h.size(), 1) * sizeof(T)));
+  if (!h.empty()) CUDA_CHECK(cudaMemcpy(p, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice));
   return p;
 }
 
@@ -78,7 +61,7 @@ int main(int argc, char** argv) {
   std::mt19937 rng(11);
   std::normal_distribution<float> nd(0.f, 1.f);
   cudaStream_t st;
-  CK(cudaStreamCreate(&st));
+  CUDA_CHECK(cudaStreamCreate(&st));
   for (const Case& k : cases) {
     const int64_t T = k.T, D = k.D;
     std::vector<float> x(size_t(T * N * D)), h(size_t(T * D)), fn1(size_t(C * N * D)), fn2(size_t(C * N * D)), base(C),
@@ -90,7 +73,7 @@ int main(int argc, char** argv) {
     for (auto& v : fn2) v = 0.15f * nd(rng);
     for (auto& v : base) v = 0.3f * nd(rng);
     for (auto& v : scale) v = 1.f + 0.3f * nd(rng);
-    for (size_t i = 0; i < yb.size(); ++i) yb[i] = to_bf(nd(rng)), yf[i] = from_bf(yb[i]);
+    for (size_t i = 0; i < yb.size(); ++i) yb[i] = dz::f32_to_bf16(nd(rng)), yf[i] = dz::bf16_to_f32(yb[i]);
     if (k.bc)  // every old stream is h
       for (int64_t t = 0; t < T; ++t)
         for (int n = 0; n < N; ++n) std::copy(h.begin() + t * D, h.begin() + (t + 1) * D, x.begin() + (t * N + n) * D);
@@ -102,13 +85,13 @@ int main(int argc, char** argv) {
     if (!bench) dz::hc_pre(ref_x.data(), fn2.data(), base.data(), scale.data(), hp, T, D, ref_coeff.data(), in.data());
     float *dx = dev(x), *dh = dev(h), *dfn = dev(fn2), *dbase = dev(base), *dscale = dev(scale), *dcoeff = dev(coeff);
     uint16_t* dy = dev(yb);
-    if (k.bc) CK(cudaMemset(dx, 0xff, x.size() * 4));  // written, not read
+    if (k.bc) CUDA_CHECK(cudaMemset(dx, 0xff, x.size() * 4));  // written, not read
     DZ_CHECK(dz::cuda::hc_post_coeff_fits(N, D, dx, dy, true, dfn, k.bc ? dh : nullptr), "shape does not fit");
     dz::cuda::hc_post_coeff(dx, dcoeff, dy, true, N, T, D, dfn, dbase, dscale, kp, dcoeff, st, k.bc ? dh : nullptr);
-    CK(cudaStreamSynchronize(st));
+    CUDA_CHECK(cudaStreamSynchronize(st));
     std::vector<float> gx(x.size()), gc(coeff.size());
-    CK(cudaMemcpy(gx.data(), dx, gx.size() * 4, cudaMemcpyDeviceToHost));
-    CK(cudaMemcpy(gc.data(), dcoeff, gc.size() * 4, cudaMemcpyDeviceToHost));
+    CUDA_CHECK(cudaMemcpy(gx.data(), dx, gx.size() * 4, cudaMemcpyDeviceToHost));
+    CUDA_CHECK(cudaMemcpy(gc.data(), dcoeff, gc.size() * 4, cudaMemcpyDeviceToHost));
     const double ex = nmse(gx, ref_x);
     std::printf("T %lld D %lld bc %d: streams NMSE %.3e", (long long)T, (long long)D, int(k.bc), ex);
     bool ok = ex <= 1e-5;
@@ -123,16 +106,16 @@ int main(int argc, char** argv) {
     fails += !ok;
     if (bench) {
       cudaEvent_t e0, e1;
-      CK(cudaEventCreate(&e0));
-      CK(cudaEventCreate(&e1));
+      CUDA_CHECK(cudaEventCreate(&e0));
+      CUDA_CHECK(cudaEventCreate(&e1));
       std::vector<float> ms;
       for (int r = 0; r < 53; ++r) {
-        CK(cudaEventRecord(e0, st));
+        CUDA_CHECK(cudaEventRecord(e0, st));
         dz::cuda::hc_post_coeff(dx, dcoeff, dy, true, N, T, D, dfn, dbase, dscale, kp, dcoeff, st);
-        CK(cudaEventRecord(e1, st));
-        CK(cudaEventSynchronize(e1));
+        CUDA_CHECK(cudaEventRecord(e1, st));
+        CUDA_CHECK(cudaEventSynchronize(e1));
         float m;
-        CK(cudaEventElapsedTime(&m, e0, e1));
+        CUDA_CHECK(cudaEventElapsedTime(&m, e0, e1));
         if (r >= 3) ms.push_back(m);
       }
       std::sort(ms.begin(), ms.end());
@@ -142,7 +125,7 @@ int main(int argc, char** argv) {
     }
     for (void* p : {static_cast<void*>(dx), static_cast<void*>(dh), static_cast<void*>(dfn), static_cast<void*>(dbase),
                     static_cast<void*>(dscale), static_cast<void*>(dcoeff), static_cast<void*>(dy)})
-      CK(cudaFree(p));
+      CUDA_CHECK(cudaFree(p));
   }
   std::printf(fails ? "FAILED: %d case(s)\n" : "all cases passed\n", fails);
   return fails ? 1 : 0;

@@ -22,20 +22,14 @@
 #include <string>
 #include <vector>
 
+#include "common.cuh"  // CUDA_CHECK
+#include "core/bf16.hpp"
 #include "linear_attn_common.cuh"
 #include "short_conv.cuh"
 
 using bf16 = __nv_bfloat16;
 using dz::cuda::ConvOut;
 
-#define CK(x)                                                                            \
-  do {                                                                                   \
-    cudaError_t e_ = (x);                                                                \
-    if (e_ != cudaSuccess) {                                                             \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-      std::exit(2);                                                                      \
-    }                                                                                    \
-  } while (0)
 
 namespace {
 
@@ -269,7 +263,7 @@ void launch_smem(const Bufs& b, const Case& k, cudaStream_t st) {
   const size_t sm = size_t(ROWS + W - 1) * NT * 16;
   static bool set = false;  // (harness only)
   if (!set) {
-    CK(cudaFuncSetAttribute(conv_smem<W, ROWS, MINB>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(sm)));
+    CUDA_CHECK(cudaFuncSetAttribute(conv_smem<W, ROWS, MINB>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(sm)));
     set = true;
   }
   const dim3 grid(unsigned((k.C / 8 + NT - 1) / NT), unsigned((k.T + ROWS - 1) / ROWS));
@@ -302,11 +296,6 @@ std::vector<Variant> variants() {
   };
 }
 
-uint16_t to_bf(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  return uint16_t((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-}
 
 }  // namespace
 
@@ -322,33 +311,33 @@ int main(int argc, char** argv) {
   std::mt19937 rng(7);
   std::normal_distribution<float> nd(0.f, 1.f);
   cudaStream_t st;
-  CK(cudaStreamCreate(&st));
+  CUDA_CHECK(cudaStreamCreate(&st));
   int fails = 0;
   const auto vs = variants();
   for (const Case& k : cases) {
     if (bench && k.T < 8192) continue;
     const int P = k.W - 1;
     std::vector<uint16_t> hx(size_t(k.T * k.C)), hw(size_t(k.C) * k.W), hb(size_t(k.C)), hs(size_t(k.N) * P * k.C);
-    for (auto& v : hx) v = to_bf(nd(rng));
-    for (auto& v : hw) v = to_bf(0.5f * nd(rng));
-    for (auto& v : hb) v = to_bf(0.1f * nd(rng));
-    for (auto& v : hs) v = to_bf(nd(rng));
+    for (auto& v : hx) v = dz::f32_to_bf16(nd(rng));
+    for (auto& v : hw) v = dz::f32_to_bf16(0.5f * nd(rng));
+    for (auto& v : hb) v = dz::f32_to_bf16(0.1f * nd(rng));
+    for (auto& v : hs) v = dz::f32_to_bf16(nd(rng));
     std::vector<int32_t> cu(size_t(k.N) + 1, 0);  // uneven documents (one may be empty)
     for (int n = 1; n < k.N; ++n) cu[size_t(n)] = int32_t(std::min<int64_t>(k.T, k.T * n * n / (k.N * k.N) + n));
     cu[size_t(k.N)] = int32_t(k.T);
     std::sort(cu.begin(), cu.end());
     Bufs b{};
-    CK(cudaMalloc(&b.x, hx.size() * 2));
-    CK(cudaMalloc(&b.w, hw.size() * 2));
-    CK(cudaMalloc(&b.bias, hb.size() * 2));
-    CK(cudaMalloc(&b.state, std::max<size_t>(hs.size(), 1) * 2));
-    CK(cudaMalloc(&b.cu, cu.size() * 4));
-    CK(cudaMalloc(&b.y, hx.size() * 2));
-    CK(cudaMemcpy(b.x, hx.data(), hx.size() * 2, cudaMemcpyHostToDevice));
-    CK(cudaMemcpy(b.w, hw.data(), hw.size() * 2, cudaMemcpyHostToDevice));
-    CK(cudaMemcpy(b.bias, hb.data(), hb.size() * 2, cudaMemcpyHostToDevice));
-    if (!hs.empty()) CK(cudaMemcpy(b.state, hs.data(), hs.size() * 2, cudaMemcpyHostToDevice));
-    CK(cudaMemcpy(b.cu, cu.data(), cu.size() * 4, cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaMalloc(&b.x, hx.size() * 2));
+    CUDA_CHECK(cudaMalloc(&b.w, hw.size() * 2));
+    CUDA_CHECK(cudaMalloc(&b.bias, hb.size() * 2));
+    CUDA_CHECK(cudaMalloc(&b.state, std::max<size_t>(hs.size(), 1) * 2));
+    CUDA_CHECK(cudaMalloc(&b.cu, cu.size() * 4));
+    CUDA_CHECK(cudaMalloc(&b.y, hx.size() * 2));
+    CUDA_CHECK(cudaMemcpy(b.x, hx.data(), hx.size() * 2, cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaMemcpy(b.w, hw.data(), hw.size() * 2, cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaMemcpy(b.bias, hb.data(), hb.size() * 2, cudaMemcpyHostToDevice));
+    if (!hs.empty()) CUDA_CHECK(cudaMemcpy(b.state, hs.data(), hs.size() * 2, cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaMemcpy(b.cu, cu.data(), cu.size() * 4, cudaMemcpyHostToDevice));
     bf16 *bias_keep = b.bias, *st_keep = b.state;
     if (!k.bias) b.bias = nullptr;
     if (!k.state) b.state = nullptr;
@@ -361,21 +350,21 @@ int main(int argc, char** argv) {
     }
     b.out.c0[nb] = k.C;
     std::vector<uint16_t> ref(hx.size()), got(hx.size());
-    CK(cudaMemset(b.y, 0xff, hx.size() * 2));
+    CUDA_CHECK(cudaMemset(b.y, 0xff, hx.size() * 2));
     launch_prod(b, k, st);
-    CK(cudaStreamSynchronize(st));
-    CK(cudaMemcpy(ref.data(), b.y, ref.size() * 2, cudaMemcpyDeviceToHost));
+    CUDA_CHECK(cudaStreamSynchronize(st));
+    CUDA_CHECK(cudaMemcpy(ref.data(), b.y, ref.size() * 2, cudaMemcpyDeviceToHost));
     std::printf("T %lld C %d W %d N %d bias %d state %d blocks %d\n", (long long)k.T, k.C, k.W, k.N, k.bias, k.state, nb);
     cudaEvent_t e0, e1;
-    CK(cudaEventCreate(&e0));
-    CK(cudaEventCreate(&e1));
+    CUDA_CHECK(cudaEventCreate(&e0));
+    CUDA_CHECK(cudaEventCreate(&e1));
     const double bytes = 2.0 * 2.0 * double(k.T) * k.C;  // x read once, y written once
     for (const Variant& v : vs) {
-      CK(cudaMemset(b.y, 0xff, hx.size() * 2));
+      CUDA_CHECK(cudaMemset(b.y, 0xff, hx.size() * 2));
       v.f(b, k, st);
-      CK(cudaGetLastError());
-      CK(cudaStreamSynchronize(st));
-      CK(cudaMemcpy(got.data(), b.y, got.size() * 2, cudaMemcpyDeviceToHost));
+      CUDA_CHECK(cudaGetLastError());
+      CUDA_CHECK(cudaStreamSynchronize(st));
+      CUDA_CHECK(cudaMemcpy(got.data(), b.y, got.size() * 2, cudaMemcpyDeviceToHost));
       size_t bad = 0;
       for (size_t i = 0; i < got.size(); ++i) bad += got[i] != ref[i];
       fails += bad != 0;
@@ -384,12 +373,12 @@ int main(int argc, char** argv) {
         std::vector<float> ms;
         for (int r = 0; r < 3; ++r) v.f(b, k, st);
         for (int r = 0; r < 50; ++r) {
-          CK(cudaEventRecord(e0, st));
+          CUDA_CHECK(cudaEventRecord(e0, st));
           v.f(b, k, st);
-          CK(cudaEventRecord(e1, st));
-          CK(cudaEventSynchronize(e1));
+          CUDA_CHECK(cudaEventRecord(e1, st));
+          CUDA_CHECK(cudaEventSynchronize(e1));
           float m;
-          CK(cudaEventElapsedTime(&m, e0, e1));
+          CUDA_CHECK(cudaEventElapsedTime(&m, e0, e1));
           ms.push_back(m);
         }
         std::sort(ms.begin(), ms.end());
@@ -401,12 +390,12 @@ int main(int argc, char** argv) {
       std::printf("  %-28s %s%s\n", v.name.c_str(), bad ? ("FAIL " + std::to_string(bad) + " outputs differ").c_str() : "bitwise equal",
                   timing.c_str());
     }
-    CK(cudaFree(b.x));
-    CK(cudaFree(b.w));
-    CK(cudaFree(bias_keep));
-    CK(cudaFree(st_keep));
-    CK(cudaFree(b.cu));
-    CK(cudaFree(b.y));
+    CUDA_CHECK(cudaFree(b.x));
+    CUDA_CHECK(cudaFree(b.w));
+    CUDA_CHECK(cudaFree(bias_keep));
+    CUDA_CHECK(cudaFree(st_keep));
+    CUDA_CHECK(cudaFree(b.cu));
+    CUDA_CHECK(cudaFree(b.y));
   }
   std::printf(fails ? "FAILED: %d variant(s) differ\n" : "all variants bitwise equal to production\n", fails);
   return fails ? 1 : 0;
