@@ -564,8 +564,9 @@ void parse_qwen3_next(const Fields& f, const json& j, ModelConfig* c, bool qwen3
         p.bad("mrope_section", str("sums to ", sum, " but the rotary half-width is ", half,
                                    " (head_dim x partial_rotary_factor / 2)"));
     }
-    c->mtp_layers = f.i64({"mtp_num_hidden_layers"}, 0);
   }
+  // Qwen3.5 names its MTP layers mtp_num_hidden_layers; Qwen3-Next configs carry either key.
+  c->mtp_layers = f.i64({"mtp_num_hidden_layers", "num_nextn_predict_layers"}, 0);
   c->la_num_k_heads = f.i64({"linear_num_key_heads"}, 16);
   c->la_num_v_heads = f.i64({"linear_num_value_heads"}, 32);
   c->la_head_k_dim = f.i64({"linear_key_head_dim"}, 128);

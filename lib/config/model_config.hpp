@@ -151,6 +151,7 @@ struct ModelConfig {
   // The CPU backend emulates them bit-exactly (core/fp8.hpp), as the CUDA kernels quantize.
   bool kv_cache_fp8 = false;  // MLA latent cache: FP8 E4M3 per token per 128-tile (+ fp32 scale), RoPE part BF16
   bool index_mxfp8 = false;   // DSA indexer queries and keys: MXFP8 (E4M3, one E8M0 scale per 32)
+  bool load_mtp = false;      // build the first MTP layer (--speculative mtp; make-model writes its weights)
 
   // --- checkpoint packaging ---
   std::string wrapper_model_type;  // multimodal wrapper scored on its text model (qwen3_5_moe), else ""

@@ -56,6 +56,37 @@ std::vector<T> gather_rows(const Collectives& cp, const std::vector<int64_t>& po
   return out;
 }
 
+// The MTP layer's prompt rows after a context-parallel prefill: every CP rank runs them all (one
+// layer, serially), on the model's hidden states gathered from the ranks that hold them, kMtpRows
+// rows at a time, so the MTP state is the same on every rank.
+void mtp_prefill_cp(const Model& model, const std::vector<int32_t>& tokens, const DTensor& hidden,
+                    const std::vector<int64_t>& pos, const Collectives& cp, Model::State& st) {
+  constexpr int64_t kMtpRows = 4096;
+  Backend& be = model.backend();
+  const int64_t L = int64_t(tokens.size()), D = hidden.cols();
+  const int64_t R = int64_t(pos.size());
+  for (int64_t c0 = 0; c0 < L; c0 += kMtpRows) {
+    const int64_t n = std::min(kMtpRows, L - c0);
+    std::vector<int64_t> mine;
+    std::vector<float> vals;
+    for (int64_t i = 0; i < R;) {  // one download per run of local rows at consecutive positions
+      if (pos[size_t(i)] < c0 || pos[size_t(i)] >= c0 + n) {
+        ++i;
+        continue;
+      }
+      int64_t e = i + 1;
+      while (e < R && pos[size_t(e)] == pos[size_t(e - 1)] + 1 && pos[size_t(e)] < c0 + n) ++e;
+      for (int64_t j = i; j < e; ++j) mine.push_back(pos[size_t(j)] - c0);
+      vals.resize(size_t(int64_t(mine.size()) * D));
+      be.download(hidden.slab(i, e), vals.data() + (int64_t(mine.size()) - (e - i)) * D);
+      i = e;
+    }
+    const std::vector<float> all = gather_rows(cp, mine, vals, D, n);
+    const DTensor h = be.upload(all.data(), {n, D}, be.act_dtype());
+    model.mtp_extend(tokens.data() + c0, {0, n}, h, {&st});
+  }
+}
+
 }  // namespace
 
 namespace {
@@ -85,15 +116,19 @@ void spec_decode_batch(const Model& model, const std::vector<int64_t>& docs, con
   const int64_t V = model.config().vocab_size;
   const size_t B = docs.size();
   const bool greedy = p.temperature <= 0.0;
-  DZ_CHECK(p.speculative == "ngram" || (p.speculative == "oracle" && p.oracle), "--speculative ", p.speculative,
-           ": only ngram and oracle drafts are built (mtp is not yet)");
+  const bool mtp = p.speculative == "mtp";
+  DZ_CHECK(p.speculative == "ngram" || (p.speculative == "oracle" && p.oracle) || (mtp && model.has_mtp()),
+           "--speculative ", p.speculative, ": drafts are ngram, oracle (with a previous run's output) or mtp (with the "
+           "model loaded with its MTP layer)");
   DZ_CHECK(p.draft_tokens >= 1, "--draft-tokens must be >= 1 (got ", p.draft_tokens, ")");
   DZ_CHECK(prompts.size() == B && dst.size() == B && ids.size() == B, "speculative decode: ", B, " documents, ",
            prompts.size(), " prompts, ", dst.size(), " stats");
   WorkStats::Timer timer(stats, "decode");
   std::vector<std::unique_ptr<Drafter>> dr;
   for (size_t b = 0; b < B; ++b) {
-    if (p.speculative == "oracle") {
+    if (mtp) {
+      dr.push_back(nullptr);  // Model::mtp_draft
+    } else if (p.speculative == "oracle") {
       DZ_CHECK(docs[b] >= 0 && docs[b] < int64_t(p.oracle->size()), "oracle drafts: no document ", docs[b]);
       dr.push_back(std::make_unique<OracleDrafter>((*p.oracle)[size_t(docs[b])]));
     } else {
@@ -104,7 +139,7 @@ void spec_decode_batch(const Model& model, const std::vector<int64_t>& docs, con
   std::vector<int32_t> cur(B, 0);  // the chosen token a live document forwards next
   auto emit = [&](size_t b, int32_t tok) {  // false: the document is finished
     ids[b]->push_back(tok);
-    dr[b]->push(tok);
+    if (dr[b]) dr[b]->push(tok);
     if (tok == model.config().eos_token_id || int64_t(ids[b]->size()) >= p.max_new_tokens) live[b] = 0;
     return bool(live[b]);
   };
@@ -121,23 +156,37 @@ void spec_decode_batch(const Model& model, const std::vector<int64_t>& docs, con
     std::vector<int32_t> toks;
     std::vector<int64_t> cu{0};
     std::vector<Model::State*> sp;
+    std::vector<int32_t> mcur;
+    std::vector<int64_t> mk;
     for (size_t b = 0; b < B; ++b) {
       if (!live[b]) continue;
       // at most the tokens still to generate, less the one the model adds after the drafts
       const int64_t room = p.max_new_tokens - int64_t(ids[b]->size()) - 1;
-      drafts.push_back(dr[b]->draft(std::min(p.draft_tokens, room)));
-      toks.push_back(cur[b]);
-      toks.insert(toks.end(), drafts.back().begin(), drafts.back().end());
-      cu.push_back(int64_t(toks.size()));
       sp.push_back(st[b]);
       act.push_back(b);
+      if (mtp) {
+        mcur.push_back(cur[b]), mk.push_back(std::min(p.draft_tokens, room));
+        continue;
+      }
+      drafts.push_back(dr[b]->draft(std::min(p.draft_tokens, room)));
     }
     if (act.empty()) break;
+    if (mtp) {
+      WorkStats::Timer td(stats, "spec_draft");
+      drafts = model.mtp_draft(mcur, sp, mk);
+    }
+    for (size_t i = 0; i < act.size(); ++i) {
+      const size_t b = act[i];
+      toks.push_back(cur[b]);
+      toks.insert(toks.end(), drafts[i].begin(), drafts[i].end());
+      cu.push_back(int64_t(toks.size()));
+    }
     const int64_t rows = int64_t(toks.size());
+    DTensor h;
     {
       WorkStats::Timer tv(stats, "spec_verify");  // the snapshot, the verify forward, the row choices
       model.spec_begin(sp, p.spec_restore);
-      const DTensor h = model.forward_packed(toks.data(), cu, sp, tick);
+      h = model.forward_packed(toks.data(), cu, sp, tick);
       if (greedy) {
         row_ids.resize(size_t(rows));
         model.greedy(h, row_ids.data());
@@ -178,8 +227,30 @@ void spec_decode_batch(const Model& model, const std::vector<int64_t>& docs, con
       dst[b]->spec_steps += 1, dst[b]->spec_drafted += k, dst[b]->spec_accepted += a;
       drafted += k, accepted += a;
     }
-    WorkStats::Timer tr(stats, "spec_restore");
-    model.spec_keep(sp, keep);
+    {
+      WorkStats::Timer tr(stats, "spec_restore");
+      model.spec_keep(sp, keep);
+    }
+    if (mtp) {  // the MTP layer forwards the kept rows of documents still generating (their next token known)
+      WorkStats::Timer td(stats, "spec_draft");
+      std::vector<int32_t> mt;
+      std::vector<int64_t> mcu{0};
+      std::vector<Model::State*> ms;
+      std::vector<std::pair<int64_t, int64_t>> runs;  // (verify row, count)
+      for (size_t i = 0; i < act.size(); ++i) {
+        if (!live[act[i]]) continue;
+        mt.insert(mt.end(), toks.begin() + cu[i], toks.begin() + cu[i] + keep[i]);
+        mcu.push_back(int64_t(mt.size()));
+        ms.push_back(sp[i]);
+        runs.push_back({cu[i], keep[i]});
+      }
+      if (!ms.empty()) {
+        Backend& be = model.backend();
+        DTensor hk = be.act({mcu.back(), h.cols()});
+        for (size_t i = 0; i < runs.size(); ++i) be.copy_rows(h, runs[i].first, hk, mcu[i], runs[i].second);
+        model.mtp_extend(mt.data(), mcu, hk, ms);
+      }
+    }
   }
   if (stats) {
     stats->counts["decode_steps"] += steps;
@@ -285,6 +356,7 @@ DocResult chunked_document(const Model& model, int64_t doc, const std::vector<in
   for (int64_t c0 = 0; c0 < L; c0 += C) {
     const int64_t n = std::min(C, L - c0);
     const DTensor h = model.forward(tokens.data() + c0, n, st, tick, nullptr, stats);
+    if (p.mode == OutputMode::Generate && p.speculative == "mtp") model.mtp_extend(tokens.data() + c0, {0, n}, h, {&st});
     WorkStats::Timer timer(stats, "lm_head");
     switch (p.mode) {
       case OutputMode::Logprobs: {
@@ -400,6 +472,7 @@ DocResult compute_document(const Model& model, int64_t doc, const std::vector<in
     case OutputMode::Generate: {
       std::vector<float> last(static_cast<size_t>(V));
       model.logits(last_hidden(), last.data());
+      if (p.speculative == "mtp") mtp_prefill_cp(model, tokens, hidden, pos, cp, st);
       generate(model, doc, tokens, p, st, last, tick, r, par.stats);
       break;
     }
@@ -513,6 +586,7 @@ std::vector<DocResult> compute_packed(const Model& model, const std::vector<int6
       std::vector<const std::vector<int32_t>*> prompts;
       std::vector<DocStats*> dst;
       for (size_t b = 0; b < B; ++b) prompts.push_back(&tokens[b]), dst.push_back(&res[b].stats);
+      if (p.speculative == "mtp") model.mtp_extend(all.data(), cu, hidden, sp);  // the prompts' MTP rows
       decode_batch(model, docs, sp, lg, p, tick, ids, prompts, dst, stats);  // sp: the states of the prefill
       break;
     }

@@ -211,9 +211,8 @@ int run_job(const RunOptions& opt) {
     mp.decode_graphs = !opt.eager_decode;
     DZ_CHECK(opt.speculative.empty() || mp.mode == OutputMode::Generate, "--speculative needs --mode generate (got ",
              opt.mode, ")");
-    DZ_CHECK(opt.speculative != "mtp",
-             "--speculative mtp: drafts from MTP layers are not built yet; use --speculative ngram");
-    DZ_CHECK(opt.speculative.empty() || opt.speculative == "ngram" || opt.speculative == "oracle",
+    DZ_CHECK(opt.speculative.empty() || opt.speculative == "ngram" || opt.speculative == "oracle" ||
+                 opt.speculative == "mtp",
              "--speculative must be ngram, oracle or mtp (got ", opt.speculative, ")");
     DZ_CHECK((opt.speculative == "oracle") == !opt.oracle_drafts.empty(),
              "--oracle-drafts goes with --speculative oracle, and --speculative oracle needs it");
@@ -280,7 +279,8 @@ int run_job(const RunOptions& opt) {
   std::unique_ptr<Model> model;
   const auto t_load = Clock::now();
   agree(world, [&] {
-    model = Model::load(opt.model, tp, opt.kv_cache == "fp8", opt.index_quant == "mxfp8", *be, opt.dummy_weights);
+    model = Model::load(opt.model, tp, opt.kv_cache == "fp8", opt.index_quant == "mxfp8", *be, opt.dummy_weights,
+                        opt.speculative == "mtp");
   });
   const double load_seconds = std::chrono::duration<double>(Clock::now() - t_load).count();
   const ModelConfig& cfg = model->config();

@@ -58,6 +58,7 @@ void make_model(const MakeModelOptions& o) {
   if (exists(o.out + "/config.json"))
     DZ_CHECK(o.overwrite, "make-model: ", o.out, " already holds a model; pass --overwrite to replace it");
   ModelConfig cfg = ModelConfig::from_json(j);
+  cfg.load_mtp = cfg.mtp_layers > 0;  // the MTP layer the config declares is written too (--speculative mtp)
   auto ck = Checkpoint::random(o.seed);
   auto model = Model::build(cfg, *ck);  // asks for every tensor: that is the list we write
   ::mkdir(o.out.c_str(), 0755);

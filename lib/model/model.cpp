@@ -6,6 +6,7 @@
 #include "core/linalg.hpp"
 #include "core/log.hpp"
 #include "model/attn_res.hpp"
+#include "model/mtp.hpp"
 #include "ops/hyper.hpp"
 #include "ops/norm.hpp"
 
@@ -14,8 +15,9 @@ namespace dz {
 Model::~Model() = default;
 
 int64_t skip_mtp_layers(const ModelConfig& cfg, Checkpoint& ck) {
-  // Multi-token-prediction layers are used only for speculative decoding, which does not run them
-  // yet: accepted by name (only as many as the config declares) and skipped. DeepSeek appends them
+  // Multi-token-prediction layers are run only by --speculative mtp (model/mtp.hpp, which reads the
+  // first one): the rest are accepted by name (only as many as the config declares) and skipped,
+  // and so are all of them without --speculative mtp. DeepSeek appends them
   // as model.layers.{L..L+n-1}; Qwen3.5 keeps them under mtp. (mtp.layers.{0..n-1}, mtp.fc, norms).
   const int64_t n = cfg.mtp_layers;
   if (n <= 0) return 0;
@@ -75,10 +77,11 @@ TextPackaging adopt_text_model(const ModelConfig& cfg, Checkpoint& ck) {
 }
 
 std::unique_ptr<Model> Model::load(const std::string& dir, const TpShard& tp, bool kv_cache_fp8, bool index_mxfp8,
-                                   Backend& be, bool dummy_weights) {
+                                   Backend& be, bool dummy_weights, bool load_mtp) {
   ModelConfig cfg = ModelConfig::from_file(dir + "/config.json");
   cfg.kv_cache_fp8 = kv_cache_fp8;
   cfg.index_mxfp8 = index_mxfp8;
+  cfg.load_mtp = load_mtp;
   if (dummy_weights) {
     auto ck = Checkpoint::dummy(0);
     return build(cfg, *ck, tp, be);
@@ -185,6 +188,7 @@ std::unique_ptr<Model> Model::build(const ModelConfig& cfg, Checkpoint& ck, cons
     m->head_ = LmHead(embed, V, D, tp, be);
   else
     m->head_ = LmHead(ck.get(head, {V, D}, Init::normal(0.02f)), V, D, tp, be);
+  if (cfg.load_mtp) m->mtp_ = make_mtp_layer(cfg, ck, tp, be);
   return m;
 }
 
@@ -197,6 +201,7 @@ HcParams Model::hc_params() const {
 Model::State Model::make_state() const {
   State st;
   for (const auto& L : layers_) st.mixers.push_back(L.mixer->make_state());
+  if (mtp_) st.mtp = mtp_->mixer->make_state();
   return st;
 }
 
@@ -204,6 +209,8 @@ Model::State Model::State::clone() const {
   State s;
   s.pos = pos;
   for (const auto& m : mixers) s.mixers.push_back(m->clone());
+  if (mtp) s.mtp = mtp->clone();
+  s.mtp_pending = mtp_pending;  // never written in place: mtp_extend replaces it
   return s;
 }
 

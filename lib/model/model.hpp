@@ -17,6 +17,8 @@
 
 namespace dz {
 
+struct MtpLayer;
+
 class Model {
  public:
   // Loads DIR/config.json and the safetensors weights, strictly: any missing, unexpected or
@@ -26,9 +28,10 @@ class Model {
   // Weights are uploaded once to `be` (its weight dtype) from the same TP slice on every backend.
   // dummy_weights: config.json alone, deterministic random weights (Checkpoint::dummy, seed 0);
   // every layout of the same config gets the same values.
+  // load_mtp: also the checkpoint's MTP layer (model/mtp.hpp), the drafter of --speculative mtp.
   static std::unique_ptr<Model> load(const std::string& dir, const TpShard& tp = TpShard{}, bool kv_cache_fp8 = false,
                                      bool index_mxfp8 = false, Backend& be = cpu_backend(),
-                                     bool dummy_weights = false);
+                                     bool dummy_weights = false, bool load_mtp = false);
   // Builds from any Checkpoint (a real one, or Checkpoint::random for make-model).
   static std::unique_ptr<Model> build(const ModelConfig& cfg, Checkpoint& ck, const TpShard& tp = TpShard{},
                                       Backend& be = cpu_backend());
@@ -40,6 +43,10 @@ class Model {
   struct State {
     std::vector<std::unique_ptr<MixerState>> mixers;  // per layer
     int64_t pos = 0;                                  // tokens consumed
+    // The MTP layer's (models loaded with it): its state, one position behind the model's (its row
+    // i needs token i + 1), and the model's hidden state [1, D] at the row that waits for that token.
+    std::unique_ptr<MixerState> mtp;
+    DTensor mtp_pending;
     State clone() const;
   };
   State make_state() const;
@@ -72,6 +79,21 @@ class Model {
   // logits[rows, V] (host) = hidden[rows, D] · lm_head^T (the full rows, on every TP rank)
   void logits(const DTensor& hidden, float* out) const { head_.logits_full(hidden, out); }
   void logits(const float* hidden, int64_t rows, float* out) const;
+
+  // MTP drafts (DESIGN §11, model/mtp.hpp). mtp_extend: the model has just consumed tokens
+  // [cu[B]] (packed over documents) with final hidden states `hidden` [cu[B], D]; the MTP layer of
+  // each document forwards every row whose next token is now known (the pending row with tokens[0],
+  // each row but the last with the token after it) and keeps the last row pending. out (optional):
+  // the rows' normed outputs [rows, D], documents in order.
+  bool has_mtp() const { return mtp_ != nullptr; }
+  void mtp_extend(const int32_t* tokens, const std::vector<int64_t>& cu, const DTensor& hidden,
+                  const std::vector<State*>& states, DTensor* out = nullptr) const;
+  // Up to k[b] greedy drafts for document b whose next token is cur[b] (its pending row then
+  // forwarded for good); the chained drafts' rows are undone in the MTP state before returning.
+  // first_logits (optional): [B, V] the logits of each drafting document's first draft (rows of
+  // documents with k[b] == 0 untouched).
+  std::vector<std::vector<int32_t>> mtp_draft(const std::vector<int32_t>& cur, const std::vector<State*>& states,
+                                              const std::vector<int64_t>& k, std::vector<float>* first_logits = nullptr) const;
   // ids[rows] = argmax of each row's logits (the lower id on ties), on every TP rank.
   void greedy(const DTensor& hidden, int32_t* ids) const { head_.greedy(hidden, ids); }
   const LmHead& head() const { return head_; }
@@ -123,6 +145,7 @@ class Model {
   // [(2+N)N, N·D] (base likewise, scale [hc_scale, 1, 1]): hc_pre's collapse is then the head.
   DTensor head_fn_, head_base_, head_scale_;
   HcParams hc_params() const;  // the mHC settings of every hc_pre call (sub-layers, the weighted head)
+  std::unique_ptr<MtpLayer> mtp_;  // cfg.load_mtp
 };
 
 // Marks the multi-token-prediction layers a config declares (DeepSeek num_nextn_predict_layers,
