@@ -233,132 +233,181 @@ def indexer_sets(cfg, P, ix, qr, h, cos, sin, irope, causal):
     return allowed, sel
 
 
-def deepseek_forward(cfg, P, tok):
-    x = P["model.embed_tokens.weight"][tok]
+def deepseek_rope(cfg, T):
+    """cos, sin [T, dr/2] (YaRN attention factor applied) and the softmax scale's mscale^2."""
+    inv, att, ms2 = yarn(cfg, cfg["qk_rope_head_dim"])
+    ang = np.arange(T)[:, None] * inv[None]
+    return np.cos(ang) * att, np.sin(ang) * att, ms2
+
+
+def deepseek_layer(cfg, P, p, x, rope, sets, dense):
+    """One DeepSeek-V3.2 / GLM-5 decoder layer under prefix p over rows x [T, D] at positions 0..T-1.
+    sets: None (the layer runs its own indexer) or the (allowed, sel) of the last layer that did.
+    Returns (x, (allowed, sel))."""
     eps = cfg["rms_norm_eps"]
-    T = len(tok)
+    T = x.shape[0]
     causal = np.tril(np.ones((T, T), bool))
     nh, dn, dr, dv, r = (cfg["num_attention_heads"], cfg["qk_nope_head_dim"], cfg["qk_rope_head_dim"],
                          cfg["v_head_dim"], cfg["kv_lora_rank"])
-    inv, att, ms2 = yarn(cfg, dr)
-    ang = np.arange(T)[:, None] * inv[None]
-    cos, sin = np.cos(ang) * att, np.sin(ang) * att
-    hs, sels = [x], []
+    cos, sin, ms2 = rope
+    a = p + "self_attn."
+    h = rms(x, P[p + "input_layernorm.weight"], eps)
+    qr = rms(h @ P[a + "q_a_proj.weight"].T, P[a + "q_a_layernorm.weight"], 1e-6)
+    q = (qr @ P[a + "q_b_proj.weight"].T).reshape(T, nh, dn + dr)
+    c = h @ P[a + "kv_a_proj_with_mqa.weight"].T
+    ckv = rms(c[:, :r], P[a + "kv_a_layernorm.weight"], 1e-6)
+    kpe = rope_interleaved(c[:, r:], cos, sin)
+    qpe = rope_interleaved(q[..., dn:], cos, sin)
+    kv = (ckv @ P[a + "kv_b_proj.weight"].T).reshape(T, nh, dn + dv)
+    # indexer (GLM-5: interleaved RoPE)
+    glm = cfg["model_type"] == "glm_moe_dsa"
+    if sets is None:
+        sets = indexer_sets(cfg, P, a + "indexer.", qr, h, cos, sin, rope_interleaved if glm else rope_neox, causal)
+    allowed = sets[0]
+    qq = np.concatenate([q[..., :dn], qpe], -1)
+    kk_ = np.concatenate([kv[..., :dn], np.broadcast_to(kpe[:, None], (T, nh, dr))], -1)
+    o = softmax_attn(qq, kk_, kv[..., dn:], (dn + dr) ** -0.5 * ms2, allowed)
+    x = x + o.reshape(T, -1) @ P[a + "o_proj.weight"].T
+    h = rms(x, P[p + "post_attention_layernorm.weight"], eps)
+    if dense:
+        f = mlp(h, P, p + "mlp.")
+    else:
+        f = sigmoid_router_moe(h, P, p + "mlp.", cfg["n_routed_experts"], cfg["n_group"], cfg["topk_group"],
+                               cfg["num_experts_per_tok"], cfg["norm_topk_prob"], cfg["routed_scaling_factor"],
+                               lambda e: (f"experts.{e}.gate_proj.weight", f"experts.{e}.up_proj.weight",
+                                          f"experts.{e}.down_proj.weight"),
+                               p + "mlp.shared_experts.")
+    return x + f, sets
+
+
+def deepseek_forward(cfg, P, tok):
+    x = P["model.embed_tokens.weight"][tok]
+    rope = deepseek_rope(cfg, len(tok))
+    hs, sels, sets = [x], [], None
     for i in range(cfg["num_hidden_layers"]):
-        p = f"model.layers.{i}."
-        a = p + "self_attn."
-        h = rms(x, P[p + "input_layernorm.weight"], eps)
-        qr = rms(h @ P[a + "q_a_proj.weight"].T, P[a + "q_a_layernorm.weight"], 1e-6)
-        q = (qr @ P[a + "q_b_proj.weight"].T).reshape(T, nh, dn + dr)
-        c = h @ P[a + "kv_a_proj_with_mqa.weight"].T
-        ckv = rms(c[:, :r], P[a + "kv_a_layernorm.weight"], 1e-6)
-        kpe = rope_interleaved(c[:, r:], cos, sin)
-        qpe = rope_interleaved(q[..., dn:], cos, sin)
-        kv = (ckv @ P[a + "kv_b_proj.weight"].T).reshape(T, nh, dn + dv)
-        # indexer (GLM-5: interleaved RoPE; its "shared" layers attend to the last full layer's sets)
+        # GLM-5's "shared" layers attend to the last full layer's sets
         glm = cfg["model_type"] == "glm_moe_dsa"
-        if not (glm and (cfg.get("indexer_types") or ["full"] * (i + 1))[i] == "shared"):
-            allowed, sel = indexer_sets(cfg, P, a + "indexer.", qr, h, cos, sin,
-                                        rope_interleaved if glm else rope_neox, causal)
-        sels.append(sel)
-        qq = np.concatenate([q[..., :dn], qpe], -1)
-        kk_ = np.concatenate([kv[..., :dn], np.broadcast_to(kpe[:, None], (T, nh, dr))], -1)
-        o = softmax_attn(qq, kk_, kv[..., dn:], (dn + dr) ** -0.5 * ms2, allowed)
-        x = x + o.reshape(T, -1) @ P[a + "o_proj.weight"].T
-        h = rms(x, P[p + "post_attention_layernorm.weight"], eps)
-        if i < cfg["first_k_dense_replace"]:
-            f = mlp(h, P, p + "mlp.")
-        else:
-            f = sigmoid_router_moe(h, P, p + "mlp.", cfg["n_routed_experts"], cfg["n_group"], cfg["topk_group"],
-                                   cfg["num_experts_per_tok"], cfg["norm_topk_prob"], cfg["routed_scaling_factor"],
-                                   lambda e: (f"experts.{e}.gate_proj.weight", f"experts.{e}.up_proj.weight",
-                                              f"experts.{e}.down_proj.weight"),
-                                   p + "mlp.shared_experts.")
-        x = x + f
+        shared = glm and (cfg.get("indexer_types") or ["full"] * (i + 1))[i] == "shared"
+        x, sets = deepseek_layer(cfg, P, f"model.layers.{i}.", x, rope, sets if shared else None,
+                                 i < cfg["first_k_dense_replace"])
+        sels.append(sets[1])
         hs.append(x)
     return x, hs, sels
 
 
+def mtp_input(P, names, tok, xn, eps, centred):
+    """The MTP layer's input rows i = 0..T-2: [norm(embed(tok[i+1])); norm(xn[i])] projected to D."""
+    e_norm, h_norm, proj = names
+    e = P["model.embed_tokens.weight"][tok[1:]]
+    cat = np.concatenate([rms(e, P[e_norm], eps, centred), rms(xn[:-1], P[h_norm], eps, centred)], -1)
+    return cat @ P[proj].T
+
+
+def deepseek_mtp(cfg, P, tok, xn):
+    """DeepSeek-V3.2 / GLM-5 MTP logits [T-1, V] from the final hidden states xn [T, D] (after the
+    final norm): the layer model.layers.{L} (its own indexer, MoE) and shared_head.norm."""
+    p = f"model.layers.{cfg['num_hidden_layers']}."
+    eps = cfg["rms_norm_eps"]
+    x = mtp_input(P, (p + "enorm.weight", p + "hnorm.weight", p + "eh_proj.weight"), tok, xn, eps, False)
+    x, _ = deepseek_layer(cfg, P, p, x, deepseek_rope(cfg, len(tok) - 1), None, False)
+    return rms(x, P[p + "shared_head.norm.weight"], eps) @ P["lm_head.weight"].T
+
+
+def qwen3_next_layer(cfg, P, p, lt, x):
+    """One Qwen3-Next / Qwen3.5 decoder layer (lt: linear_attention or full_attention) under prefix p
+    over rows x [T, D] at positions 0..T-1."""
+    eps = cfg["rms_norm_eps"]
+    T = x.shape[0]
+    causal = np.tril(np.ones((T, T), bool))
+    h = rms(x, P[p + "input_layernorm.weight"], eps, centred=True)
+    if lt == "linear_attention":
+        a = p + "linear_attn."
+        nk, nv, dk, dv = (cfg["linear_num_key_heads"], cfg["linear_num_value_heads"],
+                          cfg["linear_key_head_dim"], cfg["linear_value_head_dim"])
+        rho = nv // nk
+        if a + "in_proj_qkv.weight" in P:  # Qwen3.5: separate, [q all | k all | v all]
+            mixed = h @ P[a + "in_proj_qkv.weight"].T
+            z = (h @ P[a + "in_proj_z.weight"].T).reshape(T, nv, dv)
+            b, al = h @ P[a + "in_proj_b.weight"].T, h @ P[a + "in_proj_a.weight"].T
+        else:  # Qwen3-Next: fused, grouped per key head
+            qkvz = (h @ P[a + "in_proj_qkvz.weight"].T).reshape(T, nk, 2 * dk + 2 * rho * dv)
+            ba = (h @ P[a + "in_proj_ba.weight"].T).reshape(T, nk, 2 * rho)
+            q, k = qkvz[..., :dk], qkvz[..., dk:2 * dk]
+            v = qkvz[..., 2 * dk:2 * dk + rho * dv].reshape(T, nv, dv)
+            z = qkvz[..., 2 * dk + rho * dv:].reshape(T, nv, dv)
+            b, al = ba[..., :rho].reshape(T, nv), ba[..., rho:].reshape(T, nv)
+            mixed = np.concatenate([q.reshape(T, -1), k.reshape(T, -1), v.reshape(T, -1)], -1)
+        mixed = causal_conv_silu(mixed, P[a + "conv1d.weight"])
+        Kd = nk * dk
+        q = mixed[:, :Kd].reshape(T, nk, dk)
+        k = mixed[:, Kd:2 * Kd].reshape(T, nk, dk)
+        v = mixed[:, 2 * Kd:].reshape(T, nv, dv)
+        beta = sigmoid(b)
+        g = -np.exp(P[a + "A_log"])[None] * softplus(al + P[a + "dt_bias"][None])
+        q = np.repeat(q, rho, axis=1)
+        k = np.repeat(k, rho, axis=1)
+        q, k = l2n(q) * dk ** -0.5, l2n(k)
+        o = delta_rule(q, k, v, g[..., None], beta)
+        o = rms(o, P[a + "norm.weight"], eps) * silu(z)
+        attn = o.reshape(T, -1) @ P[a + "out_proj.weight"].T
+    else:
+        a = p + "self_attn."
+        nh, nkv, hd = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"]
+        rp = cfg.get("rope_parameters") or {}
+        prf = rp.get("partial_rotary_factor", cfg.get("partial_rotary_factor", 1.0))
+        theta = rp.get("rope_theta", cfg.get("rope_theta"))
+        rd = int(hd * prf)
+        inv = 1.0 / theta ** (np.arange(0, rd, 2) / rd)
+        ang = np.arange(T)[:, None] * inv[None]
+        cos, sin = np.cos(ang), np.sin(ang)
+        qg = (h @ P[a + "q_proj.weight"].T).reshape(T, nh, 2 * hd)
+        q, gate = qg[..., :hd], qg[..., hd:].reshape(T, -1)
+        q = rms(q, P[a + "q_norm.weight"], eps, centred=True)
+        k = rms((h @ P[a + "k_proj.weight"].T).reshape(T, nkv, hd), P[a + "k_norm.weight"], eps, centred=True)
+        v = (h @ P[a + "v_proj.weight"].T).reshape(T, nkv, hd)
+        q = np.concatenate([rope_neox(q[..., :rd], cos, sin), q[..., rd:]], -1)
+        k = np.concatenate([rope_neox(k[..., :rd], cos, sin), k[..., rd:]], -1)
+        rep = nh // nkv
+        o = softmax_attn(q, np.repeat(k, rep, 1), np.repeat(v, rep, 1), hd ** -0.5, causal)
+        attn = (o.reshape(T, -1) * sigmoid(gate)) @ P[a + "o_proj.weight"].T
+    x = x + attn
+    h = rms(x, P[p + "post_attention_layernorm.weight"], eps, centred=True)
+    m = p + "mlp."
+    E = cfg["num_experts"]
+    logits = h @ P[m + "gate.weight"].T
+    pr = np.exp(logits - logits.max(-1, keepdims=True))
+    pr /= pr.sum(-1, keepdims=True)
+    f = np.zeros_like(h)
+    for t in range(T):
+        sel = np.argsort(-pr[t], kind="stable")[:cfg["num_experts_per_tok"]]
+        w = pr[t, sel]
+        if cfg.get("norm_topk_prob", True):  # Qwen3.5 has no such key: always renormalised
+            w = w / w.sum()
+        for e, we in zip(sel, w):
+            f[t] += we * expert(h[t:t + 1], P[m + f"experts.{e}.gate_proj.weight"],
+                                P[m + f"experts.{e}.up_proj.weight"], P[m + f"experts.{e}.down_proj.weight"])[0]
+    f += sigmoid(h @ P[m + "shared_expert_gate.weight"].T) * mlp(h, P, m + "shared_expert.")
+    assert E == P[m + "gate.weight"].shape[0]
+    return x + f
+
+
 def qwen3_next_forward(cfg, P, tok):
     x = P["model.embed_tokens.weight"][tok]
-    eps = cfg["rms_norm_eps"]
-    T = len(tok)
-    causal = np.tril(np.ones((T, T), bool))
     hs = [x]
     for i, lt in enumerate(cfg["layer_types"]):
-        p = f"model.layers.{i}."
-        h = rms(x, P[p + "input_layernorm.weight"], eps, centred=True)
-        if lt == "linear_attention":
-            a = p + "linear_attn."
-            nk, nv, dk, dv = (cfg["linear_num_key_heads"], cfg["linear_num_value_heads"],
-                              cfg["linear_key_head_dim"], cfg["linear_value_head_dim"])
-            rho = nv // nk
-            if a + "in_proj_qkv.weight" in P:  # Qwen3.5: separate, [q all | k all | v all]
-                mixed = h @ P[a + "in_proj_qkv.weight"].T
-                z = (h @ P[a + "in_proj_z.weight"].T).reshape(T, nv, dv)
-                b, al = h @ P[a + "in_proj_b.weight"].T, h @ P[a + "in_proj_a.weight"].T
-            else:  # Qwen3-Next: fused, grouped per key head
-                qkvz = (h @ P[a + "in_proj_qkvz.weight"].T).reshape(T, nk, 2 * dk + 2 * rho * dv)
-                ba = (h @ P[a + "in_proj_ba.weight"].T).reshape(T, nk, 2 * rho)
-                q, k = qkvz[..., :dk], qkvz[..., dk:2 * dk]
-                v = qkvz[..., 2 * dk:2 * dk + rho * dv].reshape(T, nv, dv)
-                z = qkvz[..., 2 * dk + rho * dv:].reshape(T, nv, dv)
-                b, al = ba[..., :rho].reshape(T, nv), ba[..., rho:].reshape(T, nv)
-                mixed = np.concatenate([q.reshape(T, -1), k.reshape(T, -1), v.reshape(T, -1)], -1)
-            mixed = causal_conv_silu(mixed, P[a + "conv1d.weight"])
-            Kd = nk * dk
-            q = mixed[:, :Kd].reshape(T, nk, dk)
-            k = mixed[:, Kd:2 * Kd].reshape(T, nk, dk)
-            v = mixed[:, 2 * Kd:].reshape(T, nv, dv)
-            beta = sigmoid(b)
-            g = -np.exp(P[a + "A_log"])[None] * softplus(al + P[a + "dt_bias"][None])
-            q = np.repeat(q, rho, axis=1)
-            k = np.repeat(k, rho, axis=1)
-            q, k = l2n(q) * dk ** -0.5, l2n(k)
-            o = delta_rule(q, k, v, g[..., None], beta)
-            o = rms(o, P[a + "norm.weight"], eps) * silu(z)
-            attn = o.reshape(T, -1) @ P[a + "out_proj.weight"].T
-        else:
-            a = p + "self_attn."
-            nh, nkv, hd = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"]
-            rp = cfg.get("rope_parameters") or {}
-            prf = rp.get("partial_rotary_factor", cfg.get("partial_rotary_factor", 1.0))
-            theta = rp.get("rope_theta", cfg.get("rope_theta"))
-            rd = int(hd * prf)
-            inv = 1.0 / theta ** (np.arange(0, rd, 2) / rd)
-            ang = np.arange(T)[:, None] * inv[None]
-            cos, sin = np.cos(ang), np.sin(ang)
-            qg = (h @ P[a + "q_proj.weight"].T).reshape(T, nh, 2 * hd)
-            q, gate = qg[..., :hd], qg[..., hd:].reshape(T, -1)
-            q = rms(q, P[a + "q_norm.weight"], eps, centred=True)
-            k = rms((h @ P[a + "k_proj.weight"].T).reshape(T, nkv, hd), P[a + "k_norm.weight"], eps, centred=True)
-            v = (h @ P[a + "v_proj.weight"].T).reshape(T, nkv, hd)
-            q = np.concatenate([rope_neox(q[..., :rd], cos, sin), q[..., rd:]], -1)
-            k = np.concatenate([rope_neox(k[..., :rd], cos, sin), k[..., rd:]], -1)
-            rep = nh // nkv
-            o = softmax_attn(q, np.repeat(k, rep, 1), np.repeat(v, rep, 1), hd ** -0.5, causal)
-            attn = (o.reshape(T, -1) * sigmoid(gate)) @ P[a + "o_proj.weight"].T
-        x = x + attn
-        h = rms(x, P[p + "post_attention_layernorm.weight"], eps, centred=True)
-        m = p + "mlp."
-        E = cfg["num_experts"]
-        logits = h @ P[m + "gate.weight"].T
-        pr = np.exp(logits - logits.max(-1, keepdims=True))
-        pr /= pr.sum(-1, keepdims=True)
-        f = np.zeros_like(h)
-        for t in range(T):
-            sel = np.argsort(-pr[t], kind="stable")[:cfg["num_experts_per_tok"]]
-            w = pr[t, sel]
-            if cfg.get("norm_topk_prob", True):  # Qwen3.5 has no such key: always renormalised
-                w = w / w.sum()
-            for e, we in zip(sel, w):
-                f[t] += we * expert(h[t:t + 1], P[m + f"experts.{e}.gate_proj.weight"],
-                                    P[m + f"experts.{e}.up_proj.weight"], P[m + f"experts.{e}.down_proj.weight"])[0]
-        f += sigmoid(h @ P[m + "shared_expert_gate.weight"].T) * mlp(h, P, m + "shared_expert.")
-        assert E == P[m + "gate.weight"].shape[0]
-        x = x + f
+        x = qwen3_next_layer(cfg, P, f"model.layers.{i}.", lt, x)
         hs.append(x)
     return x, hs, None
+
+
+def qwen3_next_mtp(cfg, P, tok, xn):
+    """Qwen3-Next / Qwen3.5 MTP logits [T-1, V] from xn [T, D] (after the final norm): mtp.fc over the
+    zero-centred-normed [embedding; hidden], the full-attention layer mtp.layers.0, mtp.norm."""
+    eps = cfg["rms_norm_eps"]
+    x = mtp_input(P, ("mtp.pre_fc_norm_embedding.weight", "mtp.pre_fc_norm_hidden.weight", "mtp.fc.weight"),
+                  tok, xn, eps, True)
+    x = qwen3_next_layer(cfg, P, "mtp.layers.0.", "full_attention", x)
+    return rms(x, P["mtp.norm.weight"], eps, centred=True) @ P["lm_head.weight"].T
 
 
 # ---------------------------------------------------------------- DeepSeek-V4
