@@ -92,6 +92,26 @@ for fam in ${DZ_GPU_FAMILIES:-kimi_linear qwen3_next deepseek_v32 qwen3_5_moe gl
   "$EXE" run "${sg[@]}" --speculative ngram --output "$W/$fam.spec_ngram.cuda.h5" >/dev/null
   mpirun -np 4 "$EXE" run "${sg[@]}" --cp 2 --tp 2 --speculative oracle --oracle-drafts "$W/$fam.bent.h5" \
     --output "$W/$fam.spec_cptp.cuda.h5" >/dev/null
+  if [[ -e tests/golden/mtp/$fam.safetensors ]]; then  # MTP drafts: the golden with its MTP fixture beside it
+    python3 - "$M" "tests/golden/mtp/$fam.safetensors" "$W/$fam.mtp" <<'PY'
+import json, os, shutil, sys
+src, mtp, dst = sys.argv[1:]
+os.makedirs(dst, exist_ok=True)
+shutil.copy(f"{src}/model.safetensors", f"{dst}/model-00001-of-00002.safetensors")
+shutil.copy(mtp, f"{dst}/model-00002-of-00002.safetensors")
+from safetensors import safe_open
+wm = {}
+for f in ("model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"):
+    with safe_open(f"{dst}/{f}", "np") as h:
+        wm.update({k: f for k in h.keys()})
+json.dump({"metadata": {}, "weight_map": wm}, open(f"{dst}/model.safetensors.index.json", "w"))
+c = json.load(open(f"{src}/config.json"))
+c["mtp_num_hidden_layers" if c["model_type"].startswith("qwen") else "num_nextn_predict_layers"] = 1
+json.dump(c, open(f"{dst}/config.json", "w"))
+PY
+    "$EXE" run --model "$W/$fam.mtp" "${sg[@]:2}" --speculative mtp --draft-tokens 3 --output "$W/$fam.spec_mtp.cuda.h5" \
+      --report "$W/$fam.spec_mtp.report.json" >/dev/null
+  fi
   if [[ $fam == deepseek_v32 || $fam == glm_moe_dsa ]]; then  # the quantised caches, on both backends
     q=(--kv-cache fp8 --index-quant mxfp8)
     "$EXE" run --model "$M" --input "$W/$fam.in.h5" --output "$W/$fam.q.cpu.h5" --backend cpu "${q[@]}" >/dev/null
@@ -149,14 +169,16 @@ print(f"cli {fam} generate on cuda: CUDA-graph decode == --eager-decode ({gb.siz
 # GPU's plain tokens equal the CPU's): the verify forward's kernels (chunked scan, multi-row
 # attention) round otherwise than the decode step's, so a near-tie may flip where it is not
 stable = gsame == 1.0
-for k in ("replay", "per-token", "ngram", "cptp"):
+for k in ("replay", "per-token", "ngram", "cptp", "mtp"):
+    if not os.path.exists(f"{w}/{fam}.spec_{k}.cuda.h5"):
+        continue  # (mtp: the families with an MTP fixture)
     g = m(f"spec_{k}", "cuda", "/generated")
     eq = g.shape == gb.shape and bool(np.array_equal(g, gb))
     frac = float((g == gb).mean()) if g.shape == gb.shape else 0.0
     good = eq or not stable
     ok = ok and good
     extra = ""
-    if k in ("replay", "per-token"):
+    if k in ("replay", "per-token", "mtp"):
         d = json.load(open(f"{w}/{fam}.spec_{k}.report.json"))["per_document"]
         extra = f" ({sum(x['drafts_proposed'] for x in d)} drafts, {sum(x['drafts_accepted'] for x in d)} accepted)"
     print(f"cli {fam} generate --speculative {k} on cuda: tokens equal plain decoding {frac:.3f}{extra}; plain "

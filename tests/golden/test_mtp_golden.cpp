@@ -7,16 +7,11 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdlib>
-#include <fstream>
-#include <map>
 #include <string>
 #include <vector>
 
-#include <nlohmann/json.hpp>
-
-#include "io/checkpoint.hpp"
 #include "model/model.hpp"
+#include "mtp_fixture.hpp"
 
 namespace {
 
@@ -32,25 +27,6 @@ std::vector<T> read_ds(hid_t f, const std::string& name, hid_t type) {
   return v;
 }
 
-// The golden checkpoint of `fam` with tests/golden/mtp/<fam>.safetensors beside it, its config
-// declaring one MTP layer (the key its family publishes).
-std::string with_mtp(const std::string& fam) {
-  const std::string src = std::string(DZ_SOURCE_DIR) + "/tests/golden/";
-  const std::string dst = std::string(DZ_BINARY_DIR) + "/mtp_golden_" + fam;
-  REQUIRE(std::system(("rm -rf " + dst + " && mkdir -p " + dst).c_str()) == 0);
-  std::map<std::string, dz::Tensor> ts;
-  for (const std::string& file : {src + fam, src + "mtp/" + fam + ".safetensors"}) {
-    auto ck = dz::Checkpoint::open(file);
-    for (const auto& n : ck->names()) ts[n] = ck->get(n, ck->info(n).shape);
-  }
-  dz::write_safetensors(dst, ts, dz::DType::F32);
-  std::ifstream f(src + fam + "/config.json");
-  nlohmann::json j = nlohmann::json::parse(f);
-  j[fam.rfind("qwen", 0) == 0 ? "mtp_num_hidden_layers" : "num_nextn_predict_layers"] = 1;
-  std::ofstream(dst + "/config.json") << j.dump(2);
-  return dst;
-}
-
 }  // namespace
 
 TEST_CASE("MTP golden: the MTP layer's logits equal the fp64 NumPy reference", "[golden]") {
@@ -63,7 +39,7 @@ TEST_CASE("MTP golden: the MTP layer's logits equal the fp64 NumPy reference", "
   REQUIRE(f >= 0);
   for (const std::string fam : {"deepseek_v32", "glm_moe_dsa", "qwen3_next", "qwen3_5_moe_text"}) {
     INFO(fam);
-    auto model = dz::Model::load(with_mtp(fam), dz::TpShard{}, false, false, dz::cpu_backend(), false, true);
+    auto model = dz::Model::load(dzt::golden_with_mtp(fam, DZ_BINARY_DIR), dz::TpShard{}, false, false, dz::cpu_backend(), false, true);
     REQUIRE(model->has_mtp());
     const int64_t V = model->config().vocab_size;
     const auto tokens = read_ds<int32_t>(f, "/" + fam + "/tokens", H5T_NATIVE_INT32);

@@ -32,6 +32,7 @@
 #include "model/model.hpp"
 #include "ops/linear_attn.hpp"
 #include "model/la_state.hpp"
+#include "mtp_fixture.hpp"
 
 namespace {
 
@@ -355,5 +356,72 @@ TEST_CASE("e2e gpu: speculative undo on cuda equals forwarding only the kept row
         }
       }
     std::printf("spec undo %-18s continuation relative L2 error, worst of 12: %.3g (tol 1e-2)\n", name.c_str(), worst);
+  }
+}
+
+// MTP drafts on cuda (model/mtp.hpp): the four golden models with their MTP fixtures
+// (tests/golden/mtp/), each document prefilled and the MTP layer run over every row. The MTP
+// log-probs of the token two ahead against the CPU backend's: within 1.5x the family's measured
+// bf16 drift (tests/golden/bf16_drift.json, the same rule as the golden models: the MTP layer is one
+// more layer over the model's bf16 hidden states); the first drafts (argmax) equal wherever the CPU's
+// top-2 margin exceeds twice the max |dlp|. Then drafts after verify steps: mtp_draft on cuda equals
+// the CPU's on clear-margin steps.
+TEST_CASE("e2e gpu: MTP drafts on cuda against the cpu backend", "[gpu]") {
+  auto gpu = dz::make_cuda_backend(0);
+  for (const std::string fam : {"deepseek_v32", "glm_moe_dsa", "qwen3_next", "qwen3_5_moe_text"}) {
+    INFO(fam);
+    const std::string dir = dzt::golden_with_mtp(fam, DZ_BINARY_DIR);
+    auto cpu = dz::Model::load(dir, dz::TpShard{}, false, false, dz::cpu_backend(), false, true);
+    auto cu = dz::Model::load(dir, dz::TpShard{}, false, false, *gpu, false, true);
+    const int64_t V = cpu->config().vocab_size;
+    std::vector<int64_t> off;
+    const auto tok = golden_tokens(std::string(DZ_SOURCE_DIR) + "/tests/golden/" + fam, off);
+    auto mtp_logits = [&](const dz::Model& m, int64_t o, int64_t T) {
+      auto st = m.make_state();
+      const dz::DTensor h = m.forward(&tok[size_t(o)], T, st);
+      dz::DTensor out;
+      m.mtp_extend(&tok[size_t(o)], {0, T}, h, {&st}, &out);
+      std::vector<float> lg(static_cast<size_t>((T - 1) * V));
+      if (T > 1) m.logits(out, lg.data());
+      return lg;
+    };
+    double mean = 0, mx = 0;
+    int64_t n = 0, same = 0, clear = 0;
+    for (size_t d = 0; d + 1 < off.size(); ++d) {
+      const int64_t o = off[d], T = off[d + 1] - o;
+      if (T < 3) continue;
+      const auto a = mtp_logits(*cpu, o, T), b = mtp_logits(*cu, o, T);
+      for (int64_t i = 0; i + 2 < T; ++i) {  // row i predicts token i + 2
+        const float* ra = a.data() + i * V;
+        const float* rb = b.data() + i * V;
+        const int32_t t = tok[size_t(o + i + 2)];
+        const double e = std::abs(dz::log_softmax_at(ra, V, t) - dz::log_softmax_at(rb, V, t));
+        REQUIRE(std::isfinite(e));
+        mean += e, mx = std::max(mx, e), ++n;
+      }
+    }
+    mean /= double(std::max<int64_t>(n, 1));
+    for (size_t d = 0; d + 1 < off.size(); ++d) {  // argmax agreement on clear margins
+      const int64_t o = off[d], T = off[d + 1] - o;
+      if (T < 2) continue;
+      const auto a = mtp_logits(*cpu, o, T), b = mtp_logits(*cu, o, T);
+      for (int64_t i = 0; i + 1 < T; ++i) {
+        std::vector<float> ra(a.begin() + i * V, a.begin() + (i + 1) * V);
+        std::vector<float> rb(b.begin() + i * V, b.begin() + (i + 1) * V);
+        std::vector<float> s = ra;
+        std::partial_sort(s.begin(), s.begin() + 2, s.end(), std::greater<float>());
+        if (s[0] - s[1] <= 2 * mx) continue;
+        ++clear;
+        same += std::max_element(ra.begin(), ra.end()) - ra.begin() == std::max_element(rb.begin(), rb.end()) - rb.begin();
+      }
+    }
+    const Drift tol = drift_of(fam);
+    std::printf("e2e MTP %-18s %lld log-probs: mean |dlp| %.3g (tol %.3g), max %.3g (tol %.3g); first drafts: %lld of "
+                "%lld clear-margin rows identical\n",
+                fam.c_str(), (long long)n, mean, 1.5 * tol.mean, mx, 1.5 * tol.max, (long long)same, (long long)clear);
+    CHECK(mean <= 1.5 * tol.mean);
+    CHECK(mx <= 1.5 * tol.max);
+    CHECK(same == clear);
+    CHECK(clear > 0);
   }
 }
