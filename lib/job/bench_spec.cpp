@@ -19,6 +19,7 @@
 #include "job/doc_compute.hpp"
 #include "model/decode_runner.hpp"
 #include "model/model.hpp"
+#include "model/mtp.hpp"
 
 namespace dz {
 
@@ -42,7 +43,7 @@ std::string base_name(std::string d) {
 // One generate run of the documents through the job's path (compute_packed: one packed prefill,
 // then the documents decoded together), its decode-phase timers.
 struct GenRun {
-  double decode_s = 0, verify_s = 0, restore_s = 0;
+  double decode_s = 0, verify_s = 0, restore_s = 0, draft_s = 0;
   int64_t steps = 0, generated = 0, drafted = 0, accepted = 0;
   std::vector<std::vector<int32_t>> ids;
 };
@@ -57,6 +58,7 @@ GenRun generate_once(const Model& m, Backend& be, const std::vector<std::vector<
   g.decode_s = ws.seconds["decode"];
   g.verify_s = ws.seconds["spec_verify"];
   g.restore_s = ws.seconds["spec_restore"];
+  g.draft_s = ws.seconds["spec_draft"];  // MTP drafts (and the MTP layer's catch-up over kept rows)
   g.steps = ws.counts["decode_steps"];
   for (const DocResult& r : res) {
     g.generated += int64_t(r.ids.size()) - 1;  // the first token comes from the prefill's logits
@@ -86,6 +88,7 @@ int bench_spec(const BenchSpecOptions& opt) {
   json results = json::array();
   for (const auto& dir : opt.models) {
     ModelConfig cfg = ModelConfig::from_file(dir + "/config.json");
+    cfg.load_mtp = cfg.mtp_layers > 0 && mtp_supported(cfg);  // MTP drafts measured too
     std::unique_ptr<Checkpoint> ck = opt.dummy_weights ? Checkpoint::dummy(0) : Checkpoint::open(dir);
     std::unique_ptr<Model> model = Model::build(cfg, *ck, TpShard{}, *be);
     if (!opt.dummy_weights) {
@@ -131,6 +134,32 @@ int bench_spec(const BenchSpecOptions& opt) {
         for (int64_t K : opt.draft_tokens) {
           json k;
           k["draft_tokens"] = K;
+          if (model->has_mtp()) {  // the MTP drafts of one step for the B documents (K forwards of the layer)
+            std::vector<Model::State> st;
+            std::vector<Model::State*> sp;
+            st.reserve(size_t(B));
+            for (int64_t d = 0; d < B; ++d) st.push_back(model->make_state());
+            for (auto& s : st) sp.push_back(&s);
+            std::vector<int32_t> all;
+            std::vector<int64_t> cu{0}, one{0};
+            for (const auto& d : rnd) all.insert(all.end(), d.begin(), d.end()), cu.push_back(int64_t(all.size()));
+            const DTensor h = model->forward_packed(all.data(), cu, sp);
+            model->mtp_extend(all.data(), cu, h, sp);
+            DTensor last = be->act({B, h.cols()});  // a hidden row per document to re-arm the pending rows
+            for (int64_t d = 0; d < B; ++d) be->copy_rows(h, cu[size_t(d) + 1] - 1, last, d, 1), one.push_back(d + 1);
+            std::vector<double> td;
+            for (int i = 0; i <= opt.repeats; ++i) {  // i = 0: warm-up
+              std::vector<int32_t> cur(static_cast<size_t>(B));
+              for (auto& c : cur) c = int32_t(rng() % uint64_t(V));
+              be->sync();
+              const auto t0 = Clock::now();
+              model->mtp_draft(cur, sp, std::vector<int64_t>(size_t(B), K));
+              be->sync();
+              if (i > 0) td.push_back(std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
+              model->mtp_extend(cur.data(), one, last, sp);
+            }
+            k["mtp_draft_ms"] = median(td);
+          }
           for (const SpecRestore how : {SpecRestore::Replay, SpecRestore::PerToken}) {
             const std::string hn = how == SpecRestore::Replay ? "replay" : "per_token";
             // the step on its own: states with the prompt, then repeats of (verify K+1 rows, keep K)
@@ -188,12 +217,17 @@ int bench_spec(const BenchSpecOptions& opt) {
               k[p + "tokens_per_step"] = g.steps ? double(g.generated) / double(g.steps) : 0.0;
               k[p + "verify_s"] = g.verify_s;
               k[p + "restore_s"] = g.restore_s;
+              if (kind == "mtp") k[p + "draft_s"] = g.draft_s;
             };
             record("oracle", generate_once(*model, *be, rnd, mp), base);
             // n-gram drafts on the repetitive documents
             mp.speculative = "ngram";
             mp.oracle = nullptr;
             record("ngram", generate_once(*model, *be, rep, mp), base_rep);
+            if (model->has_mtp()) {  // the checkpoint's MTP layer (dummy weights: drafts at chance)
+              mp.speculative = "mtp";
+              record("mtp", generate_once(*model, *be, rnd, mp), base);
+            }
           }
           per_k.push_back(k);
         }
@@ -212,7 +246,9 @@ int bench_spec(const BenchSpecOptions& opt) {
     j["method"] = str("B documents of ", opt.prompt_tokens, " random tokens (n-gram: a 16-token block repeated), ",
                       opt.new_tokens, " generated each through compute_packed (greedy); plain: median of ", opt.repeats,
                       " runs by decode time; step costs: median of ", opt.repeats, " verify forwards of K+1 rows per "
-                      "document (snapshot included) and restores keeping K; oracle drafts: the plain run's tokens");
+                      "document (snapshot included) and restores keeping K; oracle drafts: the plain run's tokens; models "
+                      "declaring an MTP layer: mtp_draft_ms (median of K-draft steps for the B documents) and the "
+                      "end-to-end run with its drafts (with --dummy-weights they are at chance: the overhead)");
     j["results"] = results;
     write_bench_report(opt.json, j);
   }

@@ -6,12 +6,17 @@
 
 namespace dz {
 
+bool mtp_supported(const ModelConfig& cfg) {
+  return (cfg.family == Family::DeepseekV32 || cfg.family == Family::Qwen3Next) && cfg.hc_mult == 0 &&
+         cfg.attn_res_block_size == 0;
+}
+
 std::unique_ptr<MtpLayer> make_mtp_layer(const ModelConfig& cfg, Checkpoint& ck, const TpShard& tp, Backend& be) {
   DZ_CHECK(cfg.mtp_layers > 0, "--speculative mtp: ", cfg.model_type,
            ": config.json declares no MTP layers (num_nextn_predict_layers / mtp_num_hidden_layers); "
            "use --speculative ngram");
   const bool deepseek = cfg.family == Family::DeepseekV32, qwen = cfg.family == Family::Qwen3Next;
-  DZ_CHECK((deepseek || qwen) && cfg.hc_mult == 0 && cfg.attn_res_block_size == 0, "--speculative mtp: ",
+  DZ_CHECK(mtp_supported(cfg), "--speculative mtp: ",
            cfg.model_type, ": drafts from its MTP layer are not built (DeepSeek-V3.2 / GLM-5 and Qwen3-Next / "
            "Qwen3.5 are); use --speculative ngram");
   DZ_CHECK(!cfg.layers.empty(), "MTP: a model without layers");

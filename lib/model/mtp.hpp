@@ -44,6 +44,10 @@ struct MtpLayer {
               const std::vector<int64_t>& cu, const std::vector<MixerState*>& st) const;
 };
 
+// Whether dayzero runs the MTP layer of cfg's family (DeepSeek-V3.2 / GLM-5, Qwen3-Next / Qwen3.5:
+// the plain residual; DeepSeek-V4's carries the mHC streams and is not built).
+bool mtp_supported(const ModelConfig& cfg);
+
 // Builds the MTP layer of cfg's family from ck (the checkpoint's names; generated in make-model's
 // mode); refuses a config that declares none and the families whose MTP layer is not built.
 std::unique_ptr<MtpLayer> make_mtp_layer(const ModelConfig& cfg, Checkpoint& ck, const TpShard& tp, Backend& be);

@@ -98,4 +98,18 @@ set -e
 [ -e "$W/cut.h5.part" ] || { echo "FAIL: no .part after the kill"; exit 1; }
 mpi 3 run "${a[@]}" --output "$W/cut.h5" --resume >/dev/null
 same "$W/plain_deepseek_v32.h5" "$W/cut.h5" /generated /generated_offsets /done
+# `bench spec` measures MTP drafts for a model that has an MTP layer (and checks its outputs itself)
+"$DZ" bench spec --model "$W/m_qwen3_next" --backend cpu --batches 1,2 --draft-tokens 1,3 --prompt-tokens 32 \
+  --new-tokens 8 --repeats 1 --json "$W/bench_spec.json" >/dev/null
+python3 - "$W/bench_spec.json" <<'PY'
+import json, sys
+r = json.load(open(sys.argv[1]))
+assert all("error" not in x for x in r["results"]), r
+for x in r["results"]:
+    for k in x["per_draft_tokens"]:
+        assert k["mtp_draft_ms"] > 0, k
+        for h in ("replay", "per_token"):
+            assert k[h + "_mtp_speedup"] > 0 and k[h + "_mtp_draft_s"] > 0 and 0 <= k[h + "_mtp_acceptance"] <= 1, k
+print("[spec_mtp] bench spec: MTP draft cost and end-to-end MTP runs in the JSON")
+PY
 say "--speculative mtp equals plain greedy decoding (DeepSeek-V3.2, GLM-5, Qwen3-Next, Qwen3.5 wrapper; K 1/3, packed, chunked, per-token, CP x TP, resumed; sampled np1 == np3)"

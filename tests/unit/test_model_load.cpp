@@ -179,6 +179,18 @@ TEST_CASE("model load: Qwen3.5 MTP tensors are accepted only as the config decla
                     Catch::Contains("mtp.layers.1.input_layernorm.weight"));
 }
 
+// Qwen3-Next's release declares no MTP layer in config.json but ships mtp.*: counted from the names.
+TEST_CASE("model load: Qwen3-Next mtp.* tensors without a config key are its MTP layers", "[unit]") {
+  auto same = [](const std::string& n) { return n; };
+  const std::vector<std::string> mtp = {"mtp.fc.weight", "mtp.norm.weight", "mtp.layers.0.input_layernorm.weight"};
+  CHECK_NOTHROW(dz::Model::load(rewrite_golden("qn_mtp_nokey", "qwen3_next", same, {}, mtp)));
+  // a stray tensor elsewhere is still refused
+  std::vector<std::string> stray = mtp;
+  stray.push_back("model.layers.0.extra.weight");
+  CHECK_THROWS_WITH(dz::Model::load(rewrite_golden("qn_mtp_stray", "qwen3_next", same, {}, stray)),
+                    Catch::Contains("model.layers.0.extra.weight"));
+}
+
 // Kimi K3 (tests/golden/kimi_k3, the release's packaging: the kimi_k3 wrapper, language_model.*,
 // MXFP4 routed experts, A_log padded to 128 heads) and the other layouts of the same weights that
 // users have: a dequantised export (plain BF16/F32 experts beside the same quantization_config),
