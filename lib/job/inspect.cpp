@@ -21,6 +21,7 @@
 #include "job/tools.hpp"
 #include "model/attn_res.hpp"
 #include "model/model.hpp"
+#include "model/mtp.hpp"
 #include "model/module.hpp"
 
 namespace dz {
@@ -240,7 +241,8 @@ int inspect(const std::string& dir, bool as_json, bool structural) {
     if (cfg.mtp_layers > 0) {
       const int64_t k = skip_mtp_layers(cfg, *ck);
       rows.push_back({"model", "MTP layers", "speculative", str(cfg.mtp_layers, " layer(s), ", k, " tensors"), "reusable",
-                      "multi-token prediction: accepted, not run by dayzero"});
+                      mtp_supported(cfg) ? "multi-token prediction: the first layer drafts for --speculative mtp"
+                                         : "multi-token prediction: accepted, not run (no --speculative mtp for this family)"});
     }
     if (pk.vision_tensors > 0)
       rows.push_back({"model", "vision tower", "recognised, not loaded", str(pk.vision_tensors, " tensors"), "reusable",

@@ -502,7 +502,7 @@ std::vector<StructRow> structural_diff(const std::string& dir, const nlohmann::j
     std::vector<std::string> v;
     for (const auto& kv : mtp) v.push_back(kv.first);
     rows.push_back({"model", "MTP layers", "speculative", str(mtp.size(), " tensors"), "reusable",
-                    "multi-token prediction, accepted and not run: " + list(v, 2)});
+                    "multi-token prediction (accepted; --speculative mtp runs the published DeepSeek / Qwen layouts): " + list(v, 2)});
   }
   std::vector<StructRow> out;
   for (auto& r : rows) out.push_back({r.where, r.module, r.kind, r.params, r.status, r.evidence});
