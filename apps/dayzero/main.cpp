@@ -101,6 +101,15 @@ int main(int argc, char** argv) {
   mi->add_option("--seed", io.seed, "Seed")->capture_default_str();
   mi->add_option("--tokens-file", io.tokens_file, "Text file: one document per line, whitespace-separated ids");
   mi->add_flag("--overwrite", io.overwrite, "Replace an existing file");
+  mi->add_option("--score-last", io.score_last,
+                 "Write /score_from so that only each document's last N tokens are scored (--mode logprobs)");
+
+  std::string sum_path;
+  bool sum_json = false;
+  auto* sm = app.add_subcommand("summarize", "Per-document log-likelihoods and perplexities, and the corpus summary, "
+                                             "of a logprobs-mode output (finished or partial)");
+  sm->add_option("output", sum_path, "Output HDF5 (OUT.h5, or OUT.h5.part of an unfinished run)")->required();
+  sm->add_flag("--json", sum_json, "Print JSON instead of a table");
 
   std::string inspect_dir;
   bool inspect_json = false;
@@ -193,6 +202,7 @@ int main(int argc, char** argv) {
     if (mm->parsed()) dz::make_model(mo);
     if (mi->parsed()) dz::make_input(io);
     if (ins->parsed()) return dz::inspect(inspect_dir, inspect_json, inspect_structural);
+    if (sm->parsed()) return dz::summarize(sum_path, sum_json);
     if (pl->parsed()) return dz::plan(plan_model, plan_len, plan_cp, plan_seg, plan_json, pmo);
     if (be->parsed() && bench_which == "spec") {
       so.models = eo.models;

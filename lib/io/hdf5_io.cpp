@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -201,6 +202,19 @@ InputFile::InputFile(const std::string& path) : path_(path) {
   Handle dxpl = strict_transfer();
   DZ_CHECK(transfer(false, offsets.get(), H5T_NATIVE_INT64, {0}, {n_off}, offsets_.data(), dxpl.get()), path,
            ": cannot read /offsets (values outside the int64 range?)");
+  // optional per-document arrays: /score_from (the first position whose log-prob counts) and
+  // /bytes (the documents' byte counts, for bits per byte)
+  const hsize_t nd = n_off - 1;
+  for (auto [name, dst] : {std::pair<const char*, std::vector<int64_t>*>{"score_from", &score_from_},
+                           std::pair<const char*, std::vector<int64_t>*>{"bytes", &bytes_}}) {
+    if (H5Lexists(file.get(), name, H5P_DEFAULT) <= 0) continue;
+    Handle d = open_int_1d(file.get(), path, name);
+    DZ_CHECK(h5::dims_of(d.get())[0] == nd, path, ": /", name, " has ", h5::dims_of(d.get())[0], " entries for ", nd,
+             " documents");
+    dst->resize(nd);
+    DZ_CHECK(transfer(false, d.get(), H5T_NATIVE_INT64, {0}, {nd}, dst->data(), dxpl.get()), path, ": cannot read /",
+             name, " (values outside the int64 range?)");
+  }
   file_ = file.release();
   tokens_ = tokens.release();
 }
@@ -256,6 +270,13 @@ void InputFile::validate(int64_t vocab, int64_t chunk_tokens) const {
   }
   DZ_CHECK(o.back() == n_tokens_, path_, ": offsets end at ", o.back(), " but /tokens has ", n_tokens_,
            " entries");
+  for (size_t i = 0; i < score_from_.size(); ++i) {
+    const int64_t L = o[i + 1] - o[i], s = score_from_[i];
+    DZ_CHECK(s >= 1 && s <= L, path_, ": /score_from[", i, "] = ", s, " is outside 1..", L,
+             " (document ", i, " has ", L, " tokens; position 0 has no log-prob, ", L, " scores none)");
+  }
+  for (size_t i = 0; i < bytes_.size(); ++i)
+    DZ_CHECK(bytes_[i] >= 0, path_, ": /bytes[", i, "] = ", bytes_[i], " is negative");
   Handle dxpl = strict_transfer();
   token_hash_ = 0xcbf29ce484222325ull;
   std::vector<int32_t> buf;  // [chunk]
@@ -318,7 +339,8 @@ Handle create_dataset(hid_t loc, const std::string& file, const std::string& nam
 }  // namespace
 
 void write_input_file(const std::string& path, const std::vector<int32_t>& tokens,
-                      const std::vector<int64_t>& offsets) {
+                      const std::vector<int64_t>& offsets, const std::vector<int64_t>& score_from,
+                      const std::vector<int64_t>& bytes) {
   h5::init();
   Handle fapl = h5::file_access();
   Handle file(H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl.get()));
@@ -328,6 +350,13 @@ void write_input_file(const std::string& path, const std::vector<int32_t>& token
   DZ_CHECK(transfer(true, t.get(), H5T_NATIVE_INT32, {0}, {tokens.size()}, const_cast<int32_t*>(tokens.data())) &&
                transfer(true, o.get(), H5T_NATIVE_INT64, {0}, {offsets.size()}, const_cast<int64_t*>(offsets.data())),
            path, ": cannot write /tokens and /offsets");
+  for (auto [name, v] : {std::pair<const char*, const std::vector<int64_t>*>{"score_from", &score_from},
+                         std::pair<const char*, const std::vector<int64_t>*>{"bytes", &bytes}}) {
+    if (v->empty()) continue;
+    Handle d = create_dataset(file.get(), path, name, H5T_STD_I64LE, {v->size()}, false);
+    DZ_CHECK(transfer(true, d.get(), H5T_NATIVE_INT64, {0}, {v->size()}, const_cast<int64_t*>(v->data())), path,
+             ": cannot write /", name);
+  }
   DZ_CHECK(H5Fflush(file.get(), H5F_SCOPE_GLOBAL) >= 0, path, ": cannot flush");
 }
 
@@ -387,6 +416,14 @@ std::vector<DsetLayout> layout(const OutputSpec& s, bool final, hsize_t gen_tota
   l.push_back({"stats/seconds", H5T_IEEE_F64LE, {n}, true});
   l.push_back({"stats/tokens", H5T_STD_I64LE, {n}, true});
   l.push_back({"stats/rank", H5T_STD_I32LE, {n}, true});
+  if (s.mode == OutputMode::Logprobs) {  // the scores of each document (DocStats)
+    l.push_back({"stats/score_from", H5T_STD_I64LE, {n}, true});
+    l.push_back({"stats/scored", H5T_STD_I64LE, {n}, true});
+    l.push_back({"stats/nll", H5T_IEEE_F64LE, {n}, true});
+    l.push_back({"stats/perplexity", H5T_IEEE_F64LE, {n}, true});
+    l.push_back({"stats/is_greedy", H5T_STD_U8LE, {n}, true});
+    l.push_back({"stats/bytes", H5T_STD_I64LE, {n}, true});
+  }
   return l;
 }
 
@@ -459,6 +496,16 @@ struct OutputFile::Impl {
     m.write("stats/seconds", H5T_NATIVE_DOUBLE, at, one, &st.seconds);
     m.write("stats/tokens", H5T_NATIVE_INT64, at, one, &st.tokens);
     m.write("stats/rank", H5T_NATIVE_INT32, at, one, &st.rank);
+    if (m.spec.mode == OutputMode::Logprobs) {
+      // perplexity = exp(nll / scored); a document with nothing scored has none (NaN)
+      const double ppl = st.scored > 0 ? std::exp(st.nll / double(st.scored)) : std::nan("");
+      m.write("stats/score_from", H5T_NATIVE_INT64, at, one, &st.score_from);
+      m.write("stats/scored", H5T_NATIVE_INT64, at, one, &st.scored);
+      m.write("stats/nll", H5T_NATIVE_DOUBLE, at, one, &st.nll);
+      m.write("stats/perplexity", H5T_NATIVE_DOUBLE, at, one, &ppl);
+      m.write("stats/is_greedy", H5T_NATIVE_UINT8, at, one, &st.is_greedy);
+      m.write("stats/bytes", H5T_NATIVE_INT64, at, one, &st.bytes);
+    }
     m.flush();
     const uint8_t flag = 1;
     m.write("done", H5T_NATIVE_UINT8, at, one, &flag);
@@ -769,6 +816,64 @@ void OutputFile::finalize() {
   }
   m.name = m.path;
   finished_ = true;
+}
+
+// ================================================================ scores (logprobs outputs)
+
+double ScoreTable::perplexity() const { return scored > 0 ? std::exp(nll / double(scored)) : std::nan(""); }
+double ScoreTable::bits_per_byte() const {
+  return bytes > 0 ? nll / (std::log(2.0) * double(bytes)) : std::nan("");
+}
+
+ScoreTable read_scores(const std::string& path) {
+  ScoreTable t;
+  t.file = path_exists(path) ? path : path + ".part";
+  DZ_CHECK(path_exists(t.file), path, ": no such output (nor ", path, ".part)");
+  Handle file = open_readonly(t.file);
+  const hid_t root = file.get();
+  DZ_CHECK(has_attr(root, "format") && read_str_attr(root, t.file, "format") == kFormat, t.file,
+           " is not a dayzero output file");
+  const std::string mode = read_str_attr(root, t.file, "output_mode");
+  DZ_CHECK(mode == to_string(OutputMode::Logprobs), t.file, " is a ", mode,
+           "-mode output; scores (log-likelihoods, perplexities) come from --mode logprobs");
+  t.complete = has_attr(root, "complete") && read_i64_attr(root, t.file, "complete") == 1;
+  t.n_docs = read_i64_attr(root, t.file, "n_docs");
+  DZ_CHECK(t.n_docs >= 0 && t.n_docs <= (int64_t(1) << 40), t.file, ": n_docs = ", t.n_docs);
+  const hsize_t n = hsize_t(t.n_docs);
+  Handle dxpl = strict_transfer();
+  auto read = [&](const char* name, hid_t mtype, void* buf) {
+    DZ_CHECK(H5Lexists(root, "stats", H5P_DEFAULT) > 0 && H5Lexists(root, name, H5P_DEFAULT) > 0, t.file,
+             ": no /", name, " (written by an older dayzero? rerun with --overwrite)");
+    Handle d(H5Dopen2(root, name, H5P_DEFAULT));
+    DZ_CHECK(d && h5::dims_of(d.get()) == std::vector<hsize_t>{n}, t.file, ": /", name, " is not [", n, "]");
+    DZ_CHECK(n == 0 || transfer(false, d.get(), mtype, {0}, {n}, buf, dxpl.get()), t.file, ": cannot read /", name);
+  };
+  std::vector<uint8_t> done(n), greedy(n);
+  std::vector<int64_t> tokens(n), from(n), scored(n), bytes(n);
+  std::vector<double> nll(n), ppl(n);
+  read("done", H5T_NATIVE_UINT8, done.data());
+  read("stats/tokens", H5T_NATIVE_INT64, tokens.data());
+  read("stats/score_from", H5T_NATIVE_INT64, from.data());
+  read("stats/scored", H5T_NATIVE_INT64, scored.data());
+  read("stats/nll", H5T_NATIVE_DOUBLE, nll.data());
+  read("stats/perplexity", H5T_NATIVE_DOUBLE, ppl.data());
+  read("stats/is_greedy", H5T_NATIVE_UINT8, greedy.data());
+  read("stats/bytes", H5T_NATIVE_INT64, bytes.data());
+  bool all_bytes = true;
+  int64_t total_bytes = 0;
+  for (hsize_t i = 0; i < n; ++i) {
+    if (!done[i]) continue;
+    ScoreTable::Row r;
+    r.doc = int64_t(i), r.tokens = tokens[i], r.score_from = from[i], r.scored = scored[i], r.bytes = bytes[i];
+    r.nll = nll[i], r.perplexity = ppl[i], r.is_greedy = greedy[i] != 0;
+    t.rows.push_back(r);
+    t.scored += r.scored;
+    t.nll += r.nll;
+    all_bytes = all_bytes && r.bytes >= 0;
+    total_bytes += std::max<int64_t>(r.bytes, 0);
+  }
+  t.bytes = all_bytes && !t.rows.empty() ? total_bytes : -1;
+  return t;
 }
 
 }  // namespace dz

@@ -1,6 +1,8 @@
 // HDF5 input and output of the batch job. The one place that talks to the HDF5 library.
 //
-// Input: /tokens int32 1-D (all documents concatenated), /offsets int64 [n_docs + 1].
+// Input: /tokens int32 1-D (all documents concatenated), /offsets int64 [n_docs + 1]; optional
+// /score_from int64 [n_docs] (logprobs mode: the first position whose log-prob counts, 1 .. L_i)
+// and /bytes int64 [n_docs] (each document's byte count: bits per byte in the report).
 // Documents are read by hyperslab; validation scans the tokens in bounded chunks.
 //
 // Output: written by one rank. The result is built in PATH.part, whose datasets are all created
@@ -42,6 +44,9 @@ class InputFile {
   // tokens in chunks of at most chunk_tokens.
   void validate(int64_t vocab, int64_t chunk_tokens = 1 << 20) const;
   std::vector<int32_t> read_doc(int64_t i) const;  // one hyperslab
+  // Empty when the file has none (every position from 1 counts / no byte counts).
+  const std::vector<int64_t>& score_from() const { return score_from_; }
+  const std::vector<int64_t>& bytes() const { return bytes_; }
   // FNV-1a 64 of every token value, computed by validate()'s scan (throws if not validated).
   uint64_t token_hash() const {
     if (!validated_) throw std::logic_error("InputFile::token_hash before validate");
@@ -54,6 +59,7 @@ class InputFile {
   int64_t tokens_ = -1;  // hid_t of /tokens
   int64_t n_tokens_ = 0;
   std::vector<int64_t> offsets_;
+  std::vector<int64_t> score_from_, bytes_;
   mutable uint64_t token_hash_ = 0;
   mutable bool validated_ = false;
 };
@@ -64,7 +70,8 @@ class InputFile {
 std::vector<std::vector<int32_t>> read_generated(const std::string& path);
 
 // Writes a synthetic or given token set as an input file (make-input, tests).
-void write_input_file(const std::string& path, const std::vector<int32_t>& tokens, const std::vector<int64_t>& offsets);
+void write_input_file(const std::string& path, const std::vector<int32_t>& tokens, const std::vector<int64_t>& offsets,
+                      const std::vector<int64_t>& score_from = {}, const std::vector<int64_t>& bytes = {});
 
 struct OutputSpec {
   OutputMode mode = OutputMode::Logprobs;
@@ -85,6 +92,12 @@ struct DocStats {
   int32_t rank = -1;   // world rank that computed it
   // speculative generation: verify forwards, draft tokens proposed and accepted (report only)
   int64_t spec_steps = 0, spec_drafted = 0, spec_accepted = 0;
+  // logprobs mode (/stats/ of the output): the first scored position, the scored tokens, their
+  // summed negative log-likelihood (fp64), whether every one was the argmax, the byte count (-1:
+  // none in the input)
+  int64_t score_from = 1, scored = 0, bytes = -1;
+  double nll = 0;
+  uint8_t is_greedy = 0;
 };
 
 class OutputFile {
@@ -121,5 +134,26 @@ class OutputFile {
   std::vector<uint8_t> done_;
   bool finished_ = false;
 };
+
+// The per-document scores of a logprobs-mode output (finished PATH, or the resumable PATH.part
+// when PATH does not exist: the documents done so far), and the corpus summary over them.
+struct ScoreTable {
+  struct Row {
+    int64_t doc = 0, tokens = 0, score_from = 1, scored = 0, bytes = -1;
+    double nll = 0, perplexity = 0;
+    bool is_greedy = false;
+  };
+  std::string file;        // the file read (PATH or PATH.part)
+  bool complete = false;   // every document done and the file finalised
+  int64_t n_docs = 0;
+  std::vector<Row> rows;   // the documents done, in document order
+  // corpus: token-weighted over the done documents
+  int64_t scored = 0, bytes = -1;  // bytes: -1 unless every done document has a byte count
+  double nll = 0;
+  double perplexity() const;     // exp(nll / scored) (NaN with nothing scored)
+  double bits_per_byte() const;  // nll / (ln 2 · bytes) (NaN without byte counts)
+};
+// Throws one-line errors naming the file: missing, not a dayzero output, not logprobs mode.
+ScoreTable read_scores(const std::string& path);
 
 }  // namespace dz

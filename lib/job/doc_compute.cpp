@@ -38,6 +38,20 @@ int32_t choose_token(const float* logits, int64_t V, double temperature, uint64_
   return int32_t(V - 1);
 }
 
+void finish_scores(DocResult& r, int64_t j0, const std::vector<uint8_t>& greedy) {
+  const int64_t n = int64_t(r.values.size());  // L - 1
+  j0 = std::min(std::max<int64_t>(j0, 0), n);
+  DZ_CHECK(int64_t(greedy.size()) >= n, "finish_scores: ", greedy.size(), " greedy flags for ", n, " rows");
+  double nll = 0;
+  bool all = true;
+  for (int64_t j = 0; j < j0; ++j) r.values[size_t(j)] = std::nanf("");
+  for (int64_t j = j0; j < n; ++j) nll -= double(r.values[size_t(j)]), all = all && greedy[size_t(j)];
+  r.stats.score_from = j0 + 1;
+  r.stats.scored = n - j0;
+  r.stats.nll = nll;
+  r.stats.is_greedy = all;
+}
+
 namespace {
 
 // Rows of a document spread over the CP group, each rank holding some positions: gathers the
@@ -346,7 +360,9 @@ DocResult chunked_document(const Model& model, int64_t doc, const std::vector<in
   r.doc = doc;
   r.stats.tokens = L;
   Model::State st = model.make_state();
-  if (p.mode == OutputMode::Logprobs) r.values.resize(size_t(L - 1));
+  const int64_t j0 = first_scored_row(p, doc);
+  std::vector<uint8_t> greedy;
+  if (p.mode == OutputMode::Logprobs) r.values.resize(size_t(L - 1)), greedy.resize(size_t(L - 1));
   if (p.mode == OutputMode::TopK) {
     DZ_CHECK(p.topk >= 1 && p.topk <= V, "--topk ", p.topk, " must be in [1, vocab size ", V, "]");
     r.ids.resize(size_t(L * p.topk));
@@ -360,8 +376,10 @@ DocResult chunked_document(const Model& model, int64_t doc, const std::vector<in
     WorkStats::Timer timer(stats, "lm_head");
     switch (p.mode) {
       case OutputMode::Logprobs: {
-        const int64_t m = std::min(n, L - 1 - c0);  // rows with a next token
-        if (m > 0) head.logprobs(h.slab(0, m), tokens.data() + c0 + 1, r.values.data() + c0);
+        // the chunk's rows with a next token, from the first scored one
+        const int64_t a = std::max(c0, j0), e = std::min(c0 + n, L - 1);
+        if (e > a)
+          head.logprobs(h.slab(a - c0, e - c0), tokens.data() + a + 1, r.values.data() + a, greedy.data() + a);
         break;
       }
       case OutputMode::TopK:
@@ -373,6 +391,7 @@ DocResult chunked_document(const Model& model, int64_t doc, const std::vector<in
         break;
     }
   }
+  if (p.mode == OutputMode::Logprobs) finish_scores(r, j0, greedy);
   if (p.mode == OutputMode::LastLogits) r.values = std::move(last);
   if (p.mode == OutputMode::Generate) generate(model, doc, tokens, p, st, last, tick, r, stats);
   r.stats.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -426,17 +445,19 @@ DocResult compute_document(const Model& model, int64_t doc, const std::vector<in
 
   switch (p.mode) {
     case OutputMode::Logprobs: {
+      const int64_t j0 = first_scored_row(p, doc);
       std::vector<int64_t> qpos;
       std::vector<int32_t> tgt;
       std::vector<int64_t> rows;
       for (int64_t i = 0; i < R; ++i)
-        if (pos[size_t(i)] + 1 < L) {
+        if (pos[size_t(i)] + 1 < L && pos[size_t(i)] >= j0) {
           qpos.push_back(pos[size_t(i)]);
           tgt.push_back(tokens[size_t(pos[size_t(i)] + 1)]);
           rows.push_back(i);
         }
       // Local rows are contiguous per segment: copy per maximal run of usable rows.
       std::vector<float> lp(qpos.size());
+      std::vector<uint8_t> gf(qpos.size());
       DTensor h2 = be.act({int64_t(rows.size()), D});
       for (size_t k = 0; k < rows.size();) {
         size_t e = k + 1;
@@ -446,9 +467,10 @@ DocResult compute_document(const Model& model, int64_t doc, const std::vector<in
       }
       {
         WorkStats::Timer timer(par.stats, "lm_head");
-        head.logprobs(h2, tgt.data(), lp.data());
+        if (!rows.empty()) head.logprobs(h2, tgt.data(), lp.data(), gf.data());
       }
       r.values = gather_rows(cp, qpos, lp, 1, L - 1);
+      finish_scores(r, j0, gather_rows(cp, qpos, gf, 1, L - 1));
       break;
     }
     case OutputMode::TopK: {
@@ -532,21 +554,34 @@ std::vector<DocResult> compute_packed(const Model& model, const std::vector<int6
   }
   switch (p.mode) {
     case OutputMode::Logprobs: {
-      // Every row with a next token in its document, all documents in one LM-head call.
-      const int64_t n = cu[B] - int64_t(B);
+      // Every scored row (a next token, from the document's first scored row), all documents in
+      // one LM-head call.
+      std::vector<int64_t> j0(B), so{0};  // so: offsets of each document's scored rows
       std::vector<int32_t> tgt;
-      tgt.reserve(size_t(n));
-      for (size_t b = 0; b < B; ++b) tgt.insert(tgt.end(), tokens[b].begin() + 1, tokens[b].end());
+      for (size_t b = 0; b < B; ++b) {
+        const int64_t L = cu[b + 1] - cu[b];
+        j0[b] = std::min(first_scored_row(p, docs[b]), L - 1);
+        tgt.insert(tgt.end(), tokens[b].begin() + j0[b] + 1, tokens[b].end());
+        so.push_back(int64_t(tgt.size()));
+      }
+      const int64_t n = so[B];
       std::vector<float> lp(static_cast<size_t>(n));
+      std::vector<uint8_t> gf(static_cast<size_t>(n));
       if (n > 0) {
         DTensor h2 = be.act({n, D});
         for (size_t b = 0; b < B; ++b)
-          if (cu[b + 1] - cu[b] > 1) be.copy_rows(hidden, cu[b], h2, cu[b] - int64_t(b), cu[b + 1] - cu[b] - 1);
+          if (so[b + 1] > so[b]) be.copy_rows(hidden, cu[b] + j0[b], h2, so[b], so[b + 1] - so[b]);
         WorkStats::Timer timer(stats, "lm_head");
-        head.logprobs(h2, tgt.data(), lp.data());
+        head.logprobs(h2, tgt.data(), lp.data(), gf.data());
       }
-      for (size_t b = 0; b < B; ++b)
-        res[b].values.assign(lp.begin() + (cu[b] - int64_t(b)), lp.begin() + (cu[b + 1] - int64_t(b) - 1));
+      for (size_t b = 0; b < B; ++b) {
+        const int64_t L = cu[b + 1] - cu[b];
+        res[b].values.assign(size_t(L - 1), 0.f);
+        std::vector<uint8_t> g(size_t(L - 1), 0);
+        std::copy(lp.begin() + so[b], lp.begin() + so[b + 1], res[b].values.begin() + j0[b]);
+        std::copy(gf.begin() + so[b], gf.begin() + so[b + 1], g.begin() + j0[b]);
+        finish_scores(res[b], j0[b], g);
+      }
       break;
     }
     case OutputMode::TopK: {
@@ -600,8 +635,10 @@ namespace {
 struct Header {
   int64_t doc, tokens;
   double seconds;
-  int32_t rank, pad;
+  int32_t rank, is_greedy;
   int64_t spec_steps, spec_drafted, spec_accepted;
+  int64_t score_from, scored, bytes;
+  double nll;
   uint64_t n_ids, n_values;
 };
 }  // namespace
@@ -611,10 +648,14 @@ std::vector<char> pack(const DocResult& r) {
            r.stats.tokens,
            r.stats.seconds,
            r.stats.rank,
-           0,
+           int32_t(r.stats.is_greedy),
            r.stats.spec_steps,
            r.stats.spec_drafted,
            r.stats.spec_accepted,
+           r.stats.score_from,
+           r.stats.scored,
+           r.stats.bytes,
+           r.stats.nll,
            r.ids.size(),
            r.values.size()};
   std::vector<char> b(sizeof h + r.ids.size() * 4 + r.values.size() * 4);
@@ -635,6 +676,8 @@ DocResult unpack(const std::vector<char>& b) {
   r.stats.seconds = h.seconds;
   r.stats.rank = h.rank;
   r.stats.spec_steps = h.spec_steps, r.stats.spec_drafted = h.spec_drafted, r.stats.spec_accepted = h.spec_accepted;
+  r.stats.score_from = h.score_from, r.stats.scored = h.scored, r.stats.bytes = h.bytes, r.stats.nll = h.nll;
+  r.stats.is_greedy = uint8_t(h.is_greedy);
   r.ids.resize(size_t(h.n_ids));
   r.values.resize(size_t(h.n_values));
   if (h.n_ids) std::memcpy(r.ids.data(), b.data() + sizeof h, h.n_ids * 4);

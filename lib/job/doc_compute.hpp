@@ -32,7 +32,15 @@ struct ModeParams {
   SpecRestore spec_restore = SpecRestore::Replay;
   // "oracle": each document's drafts are what a previous run generated for it ([doc] -> tokens)
   std::shared_ptr<const std::vector<std::vector<int32_t>>> oracle;
+  // Logprobs mode: per input document the first position whose log-prob counts (the input's
+  // /score_from; null: 1, every position). Rows before it get no LM-head work and are NaN.
+  std::shared_ptr<const std::vector<int64_t>> score_from;
 };
+
+// Logprobs mode: the first row of document `doc` whose log-prob is computed (row j predicts token j + 1).
+inline int64_t first_scored_row(const ModeParams& p, int64_t doc) {
+  return p.score_from ? (*p.score_from)[size_t(doc)] - 1 : 0;
+}
 
 struct DocResult {
   int64_t doc = -1;
@@ -40,6 +48,10 @@ struct DocResult {
   std::vector<int32_t> ids;   // topk ids [L, K] / generated tokens
   std::vector<float> values;  // logprobs [L-1] / topk logprobs [L, K] / last logits [V]
 };
+
+// Logprobs mode: a document's scores (stats.score_from, scored, nll, is_greedy) from its log-probs
+// r.values [L - 1], rows before j0 set to NaN (not computed), and greedy[j] for the rows j >= j0.
+void finish_scores(DocResult& r, int64_t j0, const std::vector<uint8_t>& greedy);
 
 // How a document is spread: over the CP group (zigzag, 2C segments) and/or into `segments`
 // pieces per zigzag segment (the intra-rank parallel scan). cp == nullptr or size 1 with

@@ -61,6 +61,10 @@ std::string input_fingerprint(const InputFile& in) {
   h = fnv1a64(&n, sizeof n, h);
   const uint64_t t = in.token_hash();  // every token value (hashed during validation)
   h = fnv1a64(&t, sizeof t, h);
+  // the optional per-document arrays change the results (and the scores): in the fingerprint when
+  // present, so an input without them keeps the fingerprint it always had
+  if (!in.score_from().empty()) h = fnv1a64(in.score_from().data(), in.score_from().size() * sizeof(int64_t), h ^ 0x5c);
+  if (!in.bytes().empty()) h = fnv1a64(in.bytes().data(), in.bytes().size() * sizeof(int64_t), h ^ 0xb7);
   return hex(h);
 }
 

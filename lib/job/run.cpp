@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
@@ -69,11 +70,13 @@ struct Writer {
   Clock::time_point start = Clock::now(), last_progress = Clock::now();
   double progress_seconds = 30;
   int64_t kill_after = 0;  // DAYZERO_FAULT_KILL_AFTER_DOCS
+  const std::vector<int64_t>* bytes = nullptr;  // the input's /bytes (logprobs: bits per byte), or empty
   std::vector<DocResult> summary;  // stats only (values dropped), for the report
   std::map<int, int64_t> from;     // results received per source rank
   std::map<int, int64_t> bye;      // source rank -> results it says it sent
 
   void write(DocResult& r) {
+    if (mode == OutputMode::Logprobs && bytes && !bytes->empty()) r.stats.bytes = (*bytes)[size_t(r.doc)];
     switch (mode) {
       case OutputMode::Logprobs: out->write_logprobs(r.doc, r.values, r.stats); break;
       case OutputMode::TopK: out->write_topk(r.doc, r.ids, r.values, r.stats); break;
@@ -271,6 +274,12 @@ int run_job(const RunOptions& opt) {
                " documents, the input ", input->n_docs());
       mp.oracle = std::move(o);
     }
+    if (!input->score_from().empty()) {
+      if (mp.mode == OutputMode::Logprobs)
+        mp.score_from = std::make_shared<const std::vector<int64_t>>(input->score_from());
+      else
+        log_root(str(opt.input, ": /score_from applies to --mode logprobs; ignored in --mode ", opt.mode));
+    }
     if (world.rank() != 0) return;
     input->validate(c.vocab_size);
     DZ_CHECK(mp.mode != OutputMode::TopK || opt.topk <= c.vocab_size, "--topk ", opt.topk,
@@ -344,6 +353,7 @@ int run_job(const RunOptions& opt) {
   if (world.rank() == 0) {
     writer.out = output.get();
     writer.mode = mp.mode;
+    writer.bytes = &input->bytes();
     writer.expected = int64_t(todo.size());
     writer.tokens_total = todo_tokens;
     writer.progress_seconds = opt.progress_seconds;
@@ -526,6 +536,14 @@ int run_job(const RunOptions& opt) {
       {
         nlohmann::json d = {{"doc", r->doc}, {"tokens", r->stats.tokens}, {"seconds", r->stats.seconds},
                             {"rank", r->stats.rank}};
+        if (mp.mode == OutputMode::Logprobs) {  // the document's scores (also in the output's /stats/)
+          const DocStats& s = r->stats;
+          d["score_from"] = s.score_from;
+          d["scored"] = s.scored;
+          d["nll"] = s.nll;
+          d["perplexity"] = s.scored > 0 ? nlohmann::json(std::exp(s.nll / double(s.scored))) : nlohmann::json(nullptr);
+          d["is_greedy"] = bool(s.is_greedy);
+        }
         if (!opt.speculative.empty()) {  // per verify step: drafts accepted, tokens generated
           const DocStats& s = r->stats;
           d["spec_steps"] = s.spec_steps;
@@ -537,6 +555,12 @@ int run_job(const RunOptions& opt) {
         per.push_back(d);
       }
       j["per_document"] = per;
+      if (mp.mode == OutputMode::Logprobs) {  // the corpus, over every document of the output file
+        const ScoreTable t = read_scores(opt.output);
+        auto num = [](double v) { return std::isfinite(v) ? nlohmann::json(v) : nlohmann::json(nullptr); };
+        j["scores"] = {{"documents", t.rows.size()}, {"scored_tokens", t.scored}, {"nll", t.nll},
+                       {"perplexity", num(t.perplexity())}, {"bytes", t.bytes}, {"bits_per_byte", num(t.bits_per_byte())}};
+      }
       nlohmann::json ranks = nlohmann::json::array();
       std::string text(all_ranks.begin(), all_ranks.end());
       size_t a = 0;

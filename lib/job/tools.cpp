@@ -3,6 +3,7 @@
 
 #include <sys/stat.h>
 
+#include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <random>
@@ -117,8 +118,47 @@ void make_input(const MakeInputOptions& o) {
       offsets.push_back(int64_t(tokens.size()));
     }
   }
-  write_input_file(o.out, tokens, offsets);
-  log_root(str("make-input: wrote ", o.out, " (", offsets.size() - 1, " documents, ", tokens.size(), " tokens)"));
+  std::vector<int64_t> score_from;
+  DZ_CHECK(o.score_last >= 0, "make-input: --score-last must be >= 0 (got ", o.score_last, ")");
+  if (o.score_last > 0)  // each document's last N tokens count (its whole length when shorter)
+    for (size_t d = 0; d + 1 < offsets.size(); ++d)
+      score_from.push_back(std::max<int64_t>(1, offsets[d + 1] - offsets[d] - o.score_last));
+  write_input_file(o.out, tokens, offsets, score_from);
+  log_root(str("make-input: wrote ", o.out, " (", offsets.size() - 1, " documents, ", tokens.size(), " tokens",
+               o.score_last > 0 ? str(", /score_from: the last ", o.score_last, " of each") : "", ")"));
+}
+
+int summarize(const std::string& path, bool json) {
+  const ScoreTable t = read_scores(path);
+  auto num = [](double v) { return std::isfinite(v) ? nlohmann::json(v) : nlohmann::json(nullptr); };
+  if (json) {
+    nlohmann::json j, docs = nlohmann::json::array();
+    j["file"] = t.file;
+    j["complete"] = t.complete;
+    j["documents_total"] = t.n_docs;
+    j["documents_done"] = t.rows.size();
+    for (const auto& r : t.rows)
+      docs.push_back({{"doc", r.doc}, {"tokens", r.tokens}, {"score_from", r.score_from}, {"scored", r.scored},
+                      {"nll", r.nll}, {"perplexity", num(r.perplexity)}, {"is_greedy", r.is_greedy},
+                      {"bytes", r.bytes}});
+    j["per_document"] = docs;
+    j["corpus"] = {{"scored_tokens", t.scored}, {"nll", t.nll}, {"perplexity", num(t.perplexity())},
+                   {"bytes", t.bytes}, {"bits_per_byte", num(t.bits_per_byte())}};
+    std::printf("%s\n", j.dump(2).c_str());
+    return 0;
+  }
+  std::printf("%s: %zu of %lld documents done%s\n", t.file.c_str(), t.rows.size(), (long long)t.n_docs,
+              t.complete ? " (complete)" : " (partial: a resumable run)");
+  std::printf("%8s %10s %10s %10s %14s %12s %7s\n", "doc", "tokens", "from", "scored", "nll", "perplexity", "greedy");
+  for (const auto& r : t.rows)
+    std::printf("%8lld %10lld %10lld %10lld %14.6f %12.6g %7s\n", (long long)r.doc, (long long)r.tokens,
+                (long long)r.score_from, (long long)r.scored, r.nll, r.perplexity, r.is_greedy ? "yes" : "no");
+  std::printf("corpus: %lld tokens scored, nll %.6f, perplexity %.6g", (long long)t.scored, t.nll, t.perplexity());
+  if (t.bytes >= 0)
+    std::printf(", %lld bytes, %.6f bits per byte\n", (long long)t.bytes, t.bits_per_byte());
+  else
+    std::printf(" (no byte counts in the input: no bits per byte)\n");
+  return 0;
 }
 
 }  // namespace dz

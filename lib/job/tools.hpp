@@ -30,8 +30,13 @@ struct MakeInputOptions {
   uint64_t seed = 1;
   std::string tokens_file;  // text: one document per line, whitespace-separated token ids
   bool overwrite = false;
+  int64_t score_last = 0;  // > 0: /score_from so that each document's last N tokens count
 };
 void make_input(const MakeInputOptions& o);
+
+// `dayzero summarize OUT.h5`: the per-document and corpus scores of a logprobs-mode output
+// (finished, or the .part of a resumable run). Returns the exit code.
+int summarize(const std::string& path, bool json);
 
 // Structural diff of a checkpoint against what dayzero supports. Returns the exit code: 0 when
 // every module is reusable (possibly with different parameters), 2 when any is unsupported.

@@ -67,14 +67,20 @@ LmHead::Chunk LmHead::chunk(const DTensor& hidden, int64_t r0, int64_t m, const 
   return c;
 }
 
-void LmHead::logprobs(const DTensor& hidden, const int32_t* target, float* lp) const {
+void LmHead::logprobs(const DTensor& hidden, const int32_t* target, float* lp, uint8_t* greedy) const {
   const int64_t rows = hidden.numel() / D_;
   const int64_t B = be_->lm_rows_per_chunk(v1_ - v0_);  // logits rows at a time: [B, n]
+  std::vector<int32_t> best;
   for (int64_t r0 = 0; r0 < rows; r0 += B) {
     const int64_t m = std::min(B, rows - r0);
     const Chunk c = chunk(hidden, r0, m, target);
     for (int64_t i = 0; i < m; ++i)
       lp[r0 + i] = float(c.acc[size_t(2 * i + 1)] - (double(c.mx[size_t(i)]) + std::log(c.acc[size_t(2 * i)])));
+    if (greedy) {
+      best.resize(size_t(m));
+      argmax(c.logits, r0, m, best.data());
+      for (int64_t i = 0; i < m; ++i) greedy[r0 + i] = best[size_t(i)] == target[r0 + i];
+    }
   }
 }
 
@@ -113,33 +119,38 @@ void LmHead::topk(const DTensor& hidden, int64_t K, int32_t* ids, float* lps) co
   }
 }
 
-void LmHead::greedy(const DTensor& hidden, int32_t* ids) const {
-  const int64_t rows = hidden.numel() / D_, n = v1_ - v0_;
+void LmHead::argmax(const DTensor& logits, int64_t r0, int64_t m, int32_t* ids) const {
+  const int64_t n = v1_ - v0_;
   auto better = [](float va, int32_t ia, float vb, int32_t ib) { return va > vb || (va == vb && ia < ib); };
-  const int64_t B = be_->lm_rows_per_chunk(n);
+  // this shard's best (logit, id) per row; an empty shard offers none
+  std::vector<int32_t> ci(size_t(m), std::numeric_limits<int32_t>::max());
+  std::vector<float> cv(size_t(m), -std::numeric_limits<float>::infinity());
+  if (n > 0) {
+    be_->row_topk(logits, 1, ci, cv);
+    for (auto& x : ci) x = int32_t(v0_ + x);
+  }
+  if (tp_.size > 1) {  // [tp, m] in rank order
+    cv = tp_.comm->allgatherv(cv);
+    ci = tp_.comm->allgatherv(ci);
+  }
+  for (int64_t i = 0; i < m; ++i) {
+    int32_t bi = std::numeric_limits<int32_t>::max();
+    float bv = -std::numeric_limits<float>::infinity();
+    for (size_t j = size_t(i); j < cv.size(); j += size_t(m))
+      if (ci[j] >= 0 && ci[j] < V_ && (bi == std::numeric_limits<int32_t>::max() || better(cv[j], ci[j], bv, bi)))
+        bv = cv[j], bi = ci[j];
+    DZ_CHECK(bi >= 0 && bi < V_ && !std::isnan(bv), "LM head: row ", r0 + i, " has no logit that is a number (NaN weights or ",
+             "activations?)");
+    ids[i] = bi;
+  }
+}
+
+void LmHead::greedy(const DTensor& hidden, int32_t* ids) const {
+  const int64_t rows = hidden.numel() / D_;
+  const int64_t B = be_->lm_rows_per_chunk(v1_ - v0_);
   for (int64_t r0 = 0; r0 < rows; r0 += B) {
     const int64_t m = std::min(B, rows - r0);
-    // this shard's best (logit, id) per row; an empty shard offers none
-    std::vector<int32_t> ci(size_t(m), std::numeric_limits<int32_t>::max());
-    std::vector<float> cv(size_t(m), -std::numeric_limits<float>::infinity());
-    if (n > 0) {
-      be_->row_topk(shard_logits(hidden, r0, m), 1, ci, cv);
-      for (auto& x : ci) x = int32_t(v0_ + x);
-    }
-    if (tp_.size > 1) {  // [tp, m] in rank order
-      cv = tp_.comm->allgatherv(cv);
-      ci = tp_.comm->allgatherv(ci);
-    }
-    for (int64_t i = 0; i < m; ++i) {
-      int32_t bi = std::numeric_limits<int32_t>::max();
-      float bv = -std::numeric_limits<float>::infinity();
-      for (size_t j = size_t(i); j < cv.size(); j += size_t(m))
-        if (ci[j] >= 0 && ci[j] < V_ && (bi == std::numeric_limits<int32_t>::max() || better(cv[j], ci[j], bv, bi)))
-          bv = cv[j], bi = ci[j];
-      DZ_CHECK(bi >= 0 && bi < V_ && !std::isnan(bv), "greedy decoding: row ", r0 + i, " has no logit that is a number (NaN weights or ",
-               "activations?)");
-      ids[r0 + i] = bi;
-    }
+    argmax(v1_ > v0_ ? shard_logits(hidden, r0, m) : DTensor{}, r0, m, ids + r0);
   }
 }
 

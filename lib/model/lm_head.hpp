@@ -27,8 +27,10 @@ class LmHead {
   // hidden [rows, D] (act dtype, on the backend) -> host results.
   // out[rows, V]: the full logits on every TP rank.
   void logits_full(const DTensor& hidden, float* out) const;
-  // lp[r] = log p(target[r] | hidden[r]) (log-softmax over the whole vocabulary).
-  void logprobs(const DTensor& hidden, const int32_t* target, float* lp) const;
+  // lp[r] = log p(target[r] | hidden[r]) (log-softmax over the whole vocabulary); greedy
+  // (optional): greedy[r] = 1 when target[r] is the row's argmax (the lower id on ties, as greedy
+  // decoding and torch's argmax choose), else 0.
+  void logprobs(const DTensor& hidden, const int32_t* target, float* lp, uint8_t* greedy = nullptr) const;
   // Top-K (highest log-prob first, lower id first on ties): ids[rows, K], lps[rows, K].
   void topk(const DTensor& hidden, int64_t K, int32_t* ids, float* lps) const;
   // ids[rows]: per row the id of the largest logit, the lower id on ties (greedy decoding's
@@ -53,6 +55,9 @@ class LmHead {
   };
   Chunk chunk(const DTensor& hidden, int64_t r0, int64_t m, const int32_t* target) const;
   DTensor host_in(const float* hidden, int64_t rows) const;
+  // ids[m]: the argmax over the whole vocabulary of rows [r0, r0 + m) from this shard's logits
+  // [m, v1 - v0] (the lower id on ties), merged over the TP group.
+  void argmax(const DTensor& logits, int64_t r0, int64_t m, int32_t* ids) const;
 
   Backend* be_ = nullptr;
   DTensor W_;  // [v1 - v0, D]
