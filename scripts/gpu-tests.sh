@@ -73,6 +73,14 @@ for fam in ${DZ_GPU_FAMILIES:-kimi_linear qwen3_next deepseek_v32 qwen3_5_moe gl
     >/dev/null  # chunked prefill on the GPU
   "$EXE" run --model "$M" --input "$W/$fam.in.h5" --output "$W/$fam.packed.h5" --backend cuda --max-batch-tokens 100000 \
     >/dev/null  # every golden document packed into one forward
+  # continuation scoring on the GPU: /score_from = half of each document (LM head over the rest only)
+  python3 -c "
+import h5py, numpy as np
+with h5py.File('$W/$fam.in.h5', 'r') as f: tok, off = f['tokens'][:], f['offsets'][:]
+with h5py.File('$W/$fam.sc.in.h5', 'w') as f:
+    f['tokens'], f['offsets'] = tok, off
+    f['score_from'] = np.maximum(1, (off[1:] - off[:-1]) // 2).astype(np.int64)"
+  "$EXE" run --model "$M" --input "$W/$fam.sc.in.h5" --output "$W/$fam.sc.cuda.h5" --backend cuda >/dev/null
   for mode in topk last-logits generate; do  # the other output modes, on both backends
     for bk in cpu cuda; do
       "$EXE" run --model "$M" --input "$W/$fam.in.h5" --output "$W/$fam.$mode.$bk.h5" --backend "$bk" --mode "$mode" \
@@ -151,6 +159,16 @@ good = e.mean() <= tm and e.max() <= tx
 ok = ok and good
 print(f"cli {fam} --max-batch-tokens 100000 (all documents packed in one forward) vs one per forward (cuda): "
       f"mean |dlp| {e.mean():.3g} max {e.max():.3g} {'ok' if good else 'FAILED'}")
+sc = h5py.File(f"{w}/{fam}.sc.cuda.h5", "r")
+c, off, sf = sc["/logprobs"][:], sc["/offsets"][:], sc["/stats/score_from"][:]
+nan_ok = all(np.isnan(c[off[i]:off[i] + sf[i] - 1]).all() for i in range(len(sf)))
+keep = ~np.isnan(c)
+e = np.abs(c[keep] - b[keep])
+nll_ok = np.allclose(sc["/stats/nll"][:], [-np.sum(c[off[i] + sf[i] - 1:off[i + 1]].astype(np.float64)) for i in range(len(sf))])
+good = nan_ok and nll_ok and e.max() <= tx
+ok = ok and good
+print(f"cli {fam} /score_from on cuda: rows before it NaN {nan_ok}, scored rows vs the full run max |dlp| {e.max():.3g}, "
+      f"/stats/nll consistent {nll_ok} {'ok' if good else 'FAILED'}")
 m = lambda mode, bk, ds: h5py.File(f"{w}/{fam}.{mode}.{bk}.h5", "r")[ds][:]
 done = all(bool(m(md, bk, "/done").all()) for md in ("topk", "last-logits", "generate") for bk in ("cpu", "cuda"))
 top1 = float((m("topk", "cpu", "/topk_ids")[:, 0] == m("topk", "cuda", "/topk_ids")[:, 0]).mean())
