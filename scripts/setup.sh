@@ -21,7 +21,8 @@ fi
 # The test scripts' Python helpers (scripts/fp8_checkpoint.py: numpy; tests/golden/numpy_ref.py, the
 # fp64 forward every golden is checked against: numpy, h5py, safetensors) need these in the python3
 # on PATH, which may not be Debian's (a pyenv one on the CI image): install them from PyPI when missing.
-for mod in numpy h5py safetensors; do
+# tokenizers: make-input --text (scripts/dz_tokenize.py, the checkpoint's own tokenizer.json).
+for mod in numpy h5py safetensors tokenizers; do
   if ! python3 -c "import $mod" 2>/dev/null; then
     echo "[setup] installing $mod for python3 ($(command -v python3))"
     python3 -m pip install -q "$mod" 2>/dev/null || python3 -m pip install -q --break-system-packages "$mod"

@@ -101,6 +101,13 @@ int main(int argc, char** argv) {
   mi->add_option("--seed", io.seed, "Seed")->capture_default_str();
   mi->add_option("--tokens-file", io.tokens_file, "Text file: one document per line, whitespace-separated ids");
   mi->add_flag("--overwrite", io.overwrite, "Replace an existing file");
+  mi->add_option("--text", io.text,
+                 "Text documents: a directory of *.txt files, a .jsonl file (\"id\", \"text\" per line) or one text file");
+  mi->add_option("--tokenizer", io.tokenizer, "Model directory (its tokenizer.json) or a tokenizer.json, for --text "
+                                              "(python3 with the tokenizers package)");
+  mi->add_flag("--add-special-tokens", io.add_special_tokens, "--text: let the tokenizer add its special tokens (BOS)");
+  mi->add_option("--text-key", io.text_key, "--text .jsonl: the field holding the text")->capture_default_str();
+  mi->add_option("--id-key", io.id_key, "--text .jsonl: the field holding the document id")->capture_default_str();
   mi->add_option("--score-last", io.score_last,
                  "Write /score_from so that only each document's last N tokens are scored (--mode logprobs)");
 

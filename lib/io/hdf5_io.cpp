@@ -340,7 +340,8 @@ Handle create_dataset(hid_t loc, const std::string& file, const std::string& nam
 
 void write_input_file(const std::string& path, const std::vector<int32_t>& tokens,
                       const std::vector<int64_t>& offsets, const std::vector<int64_t>& score_from,
-                      const std::vector<int64_t>& bytes) {
+                      const std::vector<int64_t>& bytes, const std::vector<std::string>& doc_ids,
+                      const std::map<std::string, std::string>& attrs) {
   h5::init();
   Handle fapl = h5::file_access();
   Handle file(H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl.get()));
@@ -357,6 +358,21 @@ void write_input_file(const std::string& path, const std::vector<int32_t>& token
     DZ_CHECK(transfer(true, d.get(), H5T_NATIVE_INT64, {0}, {v->size()}, const_cast<int64_t*>(v->data())), path,
              ": cannot write /", name);
   }
+  if (!doc_ids.empty()) {  // variable-length UTF-8 strings
+    DZ_CHECK(doc_ids.size() + 1 == offsets.size(), path, ": ", doc_ids.size(), " document ids for ", offsets.size() - 1,
+             " documents");
+    Handle st(H5Tcopy(H5T_C_S1));
+    H5Tset_size(st.get(), H5T_VARIABLE);
+    H5Tset_cset(st.get(), H5T_CSET_UTF8);
+    const hsize_t n = doc_ids.size();
+    Handle space(H5Screate_simple(1, &n, nullptr));
+    Handle d(H5Dcreate2(file.get(), "doc_ids", st.get(), space.get(), H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT));
+    std::vector<const char*> p;
+    for (const auto& x : doc_ids) p.push_back(x.c_str());
+    DZ_CHECK(d && H5Dwrite(d.get(), st.get(), H5S_ALL, H5S_ALL, H5P_DEFAULT, p.data()) >= 0, path,
+             ": cannot write /doc_ids");
+  }
+  for (const auto& kv : attrs) write_str_attr(file.get(), path, kv.first, kv.second);
   DZ_CHECK(H5Fflush(file.get(), H5F_SCOPE_GLOBAL) >= 0, path, ": cannot flush");
 }
 

@@ -70,8 +70,12 @@ class InputFile {
 std::vector<std::vector<int32_t>> read_generated(const std::string& path);
 
 // Writes a synthetic or given token set as an input file (make-input, tests).
+// doc_ids (optional): /doc_ids, one UTF-8 string per document; attrs: string attributes on the root
+// (make-input --text: the tokenizer's path and sha256).
 void write_input_file(const std::string& path, const std::vector<int32_t>& tokens, const std::vector<int64_t>& offsets,
-                      const std::vector<int64_t>& score_from = {}, const std::vector<int64_t>& bytes = {});
+                      const std::vector<int64_t>& score_from = {}, const std::vector<int64_t>& bytes = {},
+                      const std::vector<std::string>& doc_ids = {},
+                      const std::map<std::string, std::string>& attrs = {});
 
 struct OutputSpec {
   OutputMode mode = OutputMode::Logprobs;

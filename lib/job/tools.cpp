@@ -2,8 +2,11 @@
 #include "job/plan_memory.hpp"
 
 #include <sys/stat.h>
+#include <sys/wait.h>
 
 #include <cmath>
+#include <map>
+#include <cstdlib>
 #include <cstdio>
 #include <fstream>
 #include <random>
@@ -80,12 +83,86 @@ void make_model(const MakeModelOptions& o) {
                " parameters, ", ck->generated().size(), " tensors, ", o.dtype, ")"));
 }
 
+namespace {
+
+// 'x' for a POSIX shell, whatever x holds.
+std::string shell_quote(const std::string& x) {
+  std::string q = "'";
+  for (char c : x) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return q + "'";
+}
+
+// make-input --text: runs the tokenizer helper and reads its JSON lines (a header, then a document a line).
+void read_text_documents(const MakeInputOptions& o, std::vector<int32_t>& tokens, std::vector<int64_t>& offsets,
+                         std::vector<int64_t>& bytes, std::vector<std::string>& ids,
+                         std::map<std::string, std::string>& attrs) {
+  const char* env = std::getenv("DAYZERO_TOKENIZE_HELPER");
+  const std::string helper = env && *env ? env : std::string(DAYZERO_SCRIPTS_DIR) + "/dz_tokenize.py";
+  DZ_CHECK(exists(helper), "make-input --text: the tokenizer helper ", helper, " is missing (DAYZERO_TOKENIZE_HELPER)");
+  std::string cmd = "python3 " + shell_quote(helper) + " --tokenizer " + shell_quote(o.tokenizer) + " --text " +
+                    shell_quote(o.text) + " --text-key " + shell_quote(o.text_key) + " --id-key " + shell_quote(o.id_key);
+  if (o.add_special_tokens) cmd += " --add-special-tokens";
+  FILE* p = ::popen(cmd.c_str(), "r");
+  DZ_CHECK(p, "make-input --text: cannot run ", helper);
+  std::string line;
+  int64_t n = 0;
+  char buf[1 << 16];
+  bool header = false;
+  auto take = [&](const std::string& l) {
+    nlohmann::json j;
+    try {
+      j = nlohmann::json::parse(l);
+    } catch (const std::exception& e) {
+      fail(str("make-input --text: the tokenizer helper printed a line that is not JSON: ", l.substr(0, 120)));
+    }
+    if (!header) {
+      header = true;
+      attrs["tokenizer"] = j.at("tokenizer").get<std::string>();
+      attrs["tokenizer_sha256"] = j.at("sha256").get<std::string>();
+      attrs["tokenizer_add_special_tokens"] = j.at("add_special_tokens").get<bool>() ? "true" : "false";
+      return;
+    }
+    const std::string id = j.at("id").get<std::string>();
+    const auto& v = j.at("ids");
+    DZ_CHECK(!v.empty(), "make-input --text: document ", id, " (", o.text, ") has no tokens: remove it or give it text");
+    for (const auto& t : v) {
+      const int64_t x = t.get<int64_t>();
+      DZ_CHECK(x >= 0 && x <= 2147483647LL, "make-input --text: document ", id, ": token id ", x, " out of range");
+      tokens.push_back(int32_t(x));
+    }
+    offsets.push_back(int64_t(tokens.size()));
+    bytes.push_back(j.at("bytes").get<int64_t>());
+    ids.push_back(id);
+    ++n;
+  };
+  while (std::fgets(buf, sizeof buf, p)) {
+    line += buf;
+    if (line.empty() || line.back() != '\n') continue;  // a longer line: keep reading
+    line.pop_back();
+    if (!line.empty()) take(line);
+    line.clear();
+  }
+  if (!line.empty()) take(line);
+  const int rc = ::pclose(p);
+  DZ_CHECK(rc == 0, "make-input --text: the tokenizer helper failed (", helper, ", ",
+           WIFEXITED(rc) ? str("exit status ", WEXITSTATUS(rc)) : str("wait status ", rc), "): its message is above");
+  DZ_CHECK(header && n > 0, "make-input --text: ", o.text, " holds no document");
+}
+
+}  // namespace
+
 void make_input(const MakeInputOptions& o) {
   DZ_CHECK(!o.out.empty(), "make-input: --out is required");
   if (exists(o.out)) DZ_CHECK(o.overwrite, "make-input: ", o.out, " exists; pass --overwrite to replace it");
   std::vector<int32_t> tokens;
-  std::vector<int64_t> offsets{0};
-  if (!o.tokens_file.empty()) {
+  std::vector<int64_t> offsets{0}, bytes;
+  std::vector<std::string> ids;
+  std::map<std::string, std::string> attrs;
+  DZ_CHECK(o.text.empty() == o.tokenizer.empty(), "make-input: --text and --tokenizer go together");
+  DZ_CHECK(o.text.empty() || o.tokens_file.empty(), "make-input: --text or --tokens-file, not both");
+  if (!o.text.empty()) {
+    read_text_documents(o, tokens, offsets, bytes, ids, attrs);
+  } else if (!o.tokens_file.empty()) {
     std::ifstream f(o.tokens_file);
     DZ_CHECK(f.good(), "make-input: cannot read ", o.tokens_file);
     std::string line;
@@ -123,8 +200,16 @@ void make_input(const MakeInputOptions& o) {
   if (o.score_last > 0)  // each document's last N tokens count (its whole length when shorter)
     for (size_t d = 0; d + 1 < offsets.size(); ++d)
       score_from.push_back(std::max<int64_t>(1, offsets[d + 1] - offsets[d] - o.score_last));
-  write_input_file(o.out, tokens, offsets, score_from);
+  if (!o.model.empty() && !o.text.empty()) {  // ids the model cannot embed: refused here, naming the document
+    const int64_t V = ModelConfig::from_file(o.model + "/config.json").vocab_size;
+    for (size_t d = 0; d + 1 < offsets.size(); ++d)
+      for (int64_t t = offsets[d]; t < offsets[d + 1]; ++t)
+        DZ_CHECK(tokens[size_t(t)] < V, "make-input: document ", ids[d], ": token id ", tokens[size_t(t)],
+                 " >= the vocabulary of ", o.model, " (", V, "): is ", o.tokenizer, " this model's tokenizer?");
+  }
+  write_input_file(o.out, tokens, offsets, score_from, bytes, ids, attrs);
   log_root(str("make-input: wrote ", o.out, " (", offsets.size() - 1, " documents, ", tokens.size(), " tokens",
+               o.text.empty() ? "" : str(", tokenized by ", attrs["tokenizer"], " (sha256 ", attrs["tokenizer_sha256"].substr(0, 12), "...)"),
                o.score_last > 0 ? str(", /score_from: the last ", o.score_last, " of each") : "", ")"));
 }
 

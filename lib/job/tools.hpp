@@ -31,6 +31,12 @@ struct MakeInputOptions {
   std::string tokens_file;  // text: one document per line, whitespace-separated token ids
   bool overwrite = false;
   int64_t score_last = 0;  // > 0: /score_from so that each document's last N tokens count
+  // Text in: documents from a directory of *.txt files, a .jsonl file ("id", "text") or one text
+  // file, tokenized with the checkpoint's tokenizer.json (scripts/dz_tokenize.py, HF tokenizers);
+  // /doc_ids, /bytes and the tokenizer's sha256 go into the input.
+  std::string text, tokenizer;
+  bool add_special_tokens = false;
+  std::string text_key = "text", id_key = "id";
 };
 void make_input(const MakeInputOptions& o);
 
