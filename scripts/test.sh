@@ -4,6 +4,11 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DZ_BUILD_DIR=${DZ_BUILD_DIR:-build} bash scripts/setup.sh
+# the lm-evaluation-harness adapter (python/, with lm_eval from PyPI: no torch): tests/mpi/lm_eval.sh
+if ! python3 -c "import dayzero_lm_eval" 2>/dev/null; then
+  echo "[test] installing the lm-eval adapter (python/) for python3 ($(command -v python3))"
+  python3 -m pip install -q -e python/ 2>/dev/null || python3 -m pip install -q --break-system-packages -e python/
+fi
 source scripts/env.sh
 cd "${DZ_BUILD_DIR:-build}"
 ctest --output-on-failure -L 'unit|mpi|golden|slurm' -LE gpu -j 2 --timeout 900
