@@ -68,6 +68,26 @@ GenRun generate_once(const Model& m, Backend& be, const std::vector<std::vector<
   return g;
 }
 
+// Documents concatenated for one packed forward: tokens and row offsets.
+struct Packed {
+  std::vector<int32_t> all;
+  std::vector<int64_t> cu{0};
+  explicit Packed(const std::vector<std::vector<int32_t>>& docs) {
+    for (const auto& d : docs) all.insert(all.end(), d.begin(), d.end()), cu.push_back(int64_t(all.size()));
+  }
+};
+
+// Fresh states (st, and their pointers sp) with the documents forwarded in one packed forward;
+// returns the final hidden states.
+DTensor prefill(const Model& m, const Packed& p, std::vector<Model::State>& st, std::vector<Model::State*>& sp) {
+  const size_t B = p.cu.size() - 1;
+  st.clear(), sp.clear();
+  st.reserve(B);
+  for (size_t d = 0; d < B; ++d) st.push_back(m.make_state());
+  for (auto& s : st) sp.push_back(&s);
+  return m.forward_packed(p.all.data(), p.cu, sp);
+}
+
 }  // namespace
 
 int bench_spec(const BenchSpecOptions& opt) {
@@ -137,14 +157,11 @@ int bench_spec(const BenchSpecOptions& opt) {
           if (model->has_mtp()) {  // the MTP drafts of one step for the B documents (K forwards of the layer)
             std::vector<Model::State> st;
             std::vector<Model::State*> sp;
-            st.reserve(size_t(B));
-            for (int64_t d = 0; d < B; ++d) st.push_back(model->make_state());
-            for (auto& s : st) sp.push_back(&s);
-            std::vector<int32_t> all;
-            std::vector<int64_t> cu{0}, one{0};
-            for (const auto& d : rnd) all.insert(all.end(), d.begin(), d.end()), cu.push_back(int64_t(all.size()));
-            const DTensor h = model->forward_packed(all.data(), cu, sp);
-            model->mtp_extend(all.data(), cu, h, sp);
+            Packed pk(rnd);
+            const DTensor h = prefill(*model, pk, st, sp);
+            model->mtp_extend(pk.all.data(), pk.cu, h, sp);
+            const std::vector<int64_t>& cu = pk.cu;
+            std::vector<int64_t> one{0};
             DTensor last = be->act({B, h.cols()});  // a hidden row per document to re-arm the pending rows
             for (int64_t d = 0; d < B; ++d) be->copy_rows(h, cu[size_t(d) + 1] - 1, last, d, 1), one.push_back(d + 1);
             std::vector<double> td;
@@ -165,15 +182,7 @@ int bench_spec(const BenchSpecOptions& opt) {
             // the step on its own: states with the prompt, then repeats of (verify K+1 rows, keep K)
             std::vector<Model::State> st;
             std::vector<Model::State*> sp;
-            st.reserve(size_t(B));
-            for (int64_t d = 0; d < B; ++d) st.push_back(model->make_state());
-            for (auto& s : st) sp.push_back(&s);
-            {
-              std::vector<int32_t> all;
-              std::vector<int64_t> cu{0};
-              for (const auto& d : rnd) all.insert(all.end(), d.begin(), d.end()), cu.push_back(int64_t(all.size()));
-              model->forward_packed(all.data(), cu, sp);
-            }
+            prefill(*model, Packed(rnd), st, sp);
             std::vector<double> tv, tr;
             for (int i = 0; i <= opt.repeats; ++i) {  // i = 0: warm-up
               std::vector<int32_t> toks;

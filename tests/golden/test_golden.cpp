@@ -10,24 +10,12 @@
 #include <string>
 #include <vector>
 
+#include "h5_read.hpp"
 #include "model/model.hpp"
 #include "ops/attention.hpp"
 #include "model/attn_cache.hpp"
 
 namespace {
-
-template <class T>
-std::vector<T> read_ds(hid_t f, const std::string& name, hid_t type) {
-  hid_t d = H5Dopen2(f, name.c_str(), H5P_DEFAULT);
-  REQUIRE(d >= 0);
-  hid_t s = H5Dget_space(d);
-  hssize_t n = H5Sget_simple_extent_npoints(s);
-  std::vector<T> v(static_cast<size_t>(n));
-  REQUIRE(H5Dread(d, type, H5S_ALL, H5S_ALL, H5P_DEFAULT, v.data()) >= 0);
-  H5Sclose(s);
-  H5Dclose(d);
-  return v;
-}
 
 struct Tol {
   double logprob, hidden;  // absolute
@@ -40,20 +28,20 @@ void check_family(const std::string& family, Tol tol) {
   const int64_t D = cfg.hidden_size, V = cfg.vocab_size, L = cfg.num_layers;
   hid_t f = H5Fopen((dir + "/golden.h5").c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
   REQUIRE(f >= 0);
-  auto tokens = read_ds<int32_t>(f, "/tokens", H5T_NATIVE_INT32);
-  auto offsets = read_ds<int64_t>(f, "/offsets", H5T_NATIVE_INT64);
-  auto lp = read_ds<float>(f, "/logprobs", H5T_NATIVE_FLOAT);
-  auto lp_off = read_ds<int64_t>(f, "/lp_offsets", H5T_NATIVE_INT64);
-  auto last = read_ds<float>(f, "/logits_last", H5T_NATIVE_FLOAT);
+  auto tokens = dzt::read_ds<int32_t>(f, "/tokens", H5T_NATIVE_INT32);
+  auto offsets = dzt::read_ds<int64_t>(f, "/offsets", H5T_NATIVE_INT64);
+  auto lp = dzt::read_ds<float>(f, "/logprobs", H5T_NATIVE_FLOAT);
+  auto lp_off = dzt::read_ds<int64_t>(f, "/lp_offsets", H5T_NATIVE_INT64);
+  auto last = dzt::read_ds<float>(f, "/logits_last", H5T_NATIVE_FLOAT);
   std::vector<std::vector<float>> hidden;
-  for (int64_t i = 0; i <= L; ++i) hidden.push_back(read_ds<float>(f, "/hidden/layer_" + std::to_string(i), H5T_NATIVE_FLOAT));
-  auto prenorm = read_ds<float>(f, "/hidden/last_layer_prenorm", H5T_NATIVE_FLOAT);
+  for (int64_t i = 0; i <= L; ++i) hidden.push_back(dzt::read_ds<float>(f, "/hidden/layer_" + std::to_string(i), H5T_NATIVE_FLOAT));
+  auto prenorm = dzt::read_ds<float>(f, "/hidden/last_layer_prenorm", H5T_NATIVE_FLOAT);
   std::vector<std::vector<int32_t>> topk(static_cast<size_t>(L));  // empty: a layer without DSA
   bool has_topk = H5Lexists(f, "/dsa_topk", H5P_DEFAULT) > 0;
   if (has_topk)
     for (int64_t i = 0; i < L; ++i) {
       const std::string n = "/dsa_topk/layer" + std::to_string(i);
-      if (H5Lexists(f, n.c_str(), H5P_DEFAULT) > 0) topk[size_t(i)] = read_ds<int32_t>(f, n, H5T_NATIVE_INT32);
+      if (H5Lexists(f, n.c_str(), H5P_DEFAULT) > 0) topk[size_t(i)] = dzt::read_ds<int32_t>(f, n, H5T_NATIVE_INT32);
     }
   H5Fclose(f);
 

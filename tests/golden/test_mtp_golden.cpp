@@ -10,24 +10,9 @@
 #include <string>
 #include <vector>
 
+#include "h5_read.hpp"
 #include "model/model.hpp"
 #include "mtp_fixture.hpp"
-
-namespace {
-
-template <class T>
-std::vector<T> read_ds(hid_t f, const std::string& name, hid_t type) {
-  hid_t d = H5Dopen2(f, name.c_str(), H5P_DEFAULT);
-  REQUIRE(d >= 0);
-  hid_t s = H5Dget_space(d);
-  std::vector<T> v(static_cast<size_t>(H5Sget_simple_extent_npoints(s)));
-  REQUIRE(H5Dread(d, type, H5S_ALL, H5S_ALL, H5P_DEFAULT, v.data()) >= 0);
-  H5Sclose(s);
-  H5Dclose(d);
-  return v;
-}
-
-}  // namespace
 
 TEST_CASE("MTP golden: the MTP layer's logits equal the fp64 NumPy reference", "[golden]") {
   // Tolerance 2e-4 absolute on logits of magnitude <= 11: the fp32 model and MTP layer against
@@ -42,9 +27,9 @@ TEST_CASE("MTP golden: the MTP layer's logits equal the fp64 NumPy reference", "
     auto model = dz::Model::load(dzt::golden_with_mtp(fam, DZ_BINARY_DIR), dz::TpShard{}, false, false, dz::cpu_backend(), false, true);
     REQUIRE(model->has_mtp());
     const int64_t V = model->config().vocab_size;
-    const auto tokens = read_ds<int32_t>(f, "/" + fam + "/tokens", H5T_NATIVE_INT32);
-    const auto offsets = read_ds<int64_t>(f, "/" + fam + "/offsets", H5T_NATIVE_INT64);
-    const auto want = read_ds<float>(f, "/" + fam + "/logits", H5T_NATIVE_FLOAT);
+    const auto tokens = dzt::read_ds<int32_t>(f, "/" + fam + "/tokens", H5T_NATIVE_INT32);
+    const auto offsets = dzt::read_ds<int64_t>(f, "/" + fam + "/offsets", H5T_NATIVE_INT64);
+    const auto want = dzt::read_ds<float>(f, "/" + fam + "/logits", H5T_NATIVE_FLOAT);
     double worst = 0;
     int64_t row = 0;
     for (size_t d = 0; d + 1 < offsets.size(); ++d) {

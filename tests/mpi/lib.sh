@@ -23,3 +23,25 @@ with open(path, "w") as f:
         f.write(" ".join(str(rng.randrange(V)) for _ in range(L)) + "\n")
 PY
 }
+# repetitive documents (a random block repeated: n-gram and MTP drafts find matches) and random ones
+# (lengths 1 .. 130), as a token file: $1 = vocab size or a model directory (its config.json), $2 = file
+rep_tokens() {
+  python3 - "$1" "$2" <<'PY'
+import json, os, random, sys
+a, path = sys.argv[1:]
+if os.path.isdir(a):
+    c = json.load(open(a + "/config.json"))
+    V = (c.get("text_config") or c)["vocab_size"]
+else:
+    V = int(a)
+rng = random.Random(3)
+docs = []
+for L, blk in [(40, 5), (71, 9), (2, 2), (130, 13), (17, 4)]:
+    b = [rng.randrange(V) for _ in range(blk)]
+    docs.append((b * (L // blk + 1))[:L])
+docs += [[rng.randrange(V) for _ in range(L)] for L in (1, 33, 90)]
+with open(path, "w") as f:
+    for d in docs:
+        f.write(" ".join(map(str, d)) + "\n")
+PY
+}

@@ -8,26 +8,10 @@
 # equals an uninterrupted one; a greedy run's own output as oracle is accepted whole.
 source "$(dirname "$0")/lib.sh"
 "$DZ" make-model --preset demo --out "$W/demo"
-tokens() {  # $1 = model dir, $2 = file: repetitive documents (a random block repeated) and random ones
-  python3 - "$1" "$2" <<'PY'
-import json, random, sys
-c = json.load(open(sys.argv[1] + "/config.json"))
-V = (c.get("text_config") or c)["vocab_size"]
-rng = random.Random(3)
-docs = []
-for L, blk in [(40, 5), (71, 9), (2, 2), (130, 13), (17, 4)]:
-    b = [rng.randrange(V) for _ in range(blk)]
-    docs.append((b * (L // blk + 1))[:L])
-docs += [[rng.randrange(V) for _ in range(L)] for L in (1, 33, 90)]
-with open(sys.argv[2], "w") as f:
-    for d in docs:
-        f.write(" ".join(map(str, d)) + "\n")
-PY
-}
 for name in demo kimi_linear qwen3_next deepseek_v32 glm5_next glm_moe_dsa qwen3_5_moe deepseek_v4 kimi_k3; do
   M=$W/demo
   [ $name = demo ] || M=$SRC/tests/golden/$name
-  tokens "$M" "$W/t_$name.txt"
+  rep_tokens "$M" "$W/t_$name.txt"
   "$DZ" make-input --tokens-file "$W/t_$name.txt" --out "$W/in_$name.h5" >/dev/null
   a=(--model "$M" --input "$W/in_$name.h5" --mode generate --max-new-tokens 20)
   mpi 1 run "${a[@]}" --output "$W/plain_$name.h5" >/dev/null

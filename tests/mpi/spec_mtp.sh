@@ -10,21 +10,6 @@
 # that its drafts are accepted and rejected alike, and the undo and the MTP layer's own catch-up
 # run over accepted rows (~90 % of the first drafts accepted, ~35 % of all at K = 3).
 source "$(dirname "$0")/lib.sh"
-tokens() {  # $1 = vocab, $2 = file: repetitive and random documents (lengths 1 .. 130)
-  python3 - "$1" "$2" <<'PY'
-import random, sys
-V, path = int(sys.argv[1]), sys.argv[2]
-rng = random.Random(3)
-docs = []
-for L, blk in [(40, 5), (71, 9), (2, 2), (130, 13), (17, 4)]:
-    b = [rng.randrange(V) for _ in range(blk)]
-    docs.append((b * (L // blk + 1))[:L])
-docs += [[rng.randrange(V) for _ in range(L)] for L in (1, 33, 90)]
-with open(path, "w") as f:
-    for d in docs:
-        f.write(" ".join(map(str, d)) + "\n")
-PY
-}
 bend_head() {  # $1 = model dir (make-model's f32 safetensors)
   python3 - "$1" <<'PY'
 import glob, sys
@@ -55,7 +40,7 @@ PY
   M=$W/m_$name
   "$DZ" make-model --preset "$W/$name.json" --out "$M" >/dev/null
   bend_head "$M"
-  tokens 256 "$W/t_$name.txt"
+  rep_tokens 256 "$W/t_$name.txt"
   "$DZ" make-input --tokens-file "$W/t_$name.txt" --out "$W/in_$name.h5" >/dev/null
   a=(--model "$M" --input "$W/in_$name.h5" --mode generate --max-new-tokens 20)
   mpi 1 run "${a[@]}" --output "$W/plain_$name.h5" >/dev/null
