@@ -6,6 +6,7 @@
 # request scored directly by `dayzero run` (log-likelihoods summed from /logprobs in the same order:
 # bitwise; is_greedy; generated text decoded and cut at the first stop sequence); the CP 2 x TP 2
 # adapter run gives the same log-likelihoods within 1e-3 (the layouts' fp32 reassociation).
+# DZ_TEST_BACKEND=cuda runs the adapter and the direct runs on the GPU (by hand: .dev's command D).
 source "$(dirname "$0")/lib.sh"
 command -v dayzero-lm-eval >/dev/null || { echo "FAIL: dayzero-lm-eval not installed (scripts/test.sh installs python/)"; exit 1; }
 "$DZ" make-model --preset demo --out "$W/demo" >/dev/null
@@ -41,16 +42,16 @@ task("dz_gen", f"{W}/gen.jsonl", "generate_until",
 PY
 export HF_DATASETS_OFFLINE=1 HF_HUB_OFFLINE=1
 run_lme() {  # $1 = output dir, $2 = model_args tail, $3 = tasks
-  dayzero-lm-eval --model dayzero --model_args "model=$W/demo,dayzero=$DZ,$2" --tasks "$3" \
+  dayzero-lm-eval --model dayzero --model_args "model=$W/demo,dayzero=$DZ,backend=${DZ_TEST_BACKEND:-cpu},$2" --tasks "$3" \
     --include_path "$W/tasks" --output_path "$1" --log_samples > "$1.log" 2>&1 || { tail -30 "$1.log"; echo "FAIL: dayzero-lm-eval"; exit 1; }
 }
 run_lme "$W/lme" "np=2" dz_choice,dz_ppl,dz_gen
 run_lme "$W/lme_cptp" "np=4,cp=2,tp=2" dz_choice,dz_ppl
 grep -E "^\|dz_" "$W/lme.log" | head -3
-python3 - "$W" "$DZ" <<'PY'
+python3 - "$W" "$DZ" "${DZ_TEST_BACKEND:-cpu}" <<'PY'
 import glob, json, subprocess, sys, h5py, numpy as np
 from tokenizers import Tokenizer
-W, DZ = sys.argv[1:]
+W, DZ, BK = sys.argv[1:]
 tok = Tokenizer.from_file(f"{W}/demo/tokenizer.json")
 cfg = json.load(open(f"{W}/demo/config.json"))
 prefix = cfg.get("bos_token_id", cfg.get("eos_token_id"))
@@ -72,7 +73,7 @@ def direct(docs, sf=None, gen=0):  # the same requests through `dayzero run`
             f["score_from"] = np.array(sf, np.int64)
     mode = ["--mode", "generate", "--max-new-tokens", str(gen)] if gen else []
     subprocess.run([DZ, "run", "--model", f"{W}/demo", "--input", f"{W}/direct.h5", "--output", f"{W}/direct_out.h5",
-                    "--overwrite"] + mode, check=True, capture_output=True)
+                    "--overwrite", "--backend", BK] + mode, check=True, capture_output=True)
     return h5py.File(f"{W}/direct_out.h5", "r")
 def loglik(f, sf):
     lp, off, out = f["logprobs"][:], f["offsets"][:], []
