@@ -169,6 +169,7 @@ int inspect(const std::string& dir, bool as_json, bool structural) {
   }
   if (ck) {
     const TextPackaging pk = adopt_text_model(cfg, *ck);
+    infer_mtp_layers(cfg, *ck);
     ck->set_dry_run(true);  // names and shapes only: inspect must not need the model's memory
     const int64_t D = cfg.hidden_size, V = cfg.vocab_size;
     const Init ni = cfg.norm_zero_centered ? Init::zeros() : Init::ones();

@@ -38,6 +38,26 @@ int64_t skip_mtp_layers(const ModelConfig& cfg, Checkpoint& ck) {
   return skipped;
 }
 
+int64_t infer_mtp_layers(ModelConfig& cfg, const Checkpoint& ck) {
+  // Qwen3-Next's release ships mtp.* beside a config.json that declares no MTP layer (vLLM reads
+  // one by default): the layers are counted from the tensor names. (Qwen3.5 declares its own.)
+  if (cfg.model_type != "qwen3_next" || cfg.mtp_layers != 0) return 0;
+  int64_t n = 0;
+  bool any = false;
+  for (const auto& name : ck.names()) {
+    if (name.rfind("mtp.", 0) != 0) continue;
+    any = true;
+    if (name.rfind("mtp.layers.", 0) == 0) {
+      const std::string idx = name.substr(11, name.find('.', 11) - 11);
+      if (!idx.empty() && idx.size() < 6 && idx.find_first_not_of("0123456789") == std::string::npos)
+        n = std::max<int64_t>(n, std::stoll(idx) + 1);
+    }
+  }
+  if (!any) return 0;
+  cfg.mtp_layers = std::max<int64_t>(n, 1);
+  return cfg.mtp_layers;
+}
+
 HcTensors get_hc_tensors(const ModelConfig& cfg, Checkpoint& ck, const std::string& p, int which) {
   const int64_t N = cfg.hc_mult, D = cfg.hidden_size, Cn = (2 + N) * N;
   const std::string site = which == 0 ? "attn" : "ffn";
@@ -92,26 +112,9 @@ std::unique_ptr<Model> Model::load(const std::string& dir, const TpShard& tp, bo
            " MXFP4-packed weights (X.weight_packed + X.weight_scale) but config.json declares no compressed-tensors ",
            "mxfp4-pack-quantized quantization_config");
   const TextPackaging pk = adopt_text_model(cfg, *ck);
-  if (cfg.model_type == "qwen3_next" && cfg.mtp_layers == 0) {
-    // Qwen3-Next's release ships mtp.* beside a config.json that declares no MTP layer (vLLM reads
-    // one by default): the layers are counted from the tensor names. (Qwen3.5 declares its own.)
-    int64_t n = 0;
-    bool any = false;
-    for (const auto& name : ck->names()) {
-      if (name.rfind("mtp.", 0) != 0) continue;
-      any = true;
-      if (name.rfind("mtp.layers.", 0) == 0) {
-        const std::string idx = name.substr(11, name.find('.', 11) - 11);
-        if (!idx.empty() && idx.size() < 6 && idx.find_first_not_of("0123456789") == std::string::npos)
-          n = std::max<int64_t>(n, std::stoll(idx) + 1);
-      }
-    }
-    if (any) {
-      cfg.mtp_layers = std::max<int64_t>(n, 1);
-      log_root(str(dir, ": mtp.* tensors and no mtp_num_hidden_layers / num_nextn_predict_layers in config.json: read as ",
-                   cfg.mtp_layers, " MTP layer(s)"));
-    }
-  }
+  if (const int64_t n = infer_mtp_layers(cfg, *ck))
+    log_root(str(dir, ": mtp.* tensors and no mtp_num_hidden_layers / num_nextn_predict_layers in config.json: read as ",
+                 n, " MTP layer(s)"));
   if (!cfg.wrapper_model_type.empty())
     log_root(str(cfg.wrapper_model_type, ": scoring its text model (tensors under ", pk.prefix, ")",
                  pk.vision_tensors ? str(", vision tower recognised and not loaded (", pk.vision_tensors, " tensors)") : ""));

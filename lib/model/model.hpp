@@ -152,6 +152,9 @@ class Model {
 // Qwen3.5 mtp_num_hidden_layers) as known, so strict loading accepts published checkpoints that
 // carry them. Returns how many tensors it accepted.
 int64_t skip_mtp_layers(const ModelConfig& cfg, Checkpoint& ck);
+// Qwen3-Next's release: mtp.* tensors with no MTP key in config.json. Sets cfg.mtp_layers from the
+// names and returns it (0: nothing inferred). Call after adopt_text_model, before building.
+int64_t infer_mtp_layers(ModelConfig& cfg, const Checkpoint& ck);
 
 // One sub-layer's mHC weights (which 0: the token mixer, 1: the FFN) under PREFIX: the published
 // names hc_{attn,ffn}_{fn,base,scale}, or transformers' own {attn,ffn}_hc.{fn,base,scale}.

@@ -11,6 +11,7 @@
 
 #include "io/checkpoint.hpp"
 #include "error_of.hpp"
+#include "job/tools.hpp"
 #include "model/model.hpp"
 
 namespace {
@@ -183,7 +184,9 @@ TEST_CASE("model load: Qwen3.5 MTP tensors are accepted only as the config decla
 TEST_CASE("model load: Qwen3-Next mtp.* tensors without a config key are its MTP layers", "[unit]") {
   auto same = [](const std::string& n) { return n; };
   const std::vector<std::string> mtp = {"mtp.fc.weight", "mtp.norm.weight", "mtp.layers.0.input_layernorm.weight"};
-  CHECK_NOTHROW(dz::Model::load(rewrite_golden("qn_mtp_nokey", "qwen3_next", same, {}, mtp)));
+  const std::string nokey = rewrite_golden("qn_mtp_nokey", "qwen3_next", same, {}, mtp);
+  CHECK_NOTHROW(dz::Model::load(nokey));
+  CHECK(dz::inspect(nokey, true) == 0);  // inspect reads them as the MTP layer too, nothing new
   // a stray tensor elsewhere is still refused
   std::vector<std::string> stray = mtp;
   stray.push_back("model.layers.0.extra.weight");
