@@ -45,3 +45,13 @@ with open(path, "w") as f:
         f.write(" ".join(map(str, d)) + "\n")
 PY
 }
+# killed_run N NP OUT ARGS...: `dayzero run ARGS --output OUT` on NP ranks, its writer killed
+# (SIGKILL) after N documents; OUT.part must be left behind for a --resume
+killed_run() {
+  local n=$1 np=$2 out=$3
+  shift 3
+  set +e
+  DAYZERO_FAULT_KILL_AFTER_DOCS=$n mpi "$np" run "$@" --output "$out" 2>/dev/null
+  set -e
+  [ -e "$out.part" ] || { echo "FAIL: no .part after the kill"; exit 1; }
+}

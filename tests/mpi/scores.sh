@@ -107,10 +107,7 @@ assert (g[0::2] == 1).all() and (g[1::2] == 0).all(), g
 print('[scores] is_greedy: greedy continuations 1, one token changed 0 (CP 2 x TP 2: the argmax over the vocabulary shards)')"
 # summarize: a killed run's .part (the documents done so far), then the finished file
 a=(--model "$SRC/tests/golden/glm_moe_dsa" --input "$W/sc_glm_moe_dsa.h5")
-set +e
-DAYZERO_FAULT_KILL_AFTER_DOCS=4 mpi 1 run "${a[@]}" --output "$W/cut.h5" 2>/dev/null
-set -e
-[ -e "$W/cut.h5.part" ] || { echo "FAIL: no .part after the kill"; exit 1; }
+killed_run 4 1 "$W/cut.h5" "${a[@]}"
 "$DZ" summarize "$W/cut.h5" > "$W/part.txt"
 grep -q "4 of 13 documents done (partial" "$W/part.txt" || { cat "$W/part.txt"; echo "FAIL: summarize of the .part"; exit 1; }
 "$DZ" summarize "$W/cut.h5" --json > "$W/part.json"

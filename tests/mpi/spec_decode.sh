@@ -91,10 +91,7 @@ assert not np.array_equal(a, b), 'sampled == greedy'"
 # killed after a few documents, resumed on another rank count: equal to the uninterrupted run
 a=(--model "$W/demo" --input "$W/in_demo.h5" --mode generate --max-new-tokens 20 --speculative oracle
    --oracle-drafts "$W/bent_demo.h5")
-set +e
-DAYZERO_FAULT_KILL_AFTER_DOCS=3 mpi 2 run "${a[@]}" --output "$W/cut.h5" 2>/dev/null
-set -e
-[ -e "$W/cut.h5.part" ] || { echo "FAIL: no .part after the kill"; exit 1; }
+killed_run 3 2 "$W/cut.h5" "${a[@]}"
 mpi 3 run "${a[@]}" --output "$W/cut.h5" --resume >/dev/null
 same "$W/plain_demo.h5" "$W/cut.h5" /generated /generated_offsets /done
 # `bench spec` on the CPU (a smoke run: it checks its speculative outputs against plain decoding itself)
