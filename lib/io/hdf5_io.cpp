@@ -513,8 +513,7 @@ struct OutputFile::Impl {
     m.write("stats/tokens", H5T_NATIVE_INT64, at, one, &st.tokens);
     m.write("stats/rank", H5T_NATIVE_INT32, at, one, &st.rank);
     if (m.spec.mode == OutputMode::Logprobs) {
-      // perplexity = exp(nll / scored); a document with nothing scored has none (NaN)
-      const double ppl = st.scored > 0 ? std::exp(st.nll / double(st.scored)) : std::nan("");
+      const double ppl = perplexity_of(st.nll, st.scored);
       m.write("stats/score_from", H5T_NATIVE_INT64, at, one, &st.score_from);
       m.write("stats/scored", H5T_NATIVE_INT64, at, one, &st.scored);
       m.write("stats/nll", H5T_NATIVE_DOUBLE, at, one, &st.nll);
@@ -836,7 +835,8 @@ void OutputFile::finalize() {
 
 // ================================================================ scores (logprobs outputs)
 
-double ScoreTable::perplexity() const { return scored > 0 ? std::exp(nll / double(scored)) : std::nan(""); }
+double perplexity_of(double nll, int64_t scored) { return scored > 0 ? std::exp(nll / double(scored)) : std::nan(""); }
+double ScoreTable::perplexity() const { return perplexity_of(nll, scored); }
 double ScoreTable::bits_per_byte() const {
   return bytes > 0 ? nll / (std::log(2.0) * double(bytes)) : std::nan("");
 }

@@ -90,6 +90,10 @@ struct OutputSpec {
   std::map<std::string, std::string> info;
 };
 
+// exp(nll / scored): the perplexity of `scored` tokens of summed negative log-likelihood nll
+// (NaN with nothing scored).
+double perplexity_of(double nll, int64_t scored);
+
 struct DocStats {
   double seconds = 0;  // wall time of the document on its rank
   int64_t tokens = 0;  // input tokens

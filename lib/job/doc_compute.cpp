@@ -467,7 +467,7 @@ DocResult compute_document(const Model& model, int64_t doc, const std::vector<in
       }
       {
         WorkStats::Timer timer(par.stats, "lm_head");
-        if (!rows.empty()) head.logprobs(h2, tgt.data(), lp.data(), gf.data());
+        head.logprobs(h2, tgt.data(), lp.data(), gf.data());
       }
       r.values = gather_rows(cp, qpos, lp, 1, L - 1);
       finish_scores(r, j0, gather_rows(cp, qpos, gf, 1, L - 1));

@@ -1,10 +1,10 @@
 #include "job/run.hpp"
+#include "job/tools.hpp"
 
 #include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
-#include <cmath>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
@@ -541,7 +541,7 @@ int run_job(const RunOptions& opt) {
           d["score_from"] = s.score_from;
           d["scored"] = s.scored;
           d["nll"] = s.nll;
-          d["perplexity"] = s.scored > 0 ? nlohmann::json(std::exp(s.nll / double(s.scored))) : nlohmann::json(nullptr);
+          d["perplexity"] = finite_or_null(perplexity_of(s.nll, s.scored));
           d["is_greedy"] = bool(s.is_greedy);
         }
         if (!opt.speculative.empty()) {  // per verify step: drafts accepted, tokens generated
@@ -556,10 +556,7 @@ int run_job(const RunOptions& opt) {
       }
       j["per_document"] = per;
       if (mp.mode == OutputMode::Logprobs) {  // the corpus, over every document of the output file
-        const ScoreTable t = read_scores(opt.output);
-        auto num = [](double v) { return std::isfinite(v) ? nlohmann::json(v) : nlohmann::json(nullptr); };
-        j["scores"] = {{"documents", t.rows.size()}, {"scored_tokens", t.scored}, {"nll", t.nll},
-                       {"perplexity", num(t.perplexity())}, {"bytes", t.bytes}, {"bits_per_byte", num(t.bits_per_byte())}};
+        j["scores"] = corpus_json(read_scores(opt.output));
       }
       nlohmann::json ranks = nlohmann::json::array();
       std::string text(all_ranks.begin(), all_ranks.end());

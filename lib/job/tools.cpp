@@ -213,9 +213,16 @@ void make_input(const MakeInputOptions& o) {
                o.score_last > 0 ? str(", /score_from: the last ", o.score_last, " of each") : "", ")"));
 }
 
+nlohmann::json finite_or_null(double v) { return std::isfinite(v) ? nlohmann::json(v) : nlohmann::json(nullptr); }
+
+nlohmann::json corpus_json(const ScoreTable& t) {
+  return {{"documents", t.rows.size()}, {"scored_tokens", t.scored},
+          {"nll", t.nll},               {"perplexity", finite_or_null(t.perplexity())},
+          {"bytes", t.bytes},           {"bits_per_byte", finite_or_null(t.bits_per_byte())}};
+}
+
 int summarize(const std::string& path, bool json) {
   const ScoreTable t = read_scores(path);
-  auto num = [](double v) { return std::isfinite(v) ? nlohmann::json(v) : nlohmann::json(nullptr); };
   if (json) {
     nlohmann::json j, docs = nlohmann::json::array();
     j["file"] = t.file;
@@ -224,11 +231,10 @@ int summarize(const std::string& path, bool json) {
     j["documents_done"] = t.rows.size();
     for (const auto& r : t.rows)
       docs.push_back({{"doc", r.doc}, {"tokens", r.tokens}, {"score_from", r.score_from}, {"scored", r.scored},
-                      {"nll", r.nll}, {"perplexity", num(r.perplexity)}, {"is_greedy", r.is_greedy},
+                      {"nll", r.nll}, {"perplexity", finite_or_null(r.perplexity)}, {"is_greedy", r.is_greedy},
                       {"bytes", r.bytes}});
     j["per_document"] = docs;
-    j["corpus"] = {{"scored_tokens", t.scored}, {"nll", t.nll}, {"perplexity", num(t.perplexity())},
-                   {"bytes", t.bytes}, {"bits_per_byte", num(t.bits_per_byte())}};
+    j["corpus"] = corpus_json(t);
     std::printf("%s\n", j.dump(2).c_str());
     return 0;
   }

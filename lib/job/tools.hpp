@@ -5,6 +5,10 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
+#include "io/hdf5_io.hpp"
+
 namespace dz {
 
 const std::map<std::string, std::string>& presets();  // name -> config.json text (configs/*.json)
@@ -43,6 +47,11 @@ void make_input(const MakeInputOptions& o);
 // `dayzero summarize OUT.h5`: the per-document and corpus scores of a logprobs-mode output
 // (finished, or the .part of a resumable run). Returns the exit code.
 int summarize(const std::string& path, bool json);
+// v as a JSON number, or null where it is not one (NaN, inf: JSON has neither).
+nlohmann::json finite_or_null(double v);
+// The corpus summary of a ScoreTable as JSON (the run report's "scores", summarize's "corpus"):
+// documents, scored_tokens, nll, perplexity, bytes, bits_per_byte (null where not a number).
+nlohmann::json corpus_json(const ScoreTable& t);
 
 // Structural diff of a checkpoint against what dayzero supports. Returns the exit code: 0 when
 // every module is reusable (possibly with different parameters), 2 when any is unsupported.

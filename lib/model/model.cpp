@@ -15,6 +15,16 @@ namespace dz {
 
 Model::~Model() = default;
 
+namespace {
+// N of a Qwen-layout MTP tensor mtp.layers.N.*; -1 for any other name (mtp.fc, mtp.norm, a non-number).
+int64_t mtp_layer_index(const std::string& name) {
+  if (name.rfind("mtp.layers.", 0) != 0) return -1;
+  const std::string idx = name.substr(11, name.find('.', 11) - 11);
+  if (idx.empty() || idx.size() >= 6 || idx.find_first_not_of("0123456789") != std::string::npos) return -1;
+  return std::stoll(idx);
+}
+}  // namespace
+
 int64_t skip_mtp_layers(const ModelConfig& cfg, Checkpoint& ck) {
   // Multi-token-prediction layers are run only by --speculative mtp (model/mtp.hpp, which reads the
   // first one): the rest are accepted by name (only as many as the config declares) and skipped,
@@ -28,9 +38,8 @@ int64_t skip_mtp_layers(const ModelConfig& cfg, Checkpoint& ck) {
     bool mtp = false;
     for (int64_t l = cfg.num_layers; l < cfg.num_layers + n; ++l) mtp |= name.rfind(str("model.layers.", l, "."), 0) == 0;
     if (name.rfind("mtp.", 0) == 0) {
-      mtp = true;
-      const std::string rest = name.substr(4);
-      if (rest.rfind("layers.", 0) == 0) mtp = std::stoll("0" + rest.substr(7, rest.find('.', 7) - 7)) < n;
+      const int64_t i = mtp_layer_index(name);
+      mtp = name.rfind("mtp.layers.", 0) != 0 || (i >= 0 && i < n);
     }
     if (mtp) ck.get(name, ck.info(name).shape), ++skipped;
   }
@@ -47,11 +56,7 @@ int64_t infer_mtp_layers(ModelConfig& cfg, const Checkpoint& ck) {
   for (const auto& name : ck.names()) {
     if (name.rfind("mtp.", 0) != 0) continue;
     any = true;
-    if (name.rfind("mtp.layers.", 0) == 0) {
-      const std::string idx = name.substr(11, name.find('.', 11) - 11);
-      if (!idx.empty() && idx.size() < 6 && idx.find_first_not_of("0123456789") == std::string::npos)
-        n = std::max<int64_t>(n, std::stoll(idx) + 1);
-    }
+    n = std::max<int64_t>(n, mtp_layer_index(name) + 1);
   }
   if (!any) return 0;
   cfg.mtp_layers = std::max<int64_t>(n, 1);
