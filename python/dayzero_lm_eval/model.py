@@ -121,6 +121,16 @@ class DayzeroLM(LM):
         if not self.keep:
             shutil.rmtree(d, ignore_errors=True)
 
+    def _scores(self, kind, requests, docs, score_from):
+        """One logprobs job; per request (log-likelihood, is_greedy), cached under `kind`."""
+        d, f = self._job(docs, score_from)
+        nll, greedy = f["stats/nll"][:], f["stats/is_greedy"][:]
+        self._done(d, f)
+        res = [(-float(nll[i]), bool(greedy[i])) for i in range(len(docs))]
+        for req, r in zip(requests, res):
+            self.cache_hook.add_partial(kind, req.args, r if kind == "loglikelihood" else r[0])
+        return res
+
     # ---- the harness's requests ----
     def loglikelihood(self, requests, disable_tqdm=False):
         if not requests:
@@ -132,25 +142,13 @@ class DayzeroLM(LM):
                 raise ValueError(f"dayzero: the continuation {req.args[1]!r} has no tokens")
             docs.append(ctx + cont)
             sf.append(len(ctx))
-        d, f = self._job(docs, sf)
-        nll, greedy = f["stats/nll"][:], f["stats/is_greedy"][:]
-        res = [(-float(nll[i]), bool(greedy[i])) for i in range(len(docs))]
-        self._done(d, f)
-        for req, r in zip(requests, res):
-            self.cache_hook.add_partial("loglikelihood", req.args, r)
-        return res
+        return self._scores("loglikelihood", requests, docs, sf)
 
     def loglikelihood_rolling(self, requests, disable_tqdm=False):
         if not requests:
             return []
         docs = [[self.prefix] + self._enc(req.args[0]) for req in requests]
-        d, f = self._job(docs, [1] * len(docs))
-        nll = f["stats/nll"][:]
-        res = [-float(nll[i]) for i in range(len(docs))]
-        self._done(d, f)
-        for req, r in zip(requests, res):
-            self.cache_hook.add_partial("loglikelihood_rolling", req.args, r)
-        return res
+        return [ll for ll, _ in self._scores("loglikelihood_rolling", requests, docs, [1] * len(docs))]
 
     def generate_until(self, requests, disable_tqdm=False):
         if not requests:
