@@ -24,6 +24,7 @@ std::unique_ptr<MtpLayer> make_mtp_layer(const ModelConfig& cfg, Checkpoint& ck,
   m->cfg = cfg;
   m->layer = int(cfg.num_layers);
   m->carry_normed = qwen;
+  m->mask_first = deepseek;
   LayerSpec ls;
   ls.ffn = cfg.layers.back().ffn;  // the last layer's kind (MoE in every published MTP layer)
   if (deepseek) {
@@ -75,6 +76,14 @@ MtpLayer::Out MtpLayer::forward(Backend& be, const DTensor& embed, const int32_t
   DTensor cat = be.act({R, 2 * D});  // [enorm(emb) | hnorm(hidden)]
   DTensor a = be.act({R, D}), b = be.act({R, D});
   be.rmsnorm(h, enorm, a, eps, zc);
+  if (mask_first) {
+    DTensor zero;
+    for (size_t d = 0; d + 1 < cu.size(); ++d)
+      if (st[d]->pos == 0 && cu[d + 1] > cu[d]) {
+        if (!zero.defined()) zero = be.zeros({1, D}, a.dtype);
+        be.copy_rows(zero, 0, a, cu[d], 1);  // enorm(0) = 0
+      }
+  }
   be.rmsnorm(hidden, hnorm, b, eps, zc);
   be.copy_cols(a, 0, cat, 0, D);
   be.copy_cols(b, 0, cat, D, D);

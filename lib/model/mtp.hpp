@@ -1,7 +1,7 @@
 // A checkpoint's multi-token-prediction (MTP) layer, the drafter of `--speculative mtp`
 // (DESIGN §11, docs/speculative.md). One step over a row i: the embedding of token i + 1 and the
 // main model's final hidden state at i, each RMS-normed, concatenated [emb; hidden] and projected
-// back to D, then one decoder layer (pre-norm residual) and its own final norm; the main model's
+// back to D (DeepSeek / GLM: the embedding of the row at position 0 is zeroed), then one decoder layer (pre-norm residual) and its own final norm; the main model's
 // LM head reads the draft for position i + 2 from it.
 //   DeepSeek-V3.2 / GLM-5: model.layers.{L}.{enorm, hnorm, eh_proj, shared_head.norm} and a decoder
 //     block under model.layers.{L}. (MLA + its own DSA indexer, the MoE); its copies of the
@@ -28,6 +28,9 @@ struct MtpLayer {
   ModelConfig cfg;  // the model's, with the MTP block appended to cfg.layers (its modules read it)
   int layer = 0;    // the block's index there: the model's num_layers
   bool carry_normed = false;  // a chained draft's hidden: the normed output (Qwen) or the block's (DeepSeek)
+  // DeepSeek / GLM: the row at position 0 (hidden h_0, token 1) gets a zero embedding, as vLLM's and
+  // SGLang's deepseek_mtp / glm4_moe_mtp do ("not needed by MTP"); Qwen3-Next's does not.
+  bool mask_first = false;
   DTensor enorm, hnorm;       // [D] F32
   DTensor proj;               // [D, 2D] weight dtype: [emb | hidden] -> D
   DTensor attn_norm, ffn_norm, norm;  // [D] F32

@@ -295,20 +295,25 @@ def deepseek_forward(cfg, P, tok):
     return x, hs, sels
 
 
-def mtp_input(P, names, tok, xn, eps, centred):
-    """The MTP layer's input rows i = 0..T-2: [norm(embed(tok[i+1])); norm(xn[i])] projected to D."""
+def mtp_input(P, names, tok, xn, eps, centred, mask_first=False):
+    """The MTP layer's input rows i = 0..T-2: [norm(embed(tok[i+1])); norm(xn[i])] projected to D.
+    mask_first: the row at position 0 gets a zero embedding (DeepSeek / GLM, as vLLM and SGLang
+    serve them)."""
     e_norm, h_norm, proj = names
-    e = P["model.embed_tokens.weight"][tok[1:]]
+    e = P["model.embed_tokens.weight"][tok[1:]].copy()
+    if mask_first:
+        e[0] = 0.0
     cat = np.concatenate([rms(e, P[e_norm], eps, centred), rms(xn[:-1], P[h_norm], eps, centred)], -1)
     return cat @ P[proj].T
 
 
 def deepseek_mtp(cfg, P, tok, xn):
     """DeepSeek-V3.2 / GLM-5 MTP logits [T-1, V] from the final hidden states xn [T, D] (after the
-    final norm): the layer model.layers.{L} (its own indexer, MoE) and shared_head.norm."""
+    final norm): the zero embedding at position 0, the layer model.layers.{L} (its own indexer, MoE)
+    and shared_head.norm."""
     p = f"model.layers.{cfg['num_hidden_layers']}."
     eps = cfg["rms_norm_eps"]
-    x = mtp_input(P, (p + "enorm.weight", p + "hnorm.weight", p + "eh_proj.weight"), tok, xn, eps, False)
+    x = mtp_input(P, (p + "enorm.weight", p + "hnorm.weight", p + "eh_proj.weight"), tok, xn, eps, False, True)
     x, _ = deepseek_layer(cfg, P, p, x, deepseek_rope(cfg, len(tok) - 1), None, False)
     return rms(x, P[p + "shared_head.norm.weight"], eps) @ P["lm_head.weight"].T
 
