@@ -15,7 +15,8 @@
 namespace dzt {
 
 // tests/golden/<fam> with tests/golden/mtp/<fam>.safetensors, its config declaring one MTP layer
-// (the key its family publishes), written under `root`; returns the directory.
+// (the key its family publishes; DeepSeek-V4 also its attention kind), written under `root`;
+// returns the directory.
 inline std::string golden_with_mtp(const std::string& fam, const std::string& root) {
   const std::string src = std::string(DZ_SOURCE_DIR) + "/tests/golden/";
   const std::string dst = root + "/mtp_golden_" + fam;
@@ -29,6 +30,7 @@ inline std::string golden_with_mtp(const std::string& fam, const std::string& ro
   std::ifstream f(src + fam + "/config.json");
   nlohmann::json j = nlohmann::json::parse(f);
   j[fam.rfind("qwen", 0) == 0 ? "mtp_num_hidden_layers" : "num_nextn_predict_layers"] = 1;
+  if (fam == "deepseek_v4") j["layer_types"].push_back("sliding_attention");  // the MTP block's entry, as published
   std::ofstream(dst + "/config.json") << j.dump(2);
   return dst;
 }

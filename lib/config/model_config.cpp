@@ -731,12 +731,14 @@ void parse_deepseek_v4(const Fields& f, const json& j, ModelConfig* c) {
   rate_csa = f.i64({"compress_rate_csa"}, rate_csa);
   rate_hca = f.i64({"compress_rate_hca"}, rate_hca);
   if (rate_csa <= 0 || rate_hca <= 0) f.bad("compress_rates", str("must be positive (", rate_csa, ", ", rate_hca, ")"));
-  std::vector<int64_t> rates;  // per layer: 0 sliding, else the compress rate (CSA when == rate_csa and indexed)
-  std::vector<bool> csa(size_t(L), false);
+  // per layer: 0 sliding, else the compress rate (CSA when == rate_csa and indexed); an entry L
+  // (the published compress_ratios carry one) is the MTP block's
+  std::vector<int64_t> rates;
+  std::vector<bool> csa(size_t(L + 1), false);
   if (f.has("layer_types")) {
     const std::vector<std::string> t = f.strings("layer_types");
     if (int64_t(t.size()) < L) f.bad("layer_types", str("has ", t.size(), " entries for ", L, " layers (num_hidden_layers)"));
-    for (int64_t i = 0; i < L; ++i) {
+    for (int64_t i = 0; i < std::min<int64_t>(int64_t(t.size()), L + 1); ++i) {
       const std::string& s = t[size_t(i)];
       if (s == "sliding_attention") rates.push_back(0);
       else if (s == "compressed_sparse_attention") rates.push_back(rate_csa), csa[size_t(i)] = true;
@@ -746,7 +748,7 @@ void parse_deepseek_v4(const Fields& f, const json& j, ModelConfig* c) {
   } else if (f.has("compress_ratios")) {
     const std::vector<int64_t> r = f.ints("compress_ratios");
     if (int64_t(r.size()) < L) f.bad("compress_ratios", str("has ", r.size(), " entries for ", L, " layers"));
-    for (int64_t i = 0; i < L; ++i) {
+    for (int64_t i = 0; i < std::min<int64_t>(int64_t(r.size()), L + 1); ++i) {
       const int64_t v = r[size_t(i)];
       if (v != 0 && v != 4 && v != 128) f.bad("compress_ratios", str("entry ", i, " is ", v, " (0, 4 or 128)"));
       rates.push_back(v == 0 ? 0 : v == 4 ? rate_csa : rate_hca);
@@ -812,6 +814,7 @@ void parse_deepseek_v4(const Fields& f, const json& j, ModelConfig* c) {
     for (int64_t i = 0; i < L; ++i) hash[size_t(i)] = i < nh;
   }
   c->mtp_layers = f.i64({"num_nextn_predict_layers"}, 0);
+  if (int64_t(rates.size()) > L) c->mtp_compress_rate = rates[size_t(L)], c->mtp_csa = csa[size_t(L)];
   for (int64_t i = 0; i < L; ++i) {
     LayerSpec& l = c->layers[size_t(i)];
     l.mixer = MixerKind::DSV4;
@@ -1076,6 +1079,8 @@ nlohmann::json ModelConfig::to_json() const {
   j["model_type"] = model_type;
   if (!wrapper_model_type.empty()) j["wrapper"] = {{"model_type", wrapper_model_type}, {"vision_tower", has_vision}};
   if (mtp_layers > 0) j["mtp_layers"] = mtp_layers;
+  if (mtp_layers > 0 && family == Family::DeepseekV4)  // the MTP block's attention
+    j["mtp_attention"] = mtp_compress_rate == 0 ? "sliding" : str(mtp_csa ? "csa " : "hca ", mtp_compress_rate);
   if (gdn_split_proj) j["gdn_split_proj"] = true;
   j["vocab_size"] = vocab_size;
   j["hidden_size"] = hidden_size;

@@ -143,6 +143,10 @@ struct ModelConfig {
   int64_t o_groups = 0, o_lora_rank = 0;  // grouped low-rank output projection
   RopeConfig rope_compress;            // CSA / HCA layers, their compressors and indexer ("compress")
   bool hc_head_weighted = false;       // mHC head: learned weights (hc_head.*) instead of the mean
+  // The MTP block's attention (entry num_hidden_layers of layer_types / compress_ratios, 0 in every
+  // published config: the sliding window alone; sliding when the entry is absent, as vLLM reads it).
+  int64_t mtp_compress_rate = 0;
+  bool mtp_csa = false;
 
   // --- Block AttnRes ---
   int64_t attn_res_block_size = 0;  // 0: standard additive residual

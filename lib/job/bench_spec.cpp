@@ -79,13 +79,14 @@ struct Packed {
 
 // Fresh states (st, and their pointers sp) with the documents forwarded in one packed forward;
 // returns the final hidden states.
-DTensor prefill(const Model& m, const Packed& p, std::vector<Model::State>& st, std::vector<Model::State*>& sp) {
+DTensor prefill(const Model& m, const Packed& p, std::vector<Model::State>& st, std::vector<Model::State*>& sp,
+                DTensor* mtp_in = nullptr) {
   const size_t B = p.cu.size() - 1;
   st.clear(), sp.clear();
   st.reserve(B);
   for (size_t d = 0; d < B; ++d) st.push_back(m.make_state());
   for (auto& s : st) sp.push_back(&s);
-  return m.forward_packed(p.all.data(), p.cu, sp);
+  return m.forward_packed(p.all.data(), p.cu, sp, {}, nullptr, mtp_in);
 }
 
 }  // namespace
@@ -158,7 +159,8 @@ int bench_spec(const BenchSpecOptions& opt) {
             std::vector<Model::State> st;
             std::vector<Model::State*> sp;
             Packed pk(rnd);
-            const DTensor h = prefill(*model, pk, st, sp);
+            DTensor h;  // what the MTP layer reads of the prompt rows
+            prefill(*model, pk, st, sp, &h);
             model->mtp_extend(pk.all.data(), pk.cu, h, sp);
             const std::vector<int64_t>& cu = pk.cu;
             std::vector<int64_t> one{0};

@@ -196,11 +196,11 @@ void spec_decode_batch(const Model& model, const std::vector<int64_t>& docs, con
       cu.push_back(int64_t(toks.size()));
     }
     const int64_t rows = int64_t(toks.size());
-    DTensor h;
+    DTensor h, mtp_in;  // mtp_in: what the MTP layer reads of the verify rows (h, or V4's streams)
     {
       WorkStats::Timer tv(stats, "spec_verify");  // the snapshot, the verify forward, the row choices
       model.spec_begin(sp, p.spec_restore);
-      h = model.forward_packed(toks.data(), cu, sp, tick);
+      h = model.forward_packed(toks.data(), cu, sp, tick, nullptr, mtp ? &mtp_in : nullptr);
       if (greedy) {
         row_ids.resize(size_t(rows));
         model.greedy(h, row_ids.data());
@@ -260,8 +260,8 @@ void spec_decode_batch(const Model& model, const std::vector<int64_t>& docs, con
       }
       if (!ms.empty()) {
         Backend& be = model.backend();
-        DTensor hk = be.act({mcu.back(), h.cols()});
-        for (size_t i = 0; i < runs.size(); ++i) be.copy_rows(h, runs[i].first, hk, mcu[i], runs[i].second);
+        DTensor hk = be.act({mcu.back(), mtp_in.cols()});
+        for (size_t i = 0; i < runs.size(); ++i) be.copy_rows(mtp_in, runs[i].first, hk, mcu[i], runs[i].second);
         model.mtp_extend(mt.data(), mcu, hk, ms);
       }
     }
@@ -371,8 +371,10 @@ DocResult chunked_document(const Model& model, int64_t doc, const std::vector<in
   std::vector<float> last(static_cast<size_t>(V));
   for (int64_t c0 = 0; c0 < L; c0 += C) {
     const int64_t n = std::min(C, L - c0);
-    const DTensor h = model.forward(tokens.data() + c0, n, st, tick, nullptr, stats);
-    if (p.mode == OutputMode::Generate && p.speculative == "mtp") model.mtp_extend(tokens.data() + c0, {0, n}, h, {&st});
+    const bool mtp = p.mode == OutputMode::Generate && p.speculative == "mtp";
+    DTensor mtp_in;
+    const DTensor h = model.forward(tokens.data() + c0, n, st, tick, nullptr, stats, mtp ? &mtp_in : nullptr);
+    if (mtp) model.mtp_extend(tokens.data() + c0, {0, n}, mtp_in, {&st});
     WorkStats::Timer timer(stats, "lm_head");
     switch (p.mode) {
       case OutputMode::Logprobs: {
@@ -427,7 +429,9 @@ DocResult compute_document(const Model& model, int64_t doc, const std::vector<in
   std::vector<int32_t> local(pos.size());
   for (size_t i = 0; i < pos.size(); ++i) local[i] = tokens[size_t(pos[i])];
   CpCtx ctx{&cp, &lay, par.stats};
-  const DTensor hidden = model.forward_cp(local.data(), ctx, st, tick);  // [R, D] on the model's backend
+  const bool mtp = p.mode == OutputMode::Generate && p.speculative == "mtp";
+  DTensor mtp_in;  // what the MTP layer reads of the local rows (hidden, or DeepSeek-V4's streams)
+  const DTensor hidden = model.forward_cp(local.data(), ctx, st, tick, mtp ? &mtp_in : nullptr);  // [R, D]
   const int64_t R = int64_t(pos.size());
   // The rank holding position L-1 shares that row's hidden state (last-logits, generation).
   auto last_hidden = [&]() {
@@ -494,7 +498,7 @@ DocResult compute_document(const Model& model, int64_t doc, const std::vector<in
     case OutputMode::Generate: {
       std::vector<float> last(static_cast<size_t>(V));
       model.logits(last_hidden(), last.data());
-      if (p.speculative == "mtp") mtp_prefill_cp(model, tokens, hidden, pos, cp, st);
+      if (mtp) mtp_prefill_cp(model, tokens, mtp_in, pos, cp, st);
       generate(model, doc, tokens, p, st, last, tick, r, par.stats);
       break;
     }
@@ -546,7 +550,9 @@ std::vector<DocResult> compute_packed(const Model& model, const std::vector<int6
   for (size_t b = 0; b < B; ++b) states.push_back(model.make_state());
   std::vector<Model::State*> sp;
   for (auto& st : states) sp.push_back(&st);
-  const DTensor hidden = model.forward_packed(all.data(), cu, sp, tick, stats);
+  const bool mtp = p.mode == OutputMode::Generate && p.speculative == "mtp";
+  DTensor mtp_in;
+  const DTensor hidden = model.forward_packed(all.data(), cu, sp, tick, stats, mtp ? &mtp_in : nullptr);
   std::vector<DocResult> res(B);
   for (size_t b = 0; b < B; ++b) {
     res[b].doc = docs[b];
@@ -621,7 +627,7 @@ std::vector<DocResult> compute_packed(const Model& model, const std::vector<int6
       std::vector<const std::vector<int32_t>*> prompts;
       std::vector<DocStats*> dst;
       for (size_t b = 0; b < B; ++b) prompts.push_back(&tokens[b]), dst.push_back(&res[b].stats);
-      if (p.speculative == "mtp") model.mtp_extend(all.data(), cu, hidden, sp);  // the prompts' MTP rows
+      if (mtp) model.mtp_extend(all.data(), cu, mtp_in, sp);  // the prompts' MTP rows
       decode_batch(model, docs, sp, lg, p, tick, ids, prompts, dst, stats);  // sp: the states of the prefill
       break;
     }

@@ -63,11 +63,12 @@ struct Dsv4State : MixerState {
 
 // A verify forward's undo record (Dsv4Mixer::spec_begin): the compressors' pending rows and pooled
 // entries do not cut at a row, so undoing is the state before the verify forward (a snapshot)
-// forwarded again over the kept rows (the recorded mixer input).
+// forwarded again over the kept rows (the recorded mixer input). Several forwards between
+// spec_begin and spec_keep (the MTP layer's chained drafts) append their rows.
 struct Dsv4Spec : SpecRecord {
   std::unique_ptr<MixerState> before;
-  DTensor x;  // the verify forward's input rows (a copy)
-  bool noted = false;
+  std::vector<DTensor> xs;  // each forward's input rows (copies)
+  int64_t rows = 0;
 };
 
 // One compressor: rate m, entry width Dc; overlap (CSA): 2m slots per entry.
@@ -223,8 +224,8 @@ class Dsv4Mixer : public Mixer {
   void spec_keep(MixerState& ms, int64_t keep) const override {
     auto& st = static_cast<Dsv4State&>(ms);
     auto* r = dynamic_cast<Dsv4Spec*>(st.spec.get());
-    DZ_CHECK(r && r->noted, "DeepSeek-V4 mixer: spec_keep without spec_begin and a verify forward");
-    const int64_t T = r->x.rows();
+    DZ_CHECK(r && r->rows > 0, "DeepSeek-V4 mixer: spec_keep without spec_begin and a verify forward");
+    const int64_t T = r->rows;
     DZ_CHECK(keep >= 1 && keep <= T && st.pos == r->before->pos + T, "DeepSeek-V4 mixer: keep ", keep,
              " of a verify forward of ", T, " rows");
     std::unique_ptr<SpecRecord> rec = std::move(st.spec);  // (r stays valid: owned by rec)
@@ -233,8 +234,15 @@ class Dsv4Mixer : public Mixer {
       st.pos = b.pos;
       st.raw = b.raw, st.comp = b.comp, st.icomp = b.icomp, st.pend = b.pend, st.ipend = b.ipend;
       st.last_sel = b.last_sel;
-      DTensor out = be_->act({keep, hid_});  // the kept rows' outputs came from the verify forward
-      forward(r->x.slab(0, keep), st, out);
+      DTensor x = be_->act({keep, hid_}), out = be_->act({keep, hid_});  // (outputs: from the verify forward)
+      int64_t at = 0;
+      for (const DTensor& xi : r->xs) {
+        const int64_t n = std::min(xi.rows(), keep - at);
+        if (n <= 0) break;
+        be_->copy_rows(xi, 0, x, at, n);
+        at += n;
+      }
+      forward(x, st, out);
     }
   }
   using Mixer::forward;
@@ -243,10 +251,12 @@ class Dsv4Mixer : public Mixer {
     Backend& be = *be_;
     const int64_t T = x.rows(), pos0 = st.pos;
     if (auto* r = dynamic_cast<Dsv4Spec*>(st.spec.get())) {
-      DZ_CHECK(!r->noted, "DeepSeek-V4 mixer: two forwards over one state between spec_begin and spec_keep");
-      r->x = be.act(x.shape);  // a copy: x is the model's pass buffer, the next layers write it
-      if (T) be.copy_rows(x, 0, r->x, 0, T);
-      r->noted = true;
+      if (T) {
+        DTensor c = be.act(x.shape);  // a copy: x is the model's pass buffer, the next layers write it
+        be.copy_rows(x, 0, c, 0, T);
+        r->xs.push_back(c);
+        r->rows += T;
+      }
     }
     if (T == 0) return;
     DTensor qr = be.act({T, QL_}), q = be.act({T, H_ * D_}), kv = be.act({T, D_});

@@ -244,16 +244,16 @@ Model::State Model::State::clone() const {
 }
 
 DTensor Model::forward(const int32_t* tokens, int64_t T, State& st, const std::function<void()>& tick,
-                       std::vector<Tensor>* layer_hidden, WorkStats* stats) const {
+                       std::vector<Tensor>* layer_hidden, WorkStats* stats, DTensor* mtp_in) const {
   DTensor y = run(
       tokens, T, [&st](size_t i, const Mixer& m, const DTensor& x, const DTensor& out) { m.forward(x, *st.mixers[i], out); },
-      tick, layer_hidden, stats);
+      tick, layer_hidden, stats, mtp_in);
   st.pos += T;
   return y;
 }
 
 DTensor Model::forward_packed(const int32_t* tokens, const std::vector<int64_t>& cu, const std::vector<State*>& states,
-                              const std::function<void()>& tick, WorkStats* stats) const {
+                              const std::function<void()>& tick, WorkStats* stats, DTensor* mtp_in) const {
   const size_t B = states.size();
   DZ_CHECK(B >= 1 && cu.size() == B + 1 && cu[0] == 0, "forward_packed: ", B, " states for ", cu.size(), " offsets");
   for (size_t b = 0; b < B; ++b) DZ_CHECK(cu[b + 1] > cu[b], "forward_packed: document ", b, " has no rows");
@@ -264,18 +264,19 @@ DTensor Model::forward_packed(const int32_t* tokens, const std::vector<int64_t>&
         for (size_t b = 0; b < B; ++b) ms[b] = states[b]->mixers[i].get();
         m.forward_packed(x, cu, ms, out);
       },
-      tick, nullptr, stats);
+      tick, nullptr, stats, mtp_in);
   for (size_t b = 0; b < B; ++b) states[b]->pos += cu[b + 1] - cu[b];
   return y;
 }
 
-DTensor Model::forward_cp(const int32_t* tokens, const CpCtx& ctx, State& st, const std::function<void()>& tick) const {
+DTensor Model::forward_cp(const int32_t* tokens, const CpCtx& ctx, State& st, const std::function<void()>& tick,
+                          DTensor* mtp_in) const {
   DZ_CHECK(st.pos == 0, "forward_cp needs a fresh state (prefill of a whole document)");
   const int64_t R = ctx.lay->local_rows();
   DTensor y = run(
       tokens, R,
       [&](size_t i, const Mixer& m, const DTensor& x, const DTensor& out) { m.forward_cp(x, ctx, *st.mixers[i], out); },
-      tick, nullptr, ctx.stats);
+      tick, nullptr, ctx.stats, mtp_in);
   st.pos = ctx.lay->length;
   return y;
 }
@@ -378,10 +379,11 @@ DTensor Model::finish(Pass& p) const {
 }
 
 DTensor Model::run(const int32_t* tokens, int64_t T, const MixFn& mix, const std::function<void()>& tick,
-                   std::vector<Tensor>* layer_hidden, WorkStats* stats) const {
+                   std::vector<Tensor>* layer_hidden, WorkStats* stats, DTensor* mtp_in) const {
   Backend& be = *be_;
   Pass p = make_pass(T);
-  p.keep_streams = layer_hidden != nullptr;
+  const bool mtp_streams = mtp_in && mtp_ && mtp_->streams_in;
+  p.keep_streams = layer_hidden != nullptr || mtp_streams;
   embed_into(tokens, p);
   auto snapshot = [&](const DTensor& t) {
     Tensor c({T, t.cols()});
@@ -399,7 +401,16 @@ DTensor Model::run(const int32_t* tokens, int64_t T, const MixFn& mix, const std
     if (layer_hidden) snapshot(hc_ ? p.streams : p.h);  // mHC: the streams [T, N·D]
     if (tick) tick();
   }
-  return finish(p);
+  DTensor y = finish(p);
+  if (mtp_in) {
+    if (mtp_streams) {
+      *mtp_in = be.act(p.streams.shape);
+      be.convert(p.streams, *mtp_in);
+    } else {
+      *mtp_in = y;
+    }
+  }
+  return y;
 }
 
 void Model::spec_begin(const std::vector<State*>& states, SpecRestore how) const {

@@ -44,7 +44,7 @@ class Model {
     std::vector<std::unique_ptr<MixerState>> mixers;  // per layer
     int64_t pos = 0;                                  // tokens consumed
     // The MTP layer's (models loaded with it): its state, one position behind the model's (its row
-    // i needs token i + 1), and the model's hidden state [1, D] at the row that waits for that token.
+    // i needs token i + 1), and what it reads of the row that waits for that token (mtp_in: [1, D] or [1, N·D]).
     std::unique_ptr<MixerState> mtp;
     DTensor mtp_pending;
     State clone() const;
@@ -58,19 +58,24 @@ class Model {
   // output_hidden_states before the final norm).
   // stats (optional): each sub-layer's time under "mixer_<kind>" / "ffn_<kind>" (GPU time when
   // stats->device is set).
+  // mtp_in (optional): what the MTP layer reads of these rows (mtp_extend's `hidden`): the returned
+  // states, or DeepSeek-V4's streams before its head [T, N·D] (act dtype).
   DTensor forward(const int32_t* tokens, int64_t T, State& st, const std::function<void()>& tick = {},
-                  std::vector<Tensor>* layer_hidden = nullptr, WorkStats* stats = nullptr) const;
+                  std::vector<Tensor>* layer_hidden = nullptr, WorkStats* stats = nullptr,
+                  DTensor* mtp_in = nullptr) const;
   // Context-parallel prefill of a whole document (st fresh): tokens [R] are this rank's rows in
   // ctx.lay order; returns their final hidden states [R, D]. Every CP rank ends with the state
   // of the whole document (decode continues with forward()).
-  DTensor forward_cp(const int32_t* tokens, const CpCtx& ctx, State& st, const std::function<void()>& tick = {}) const;
+  DTensor forward_cp(const int32_t* tokens, const CpCtx& ctx, State& st, const std::function<void()>& tick = {},
+                     DTensor* mtp_in = nullptr) const;
   // B documents in one forward (varlen): tokens [cu[B]] concatenated, cu [B + 1] their row offsets,
   // *states[b] each document's state (fresh for a packed prefill; after its prompt for a batched
   // decode step of one token each). Embedding, norms, FFN / MoE, AttnRes and the LM head's rows see
   // all cu[B] rows at once; each token mixer runs per document on its rows, so every document equals
   // its own forward(). Returns the final hidden states [cu[B], D].
   DTensor forward_packed(const int32_t* tokens, const std::vector<int64_t>& cu, const std::vector<State*>& states,
-                         const std::function<void()>& tick = {}, WorkStats* stats = nullptr) const;
+                         const std::function<void()>& tick = {}, WorkStats* stats = nullptr,
+                         DTensor* mtp_in = nullptr) const;
   // Speculative decoding (DESIGN §11): the next forward_packed over these states is a verify
   // forward; spec_keep then keeps keep[b] of document b's verify rows (1 .. its row count) in every
   // layer and undoes the rest, as if only those rows had been forwarded.
@@ -81,7 +86,8 @@ class Model {
   void logits(const float* hidden, int64_t rows, float* out) const;
 
   // MTP drafts (DESIGN §11, model/mtp.hpp). mtp_extend: the model has just consumed tokens
-  // [cu[B]] (packed over documents) with final hidden states `hidden` [cu[B], D]; the MTP layer of
+  // [cu[B]] (packed over documents) and `hidden` is what its forward gave as mtp_in (the final
+  // hidden states [cu[B], D]; DeepSeek-V4: the streams [cu[B], N·D]); the MTP layer of
   // each document forwards every row whose next token is now known (the pending row with tokens[0],
   // each row but the last with the token after it) and keeps the last row pending. out (optional):
   // the rows' normed outputs [rows, D], documents in order.
@@ -104,7 +110,7 @@ class Model {
   // The layer stack shared by forward and forward_cp; `mix` runs one layer's token mixer.
   using MixFn = std::function<void(size_t layer, const Mixer&, const DTensor& x, const DTensor& out)>;
   DTensor run(const int32_t* tokens, int64_t T, const MixFn& mix, const std::function<void()>& tick,
-              std::vector<Tensor>* layer_hidden, WorkStats* stats) const;
+              std::vector<Tensor>* layer_hidden, WorkStats* stats, DTensor* mtp_in = nullptr) const;
   // The buffers of one pass over T rows: residual stream h [T, D] F32, the sub-layers' normed
   // input and output [T, D] act, the AttnRes sub-layer input [T, D] F32 and depth stream.
   struct Pass {

@@ -48,8 +48,8 @@ class Mixer {
   // a verify forward of T rows; the mixer notes what it needs to undo it (a mixer that cannot
   // throws, naming itself). spec_keep: after that forward, keep its first `keep` rows (1 <= keep
   // <= T) and undo the others, as if only the kept rows had been forwarded; st.pos ends at the
-  // position before the verify forward plus keep. The default (attention caches) also takes
-  // several forwards between the two, T rows in all: Model::mtp_draft's chained MTP rows.
+  // position before the verify forward plus keep. The default (attention caches) and DeepSeek-V4's
+  // also take several forwards between the two, T rows in all: Model::mtp_draft's chained MTP rows.
   virtual void spec_begin(MixerState& st, SpecRestore how) const;
   virtual void spec_keep(MixerState& st, int64_t keep) const;
 

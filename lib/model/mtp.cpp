@@ -7,9 +7,53 @@
 namespace dz {
 
 bool mtp_supported(const ModelConfig& cfg) {
+  if (cfg.family == Family::DeepseekV4) return cfg.hc_mult > 0 && cfg.hc_head_weighted;
   return (cfg.family == Family::DeepseekV32 || cfg.family == Family::Qwen3Next) && cfg.hc_mult == 0 &&
          cfg.attn_res_block_size == 0;
 }
+
+namespace {
+
+// DeepSeek-V4's MTP layer (mtp.0.*, DeepSeek's own names as its main layers').
+void build_v4(MtpLayer& m, const ModelConfig& cfg, Checkpoint& ck, const TpShard& tp, Backend& be) {
+  const int64_t D = cfg.hidden_size, V = cfg.vocab_size, N = cfg.hc_mult, Cn = (2 + N) * N;
+  const ModelConfig& c = m.cfg;
+  const std::string p = "mtp.0.";
+  auto param = [&](const Tensor& t) { return t.empty() ? DTensor{} : be.param(t); };
+  auto weight = [&](const Tensor& t) { return t.empty() ? DTensor{} : be.weight(t); };
+  m.mask_first = true;  // vLLM's deepseek_v4_mtp as its deepseek_mtp
+  m.streams_in = true;
+  m.hp.N = N, m.hp.iters = int(cfg.hc_sinkhorn_iters), m.hp.eps_norm = cfg.rms_norm_eps, m.hp.eps_hc = cfg.hc_eps;
+  m.enorm = param(ck.get(p + "enorm.weight", {D}, Init::ones()));
+  m.hnorm = param(ck.get(p + "hnorm.weight", {D}, Init::ones()));
+  m.e_proj = weight(ck.get(p + "e_proj.weight", {D, D}, Init::normal(0.02f)));
+  m.h_proj = weight(ck.get(p + "h_proj.weight", {D, D}, Init::normal(0.02f)));
+  m.norm = param(ck.get(p + "norm.weight", {D}, Init::ones()));
+  m.attn_norm = param(ck.get(p + "attn_norm.weight", {D}, Init::ones()));
+  m.ffn_norm = param(ck.get(p + "ffn_norm.weight", {D}, Init::ones()));
+  for (int w = 0; w < 2; ++w) {
+    const HcTensors t = get_hc_tensors(c, ck, p, w);
+    m.hc_fn[w] = param(t.fn), m.hc_base[w] = param(t.base), m.hc_scale[w] = param(t.scale);
+  }
+  const Tensor fn = ck.get(p + "hc_head_fn", {N, N * D}, Init::normal(0.02f));
+  const Tensor base = ck.get(p + "hc_head_base", {N}, Init::zeros());
+  const Tensor scale = ck.get(p + "hc_head_scale", {1}, Init::ones());
+  if (!fn.empty()) {  // zero-padded to hc_pre's layout, as Model's head
+    Tensor f({Cn, N * D}), b({Cn}), sc({3});
+    std::copy_n(fn.ptr(), N * N * D, f.ptr());
+    std::copy_n(base.ptr(), N, b.ptr());
+    sc.ptr()[0] = scale.ptr()[0], sc.ptr()[1] = sc.ptr()[2] = 1.f;
+    m.head_fn = be.param(f), m.head_base = be.param(b), m.head_scale = be.param(sc);
+  }
+  m.mixer = make_dsv4_mixer(c, m.layer, ck, p, tp, be);
+  m.ffn = make_moe_ffn(c, m.layer, ck, p, tp, be);
+  if (ck.keeps_full()) {  // the copies of the embedding and the head: written by make-model, never read
+    ck.get(p + "emb.tok_emb.weight", {V, D}, Init::normal(1.0f));
+    ck.get(p + "head.weight", {V, D}, Init::normal(0.02f));
+  }
+}
+
+}  // namespace
 
 std::unique_ptr<MtpLayer> make_mtp_layer(const ModelConfig& cfg, Checkpoint& ck, const TpShard& tp, Backend& be) {
   DZ_CHECK(cfg.mtp_layers > 0, "--speculative mtp: ", cfg.model_type,
@@ -17,8 +61,8 @@ std::unique_ptr<MtpLayer> make_mtp_layer(const ModelConfig& cfg, Checkpoint& ck,
            "use --speculative ngram");
   const bool deepseek = cfg.family == Family::DeepseekV32, qwen = cfg.family == Family::Qwen3Next;
   DZ_CHECK(mtp_supported(cfg), "--speculative mtp: ",
-           cfg.model_type, ": drafts from its MTP layer are not built (DeepSeek-V3.2 / GLM-5 and Qwen3-Next / "
-           "Qwen3.5 are); use --speculative ngram");
+           cfg.model_type, ": drafts from its MTP layer are not built (DeepSeek-V3.2 / GLM-5, Qwen3-Next / "
+           "Qwen3.5 and DeepSeek-V4 are); use --speculative ngram");
   DZ_CHECK(!cfg.layers.empty(), "MTP: a model without layers");
   auto m = std::make_unique<MtpLayer>();
   m->cfg = cfg;
@@ -27,6 +71,15 @@ std::unique_ptr<MtpLayer> make_mtp_layer(const ModelConfig& cfg, Checkpoint& ck,
   m->mask_first = deepseek;
   LayerSpec ls;
   ls.ffn = cfg.layers.back().ffn;  // the last layer's kind (MoE in every published MTP layer)
+  if (cfg.family == Family::DeepseekV4) {
+    ls.mixer = MixerKind::DSV4;
+    ls.compress_rate = cfg.mtp_compress_rate;
+    ls.has_indexer = cfg.mtp_csa;
+    ls.ffn = FfnKind::MoE;  // past the hash-routed layers
+    m->cfg.layers.push_back(ls);
+    build_v4(*m, cfg, ck, tp, be);
+    return m;
+  }
   if (deepseek) {
     ls.mixer = MixerKind::MLA;
     for (const LayerSpec& l : cfg.layers) ls.has_indexer |= l.has_indexer;  // its own indexer, never shared
@@ -67,13 +120,14 @@ MtpLayer::Out MtpLayer::forward(Backend& be, const DTensor& embed, const int32_t
   const int64_t R = cu.back(), D = cfg.hidden_size;
   const float eps = cfg.rms_norm_eps;
   const bool zc = cfg.norm_zero_centered;
-  DZ_CHECK(hidden.rows() == R && hidden.cols() == D, "MTP: ", hidden.rows(), " hidden rows for ", R, " tokens");
+  const int64_t W = width();
+  DZ_CHECK(hidden.rows() == R && hidden.cols() == W, "MTP: hidden ", shape_str(hidden.shape), " for ", R,
+           " tokens of width ", W);
   for (int64_t r = 0; r < R; ++r)
     DZ_CHECK(next_tokens[r] >= 0 && next_tokens[r] < cfg.vocab_size, "MTP: token id ", next_tokens[r],
              " outside the vocabulary of ", cfg.vocab_size);
   DTensor h = be.alloc({R, D}, DType::F32);  // the block's residual stream
   be.embed(embed, be.upload_i32(next_tokens, {R}), h);
-  DTensor cat = be.act({R, 2 * D});  // [enorm(emb) | hnorm(hidden)]
   DTensor a = be.act({R, D}), b = be.act({R, D});
   be.rmsnorm(h, enorm, a, eps, zc);
   if (mask_first) {
@@ -84,6 +138,8 @@ MtpLayer::Out MtpLayer::forward(Backend& be, const DTensor& embed, const int32_t
         be.copy_rows(zero, 0, a, cu[d], 1);  // enorm(0) = 0
       }
   }
+  if (streams_in) return forward_streams(be, a, next_tokens, hidden, cu, st);
+  DTensor cat = be.act({R, 2 * D});  // [enorm(emb) | hnorm(hidden)]
   be.rmsnorm(hidden, hnorm, b, eps, zc);
   be.copy_cols(a, 0, cat, 0, D);
   be.copy_cols(b, 0, cat, D, D);
@@ -107,6 +163,40 @@ MtpLayer::Out MtpLayer::forward(Backend& be, const DTensor& embed, const int32_t
   return o;
 }
 
+MtpLayer::Out MtpLayer::forward_streams(Backend& be, const DTensor& emb, const int32_t* next_tokens,
+                                        const DTensor& hidden, const std::vector<int64_t>& cu,
+                                        const std::vector<MixerState*>& st) const {
+  const int64_t R = cu.back(), D = cfg.hidden_size, N = hp.N;
+  const float eps = cfg.rms_norm_eps;
+  DTensor e = be.act({R, D}), ef = be.alloc({R, D}, DType::F32);
+  be.linear(emb, e_proj, DTensor{}, e);
+  be.convert(e, ef);
+  DTensor hn = be.act({R * N, D}), hs = be.act({R * N, D});  // each stream normed, projected
+  be.rmsnorm(hidden.reshaped({R * N, D}), hnorm, hn, eps, false);
+  be.linear(hn, h_proj, DTensor{}, hs);
+  DTensor x = be.alloc({R, N * D}, DType::F32);  // the block's streams
+  be.hc_expand(ef, N, x);
+  be.add(x, hs.reshaped({R, N * D}));
+  DTensor coeff = be.alloc({R, (2 + N) * N}, DType::F32), in = be.alloc({R, D}, DType::F32);
+  DTensor a = be.act({R, D}), b = be.act({R, D});
+  for (int w = 0; w < 2; ++w) {
+    be.hc_pre(x, hc_fn[w], hc_base[w], hc_scale[w], hp, coeff, in);
+    be.rmsnorm(in, w == 0 ? attn_norm : ffn_norm, a, eps, false);
+    if (w == 0)
+      mixer->forward_packed(a, cu, st, b);
+    else
+      ffn->forward_tokens(a, next_tokens, b);
+    be.hc_post(x, coeff, b, N);
+  }
+  be.hc_pre(x, head_fn, head_base, head_scale, hp, coeff, in);  // the weighted head
+  Out o;
+  o.normed = be.act({R, D});
+  be.rmsnorm(in, norm, o.normed, eps, false);
+  o.carry = be.act({R, N * D});
+  be.convert(x, o.carry);
+  return o;
+}
+
 }  // namespace dz
 
 // ---- the model's side: the MTP layer one position behind, and the drafts ----
@@ -117,9 +207,9 @@ void Model::mtp_extend(const int32_t* tokens, const std::vector<int64_t>& cu, co
   DZ_CHECK(mtp_, "mtp_extend: the model was loaded without its MTP layer");
   Backend& be = *be_;
   const size_t B = states.size();
-  const int64_t D = cfg_.hidden_size;
+  const int64_t D = mtp_->width();  // of a row of hidden
   DZ_CHECK(cu.size() == B + 1 && cu[0] == 0 && hidden.rows() == cu[B] && hidden.cols() == D, "mtp_extend: ", B,
-           " states, ", cu.size(), " offsets, hidden ", shape_str(hidden.shape));
+           " states, ", cu.size(), " offsets, hidden ", shape_str(hidden.shape), " (rows of width ", D, ")");
   int64_t total = 0;
   for (size_t b = 0; b < B; ++b) {
     DZ_CHECK(cu[b + 1] > cu[b], "mtp_extend: document ", b, " has no rows");
@@ -160,7 +250,7 @@ std::vector<std::vector<int32_t>> Model::mtp_draft(const std::vector<int32_t>& c
   DZ_CHECK(mtp_, "mtp_draft: the model was loaded without its MTP layer");
   Backend& be = *be_;
   const size_t B = states.size();
-  const int64_t D = cfg_.hidden_size, V = cfg_.vocab_size;
+  const int64_t D = mtp_->width(), V = cfg_.vocab_size;
   DZ_CHECK(cur.size() == B && k.size() == B, "mtp_draft: ", B, " states, ", cur.size(), " tokens, ", k.size(), " counts");
   std::vector<std::vector<int32_t>> drafts(B);
   std::vector<size_t> docs;  // the documents of this forward, in order

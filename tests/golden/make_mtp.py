@@ -27,11 +27,44 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import numpy_ref  # noqa: E402
 
-FAMILIES = ["deepseek_v32", "glm_moe_dsa", "qwen3_next", "qwen3_5_moe_text"]
+FAMILIES = ["deepseek_v32", "glm_moe_dsa", "qwen3_next", "qwen3_5_moe_text", "deepseek_v4"]
 PICK = [1, 2, 3, 6]  # golden documents of 2, 7, 33 and 70 tokens (past index_topk 8)
 
 
+def perturbed(v, rng, norm):
+    if norm:
+        return v + 0.1 * rng.standard_normal(v.shape)  # (zero-centred or not: around the model's)
+    sd = float(v.std()) or 0.01
+    return v + 0.5 * sd * rng.standard_normal(v.shape)
+
+
+def v4_mtp_tensors(cfg, P, rng):
+    """DeepSeek-V4: a sliding-window block (the published MTP layer's kind) from layer 0's attention
+    and layer 1's routed FFN (layer 0 routes by hash), DeepSeek's own names under mtp.0."""
+    D, N = cfg["hidden_size"], cfg["hc_mult"]
+    assert cfg["layer_types"][0] == "sliding_attention" and cfg["mlp_layer_types"][1] == "moe"
+    out = {}
+    for src, parts in (("model.layers.0.", ("attn.", "attn_norm.", "hc_attn_")), ("model.layers.1.", ("ffn.", "ffn_norm.", "hc_ffn_"))):
+        for k, v in P.items():
+            if k.startswith(src) and k[len(src):].startswith(parts):
+                out["mtp.0." + k[len(src):]] = perturbed(v, rng, k.endswith("norm.weight"))
+    sd = float(P["model.layers.0.attn.wo_b.weight"].std())
+    for n in ("enorm", "hnorm", "norm"):
+        out[f"mtp.0.{n}.weight"] = 1.0 + 0.1 * rng.standard_normal(D)
+    out["mtp.0.e_proj.weight"] = sd * rng.standard_normal((D, D))
+    out["mtp.0.h_proj.weight"] = sd * rng.standard_normal((D, D))
+    out["mtp.0.hc_head_fn"] = perturbed(P["model.hc_head.hc_fn"], rng, False)
+    out["mtp.0.hc_head_base"] = perturbed(P["model.hc_head.hc_base"], rng, False)
+    out["mtp.0.hc_head_scale"] = perturbed(P["model.hc_head.hc_scale"], rng, False)
+    out["mtp.0.emb.tok_emb.weight"] = P["model.embed_tokens.weight"].copy()
+    out["mtp.0.head.weight"] = P["head.weight"].copy()
+    assert out["mtp.0.hc_head_fn"].shape == (N, N * D)
+    return {k: v.astype(np.float32) for k, v in out.items()}
+
+
 def mtp_tensors(cfg, P, rng):
+    if cfg["model_type"] == "deepseek_v4":
+        return v4_mtp_tensors(cfg, P, rng)
     D = cfg["hidden_size"]
     L = cfg["num_hidden_layers"]
     qwen = cfg["model_type"].startswith("qwen")
@@ -72,6 +105,9 @@ def mtp_tensors(cfg, P, rng):
 
 def mtp_logits(cfg, P, tok, jitter=0.0):
     x, _, _ = numpy_ref.FORWARD[cfg["model_type"]](cfg, P, tok)
+    if cfg["model_type"] == "deepseek_v4":  # the streams before the head
+        x = x + jitter * np.random.default_rng(5).standard_normal(x.shape)
+        return numpy_ref.deepseek_v4_mtp(cfg, P, tok, x)
     centred = cfg["model_type"] in numpy_ref.CENTRED
     xn = numpy_ref.rms(x, P["model.norm.weight"], cfg["rms_norm_eps"], centred)
     xn = xn + jitter * np.random.default_rng(5).standard_normal(xn.shape)

@@ -499,82 +499,109 @@ def routed_sum(h, P, pre, idx, w, names, lim, y):
     return y
 
 
-def deepseek_v4_forward(cfg, P, tok):
-    T = len(tok)
+def deepseek_v4_layer(cfg, P, p, lt, mlp_type, X, tok, pos):
+    """One DeepSeek-V4 block under prefix p (attention kind lt, FFN kind mlp_type) on the streams
+    X [T, N, D] at positions pos; returns the new streams and the CSA indexer's sets (None else)."""
+    T = X.shape[0]
     N, D, H, eps = cfg["hc_mult"], cfg["head_dim"], cfg["num_attention_heads"], cfg["rms_norm_eps"]
     W, G, rk = cfg["sliding_window"], cfg["o_groups"], cfg["o_lora_rank"]
     Hi, Di, K = cfg["index_n_heads"], cfg["index_head_dim"], cfg["index_topk"]
     rates = cfg["compress_rates"]
     lim, E, k = cfg["swiglu_limit"], cfg["n_routed_experts"], cfg["num_experts_per_tok"]
+    a = p + "attn."
+    kind = "main" if lt == "sliding_attention" else "compress"
+    cos, sin = v4_rope(cfg, kind, pos)
+    post, comb, xc = hc_pre(X, P[p + "hc_attn_fn"], P[p + "hc_attn_base"], P[p + "hc_attn_scale"], cfg)
+    h = rms(xc, P[p + "attn_norm.weight"], eps)
+    qr = rms(h @ P[a + "wq_a.weight"].T, P[a + "q_norm.weight"], eps)
+    q = unweighted_rms((qr @ P[a + "wq_b.weight"].T).reshape(T, H, D), eps)
+    q = rope_tail(q, cos, sin)
+    kv = rope_tail(rms(h @ P[a + "wkv.weight"].T, P[a + "norm.weight"], eps), cos, sin)  # [T, D]
+    # visible[t, j]: raw rows j in the window (t - W, t]; compressed entries appended after them
+    vis_raw = (pos[None, :] <= pos[:, None]) & (pos[None, :] > pos[:, None] - W)
+    comp, vis_c, sel = np.zeros((0, D)), np.zeros((T, 0), bool), None
+    cos_c = lambda ps: v4_rope(cfg, "compress", ps)  # noqa: E731
+    if lt == "heavily_compressed_attention":
+        m = rates[lt]
+        comp = v4_compress(h, P, a + "compressor.", m, D, False, cos_c, eps)
+        vis_c = np.arange(len(comp))[None, :] < ((pos + 1) // m)[:, None]
+    elif lt == "compressed_sparse_attention":
+        m = rates[lt]
+        comp = v4_compress(h, P, a + "compressor.", m, D, True, cos_c, eps)
+        ik = v4_compress(h, P, a + "indexer.compressor.", m, Di, True, cos_c, eps)  # [NC, Di]
+        iq = rope_tail((qr @ P[a + "indexer.wq_b.weight"].T).reshape(T, Hi, Di), cos, sin)
+        wts = (h @ P[a + "indexer.weights_proj.weight"].T) * Hi ** -0.5
+        sc = np.einsum("th,ths->ts", wts, np.maximum(np.einsum("thd,sd->ths", iq, ik), 0) * Di ** -0.5)
+        NC = len(comp)
+        causal_c = np.arange(NC)[None, :] < ((pos + 1) // m)[:, None]
+        vis_c = np.zeros((T, NC), bool)
+        sel = np.full((T, K), -1, np.int32)
+        for t in range(T):
+            cand = np.nonzero(causal_c[t])[0]
+            best = np.sort(cand[np.argsort(-sc[t, cand], kind="stable")[:K]])
+            vis_c[t, best] = True
+            sel[t, :len(best)] = best
+    keys = np.concatenate([kv, comp], 0)
+    vis = np.concatenate([vis_raw, vis_c], 1)
+    s = np.einsum("thd,sd->hts", q, keys) * D ** -0.5
+    s = np.where(vis[None], s, -np.inf)
+    sink = P[a + "attn_sink"][:, None, None]
+    mx = np.maximum(s.max(-1, keepdims=True), sink)
+    e = np.exp(s - mx)
+    pr = e / (e.sum(-1, keepdims=True) + np.exp(sink - mx))
+    o = rope_tail(np.einsum("hts,sd->thd", pr, keys), cos, -sin)  # undo the values' rotation
+    og = o.reshape(T, G, H * D // G)
+    wa = P[a + "wo_a.weight"].reshape(G, rk, H * D // G)
+    y = np.einsum("tgi,gri->tgr", og, wa).reshape(T, G * rk) @ P[a + "wo_b.weight"].T
+    X = hc_post(X, y, post, comb)
+    post, comb, xc = hc_pre(X, P[p + "hc_ffn_fn"], P[p + "hc_ffn_base"], P[p + "hc_ffn_scale"], cfg)
+    h = rms(xc, P[p + "ffn_norm.weight"], eps)
+    f = p + "ffn."
+    sc = np.sqrt(softplus(h @ P[f + "gate.weight"].T))  # sqrtsoftplus
+    if mlp_type == "hash_moe":
+        idx = P[f + "gate.tid2eid"][tok].astype(np.int64)
+    else:
+        idx = np.argsort(-(sc + P[f + "gate.bias"]), -1, kind="stable")[:, :k]
+    wsel = np.take_along_axis(sc, idx, -1)
+    wsel = wsel / (wsel.sum(-1, keepdims=True) + 1e-20) * cfg["routed_scaling_factor"]
+    y = expert(h, P[f + "shared_experts.w1.weight"], P[f + "shared_experts.w3.weight"],
+                  P[f + "shared_experts.w2.weight"], lim)
+    routed_sum(h, P, f, idx, wsel, ("w1.weight", "w3.weight", "w2.weight"), lim, y)
+    X = hc_post(X, y, post, comb)
+    return X, sel
+
+
+def deepseek_v4_forward(cfg, P, tok):
+    T = len(tok)
+    N = cfg["hc_mult"]
     pos = np.arange(T)
     X = np.repeat(P["model.embed_tokens.weight"][tok][:, None, :], N, 1)  # [T, N, hidden]
     hs, sels = [X.reshape(T, -1)], []
-    for i, lt in enumerate(cfg["layer_types"]):
-        p = f"model.layers.{i}."
-        a = p + "attn."
-        kind = "main" if lt == "sliding_attention" else "compress"
-        cos, sin = v4_rope(cfg, kind, pos)
-        post, comb, xc = hc_pre(X, P[p + "hc_attn_fn"], P[p + "hc_attn_base"], P[p + "hc_attn_scale"], cfg)
-        h = rms(xc, P[p + "attn_norm.weight"], eps)
-        qr = rms(h @ P[a + "wq_a.weight"].T, P[a + "q_norm.weight"], eps)
-        q = unweighted_rms((qr @ P[a + "wq_b.weight"].T).reshape(T, H, D), eps)
-        q = rope_tail(q, cos, sin)
-        kv = rope_tail(rms(h @ P[a + "wkv.weight"].T, P[a + "norm.weight"], eps), cos, sin)  # [T, D]
-        # visible[t, j]: raw rows j in the window (t - W, t]; compressed entries appended after them
-        vis_raw = (pos[None, :] <= pos[:, None]) & (pos[None, :] > pos[:, None] - W)
-        comp, vis_c, sel = np.zeros((0, D)), np.zeros((T, 0), bool), None
-        cos_c = lambda ps: v4_rope(cfg, "compress", ps)  # noqa: E731
-        if lt == "heavily_compressed_attention":
-            m = rates[lt]
-            comp = v4_compress(h, P, a + "compressor.", m, D, False, cos_c, eps)
-            vis_c = np.arange(len(comp))[None, :] < ((pos + 1) // m)[:, None]
-        elif lt == "compressed_sparse_attention":
-            m = rates[lt]
-            comp = v4_compress(h, P, a + "compressor.", m, D, True, cos_c, eps)
-            ik = v4_compress(h, P, a + "indexer.compressor.", m, Di, True, cos_c, eps)  # [NC, Di]
-            iq = rope_tail((qr @ P[a + "indexer.wq_b.weight"].T).reshape(T, Hi, Di), cos, sin)
-            wts = (h @ P[a + "indexer.weights_proj.weight"].T) * Hi ** -0.5
-            sc = np.einsum("th,ths->ts", wts, np.maximum(np.einsum("thd,sd->ths", iq, ik), 0) * Di ** -0.5)
-            NC = len(comp)
-            causal_c = np.arange(NC)[None, :] < ((pos + 1) // m)[:, None]
-            vis_c = np.zeros((T, NC), bool)
-            sel = np.full((T, K), -1, np.int32)
-            for t in range(T):
-                cand = np.nonzero(causal_c[t])[0]
-                best = np.sort(cand[np.argsort(-sc[t, cand], kind="stable")[:K]])
-                vis_c[t, best] = True
-                sel[t, :len(best)] = best
+    for i, lt in enumerate(cfg["layer_types"][:cfg["num_hidden_layers"]]):  # (an entry past them: MTP)
+        X, sel = deepseek_v4_layer(cfg, P, f"model.layers.{i}.", lt, cfg["mlp_layer_types"][i], X, tok, pos)
         sels.append(sel)
-        keys = np.concatenate([kv, comp], 0)
-        vis = np.concatenate([vis_raw, vis_c], 1)
-        s = np.einsum("thd,sd->hts", q, keys) * D ** -0.5
-        s = np.where(vis[None], s, -np.inf)
-        sink = P[a + "attn_sink"][:, None, None]
-        mx = np.maximum(s.max(-1, keepdims=True), sink)
-        e = np.exp(s - mx)
-        pr = e / (e.sum(-1, keepdims=True) + np.exp(sink - mx))
-        o = rope_tail(np.einsum("hts,sd->thd", pr, keys), cos, -sin)  # undo the values' rotation
-        og = o.reshape(T, G, H * D // G)
-        wa = P[a + "wo_a.weight"].reshape(G, rk, H * D // G)
-        y = np.einsum("tgi,gri->tgr", og, wa).reshape(T, G * rk) @ P[a + "wo_b.weight"].T
-        X = hc_post(X, y, post, comb)
-        post, comb, xc = hc_pre(X, P[p + "hc_ffn_fn"], P[p + "hc_ffn_base"], P[p + "hc_ffn_scale"], cfg)
-        h = rms(xc, P[p + "ffn_norm.weight"], eps)
-        f = p + "ffn."
-        sc = np.sqrt(softplus(h @ P[f + "gate.weight"].T))  # sqrtsoftplus
-        if cfg["mlp_layer_types"][i] == "hash_moe":
-            idx = P[f + "gate.tid2eid"][tok].astype(np.int64)
-        else:
-            idx = np.argsort(-(sc + P[f + "gate.bias"]), -1, kind="stable")[:, :k]
-        wsel = np.take_along_axis(sc, idx, -1)
-        wsel = wsel / (wsel.sum(-1, keepdims=True) + 1e-20) * cfg["routed_scaling_factor"]
-        y = expert(h, P[f + "shared_experts.w1.weight"], P[f + "shared_experts.w3.weight"],
-                      P[f + "shared_experts.w2.weight"], lim)
-        routed_sum(h, P, f, idx, wsel, ("w1.weight", "w3.weight", "w2.weight"), lim, y)
-        X = hc_post(X, y, post, comb)
         hs.append(X.reshape(T, -1))
     hs.pop()  # the last layer's output is compared as last_layer_prenorm
     return X, hs, sels
+
+
+def deepseek_v4_mtp(cfg, P, tok, X):
+    """DeepSeek-V4 MTP logits [T-1, V] from the model's streams X [T, N, D] before its head (vLLM's
+    deepseek_v4_mtp): e_proj(enorm(embedding of token i+1)), zero at position 0, added to every
+    stream of h_proj(hnorm(X_i)); the block mtp.0. (attention kind: layer_types entry
+    num_hidden_layers, sliding when absent); its weighted head hc_head_*, norm, the model's head."""
+    p, eps, L = "mtp.0.", cfg["rms_norm_eps"], cfg["num_hidden_layers"]
+    lts = cfg["layer_types"]
+    lt = lts[L] if len(lts) > L else "sliding_attention"
+    T = len(tok) - 1
+    e = P["model.embed_tokens.weight"][tok[1:]].copy()
+    e[0] = 0.0
+    E = rms(e, P[p + "enorm.weight"], eps) @ P[p + "e_proj.weight"].T
+    Y = rms(X[:-1], P[p + "hnorm.weight"], eps) @ P[p + "h_proj.weight"].T + E[:, None, :]
+    Y, _ = deepseek_v4_layer(cfg, P, p, lt, "moe", Y, tok[1:], np.arange(T))
+    mix = unweighted_rms(Y.reshape(T, -1), eps) @ P[p + "hc_head_fn"].T
+    pre = sigmoid(mix * P[p + "hc_head_scale"][0] + P[p + "hc_head_base"]) + cfg["hc_eps"]
+    return rms((pre[..., None] * Y).sum(1), P[p + "norm.weight"], eps) @ P["head.weight"].T
 
 
 def deepseek_v4_head(cfg, P, X):

@@ -359,7 +359,7 @@ TEST_CASE("e2e gpu: speculative undo on cuda equals forwarding only the kept row
   }
 }
 
-// MTP drafts on cuda (model/mtp.hpp): the four golden models with their MTP fixtures
+// MTP drafts on cuda (model/mtp.hpp): the five golden models with their MTP fixtures
 // (tests/golden/mtp/), each document prefilled and the MTP layer run over every row. The MTP
 // log-probs of the token two ahead against the CPU backend's: within 1.5x the family's measured
 // bf16 drift (tests/golden/bf16_drift.json, the same rule as the golden models: the MTP layer is one
@@ -368,7 +368,7 @@ TEST_CASE("e2e gpu: speculative undo on cuda equals forwarding only the kept row
 // argmax of the logits mtp_draft returns, and the MTP state stays one position behind.
 TEST_CASE("e2e gpu: MTP drafts on cuda against the cpu backend", "[gpu]") {
   auto gpu = dz::make_cuda_backend(0);
-  for (const std::string fam : {"deepseek_v32", "glm_moe_dsa", "qwen3_next", "qwen3_5_moe_text"}) {
+  for (const std::string fam : {"deepseek_v32", "glm_moe_dsa", "qwen3_next", "qwen3_5_moe_text", "deepseek_v4"}) {
     INFO(fam);
     const std::string dir = dzt::golden_with_mtp(fam, DZ_BINARY_DIR);
     auto cpu = dz::Model::load(dir, dz::TpShard{}, false, false, dz::cpu_backend(), false, true);
@@ -378,8 +378,8 @@ TEST_CASE("e2e gpu: MTP drafts on cuda against the cpu backend", "[gpu]") {
     const auto tok = golden_tokens(std::string(DZ_SOURCE_DIR) + "/tests/golden/" + fam, off);
     auto mtp_logits = [&](const dz::Model& m, int64_t o, int64_t T) {
       auto st = m.make_state();
-      const dz::DTensor h = m.forward(&tok[size_t(o)], T, st);
-      dz::DTensor out;
+      dz::DTensor h, out;  // h: what the MTP layer reads (DeepSeek-V4: the streams before the head)
+      m.forward(&tok[size_t(o)], T, st, {}, nullptr, nullptr, &h);
       m.mtp_extend(&tok[size_t(o)], {0, T}, h, {&st}, &out);
       std::vector<float> lg(static_cast<size_t>((T - 1) * V));
       if (T > 1) m.logits(out, lg.data());
@@ -429,7 +429,8 @@ TEST_CASE("e2e gpu: MTP drafts on cuda against the cpu backend", "[gpu]") {
       if (off[d + 1] - off[d] > off[longest + 1] - off[longest]) longest = d;
     auto st = cu->make_state();
     const int64_t o = off[longest], T = off[longest + 1] - o;
-    const dz::DTensor h = cu->forward(&tok[size_t(o)], T, st);
+    dz::DTensor h;
+    cu->forward(&tok[size_t(o)], T, st, {}, nullptr, nullptr, &h);
     cu->mtp_extend(&tok[size_t(o)], {0, T}, h, {&st});
     for (int step = 0; step < 3; ++step) {
       const int32_t cur = tok[size_t(o + step)];  // the step's chosen token (any will do)
@@ -438,7 +439,8 @@ TEST_CASE("e2e gpu: MTP drafts on cuda against the cpu backend", "[gpu]") {
       REQUIRE(dr.size() == 1);
       REQUIRE(dr[0].size() == 3);
       CHECK(dr[0][0] == int32_t(std::max_element(fl.begin(), fl.end()) - fl.begin()));
-      const dz::DTensor h1 = cu->forward(&cur, 1, st);  // every draft rejected: only the chosen token forwarded
+      dz::DTensor h1;  // every draft rejected: only the chosen token forwarded
+      cu->forward(&cur, 1, st, {}, nullptr, nullptr, &h1);
       cu->mtp_extend(&cur, {0, 1}, h1, {&st});
     }
     CHECK(st.mtp->pos == st.pos - 1);  // one position behind after the steps

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # --speculative mtp (DESIGN §11, model/mtp.hpp) is lossless: greedy output equals plain decoding's
-# on the four families whose MTP layer dayzero runs (DeepSeek-V3.2, GLM-5, Qwen3-Next, the Qwen3.5
-# wrapper), for 1 and 3 drafts, packed, chunked (the MTP prompt rows then come chunk by chunk),
+# on the five families whose MTP layer dayzero runs (DeepSeek-V3.2, GLM-5, Qwen3-Next, the Qwen3.5
+# wrapper, DeepSeek-V4: its MTP layer reads the mHC streams), for 1 and 3 drafts, packed, chunked (the MTP prompt rows then come chunk by chunk),
 # per-token restore, CP x TP (the MTP prompt rows gathered from the CP ranks), resumed, and sampled
 # on 1 and 3 ranks alike. Random MTP weights would propose drafts that are never right, so each
 # model's LM head is bent: every row 0 except two tokens at +/- a multiple of hidden unit 0, so the
@@ -17,19 +17,19 @@ import numpy as np
 from safetensors.numpy import load_file, save_file
 for f in glob.glob(sys.argv[1] + "/*.safetensors"):
     t = load_file(f)
-    for k in [k for k in t if k.endswith("lm_head.weight") and "shared_head" not in k]:
+    for k in [k for k in t if (k.endswith("lm_head.weight") and "shared_head" not in k) or k == "head.weight"]:
         w = np.zeros_like(t[k])
         w[3, 0], w[250, 0] = -4.0, 4.0  # tokens 3 and 250 (neither is an EOS id of these configs)
         t[k] = w
     # The DeepSeek-layout models generate 250, 3, 250, 3, ...: the token after next is the current
     # one again, which the random MTP layer (reading the same head) gets the wrong way round. Its
     # final norm negated, it gets it right (the Qwen ones, constant runs, are right as they are).
-    for k in [k for k in t if k.endswith("shared_head.norm.weight")]:
+    for k in [k for k in t if k.endswith("shared_head.norm.weight") or k == "mtp.0.norm.weight"]:
         t[k] = -t[k]
     save_file(t, f)
 PY
 }
-for name in deepseek_v32 glm_moe_dsa qwen3_next qwen3_5_moe; do
+for name in ${DZ_SPEC_MTP_FAMILIES:-deepseek_v32 glm_moe_dsa qwen3_next qwen3_5_moe deepseek_v4}; do
   python3 - "$SRC/tests/golden/$name/config.json" "$W/$name.json" <<'PY'
 import json, sys
 j = json.load(open(sys.argv[1]))

@@ -20,12 +20,17 @@ using namespace dz;
 
 namespace {
 
-ModelConfig mtp_config(const std::string& name) {
+// A golden's config declaring one MTP layer; name "deepseek_v4+KIND": DeepSeek-V4 with the MTP
+// block's layer_types entry KIND (the compressors' undo over the chained forwards).
+ModelConfig mtp_config(std::string name) {
+  std::string v4_kind;
+  if (name.rfind("deepseek_v4+", 0) == 0) v4_kind = name.substr(12), name = "deepseek_v4";
   std::ifstream f(std::string(DZ_SOURCE_DIR) + "/tests/golden/" + name + "/config.json");
   REQUIRE(f.good());
   nlohmann::json j = nlohmann::json::parse(f);
   nlohmann::json& t = j.contains("text_config") ? j["text_config"] : j;
   t[t["model_type"].get<std::string>().rfind("qwen", 0) == 0 ? "mtp_num_hidden_layers" : "num_nextn_predict_layers"] = 1;
+  if (!v4_kind.empty()) t["layer_types"].push_back(v4_kind);
   ModelConfig c = ModelConfig::from_json(j);
   c.load_mtp = true;
   return c;
@@ -47,14 +52,15 @@ TEST_CASE("MTP: drafts after verify steps equal one MTP forward over the whole s
   // logits of each step's first draft are compared with the reference: the whole consumed sequence
   // forwarded once, then the MTP layer over all its rows at once. Tolerance 1e-4 relative: the same
   // fp32 arithmetic over row blocks of other sizes (cached attention vs one pass).
-  for (const std::string name : {"deepseek_v32", "glm_moe_dsa", "qwen3_next", "qwen3_5_moe_text"}) {
+  for (const std::string name : {"deepseek_v32", "glm_moe_dsa", "qwen3_next", "qwen3_5_moe_text", "deepseek_v4",
+                                  "deepseek_v4+compressed_sparse_attention", "deepseek_v4+heavily_compressed_attention"}) {
     INFO(name);
     const ModelConfig cfg = mtp_config(name);
     auto ck = Checkpoint::random(11);
     auto m = Model::build(cfg, *ck);
     REQUIRE(m->has_mtp());
     Backend& be = m->backend();
-    const int64_t V = cfg.vocab_size, D = cfg.hidden_size;
+    const int64_t V = cfg.vocab_size;
     const size_t B = 2;
     std::vector<std::vector<int32_t>> seq(B);  // every token a document consumed, then its current one
     std::vector<Model::State> st;
@@ -68,8 +74,9 @@ TEST_CASE("MTP: drafts after verify steps equal one MTP forward over the whole s
       std::vector<int32_t> all;
       std::vector<int64_t> cu{0};
       for (auto& s : seq) all.insert(all.end(), s.begin(), s.end()), cu.push_back(int64_t(all.size()));
-      const DTensor h = m->forward_packed(all.data(), cu, sp);
-      m->mtp_extend(all.data(), cu, h, sp);
+      DTensor in;  // what the MTP layer reads (DeepSeek-V4: the streams before the head)
+      m->forward_packed(all.data(), cu, sp, {}, nullptr, &in);
+      m->mtp_extend(all.data(), cu, in, sp);
     }
     for (size_t b = 0; b < B; ++b) seq[b].push_back(int32_t((90 + 13 * b) % V));
     struct Seen {
@@ -101,11 +108,12 @@ TEST_CASE("MTP: drafts after verify steps equal one MTP forward over the whole s
         keep.push_back((step * 5 + int64_t(b) * 3) % (k[b] + 1) + 1);  // 1 .. k + 1 rows
       }
       m->spec_begin(sp, SpecRestore::Replay);
-      const DTensor h = m->forward_packed(vt.data(), cu, sp);
+      DTensor h;
+      m->forward_packed(vt.data(), cu, sp, {}, nullptr, &h);
       m->spec_keep(sp, keep);
       std::vector<int32_t> kt;
       std::vector<int64_t> kcu{0};
-      DTensor hk = be.act({keep[0] + keep[1], D});
+      DTensor hk = be.act({keep[0] + keep[1], h.cols()});
       for (size_t b = 0; b < B; ++b) {
         kt.insert(kt.end(), vt.begin() + cu[b], vt.begin() + cu[b] + keep[b]);
         be.copy_rows(h, cu[b], hk, kcu.back(), keep[b]);
@@ -123,8 +131,8 @@ TEST_CASE("MTP: drafts after verify steps equal one MTP forward over the whole s
       const int64_t n = int64_t(seq[b].size()) - 1;
       REQUIRE(st[b].pos == n);
       Model::State r = m->make_state();
-      const DTensor h = m->forward(seq[b].data(), n, r);
-      DTensor out;
+      DTensor h, out;
+      m->forward(seq[b].data(), n, r, {}, nullptr, nullptr, &h);
       m->mtp_extend(seq[b].data(), {0, n}, h, {&r}, &out);
       REQUIRE(out.rows() == n - 1);
       std::vector<float> ref(static_cast<size_t>(n * V));
@@ -162,7 +170,10 @@ TEST_CASE("MTP: refused without MTP layers, for families whose MTP layer is not 
   };
   CHECK_THROWS_WITH(Model::build(with("kimi_linear", false), *Checkpoint::random(1)),
                     Catch::Contains("declares no MTP layers"));
-  CHECK_THROWS_WITH(Model::build(with("deepseek_v4", true), *Checkpoint::random(1)), Catch::Contains("not built"));
+  // GLM-5.3-Flash's release has no MTP layer (its config key is not read): one declared anyway is refused
+  ModelConfig glm = with("glm5_next", false);
+  glm.mtp_layers = 1;
+  CHECK_THROWS_WITH(Model::build(glm, *Checkpoint::random(1)), Catch::Contains("not built"));
   auto m = Model::build(mtp_config("deepseek_v32"), *Checkpoint::random(1));
   Model::State st = m->make_state();
   CHECK_THROWS_WITH(m->mtp_draft({3}, {&st}, {2}), Catch::Contains("no pending MTP row"));
@@ -172,4 +183,35 @@ TEST_CASE("MTP: refused without MTP layers, for families whose MTP layer is not 
   CHECK_FALSE(plain->has_mtp());
   Model::State ps = plain->make_state();
   CHECK_THROWS_WITH(plain->mtp_draft({3}, {&ps}, {1}), Catch::Contains("without its MTP layer"));
+}
+
+TEST_CASE("MTP: DeepSeek-V4's MTP block takes the config's entry num_hidden_layers", "[unit]") {
+  // The published config.json carries compress_ratios with one entry past the layers (0: the MTP
+  // block is the sliding window alone); transformers' layer_types may too; absent: sliding (vLLM).
+  std::ifstream f(std::string(DZ_SOURCE_DIR) + "/tests/golden/deepseek_v4/config.json");
+  const nlohmann::json base = nlohmann::json::parse(f);
+  auto parse = [&](const nlohmann::json& edit) {
+    nlohmann::json j = base;
+    j["num_nextn_predict_layers"] = 1;
+    j.merge_patch(edit);
+    return ModelConfig::from_json(j);
+  };
+  ModelConfig c = parse(nlohmann::json::object());
+  CHECK(c.mtp_compress_rate == 0);
+  c = parse({{"layer_types", {"sliding_attention", "compressed_sparse_attention", "heavily_compressed_attention",
+                              "compressed_sparse_attention", "heavily_compressed_attention"}}});
+  CHECK(c.mtp_compress_rate == 16);
+  CHECK_FALSE(c.mtp_csa);
+  CHECK(c.num_layers == 4);
+  nlohmann::json raw = base;  // DeepSeek's own keys: compress_ratios (0 / 4 / 128) instead of layer_types
+  raw.erase("layer_types");
+  raw["compress_ratios"] = {0, 4, 128, 4, 4};
+  raw["num_nextn_predict_layers"] = 1;
+  c = ModelConfig::from_json(raw);
+  CHECK(c.mtp_compress_rate == 4);
+  CHECK(c.mtp_csa);
+  raw["compress_ratios"] = {0, 4, 128, 4, 0};
+  c = ModelConfig::from_json(raw);
+  CHECK(c.mtp_compress_rate == 0);
+  CHECK(c.to_json()["mtp_attention"] == "sliding");
 }
