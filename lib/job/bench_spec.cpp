@@ -47,6 +47,16 @@ struct GenRun {
   int64_t steps = 0, generated = 0, drafted = 0, accepted = 0;
   std::vector<std::vector<int32_t>> ids;
 };
+// The fraction of generated tokens equal position by position (documents of other lengths: the
+// shorter's positions).
+double equal_fraction(const std::vector<std::vector<int32_t>>& a, const std::vector<std::vector<int32_t>>& b) {
+  int64_t n = 0, same = 0;
+  for (size_t d = 0; d < std::min(a.size(), b.size()); ++d)
+    for (size_t i = 0; i < std::max(a[d].size(), b[d].size()); ++i, ++n)
+      same += i < a[d].size() && i < b[d].size() && a[d][i] == b[d][i];
+  return n ? double(same) / double(n) : 1.0;
+}
+
 GenRun generate_once(const Model& m, Backend& be, const std::vector<std::vector<int32_t>>& docs, const ModeParams& mp) {
   std::vector<int64_t> ids(docs.size());
   for (size_t i = 0; i < ids.size(); ++i) ids[i] = int64_t(i);
@@ -216,11 +226,16 @@ int bench_spec(const BenchSpecOptions& opt) {
             mp.oracle = oracle;
             mp.draft_tokens = K;
             mp.spec_restore = how;
-            // a speculative run against its plain one: equal tokens (else the bench stops), rates
+            // a speculative run against its plain one, and its rates. The CPU backend's greedy
+            // speculative tokens equal plain decoding's exactly (else the bench stops); under bf16
+            // the verify forward's kernels round otherwise than the decode step's, so where the
+            // dummy weights leave near-ties the tokens may part: the fraction equal is recorded.
             auto record = [&](const std::string& kind, const GenRun& g, const GenRun& ref) {
-              DZ_CHECK(g.ids == ref.ids, "bench spec: ", kind, " speculative output differs from plain decoding (",
-                       base_name(dir), ", B ", B, ", K ", K, ", ", hn, ")");
+              DZ_CHECK(g.ids == ref.ids || opt.backend != "cpu", "bench spec: ", kind,
+                       " speculative output differs from plain decoding (", base_name(dir), ", B ", B, ", K ", K, ", ",
+                       hn, ")");
               const std::string p = hn + "_" + kind + "_";
+              k[p + "tokens_equal_plain"] = equal_fraction(g.ids, ref.ids);
               k[p + "tok_s"] = g.decode_s > 0 ? double(g.generated) / g.decode_s : 0.0;
               k[p + "speedup"] = g.decode_s > 0 ? ref.decode_s / g.decode_s : 0.0;
               k[p + "steps"] = g.steps;
@@ -230,7 +245,17 @@ int bench_spec(const BenchSpecOptions& opt) {
               k[p + "restore_s"] = g.restore_s;
               if (kind == "mtp") k[p + "draft_s"] = g.draft_s;
             };
-            record("oracle", generate_once(*model, *be, rnd, mp), base);
+            // Under bf16 the plain tokens may not be the speculative run's own (near-ties): the
+            // oracle then becomes the previous run's output until a run reproduces its drafts (all
+            // accepted: the ceiling), at most 3 times.
+            GenRun og = generate_once(*model, *be, rnd, mp);
+            int64_t rounds = 1;
+            for (; og.ids != *mp.oracle && rounds < 4; ++rounds) {
+              mp.oracle = std::make_shared<std::vector<std::vector<int32_t>>>(og.ids);
+              og = generate_once(*model, *be, rnd, mp);
+            }
+            record("oracle", og, base);
+            k[hn + "_oracle_rounds"] = rounds;
             // n-gram drafts on the repetitive documents
             mp.speculative = "ngram";
             mp.oracle = nullptr;
@@ -257,7 +282,8 @@ int bench_spec(const BenchSpecOptions& opt) {
     j["method"] = str("B documents of ", opt.prompt_tokens, " random tokens (n-gram: a 16-token block repeated), ",
                       opt.new_tokens, " generated each through compute_packed (greedy); plain: median of ", opt.repeats,
                       " runs by decode time; step costs: median of ", opt.repeats, " verify forwards of K+1 rows per "
-                      "document (snapshot included) and restores keeping K; oracle drafts: the plain run's tokens; models "
+                      "document (snapshot included) and restores keeping K; oracle drafts: the plain run's tokens (cuda: then the previous run's until a run reproduces them, "
+                      "*_oracle_rounds; *_tokens_equal_plain: the fraction equal to plain decoding's under bf16); models "
                       "declaring an MTP layer: mtp_draft_ms (median of K-draft steps for the B documents) and the "
                       "end-to-end run with its drafts (with --dummy-weights they are at chance: the overhead)");
     j["results"] = results;
