@@ -190,26 +190,51 @@ __global__ void __launch_bounds__(kThr) k_hc_post(float* x, const float* coeff, 
 // hc_post fused with the next sub-layer's projection and coefficients, for N = 4 streams
 // (GLM-5.3-Flash, DeepSeek-V4) and D % 128 == 0: x <- post ⊗ y + combᵀ x as k_hc_post computes it
 // (same order, bitwise), and from the new x in the same pass m = x·fnᵀ [24] and Σx² per token, then
-// the next coefficients as k_hc_pre computes them (bitwise). A block takes kPT = 16 tokens and walks
+// the next coefficients as k_hc_pre computes them from m. A block takes kPT = 16 tokens and walks
 // d in chunks of 128: its threads (token tid / 16, 8 columns) write the chunk's new streams to
-// global memory and to a shared tile [16][4·128]; then warp w multiplies the tile by outputs
-// 6 (w % 4) .. + 5 of fn for tokens 8 (w / 4) .. + 7, a lane on 4 columns of each stream (16-byte
-// shared and global loads), 48 partial sums a lane, reduced over the lanes at the end. fn (24 x 4D,
-// 1.5 MiB at D = 4096) is read once per block from L2. Last, m and Σx² of the 16 tokens go to the
+// global memory and to a shared tile [16][4·128 + 16]; then the projection of the tile on tensor
+// cores as 3xTF32 (mma.sync m16n8k8: a = hi + lo, b = hi + lo, the products lo·hi + hi·lo + hi·hi,
+// each part rounded to tf32: ~fp32's accuracy, not bitwise k_hc_pre's sums): warp w takes stream
+// w / 2, chunk columns (w % 2)·64 .. + 63 as 4 k-pairs of 16 columns; lane (g = lane / 4, t = lane %
+// 4) reads columns 4t .. 4t + 3 of a pair as a float4 of tokens g and g + 8 (A) and of outputs 8j +
+// g, j < 3 (B, from fn in global memory: 24 x 4D, 1.5 MiB at D = 4096, read once per block from L2);
+// mma step s of the pair takes columns 4t + 2s, 4t + 2s + 1 as its k = t, t + 4 (the same
+// permutation for A and B). Partial m per warp [16 x 24], summed over the 8 warps in shared memory
+// at the end (warp order fixed). Last, m and Σx² of the 16 tokens go to the
 // (free) tile and warp w computes tokens 2w, 2w + 1's coefficients (hc_coeffs_warp) into coeff_next,
 // which may be coeff: a block reads its tokens' coeff before it writes theirs. (History, GLM-5.3-Flash
 // at T = 8192, H200: a cuBLAS fp32 GEMM with 24 outputs read all of x again at ~24 TFLOP/s, 0.29 ms
 // a call on top of k_hc_post's 0.28; fused, 0.48 ms with k_hc_pre's block per token after it at
 // 0.29, whose warps wait on warp 0's Sinkhorn iterations; coefficients here: 0.49 ms, and the
-// collapse with the norm 0.15 ms instead of 0.29 + 0.08: docs/perf/experiments_2026-12-03d.txt.)
-constexpr int kPT = 16, kDC = 128;
+// collapse with the norm 0.15 ms instead of 0.29 + 0.08: docs/perf/experiments_2026-12-03d.txt.
+// The projection as SIMT FMAs issued ~824 instructions a warp per chunk, and double-buffering
+// phase 1's loads gained nothing; on tensor cores ~330: 0.479 -> 0.381 ms a call, 2.38 -> 2.99 TB/s,
+// kernels/dev/hyper/run.sh, docs/perf/README.md, 2026-12-05. Loading fn before phase 1 gained
+// nothing (0.382), 3 blocks an SM lost (0.457).)
+constexpr int kPT = 16, kDC = 128, kXS = 4 * kDC + 16;  // row stride ≡ 16 (mod 32): float4 reads of rows g, g+1 conflict-free
+__device__ __forceinline__ uint32_t tf32_rna(float v) {
+  uint32_t r;
+  asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(r) : "f"(v));
+  return r;
+}
+__device__ __forceinline__ void split_tf32(float v, uint32_t& hi, uint32_t& lo) {
+  hi = tf32_rna(v);
+  lo = tf32_rna(v - __uint_as_float(hi));
+}
+__device__ __forceinline__ void mma_tf32(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+__device__ __forceinline__ float f4get(const float4& v, int i) { return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w; }
 template <bool YB>
 __global__ void __launch_bounds__(kThr, 2) k_hc_post_coeff4(float* x, const float* bc, const float* coeff, const void* y,
                                                          const float* fn, int64_t T, int64_t D, const float* base,
                                                          const float* scale, HcKernelParams p, float* coeff_next) {
   constexpr int N = 4, C = (2 + N) * N;  // 24
   __shared__ float cf[kPT][C];
-  __shared__ __align__(16) float X[kPT][N * kDC];
+  __shared__ __align__(16) float X[kPT][kXS];
   const int64_t t0 = int64_t(blockIdx.x) * kPT;
   for (int i = threadIdx.x; i < kPT * C; i += kThr) {
     const int64_t t = t0 + i / C;
@@ -219,15 +244,24 @@ __global__ void __launch_bounds__(kThr, 2) k_hc_post_coeff4(float* x, const floa
   const int tt = threadIdx.x >> 4, j8 = (threadIdx.x & 15) * 8;  // phase 1: token, first of 8 columns
   const int64_t t = t0 + tt;
   const bool live = t < T;
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int c0 = (warp & 3) * 6, q0 = (warp >> 2) * 8;  // phase 2: outputs c0.., tokens q0..
-  float acc[8][6];
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
+  const int ns = warp >> 1, kc0 = (warp & 1) * 64;  // phase 2: stream, first chunk column
+  float acc[3][4];
 #pragma unroll
-  for (int a = 0; a < 8; ++a)
+  for (int j = 0; j < 3; ++j)
 #pragma unroll
-    for (int b = 0; b < 6; ++b) acc[a][b] = 0.f;
+    for (int i = 0; i < 4; ++i) acc[j][i] = 0.f;
   float ss = 0.f;
+  const float* fw = fn + int64_t(g) * N * D + ns * D + kc0 + 4 * tq;  // output g, this lane's columns
+  const int64_t fj = int64_t(8) * N * D;                              // next 8 outputs
   for (int64_t d0 = 0; d0 < D; d0 += kDC) {
+    float4 f[4][3];
+    auto load_f = [&]() {
+#pragma unroll
+      for (int q = 0; q < 4; ++q)
+#pragma unroll
+        for (int j = 0; j < 3; ++j) f[q][j] = __ldg(reinterpret_cast<const float4*>(fw + j * fj + d0 + 16 * q));
+    };
     // phase 1: the new streams of token tt at columns d0 + j8 .. + 7, to x and the tile
     if (live) {
       float yv[8];
@@ -276,41 +310,56 @@ __global__ void __launch_bounds__(kThr, 2) k_hc_post_coeff4(float* x, const floa
       }
     }
     __syncthreads();
-    // phase 2: this warp's 8 tokens x 6 outputs over the chunk, the lane's 4 columns of each stream
+    load_f();
+    // phase 2: this warp's 64 columns of stream ns, 4 k-pairs x 2 mma steps x 3 output tiles x 3 parts
 #pragma unroll
-    for (int n = 0; n < N; ++n) {
-      float4 f[6];
+    for (int q = 0; q < 4; ++q) {
+      const int col = ns * kDC + kc0 + 16 * q + 4 * tq;
+      const float4 xa = *reinterpret_cast<const float4*>(&X[g][col]), xb = *reinterpret_cast<const float4*>(&X[g + 8][col]);
 #pragma unroll
-      for (int b = 0; b < 6; ++b)
-        f[b] = __ldg(reinterpret_cast<const float4*>(fn + int64_t(c0 + b) * N * D + n * D + d0 + 4 * lane));
+      for (int s = 0; s < 2; ++s) {
+        uint32_t ahi[4], alo[4];
+        split_tf32(f4get(xa, 2 * s), ahi[0], alo[0]);      // (g, k = t)
+        split_tf32(f4get(xb, 2 * s), ahi[1], alo[1]);      // (g + 8, t)
+        split_tf32(f4get(xa, 2 * s + 1), ahi[2], alo[2]);  // (g, t + 4)
+        split_tf32(f4get(xb, 2 * s + 1), ahi[3], alo[3]);  // (g + 8, t + 4)
 #pragma unroll
-      for (int a = 0; a < 8; ++a) {
-        const float4 v = *reinterpret_cast<const float4*>(&X[q0 + a][n * kDC + 4 * lane]);
-#pragma unroll
-        for (int b = 0; b < 6; ++b) acc[a][b] += v.x * f[b].x + v.y * f[b].y + v.z * f[b].z + v.w * f[b].w;
+        for (int j = 0; j < 3; ++j) {
+          uint32_t bh0, bl0, bh1, bl1;
+          split_tf32(f4get(f[q][j], 2 * s), bh0, bl0);
+          split_tf32(f4get(f[q][j], 2 * s + 1), bh1, bl1);
+          mma_tf32(acc[j], alo, bh0, bh1);
+          mma_tf32(acc[j], ahi, bl0, bl1);
+          mma_tf32(acc[j], ahi, bh0, bh1);
+        }
       }
     }
     __syncthreads();
   }
-  // Σ over the lanes (xor butterfly: every lane ends with the sums), lane b·8 + a keeps one value
-#pragma unroll
-  for (int a = 0; a < 8; ++a)
-#pragma unroll
-    for (int b = 0; b < 6; ++b)
-#pragma unroll
-      for (int o = 16; o; o >>= 1) acc[a][b] += __shfl_xor_sync(0xffffffffu, acc[a][b], o);
   // Σx² of token tt over its 16 threads (lanes 16·h .. 16·h + 15 of one warp)
 #pragma unroll
   for (int o = 8; o; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
-  float* mm = &X[0][0];              // [kPT][C]: m of the block's tokens
-  float* sq = mm + kPT * C;          // [kPT]: their Σx²
-  float* scr = sq + kPT + warp * C;  // this warp's scratch [C]
+  float* part = &X[0][0];             // [8 warps][kPT][C]: each warp's partial m
+  float* mm = part + 8 * kPT * C;     // [kPT][C]: m of the block's tokens
+  float* sq = mm + kPT * C;           // [kPT]: their Σx²
+  float* scr = sq + kPT + warp * C;   // this warp's scratch [C]
+  static_assert(8 * kPT * C + kPT * C + kPT + 8 * C <= kPT * kXS, "the end's scratch fits in the tile");
+  float* pw = part + warp * kPT * C;
 #pragma unroll
-  for (int a = 0; a < 8; ++a)
-#pragma unroll
-    for (int b = 0; b < 6; ++b)
-      if (lane == ((b * 8 + a) & 31)) mm[(q0 + a) * C + c0 + b] = acc[a][b];
+  for (int j = 0; j < 3; ++j) {
+    pw[g * C + 8 * j + 2 * tq] = acc[j][0];
+    pw[g * C + 8 * j + 2 * tq + 1] = acc[j][1];
+    pw[(g + 8) * C + 8 * j + 2 * tq] = acc[j][2];
+    pw[(g + 8) * C + 8 * j + 2 * tq + 1] = acc[j][3];
+  }
   if ((threadIdx.x & 15) == 0) sq[tt] = ss;
+  __syncthreads();
+  for (int i = threadIdx.x; i < kPT * C; i += kThr) {
+    float s = 0.f;
+#pragma unroll
+    for (int w = 0; w < 8; ++w) s += part[w * kPT * C + i];
+    mm[i] = s;
+  }
   __syncthreads();
 #pragma unroll 1
   for (int k = 0; k < 2; ++k) {

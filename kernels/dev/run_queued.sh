@@ -17,9 +17,9 @@
 #   conv:  kernels/dev/short_conv/run.sh: short-conv prefill variants (more bytes in flight: deeper
 #          register prefetch, cp.async row blocks in shared memory) bitwise against production, then
 #          timed at GLM-5.3-Flash's q|k|v shape (production: ~1.75 TB/s, 0.46 ms a call at 482a8d3)
-#   hc:    kernels/dev/hyper/run.sh: hc_post_coeff with its projection on tensor cores (3xTF32,
-#          kernels/dev/hyper/hyper_tc.cu) and production, both against the CPU reference, then timed
-#          at GLM-5.3-Flash's shape (production: 0.474 ms a call, 7 a forward, at 482a8d3)
+#   hc:    kernels/dev/hyper/run.sh: production's hc_post_coeff (its projection on tensor cores as
+#          3xTF32 since 2026-12-05: 0.381 ms a call, 7 a forward) and the variant file HC_VARIANT
+#          (none queued), each against the CPU reference, then timed at GLM-5.3-Flash's shape
 # (Lost and gone: the up GEMM with the activation in its epilogue and hc_post_coeff double-buffered
 # by cp.async, docs/perf/experiments_2026-12-03e.txt; the SwiGLU GEMM on the swap-AB kernel,
 # docs/perf/experiments_2026-12-04.txt.)
@@ -42,7 +42,7 @@ for p in $parts; do
       done | tee $O/moe/bench_rows.txt ;;
     laprof) OUT=$O/laprof timeout 420 bash kernels/dev/linear_attn/profile.sh ;;
     conv) OUT=$O/conv timeout 200 bash kernels/dev/short_conv/run.sh ;;
-    hc) OUT=$O/hc timeout 400 bash kernels/dev/hyper/run.sh ;;
+    hc) OUT=$O/hc timeout 400 bash kernels/dev/hyper/run.sh $HC_VARIANT ;;
     *) echo "unknown part $p" ;;
   esac
   echo "== $p: rc $? in $(($(date +%s) - t0)) s"
