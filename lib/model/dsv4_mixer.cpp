@@ -59,11 +59,22 @@ struct Dsv4State : MixerState {
     s->last_sel = last_sel, s->sel_be = sel_be;  // never written after the call that made it
     return s;
   }
+  // The state before a verify forward, without copying a row: every store only appends (rows past
+  // n, into the same buffer or a grown copy) and the compressor's trim of pend makes a new store, so
+  // rows [0, n) of each buffer stay as they were; undoing sets the stores back (O(1), where a clone
+  // copied the whole window and every compressed entry of every layer at every step).
+  std::unique_ptr<Dsv4State> snapshot() const {
+    auto s = std::make_unique<Dsv4State>();
+    s->pos = pos;
+    s->raw = raw, s->comp = comp, s->icomp = icomp, s->pend = pend, s->ipend = ipend;
+    s->last_sel = last_sel, s->sel_be = sel_be;
+    return s;
+  }
 };
 
 // A verify forward's undo record (Dsv4Mixer::spec_begin): the compressors' pending rows and pooled
-// entries do not cut at a row, so undoing is the state before the verify forward (a snapshot)
-// forwarded again over the kept rows (the recorded mixer input). Several forwards between
+// entries do not cut at a row, so undoing is the state before the verify forward (a snapshot of
+// the stores' row counts) forwarded again over the kept rows (the recorded mixer input). Several forwards between
 // spec_begin and spec_keep (the MTP layer's chained drafts) append their rows.
 struct Dsv4Spec : SpecRecord {
   std::unique_ptr<MixerState> before;
@@ -218,7 +229,7 @@ class Dsv4Mixer : public Mixer {
   void spec_begin(MixerState& ms, SpecRestore) const override {
     auto& st = static_cast<Dsv4State&>(ms);
     auto r = std::make_unique<Dsv4Spec>();
-    r->before = st.clone();
+    r->before = st.snapshot();
     st.spec = std::move(r);
   }
   void spec_keep(MixerState& ms, int64_t keep) const override {
