@@ -245,7 +245,7 @@ void spec_decode_batch(const Model& model, const std::vector<int64_t>& docs, con
       WorkStats::Timer tr(stats, "spec_restore");
       model.spec_keep(sp, keep);
     }
-    if (mtp) {  // the MTP layer forwards the kept rows of documents still generating (their next token known)
+    if (mtp) {  // the MTP layer takes the kept rows of documents still generating (their next token known)
       WorkStats::Timer td(stats, "spec_draft");
       std::vector<int32_t> mt;
       std::vector<int64_t> mcu{0};
@@ -262,7 +262,7 @@ void spec_decode_batch(const Model& model, const std::vector<int64_t>& docs, con
         Backend& be = model.backend();
         DTensor hk = be.act({mcu.back(), mtp_in.cols()});
         for (size_t i = 0; i < runs.size(); ++i) be.copy_rows(mtp_in, runs[i].first, hk, mcu[i], runs[i].second);
-        model.mtp_extend(mt.data(), mcu, hk, ms);
+        model.mtp_extend(mt.data(), mcu, hk, ms, nullptr, true);  // forwarded with the next first drafts
       }
     }
   }

@@ -240,6 +240,7 @@ Model::State Model::State::clone() const {
   for (const auto& m : mixers) s.mixers.push_back(m->clone());
   if (mtp) s.mtp = mtp->clone();
   s.mtp_pending = mtp_pending;  // never written in place: mtp_extend replaces it
+  s.mtp_deferred = mtp_deferred, s.mtp_deferred_next = mtp_deferred_next;  // (likewise)
   return s;
 }
 

@@ -47,6 +47,10 @@ class Model {
     // i needs token i + 1), and what it reads of the row that waits for that token (mtp_in: [1, D] or [1, N·D]).
     std::unique_ptr<MixerState> mtp;
     DTensor mtp_pending;
+    // Rows mtp_extend(defer) left for the next mtp_draft's first forward ([n, width] and their next
+    // tokens): a verify step's catch-up and the next first draft are then one forward of the layer.
+    DTensor mtp_deferred;
+    std::vector<int32_t> mtp_deferred_next;
     State clone() const;
   };
   State make_state() const;
@@ -90,10 +94,11 @@ class Model {
   // hidden states [cu[B], D]; DeepSeek-V4: the streams [cu[B], N·D]); the MTP layer of
   // each document forwards every row whose next token is now known (the pending row with tokens[0],
   // each row but the last with the token after it) and keeps the last row pending. out (optional):
-  // the rows' normed outputs [rows, D], documents in order.
+  // the rows' normed outputs [rows, D], documents in order. defer: those rows are not forwarded now
+  // but with the next mtp_draft's first rows (one forward of the layer a step; no out).
   bool has_mtp() const { return mtp_ != nullptr; }
   void mtp_extend(const int32_t* tokens, const std::vector<int64_t>& cu, const DTensor& hidden,
-                  const std::vector<State*>& states, DTensor* out = nullptr) const;
+                  const std::vector<State*>& states, DTensor* out = nullptr, bool defer = false) const;
   // Up to k[b] greedy drafts for document b whose next token is cur[b] (its pending row then
   // forwarded for good); the chained drafts' rows are undone in the MTP state before returning.
   // first_logits (optional): [B, V] the logits of each drafting document's first draft (rows of

@@ -203,8 +203,9 @@ MtpLayer::Out MtpLayer::forward_streams(Backend& be, const DTensor& emb, const i
 namespace dz {
 
 void Model::mtp_extend(const int32_t* tokens, const std::vector<int64_t>& cu, const DTensor& hidden,
-                       const std::vector<State*>& states, DTensor* out) const {
+                       const std::vector<State*>& states, DTensor* out, bool defer) const {
   DZ_CHECK(mtp_, "mtp_extend: the model was loaded without its MTP layer");
+  DZ_CHECK(!(defer && out), "mtp_extend: deferred rows have no outputs yet");
   Backend& be = *be_;
   const size_t B = states.size();
   const int64_t D = mtp_->width();  // of a row of hidden
@@ -214,16 +215,25 @@ void Model::mtp_extend(const int32_t* tokens, const std::vector<int64_t>& cu, co
   for (size_t b = 0; b < B; ++b) {
     DZ_CHECK(cu[b + 1] > cu[b], "mtp_extend: document ", b, " has no rows");
     DZ_CHECK(states[b] && states[b]->mtp, "mtp_extend: a state made without the MTP layer");
-    total += cu[b + 1] - cu[b] - 1 + (states[b]->mtp_pending.defined() ? 1 : 0);
+    const State& st = *states[b];
+    total += int64_t(st.mtp_deferred_next.size()) + (st.mtp_pending.defined() ? 1 : 0) + cu[b + 1] - cu[b] - 1;
   }
-  DTensor x = be.act({total, D});  // [the pending row; every row but the last] per document
+  // per document: [rows deferred before; the pending row; every new row but the last]
+  DTensor x = be.act({total, D});
   std::vector<int32_t> next;
   std::vector<int64_t> mcu{0};
   std::vector<MixerState*> ms;
+  std::vector<State*> mst;
   int64_t r = 0;
   for (size_t b = 0; b < B; ++b) {
     State& st = *states[b];
     const int64_t n = cu[b + 1] - cu[b], r0 = r;
+    if (st.mtp_deferred.defined()) {
+      be.copy_rows(st.mtp_deferred, 0, x, r, st.mtp_deferred.rows());
+      next.insert(next.end(), st.mtp_deferred_next.begin(), st.mtp_deferred_next.end());
+      r += st.mtp_deferred.rows();
+      st.mtp_deferred = DTensor{}, st.mtp_deferred_next.clear();
+    }
     if (st.mtp_pending.defined()) {
       be.copy_rows(st.mtp_pending, 0, x, r++, 1);
       next.push_back(tokens[cu[b]]);
@@ -235,10 +245,17 @@ void Model::mtp_extend(const int32_t* tokens, const std::vector<int64_t>& cu, co
     }
     st.mtp_pending = be.act({1, D});
     be.copy_rows(hidden, cu[b + 1] - 1, st.mtp_pending, 0, 1);
-    if (r > r0) mcu.push_back(r), ms.push_back(st.mtp.get());
+    if (r > r0) mcu.push_back(r), ms.push_back(st.mtp.get()), mst.push_back(&st);
   }
   if (total == 0) {
     if (out) *out = be.act({0, D});
+    return;
+  }
+  if (defer) {  // each document's rows wait in its state for its next first draft's forward
+    for (size_t i = 0; i < mst.size(); ++i) {
+      mst[i]->mtp_deferred = x.slab(mcu[i], mcu[i + 1]);
+      mst[i]->mtp_deferred_next.assign(next.begin() + mcu[i], next.begin() + mcu[i + 1]);
+    }
     return;
   }
   const MtpLayer::Out o = mtp_->forward(be, embed_, next.data(), x, mcu, ms);
@@ -262,8 +279,10 @@ std::vector<std::vector<int32_t>> Model::mtp_draft(const std::vector<int32_t>& c
     }
   if (docs.empty()) return drafts;
   if (first_logits) first_logits->resize(size_t(int64_t(B) * V));
-  // Row 0 (the pending row with the chosen token) stays; the chained rows are undone at the end.
+  // The first forward's rows (deferred ones and the pending row with the chosen token) stay; the
+  // chained rows are undone at the end.
   for (size_t b : docs) mtp_->mixer->spec_begin(*states[b]->mtp, SpecRestore::Replay);
+  std::vector<int64_t> deferred(B, 0);
   DTensor carry;
   std::vector<size_t> prev;  // the documents of carry's rows
   for (int64_t j = 0;; ++j) {
@@ -272,24 +291,41 @@ std::vector<std::vector<int32_t>> Model::mtp_draft(const std::vector<int32_t>& c
       if (k[b] > j) now.push_back(b);
     if (now.empty()) break;
     const int64_t n = int64_t(now.size());
-    DTensor x = be.act({n, D});
-    std::vector<int32_t> next(static_cast<size_t>(n));
-    std::vector<int64_t> cu(static_cast<size_t>(n + 1));
+    // rows per document: one, and at j = 0 first the rows deferred by mtp_extend (the catch-up)
+    std::vector<int64_t> cu{0};
+    for (size_t b : now) cu.push_back(cu.back() + 1 + (j == 0 ? int64_t(states[b]->mtp_deferred_next.size()) : 0));
+    DTensor x = be.act({cu.back(), D});
+    std::vector<int32_t> next;
     std::vector<MixerState*> ms(static_cast<size_t>(n));
     for (int64_t i = 0, pi = 0; i < n; ++i) {
       const size_t b = now[size_t(i)];
+      State& st = *states[b];
       if (j == 0) {
-        be.copy_rows(states[b]->mtp_pending, 0, x, i, 1);
-        next[size_t(i)] = cur[b];
+        if (st.mtp_deferred.defined()) {
+          be.copy_rows(st.mtp_deferred, 0, x, cu[size_t(i)], st.mtp_deferred.rows());
+          next.insert(next.end(), st.mtp_deferred_next.begin(), st.mtp_deferred_next.end());
+          deferred[b] = st.mtp_deferred.rows();
+          st.mtp_deferred = DTensor{}, st.mtp_deferred_next.clear();
+        }
+        be.copy_rows(st.mtp_pending, 0, x, cu[size_t(i) + 1] - 1, 1);
+        next.push_back(cur[b]);
       } else {
         while (prev[size_t(pi)] != b) ++pi;  // now is a subsequence of prev
         be.copy_rows(carry, pi, x, i, 1);
-        next[size_t(i)] = drafts[b].back();
+        next.push_back(drafts[b].back());
       }
-      cu[size_t(i + 1)] = i + 1;
-      ms[size_t(i)] = states[b]->mtp.get();
+      ms[size_t(i)] = st.mtp.get();
     }
-    const MtpLayer::Out o = mtp_->forward(be, embed_, next.data(), x, cu, ms);
+    MtpLayer::Out o = mtp_->forward(be, embed_, next.data(), x, cu, ms);
+    if (cu.back() > n) {  // the drafting rows: each document's last
+      MtpLayer::Out last;
+      last.normed = be.act({n, o.normed.cols()}), last.carry = be.act({n, o.carry.cols()});
+      for (int64_t i = 0; i < n; ++i) {
+        be.copy_rows(o.normed, cu[size_t(i) + 1] - 1, last.normed, i, 1);
+        be.copy_rows(o.carry, cu[size_t(i) + 1] - 1, last.carry, i, 1);
+      }
+      o = last;
+    }
     std::vector<int32_t> ids(static_cast<size_t>(n));
     head_.greedy(o.normed, ids.data());
     if (j == 0 && first_logits) {
@@ -304,7 +340,7 @@ std::vector<std::vector<int32_t>> Model::mtp_draft(const std::vector<int32_t>& c
     carry = o.carry;
     prev = now;
   }
-  for (size_t b : docs) mtp_->mixer->spec_keep(*states[b]->mtp, 1);
+  for (size_t b : docs) mtp_->mixer->spec_keep(*states[b]->mtp, 1 + deferred[b]);
   return drafts;
 }
 

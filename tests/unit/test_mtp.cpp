@@ -52,9 +52,12 @@ TEST_CASE("MTP: drafts after verify steps equal one MTP forward over the whole s
   // logits of each step's first draft are compared with the reference: the whole consumed sequence
   // forwarded once, then the MTP layer over all its rows at once. Tolerance 1e-4 relative: the same
   // fp32 arithmetic over row blocks of other sizes (cached attention vs one pass).
+  // defer: each verify step's catch-up rows wait for the next first draft's forward (the decode
+  // loop's way), else they are forwarded at once.
+  for (const bool defer : {false, true})
   for (const std::string name : {"deepseek_v32", "glm_moe_dsa", "qwen3_next", "qwen3_5_moe_text", "deepseek_v4",
                                   "deepseek_v4+compressed_sparse_attention", "deepseek_v4+heavily_compressed_attention"}) {
-    INFO(name);
+    INFO(name << (defer ? ", catch-up deferred" : ""));
     const ModelConfig cfg = mtp_config(name);
     auto ck = Checkpoint::random(11);
     auto m = Model::build(cfg, *ck);
@@ -122,7 +125,7 @@ TEST_CASE("MTP: drafts after verify steps equal one MTP forward over the whole s
         seq[b].push_back(int32_t((step * 29 + 7 * int64_t(b) + 3) % V));                     // the next token
         accepted_rows += keep[b] - 1;
       }
-      m->mtp_extend(kt.data(), kcu, hk, sp);
+      m->mtp_extend(kt.data(), kcu, hk, sp, nullptr, defer);
     }
     CHECK(accepted_rows >= 10);  // the multi-row extend ran
     // The reference: each document's consumed tokens at once, then the MTP layer over all its rows
