@@ -63,6 +63,16 @@ int64_t infer_mtp_layers(ModelConfig& cfg, const Checkpoint& ck) {
   return cfg.mtp_layers;
 }
 
+HcHead upload_hc_head(const Tensor& fn, const Tensor& base, const Tensor& scale, int64_t N, int64_t D, Backend& be) {
+  if (fn.empty()) return {};
+  const int64_t Cn = (2 + N) * N;
+  Tensor f({Cn, N * D}), b({Cn}), sc({3});
+  std::copy_n(fn.ptr(), N * N * D, f.ptr());
+  std::copy_n(base.ptr(), N, b.ptr());
+  sc.ptr()[0] = scale.ptr()[0], sc.ptr()[1] = sc.ptr()[2] = 1.f;
+  return {be.param(f), be.param(b), be.param(sc)};
+}
+
 HcTensors get_hc_tensors(const ModelConfig& cfg, Checkpoint& ck, const std::string& p, int which) {
   const int64_t N = cfg.hc_mult, D = cfg.hidden_size, Cn = (2 + N) * N;
   const std::string site = which == 0 ? "attn" : "ffn";
@@ -199,17 +209,11 @@ std::unique_ptr<Model> Model::build(const ModelConfig& cfg, Checkpoint& ck, cons
     m->attn_res_->upload(be);
   }
   if (cfg.hc_head_weighted) {
-    const int64_t N = cfg.hc_mult, Cn = (2 + N) * N;
-    const Tensor fn = ck.get("model.hc_head.hc_fn", {N, N * D}, Init::normal(0.02f));
-    const Tensor base = ck.get("model.hc_head.hc_base", {N}, Init::zeros());
-    const Tensor scale = ck.get("model.hc_head.hc_scale", {1}, Init::ones());
-    if (!fn.empty()) {
-      Tensor f({Cn, N * D}), b({Cn}), sc({3});
-      std::copy_n(fn.ptr(), N * N * D, f.ptr());
-      std::copy_n(base.ptr(), N, b.ptr());
-      sc.ptr()[0] = scale.ptr()[0], sc.ptr()[1] = sc.ptr()[2] = 1.f;
-      m->head_fn_ = be.param(f), m->head_base_ = be.param(b), m->head_scale_ = be.param(sc);
-    }
+    const int64_t N = cfg.hc_mult;
+    const HcHead h = upload_hc_head(ck.get("model.hc_head.hc_fn", {N, N * D}, Init::normal(0.02f)),
+                                    ck.get("model.hc_head.hc_base", {N}, Init::zeros()),
+                                    ck.get("model.hc_head.hc_scale", {1}, Init::ones()), N, D, be);
+    m->head_fn_ = h.fn, m->head_base_ = h.base, m->head_scale_ = h.scale;
   }
   m->final_norm_ = param(ck.get("model.norm.weight", {D}, norm_init));
   const std::string head = cfg.family == Family::DeepseekV4 ? "head.weight" : "lm_head.weight";

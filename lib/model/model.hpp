@@ -174,6 +174,14 @@ struct HcTensors {
 };
 HcTensors get_hc_tensors(const ModelConfig& cfg, Checkpoint& ck, const std::string& prefix, int which);
 
+// A weighted mHC head (DeepSeek-V4's hc_head, its MTP layer's) on the backend: fn [N, N·D], base
+// [N], scale [1] zero-padded to hc_pre's [(2+N)N, N·D], [(2+N)N] and [scale, 1, 1], so that
+// hc_pre's collapse is the head. Undefined tensors for a dry run's empty ones.
+struct HcHead {
+  DTensor fn, base, scale;
+};
+HcHead upload_hc_head(const Tensor& fn, const Tensor& base, const Tensor& scale, int64_t N, int64_t D, Backend& be);
+
 // How a checkpoint packages its text model (multimodal wrappers), found from its tensor names.
 struct TextPackaging {
   std::string prefix;          // the file's prefix read as "model." ("model." when unwrapped)

@@ -16,7 +16,7 @@ namespace {
 
 // DeepSeek-V4's MTP layer (mtp.0.*, DeepSeek's own names as its main layers').
 void build_v4(MtpLayer& m, const ModelConfig& cfg, Checkpoint& ck, const TpShard& tp, Backend& be) {
-  const int64_t D = cfg.hidden_size, V = cfg.vocab_size, N = cfg.hc_mult, Cn = (2 + N) * N;
+  const int64_t D = cfg.hidden_size, V = cfg.vocab_size, N = cfg.hc_mult;
   const ModelConfig& c = m.cfg;
   const std::string p = "mtp.0.";
   auto param = [&](const Tensor& t) { return t.empty() ? DTensor{} : be.param(t); };
@@ -35,16 +35,10 @@ void build_v4(MtpLayer& m, const ModelConfig& cfg, Checkpoint& ck, const TpShard
     const HcTensors t = get_hc_tensors(c, ck, p, w);
     m.hc_fn[w] = param(t.fn), m.hc_base[w] = param(t.base), m.hc_scale[w] = param(t.scale);
   }
-  const Tensor fn = ck.get(p + "hc_head_fn", {N, N * D}, Init::normal(0.02f));
-  const Tensor base = ck.get(p + "hc_head_base", {N}, Init::zeros());
-  const Tensor scale = ck.get(p + "hc_head_scale", {1}, Init::ones());
-  if (!fn.empty()) {  // zero-padded to hc_pre's layout, as Model's head
-    Tensor f({Cn, N * D}), b({Cn}), sc({3});
-    std::copy_n(fn.ptr(), N * N * D, f.ptr());
-    std::copy_n(base.ptr(), N, b.ptr());
-    sc.ptr()[0] = scale.ptr()[0], sc.ptr()[1] = sc.ptr()[2] = 1.f;
-    m.head_fn = be.param(f), m.head_base = be.param(b), m.head_scale = be.param(sc);
-  }
+  const HcHead h = upload_hc_head(ck.get(p + "hc_head_fn", {N, N * D}, Init::normal(0.02f)),
+                                  ck.get(p + "hc_head_base", {N}, Init::zeros()),
+                                  ck.get(p + "hc_head_scale", {1}, Init::ones()), N, D, be);
+  m.head_fn = h.fn, m.head_base = h.base, m.head_scale = h.scale;
   m.mixer = make_dsv4_mixer(c, m.layer, ck, p, tp, be);
   m.ffn = make_moe_ffn(c, m.layer, ck, p, tp, be);
   if (ck.keeps_full()) {  // the copies of the embedding and the head: written by make-model, never read

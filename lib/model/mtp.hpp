@@ -43,7 +43,7 @@ struct MtpLayer {
   DTensor enorm, hnorm;       // [D] F32
   DTensor proj;               // [D, 2D] weight dtype: [emb | hidden] -> D (DeepSeek, Qwen)
   // DeepSeek-V4: e_proj, h_proj [D, D]; the block's mHC (mixer, FFN) and the weighted head, padded
-  // as Model's head_fn_ ([(2+N)N, N·D], [(2+N)N], [hc_scale, 1, 1]) so hc_pre's collapse is the head
+  // by upload_hc_head so that hc_pre's collapse is the head
   DTensor e_proj, h_proj;
   DTensor hc_fn[2], hc_base[2], hc_scale[2];
   DTensor head_fn, head_base, head_scale;
