@@ -69,8 +69,9 @@ int main(int argc, char** argv) {
   run->add_option("--draft-tokens", ro.draft_tokens, "Speculative decoding: draft tokens per step, at most")
       ->capture_default_str();
   run->add_option("--spec-restore", ro.spec_restore,
-                  "Speculative decoding: how linear-attention states undo rejected drafts: replay (snapshot, then "
-                  "the scan again over the accepted tokens) | per-token (the state after every verified token kept)")
+                  "Speculative decoding: how linear-attention states undo rejected drafts: per-token (default: the "
+                  "state after every verified token kept) | replay (snapshot, then the scan again over the accepted "
+                  "tokens)")
       ->check(CLI::IsMember({"replay", "per-token"}))
       ->capture_default_str();
   run->add_flag("--resume", ro.resume, "Continue OUT (or OUT.part), skipping documents already done");

@@ -29,7 +29,7 @@ struct ModeParams {
   // and verifies them in one forward; "" decodes one token a step. spec_restore: how the recurrent states undo rejected drafts.
   std::string speculative;
   int64_t draft_tokens = 4;
-  SpecRestore spec_restore = SpecRestore::Replay;
+  SpecRestore spec_restore = SpecRestore::PerToken;
   // "oracle": each document's drafts are what a previous run generated for it ([doc] -> tokens)
   std::shared_ptr<const std::vector<std::vector<int32_t>>> oracle;
   // Logprobs mode: per input document the first position whose log-prob counts (the input's

@@ -25,7 +25,9 @@ struct RunOptions {
   std::string speculative;     // generate: "" (one token a step) | "ngram" | "oracle" | "mtp" (DESIGN §11)
   std::string oracle_drafts;   // --speculative oracle: a previous generate run's output
   int64_t draft_tokens = 4;    // speculative: draft tokens per step, at most
-  std::string spec_restore = "replay";  // speculative: replay | per-token (how recurrent states undo drafts)
+  // speculative: per-token | replay (how recurrent states undo drafts; per-token measured faster
+  // on the H200 for K <= 4 and equal to plain decoding's rounding: docs/speculative.md)
+  std::string spec_restore = "per-token";
   bool resume = false;
   bool overwrite = false;
   double progress_seconds = 30.0;  // rank 0 prints a progress line this often
