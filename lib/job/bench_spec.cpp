@@ -247,7 +247,7 @@ int bench_spec(const BenchSpecOptions& opt) {
             };
             // Under bf16 the plain tokens may not be the speculative run's own (near-ties): the
             // oracle then becomes the previous run's output until a run reproduces its drafts (all
-            // accepted: the ceiling), at most 3 times.
+            // accepted: the ceiling), in at most 4 runs.
             GenRun og = generate_once(*model, *be, rnd, mp);
             int64_t rounds = 1;
             for (; og.ids != *mp.oracle && rounds < 4; ++rounds) {
@@ -282,8 +282,9 @@ int bench_spec(const BenchSpecOptions& opt) {
     j["method"] = str("B documents of ", opt.prompt_tokens, " random tokens (n-gram: a 16-token block repeated), ",
                       opt.new_tokens, " generated each through compute_packed (greedy); plain: median of ", opt.repeats,
                       " runs by decode time; step costs: median of ", opt.repeats, " verify forwards of K+1 rows per "
-                      "document (snapshot included) and restores keeping K; oracle drafts: the plain run's tokens (cuda: then the previous run's until a run reproduces them, "
-                      "*_oracle_rounds; *_tokens_equal_plain: the fraction equal to plain decoding's under bf16); models "
+                      "document (snapshot included) and restores keeping K; oracle drafts: the plain run's tokens "
+                      "(cuda: then the previous run's until a run reproduces them, *_oracle_rounds; "
+                      "*_tokens_equal_plain: the fraction equal to plain decoding's under bf16); models "
                       "declaring an MTP layer: mtp_draft_ms (median of K-draft steps for the B documents) and the "
                       "end-to-end run with its drafts (with --dummy-weights they are at chance: the overhead)");
     j["results"] = results;

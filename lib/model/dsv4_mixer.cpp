@@ -74,8 +74,8 @@ struct Dsv4State : MixerState {
 
 // A verify forward's undo record (Dsv4Mixer::spec_begin): the compressors' pending rows and pooled
 // entries do not cut at a row, so undoing is the state before the verify forward (a snapshot of
-// the stores' row counts) forwarded again over the kept rows (the recorded mixer input). Several forwards between
-// spec_begin and spec_keep (the MTP layer's chained drafts) append their rows.
+// the stores' row counts) forwarded again over the kept rows (the recorded mixer input). Several
+// forwards between spec_begin and spec_keep (the MTP layer's chained drafts) append their rows.
 struct Dsv4Spec : SpecRecord {
   std::unique_ptr<MixerState> before;
   std::vector<DTensor> xs;  // each forward's input rows (copies)

@@ -196,6 +196,19 @@ MtpLayer::Out MtpLayer::forward_streams(Backend& be, const DTensor& emb, const i
 // ---- the model's side: the MTP layer one position behind, and the drafts ----
 namespace dz {
 
+namespace {
+// Moves st's deferred rows (mtp_extend's defer) into x at row r and their next tokens onto next;
+// returns how many.
+int64_t take_deferred(Backend& be, Model::State& st, const DTensor& x, int64_t r, std::vector<int32_t>& next) {
+  if (!st.mtp_deferred.defined()) return 0;
+  const int64_t n = st.mtp_deferred.rows();
+  be.copy_rows(st.mtp_deferred, 0, x, r, n);
+  next.insert(next.end(), st.mtp_deferred_next.begin(), st.mtp_deferred_next.end());
+  st.mtp_deferred = DTensor{}, st.mtp_deferred_next.clear();
+  return n;
+}
+}  // namespace
+
 void Model::mtp_extend(const int32_t* tokens, const std::vector<int64_t>& cu, const DTensor& hidden,
                        const std::vector<State*>& states, DTensor* out, bool defer) const {
   DZ_CHECK(mtp_, "mtp_extend: the model was loaded without its MTP layer");
@@ -222,12 +235,7 @@ void Model::mtp_extend(const int32_t* tokens, const std::vector<int64_t>& cu, co
   for (size_t b = 0; b < B; ++b) {
     State& st = *states[b];
     const int64_t n = cu[b + 1] - cu[b], r0 = r;
-    if (st.mtp_deferred.defined()) {
-      be.copy_rows(st.mtp_deferred, 0, x, r, st.mtp_deferred.rows());
-      next.insert(next.end(), st.mtp_deferred_next.begin(), st.mtp_deferred_next.end());
-      r += st.mtp_deferred.rows();
-      st.mtp_deferred = DTensor{}, st.mtp_deferred_next.clear();
-    }
+    r += take_deferred(be, st, x, r, next);
     if (st.mtp_pending.defined()) {
       be.copy_rows(st.mtp_pending, 0, x, r++, 1);
       next.push_back(tokens[cu[b]]);
@@ -295,12 +303,7 @@ std::vector<std::vector<int32_t>> Model::mtp_draft(const std::vector<int32_t>& c
       const size_t b = now[size_t(i)];
       State& st = *states[b];
       if (j == 0) {
-        if (st.mtp_deferred.defined()) {
-          be.copy_rows(st.mtp_deferred, 0, x, cu[size_t(i)], st.mtp_deferred.rows());
-          next.insert(next.end(), st.mtp_deferred_next.begin(), st.mtp_deferred_next.end());
-          deferred[b] = st.mtp_deferred.rows();
-          st.mtp_deferred = DTensor{}, st.mtp_deferred_next.clear();
-        }
+        deferred[b] = take_deferred(be, st, x, cu[size_t(i)], next);
         be.copy_rows(st.mtp_pending, 0, x, cu[size_t(i) + 1] - 1, 1);
         next.push_back(cur[b]);
       } else {
