@@ -79,7 +79,7 @@ void la_merge(const float* A, const float* B, const float* h0, int S, int HV, in
 size_t la_scan_workspace_bytes(int64_t T, int segments, int HV, int K, int V);
 void la_parallel_prefill(const LaPrefill& p, int64_t T, int segments, void* workspace, cudaStream_t stream);
 
-// ---- Recurrent decode: one token per sequence against state slots ----
+// ---- Recurrent decode: one token (or a few, cu) per sequence against state slots ----
 // q, k [B, HK, K]; v [B, HV, V]; b [B, HV]; gate.f [B, HV*K] (KDA) / [B, HV] (GDN);
 // states [num_slots, HV, K, V] updated in place at slot[i] for sequence i; o [B, HV, V].
 struct LaDecode {
@@ -93,6 +93,11 @@ struct LaDecode {
   float* states = nullptr;
   bf16* o = nullptr;
   int value_block = 0;  // state columns per CTA (32, 64 or V; 0: chosen from the CTA count)
+  // Several tokens per sequence (a speculative verify forward, DESIGN §11): sequence b takes rows
+  // cu[b] .. cu[b+1] of q / k / v / b / gate.f / o in order (device [B + 1]; nullptr: row b alone),
+  // and states_out [rows, HV, K, V] (nullptr: not kept) gets the state after each row.
+  const int32_t* cu = nullptr;
+  float* states_out = nullptr;
 };
 void la_decode(const LaDecode& p, cudaStream_t stream);
 

@@ -645,6 +645,39 @@ class CudaBackend final : public Backend {
     const DTensor ds = device_i32(slots);
     decode_kernel(a, N, ds, states);
   }
+  // A packed verify forward keeping per-row states: the decode kernel over every document's rows in
+  // order (one launch; each CTA keeps its state block in registers across the rows), the state
+  // after each row to `states`. Small heads (no decode kernel): the default, row by row.
+  void la_scan_states_slots(const LaScanArgs& a, const DTensor& pool, const std::vector<int32_t>& slots,
+                            const DTensor& states) override {
+    if (!cuda::la_chunked_supports(int(a.K), int(a.V))) {
+      Backend::la_scan_states_slots(a, pool, slots, states);
+      return;
+    }
+    const int64_t N = int64_t(slots.size()), T = a.v.rows();
+    DZ_CHECK(N >= 1 && a.sequences() == N && a.cu.front() == 0 && a.cu.back() == T &&
+                 states.numel() == T * a.HV * a.K * a.V,
+             "la_scan_states_slots: ", N, " slots, ", a.sequences(), " sequences, ", T, " rows, states ",
+             shape_str(states.shape));
+    for (int32_t s : slots)
+      DZ_CHECK(s >= 0 && s < pool.dim(0), "la_scan_states_slots: slot ", s, " outside the pool of ", pool.dim(0));
+    std::vector<int32_t> cu32(a.cu.begin(), a.cu.end());
+    const DTensor ds = device_i32(slots), dcu = device_i32(cu32);
+    const cuda::LaPrefill p = prefill_args(a);
+    cuda::LaDecode d;
+    d.kda = p.kda;
+    d.q = p.q, d.k = p.k, d.v = p.v, d.b = p.b;
+    d.gate = p.gate;
+    d.HK = p.HK, d.HV = p.HV, d.K = p.K, d.V = p.V;
+    d.scale = p.scale;
+    d.B = int(N);
+    d.slot = ds.ptr<int32_t>();
+    d.states = pool.ptr<float>();
+    d.o = p.o;
+    d.cu = dcu.ptr<int32_t>();
+    d.states_out = states.ptr<float>();
+    cuda::la_decode(d, st());
+  }
   void short_conv_slots(const DTensor& x, const DTensor& w, const DTensor& states, const std::vector<int32_t>& slots,
                         const DTensor& y) override {
     check_conv_slots(x, w, states, slots, y);
