@@ -94,6 +94,16 @@ __global__ void k_split_bf16x3_rows(const float* w, int64_t rows, int64_t D, bf1
     o[2 * D] = hi;
   }
 }
+// out [R, k·C] = each row of x [R, C] k times; 16-byte chunks (C % 8 == 0, aligned) or elements.
+template <typename E>
+__global__ void k_repeat_cols(const E* x, int64_t R, int64_t C, int k, E* out) {
+  const int64_t n = R * C;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    const E v = x[i];
+    E* o = out + (i / C) * k * C + i % C;
+    for (int j = 0; j < k; ++j) o[j * C] = v;
+  }
+}
 __global__ void k_fill_dummy(void* y, Dt dt, int64_t R, int64_t C, uint64_t key, DummyDist d, int64_t ld, int64_t r0,
                              int64_t c0) {
   const int64_t n = R * C;
@@ -960,6 +970,15 @@ void convert(const void* src, Dt sdt, void* dst, Dt ddt, int64_t n, cudaStream_t
 void split_bf16x3(const float* w, int64_t n, bf16* out, cudaStream_t s) {
   if (n <= 0) return;
   k_split_bf16x3<<<grid_for(n, 256), 256, 0, s>>>(w, n, out);
+  CUDA_CHECK_LAUNCH();
+}
+void repeat_cols(const bf16* x, int64_t R, int64_t C, int k, bf16* out, cudaStream_t s) {
+  if (R * C <= 0 || k <= 0) return;
+  if (C % 8 == 0 && aligned16(x) && aligned16(out))
+    k_repeat_cols<uint4><<<grid_for(R * C / 8, 256), 256, 0, s>>>(reinterpret_cast<const uint4*>(x), R, C / 8, k,
+                                                                   reinterpret_cast<uint4*>(out));
+  else
+    k_repeat_cols<bf16><<<grid_for(R * C, 256), 256, 0, s>>>(x, R, C, k, out);
   CUDA_CHECK_LAUNCH();
 }
 void split_bf16x3_rows(const float* w, int64_t rows, int64_t D, bf16* out, cudaStream_t s) {

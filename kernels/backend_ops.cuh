@@ -21,6 +21,8 @@ void convert(const void* src, Dt sdt, void* dst, Dt ddt, int64_t n, cudaStream_t
 // out [3, n] bf16 = (hi, mid, lo) with w = hi + mid + lo exactly (fp32 w, 8 significant bits each;
 // values under 2^-126 lose their lowest bits): an fp32 operand as three exact bf16 ones.
 void split_bf16x3(const float* w, int64_t n, __nv_bfloat16* out, cudaStream_t s);
+// out [R, k·C] = each row of x [R, C] repeated k times.
+void repeat_cols(const __nv_bfloat16* x, int64_t R, int64_t C, int k, __nv_bfloat16* out, cudaStream_t s);
 // out [rows, 3D] bf16 = (lo | mid | hi) of each row of w [rows, D], the same exact split.
 void split_bf16x3_rows(const float* w, int64_t rows, int64_t D, __nv_bfloat16* out, cudaStream_t s);
 // --dummy-weights in place (core/dummy_values.hpp): y [R, C] = dummy_value(key, (r0 + r) * ld + c0 + c, d).

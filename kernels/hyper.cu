@@ -42,27 +42,29 @@ struct Vec<1> {
 // flight together, and kept in registers for the collapse (columns past that are read again).
 // (At one scalar load in flight per thread, 8 launches took 7.9 ms of a GLM-5.3-Flash forward at
 // T = 8192: docs/perf/README.md.)
-// bc: every stream is x [T, D] itself (the first sub-layer, the streams not yet written): the same
-// arithmetic on the same values, the row read once from DRAM.
-template <int N, int W>
+// BC: every stream is x [T, D] itself (the first sub-layer, the streams not yet written): the same
+// arithmetic on the same values, one register copy of the row (a quarter of the registers at N = 4:
+// the kernel is latency-bound, occupancy is its speed; with four copies it took 0.35 ms for
+// GLM-5.3-Flash's T = 8192 at two blocks per SM).
+template <int N, int W, bool BC>
 __global__ void __launch_bounds__(kThr) k_hc_pre(const float* x, const float* m, const float* base, const float* scale,
-                                                 HcKernelParams p, int64_t D, bool bc, float* coeff, float* in) {
+                                                 HcKernelParams p, int64_t D, float* coeff, float* in) {
   using V = Vec<W>;
   const int64_t t = blockIdx.x;
-  constexpr int C = (2 + N) * N;
-  const float* xt = x + t * (bc ? 1 : N) * D;
-  const int64_t sd = bc ? 0 : D;  // stream stride
+  constexpr int C = (2 + N) * N, NR = BC ? 1 : N;  // NR: row copies held in registers
+  const float* xt = x + t * (BC ? 1 : N) * D;
+  const int64_t sd = BC ? 0 : D;  // stream stride
   const int64_t nch = D / W;  // chunks per stream
   __shared__ float red[32];
   __shared__ float cf[(2 + kMaxN) * kMaxN];
-  typename V::T xr[N][kCache];
+  typename V::T xr[NR][kCache];
   float ss = 0.f;
 #pragma unroll
   for (int j = 0; j < kCache; ++j) {
     const int64_t c = threadIdx.x + int64_t(kThr) * j;
     if (c < nch) {
 #pragma unroll
-      for (int n = 0; n < N; ++n) xr[n][j] = V::ld(xt + n * sd + c * W);
+      for (int n = 0; n < NR; ++n) xr[n][j] = V::ld(xt + n * sd + c * W);
     }
   }
 #pragma unroll
@@ -72,7 +74,7 @@ __global__ void __launch_bounds__(kThr) k_hc_pre(const float* x, const float* m,
 #pragma unroll
       for (int n = 0; n < N; ++n)
 #pragma unroll
-        for (int i = 0; i < W; ++i) ss += V::get(xr[n][j], i) * V::get(xr[n][j], i);
+        for (int i = 0; i < W; ++i) ss += V::get(xr[BC ? 0 : n][j], i) * V::get(xr[BC ? 0 : n][j], i);
     }
   }
   for (int64_t c = threadIdx.x + int64_t(kThr) * kCache; c < nch; c += kThr) {
@@ -115,7 +117,7 @@ __global__ void __launch_bounds__(kThr) k_hc_pre(const float* x, const float* m,
     if (c < nch) {
       typename V::T xs[N];
 #pragma unroll
-      for (int n = 0; n < N; ++n) xs[n] = xr[n][j];
+      for (int n = 0; n < N; ++n) xs[n] = xr[BC ? 0 : n][j];
       collapse(c, xs);
     }
   }
@@ -512,10 +514,14 @@ void hc_pre(const float* x, const float* m, const float* base, const float* scal
   const bool v4 = vec4(D, {x, in});
   with_streams(p.N, [&](auto n) {
     constexpr int N = decltype(n)::value;
-    if (v4)
-      k_hc_pre<N, 4><<<unsigned(T), kThr, 0, s>>>(x, m, base, scale, p, D, bc, coeff, in);
+    if (v4 && bc)
+      k_hc_pre<N, 4, true><<<unsigned(T), kThr, 0, s>>>(x, m, base, scale, p, D, coeff, in);
+    else if (v4)
+      k_hc_pre<N, 4, false><<<unsigned(T), kThr, 0, s>>>(x, m, base, scale, p, D, coeff, in);
+    else if (bc)
+      k_hc_pre<N, 1, true><<<unsigned(T), kThr, 0, s>>>(x, m, base, scale, p, D, coeff, in);
     else
-      k_hc_pre<N, 1><<<unsigned(T), kThr, 0, s>>>(x, m, base, scale, p, D, bc, coeff, in);
+      k_hc_pre<N, 1, false><<<unsigned(T), kThr, 0, s>>>(x, m, base, scale, p, D, coeff, in);
   });
   CUDA_CHECK_LAUNCH();
 }

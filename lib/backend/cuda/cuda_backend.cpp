@@ -1069,9 +1069,7 @@ class CudaBackend final : public Backend {
       const int64_t ld = std::max<int64_t>(nv, 1);
       const bf16* qb = b16(q) + t0 * H * D;
       if (nv > 0 && parts > 1) {  // q3 [n * H, parts * D]: each q row once per key part
-        for (int i = 0; i < parts; ++i)
-          CUDA_CHECK(cudaMemcpy2DAsync(b16w(q3) + i * D, size_t(KD) * 2, qb, size_t(D) * 2, size_t(D) * 2,
-                                       size_t(n * H), cudaMemcpyDeviceToDevice, st()));
+        cuda::repeat_cols(qb, n * H, D, parts, b16w(q3), st());  // (three 2D copies: 0.18 ms, 256-byte rows)
         qb = b16(q3);
       }
       if (nv > 0)  // prod^T [nv, n*H] (column-major) = kp [nv, KD] (rows of KD) x q rows
