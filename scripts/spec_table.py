@@ -24,16 +24,21 @@ def main(path):
             continue
         print(f"{head} (plain: {x['plain_decode_ms_per_step']:.2f} ms a step, {x['plain_tok_s']:.0f} tok/s)\n")
         print("| K | verify ms replay / per-token | restore ms replay / per-token | oracle speedup replay / "
-              "per-token (acceptance, rounds) | n-gram speedup (acceptance) | MTP draft ms, speedup |")
-        print("|---|---|---|---|---|---|")
+              "per-token | oracle acceptance, runs, tokens equal plain: replay / per-token | n-gram speedup "
+              "per-token (acceptance) | MTP draft ms, speedup per-token |")
+        print("|---|---|---|---|---|---|---|")
         for k in x["per_draft_tokens"]:
             g = k.get
+
+            def acc(h):
+                return (f"{f(g(h + '_oracle_acceptance'))}, {g(h + '_oracle_rounds', '-')}, "
+                        f"{f(g(h + '_oracle_tokens_equal_plain'))}")
             print(f"| {k['draft_tokens']} | {f(g('replay_verify_ms'))} / {f(g('per_token_verify_ms'))} "
                   f"| {f(g('replay_restore_ms'), '{:.3f}')} / {f(g('per_token_restore_ms'), '{:.3f}')} "
                   f"| {f(g('replay_oracle_speedup'))}x / {f(g('per_token_oracle_speedup'))}x "
-                  f"({f(g('replay_oracle_acceptance'))}, {g('replay_oracle_rounds', '-')}) "
-                  f"| {f(g('replay_ngram_speedup'))}x ({f(g('replay_ngram_acceptance'))}) "
-                  f"| {f(g('mtp_draft_ms'))}, {f(g('replay_mtp_speedup'))}x |")
+                  f"| {acc('replay')} / {acc('per_token')} "
+                  f"| {f(g('per_token_ngram_speedup'))}x ({f(g('per_token_ngram_acceptance'))}) "
+                  f"| {f(g('mtp_draft_ms'))}, {f(g('per_token_mtp_speedup'))}x |")
         print()
 
 
