@@ -218,6 +218,31 @@ class CudaBackend final : public Backend {
                                  static_cast<const char*>(src.data) + size_t(s0) * w, size_t(n) * w,
                                  cudaMemcpyDeviceToDevice, st()));
   }
+  // The descriptors through the upload ring, then one kernel for every copy.
+  void copy_rows_many(const std::vector<RowCopy>& copies) override {
+    std::vector<cuda::CopyDesc> d;
+    d.reserve(copies.size());
+    uint64_t max_bytes = 0;
+    for (const RowCopy& c : copies) {
+      DZ_CHECK(c.src.dtype == c.dst.dtype && c.src.cols() == c.dst.cols() && c.s0 >= 0 && c.d0 >= 0 && c.n >= 0 &&
+                   c.s0 + c.n <= c.src.rows() && c.d0 + c.n <= c.dst.rows(),
+               "copy_rows_many: ", c.n, " rows from ", c.s0, " of ", shape_str(c.src.shape), " to ", c.d0, " of ",
+               shape_str(c.dst.shape));
+      const size_t w = size_t(c.src.cols()) * dtype_size(c.src.dtype);
+      if (c.n == 0 || w == 0) continue;
+      d.push_back({static_cast<const char*>(c.src.data) + size_t(c.s0) * w,
+                   static_cast<char*>(c.dst.data) + size_t(c.d0) * w, uint64_t(c.n) * w});
+      max_bytes = std::max<uint64_t>(max_bytes, d.back().bytes);
+    }
+    if (d.empty()) return;
+    if (d.size() == 1) {  // one copy: the copy engine's own path
+      CUDA_CHECK(cudaMemcpyAsync(d[0].dst, d[0].src, d[0].bytes, cudaMemcpyDeviceToDevice, st()));
+      return;
+    }
+    DTensor t = alloc({int64_t(d.size() * sizeof(cuda::CopyDesc))}, DType::U8);
+    h2d(t.data, d.data(), t.bytes());
+    cuda::copy_many(static_cast<const cuda::CopyDesc*>(t.data), int(d.size()), max_bytes, st());
+  }
   void copy_cols(const DTensor& src, int64_t s0, const DTensor& dst, int64_t d0, int64_t w) override {
     DZ_CHECK(src.dtype == dst.dtype && src.rows() == dst.rows() && s0 >= 0 && d0 >= 0 && s0 + w <= src.cols() &&
                  d0 + w <= dst.cols(),
