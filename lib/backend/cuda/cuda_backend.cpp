@@ -688,20 +688,7 @@ class CudaBackend final : public Backend {
       DZ_CHECK(s >= 0 && s < pool.dim(0), "la_scan_states_slots: slot ", s, " outside the pool of ", pool.dim(0));
     std::vector<int32_t> cu32(a.cu.begin(), a.cu.end());
     const DTensor ds = device_i32(slots), dcu = device_i32(cu32);
-    const cuda::LaPrefill p = prefill_args(a);
-    cuda::LaDecode d;
-    d.kda = p.kda;
-    d.q = p.q, d.k = p.k, d.v = p.v, d.b = p.b;
-    d.gate = p.gate;
-    d.HK = p.HK, d.HV = p.HV, d.K = p.K, d.V = p.V;
-    d.scale = p.scale;
-    d.B = int(N);
-    d.slot = ds.ptr<int32_t>();
-    d.states = pool.ptr<float>();
-    d.o = p.o;
-    d.cu = dcu.ptr<int32_t>();
-    d.states_out = states.ptr<float>();
-    cuda::la_decode(d, st());
+    decode_kernel(a, N, ds, pool, &dcu, &states);
   }
   void short_conv_slots(const DTensor& x, const DTensor& w, const DTensor& states, const std::vector<int32_t>& slots,
                         const DTensor& y) override {
@@ -731,8 +718,11 @@ class CudaBackend final : public Backend {
     const DTensor slots = positions(0, n);  // slot b = b, made on the stream
     decode_kernel(a, n, slots, states);
   }
-  // The decode kernel for n sequences, sequence b at slot slots[b] (device I32) of states.
-  void decode_kernel(const LaScanArgs& a, int64_t n, const DTensor& slots, const DTensor& states) {
+  // The decode kernel for n sequences, sequence b at slot slots[b] (device I32) of states; with cu
+  // (device I32 [n + 1]), rows cu[b] .. cu[b+1] of sequence b, the state after each row to
+  // states_out when given.
+  void decode_kernel(const LaScanArgs& a, int64_t n, const DTensor& slots, const DTensor& states,
+                     const DTensor* cu = nullptr, const DTensor* states_out = nullptr) {
     const cuda::LaPrefill p = prefill_args(a);
     cuda::LaDecode d;
     d.kda = p.kda;
@@ -744,6 +734,8 @@ class CudaBackend final : public Backend {
     d.slot = slots.ptr<int32_t>();
     d.states = states.ptr<float>();
     d.o = p.o;
+    if (cu) d.cu = cu->ptr<int32_t>();
+    if (states_out) d.states_out = states_out->ptr<float>();
     cuda::la_decode(d, st());
   }
   // Through the scan itself: B is the state after the segment from S = 0; A is the state after it
