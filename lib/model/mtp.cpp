@@ -283,9 +283,7 @@ std::vector<std::vector<int32_t>> Model::mtp_draft(const std::vector<int32_t>& c
   if (first_logits) first_logits->resize(size_t(int64_t(B) * V));
   // The first forward's rows (deferred ones and the pending row with the chosen token) stay; the
   // chained rows are undone at the end.
-  Mixer::Copies copies;
-  for (size_t b : docs) mtp_->mixer->spec_begin(*states[b]->mtp, SpecRestore::Replay, &copies);
-  be_->copy_rows_many(copies);
+  for (size_t b : docs) mtp_->mixer->spec_begin(*states[b]->mtp, SpecRestore::Replay);
   std::vector<int64_t> deferred(B, 0);
   DTensor carry;
   std::vector<size_t> prev;  // the documents of carry's rows
@@ -339,9 +337,7 @@ std::vector<std::vector<int32_t>> Model::mtp_draft(const std::vector<int32_t>& c
     carry = o.carry;
     prev = now;
   }
-  copies.clear();
-  for (size_t b : docs) mtp_->mixer->spec_keep(*states[b]->mtp, 1 + deferred[b], &copies);
-  be_->copy_rows_many(copies);
+  for (size_t b : docs) mtp_->mixer->spec_keep(*states[b]->mtp, 1 + deferred[b]);
   return drafts;
 }
 
