@@ -104,6 +104,20 @@ __global__ void k_repeat_cols(const E* x, int64_t R, int64_t C, int k, E* out) {
     for (int j = 0; j < k; ++j) o[j * C] = v;
   }
 }
+// One CTA row (blockIdx.y) per copy; the CTAs of a row stride over its 16-byte words.
+__global__ void k_copy_many(const CopyDesc* descs) {
+  const CopyDesc d = descs[blockIdx.y];
+  const int64_t stride = int64_t(gridDim.x) * blockDim.x, i0 = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (((reinterpret_cast<uintptr_t>(d.src) | reinterpret_cast<uintptr_t>(d.dst) | d.bytes) & 15) == 0) {
+    const uint4* s = static_cast<const uint4*>(d.src);
+    uint4* o = static_cast<uint4*>(d.dst);
+    for (int64_t i = i0; i < int64_t(d.bytes / 16); i += stride) o[i] = s[i];
+  } else {
+    const unsigned char* s = static_cast<const unsigned char*>(d.src);
+    unsigned char* o = static_cast<unsigned char*>(d.dst);
+    for (int64_t i = i0; i < int64_t(d.bytes); i += stride) o[i] = s[i];
+  }
+}
 __global__ void k_fill_dummy(void* y, Dt dt, int64_t R, int64_t C, uint64_t key, DummyDist d, int64_t ld, int64_t r0,
                              int64_t c0) {
   const int64_t n = R * C;
@@ -980,6 +994,18 @@ void repeat_cols(const bf16* x, int64_t R, int64_t C, int k, bf16* out, cudaStre
   else
     k_repeat_cols<bf16><<<grid_for(R * C, 256), 256, 0, s>>>(x, R, C, k, out);
   CUDA_CHECK_LAUNCH();
+}
+void copy_many(const CopyDesc* descs, int n, uint64_t max_bytes, cudaStream_t s) {
+  if (n <= 0 || max_bytes == 0) return;
+  constexpr int kThreads = 256;
+  // enough CTAs per copy to cover the largest at a word a thread, at most 32 (a copy of 2 MiB then
+  // takes 16 words a thread); rows of the grid in chunks of 65535 copies
+  const unsigned x = unsigned(std::min<uint64_t>((max_bytes / 16 + kThreads - 1) / kThreads + 1, 32));
+  for (int at = 0; at < n; at += 65535) {
+    const int m = std::min(n - at, 65535);
+    k_copy_many<<<dim3(x, unsigned(m)), kThreads, 0, s>>>(descs + at);
+    CUDA_CHECK_LAUNCH();
+  }
 }
 void split_bf16x3_rows(const float* w, int64_t rows, int64_t D, bf16* out, cudaStream_t s) {
   if (rows * D <= 0) return;

@@ -23,6 +23,14 @@ void convert(const void* src, Dt sdt, void* dst, Dt ddt, int64_t n, cudaStream_t
 void split_bf16x3(const float* w, int64_t n, __nv_bfloat16* out, cudaStream_t s);
 // out [R, k·C] = each row of x [R, C] repeated k times.
 void repeat_cols(const __nv_bfloat16* x, int64_t R, int64_t C, int k, __nv_bfloat16* out, cudaStream_t s);
+// Many independent device copies in one launch (Backend::copy_rows_many): descs [n] on the device;
+// max_bytes: the largest copy (sizes the grid). 16-byte words where a copy's ends allow, else bytes.
+struct CopyDesc {
+  const void* src;
+  void* dst;
+  uint64_t bytes;
+};
+void copy_many(const CopyDesc* descs, int n, uint64_t max_bytes, cudaStream_t s);
 // out [rows, 3D] bf16 = (lo | mid | hi) of each row of w [rows, D], the same exact split.
 void split_bf16x3_rows(const float* w, int64_t rows, int64_t D, __nv_bfloat16* out, cudaStream_t s);
 // --dummy-weights in place (core/dummy_values.hpp): y [R, C] = dummy_value(key, (r0 + r) * ld + c0 + c, d).

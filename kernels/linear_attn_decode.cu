@@ -104,8 +104,10 @@ __device__ __forceinline__ void decode_row(const LaDecode& p, int r, int h, int 
   }
 }
 
-// One CTA per (value head, block of BV state columns, sequence): one token (row b).
-template <int K, int V, int BV, bool KDA>
+// One CTA per (value head, block of BV state columns, sequence b). ROWS = false: one token, row b
+// (the decode step). ROWS: rows cu[b] .. cu[b+1] of sequence b in order (a speculative verify
+// forward), the state after each row to states_out when given, the slot's after the last.
+template <int K, int V, int BV, bool KDA, bool ROWS>
 __global__ void __launch_bounds__(NT) decode_kernel(const LaDecode p) {
   constexpr int LPR = BV / 4, RPP = NT / LPR, RPT = K / RPP;
   const int h = blockIdx.x / (V / BV), y0 = (blockIdx.x % (V / BV)) * BV;
@@ -120,26 +122,10 @@ __global__ void __launch_bounds__(NT) decode_kernel(const LaDecode p) {
   for (int m = 0; m < RPT; ++m) st[m] = S[(rg + m * RPP) * (V / 4) + cg];
   __shared__ DecodeSmem<K, BV> sm;
   const float aexp = p.gate.A_log ? expf(p.gate.A_log[h]) : 1.f;
-  decode_row<K, V, BV, KDA, false>(p, b, h, hk, y0, aexp, st, S, sm);
-}
-
-// The same over rows cu[b] .. cu[b+1] of sequence b in order (a speculative verify forward), the
-// state after each row to states_out when given, the slot's state written after the last.
-template <int K, int V, int BV, bool KDA>
-__global__ void __launch_bounds__(NT) decode_rows_kernel(const LaDecode p) {
-  constexpr int LPR = BV / 4, RPP = NT / LPR, RPT = K / RPP;
-  const int h = blockIdx.x / (V / BV), y0 = (blockIdx.x % (V / BV)) * BV;
-  const int b = blockIdx.y, tid = threadIdx.x;
-  const int slot = p.slot[b];
-  if (slot < 0) return;
-  const int hk = h / (p.HV / p.HK);
-  const int cg = tid % LPR, rg = tid / LPR;
-  float4* S = reinterpret_cast<float4*>(p.states + (size_t(slot) * p.HV + h) * K * V + y0);
-  float4 st[RPT];
-#pragma unroll
-  for (int m = 0; m < RPT; ++m) st[m] = S[(rg + m * RPP) * (V / 4) + cg];
-  __shared__ DecodeSmem<K, BV> sm;
-  const float aexp = p.gate.A_log ? expf(p.gate.A_log[h]) : 1.f;
+  if (!ROWS) {
+    decode_row<K, V, BV, KDA, false>(p, b, h, hk, y0, aexp, st, S, sm);
+    return;
+  }
   const int r0 = p.cu[b], r1 = p.cu[b + 1];
   for (int r = r0; r < r1; ++r) {
     if (r > r0) __syncthreads();  // the previous row's shared values are read to the end
@@ -156,9 +142,9 @@ template <int K, int V, int BV, bool KDA>
 void launch_kv(const LaDecode& p, cudaStream_t stream) {
   const dim3 grid(unsigned(p.HV * (V / BV)), unsigned(p.B));
   if (p.cu)
-    decode_rows_kernel<K, V, BV, KDA><<<grid, NT, 0, stream>>>(p);
+    decode_kernel<K, V, BV, KDA, true><<<grid, NT, 0, stream>>>(p);
   else
-    decode_kernel<K, V, BV, KDA><<<grid, NT, 0, stream>>>(p);
+    decode_kernel<K, V, BV, KDA, false><<<grid, NT, 0, stream>>>(p);
   CUDA_CHECK_LAUNCH();
 }
 

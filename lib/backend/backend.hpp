@@ -181,6 +181,18 @@ class Backend {
   virtual void fill_zero(const DTensor& t) = 0;
   // dst[d0 + i, :] = src[s0 + i, :] for i < n (same dtype, same columns; matrices by rows()).
   virtual void copy_rows(const DTensor& src, int64_t s0, const DTensor& dst, int64_t d0, int64_t n) = 0;
+  // Many copy_rows at once, none reading what another writes (the speculative restore's copies of
+  // every document and layer: ~1,000 at B = 64, launch-bound one by one on the GPU). The CPU: in
+  // order; CUDA: one launch over all of them.
+  struct RowCopy {
+    DTensor src;
+    int64_t s0 = 0;
+    DTensor dst;
+    int64_t d0 = 0, n = 0;
+  };
+  virtual void copy_rows_many(const std::vector<RowCopy>& copies) {
+    for (const RowCopy& c : copies) copy_rows(c.src, c.s0, c.dst, c.d0, c.n);
+  }
   // dst[:, d0 + j] = src[:, s0 + j] for j < w (same dtype, same rows).
   virtual void copy_cols(const DTensor& src, int64_t s0, const DTensor& dst, int64_t d0, int64_t w) = 0;
   // Converting copy (any float dtypes, same numel).

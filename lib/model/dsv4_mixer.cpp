@@ -226,13 +226,13 @@ class Dsv4Mixer : public Mixer {
     s->ipend.init(*be_, icomp_.width(), be_->act_dtype());
     return s;
   }
-  void spec_begin(MixerState& ms, SpecRestore) const override {
+  void spec_begin(MixerState& ms, SpecRestore, Copies*) const override {
     auto& st = static_cast<Dsv4State&>(ms);
     auto r = std::make_unique<Dsv4Spec>();
     r->before = st.snapshot();
     st.spec = std::move(r);
   }
-  void spec_keep(MixerState& ms, int64_t keep) const override {
+  void spec_keep(MixerState& ms, int64_t keep, Copies*) const override {  // (its copies feed its re-forward)
     auto& st = static_cast<Dsv4State&>(ms);
     auto* r = dynamic_cast<Dsv4Spec*>(st.spec.get());
     DZ_CHECK(r && r->rows > 0, "DeepSeek-V4 mixer: spec_keep without spec_begin and a verify forward");

@@ -37,18 +37,21 @@ struct LaSpec : SpecRecord {
 LaSpec* la_spec(MixerState& st) { return dynamic_cast<LaSpec*>(st.spec.get()); }
 }  // namespace
 
-void LinearAttnMixer::spec_begin(MixerState& base, SpecRestore how) const {
+void LinearAttnMixer::spec_begin(MixerState& base, SpecRestore how, Copies* copies) const {
   LaState& st = state_of(base);
   auto r = std::make_unique<LaSpec>();
   r->how = how;
   r->pos0 = st.pos;
   const DTensor S = st.S(), c = st.conv();
+  Copies now;
+  Copies& cp = copies ? *copies : now;
   if (how == SpecRestore::Replay) {
     r->S0 = be_->alloc(S.shape, S.dtype);
-    be_->copy_rows(S.reshaped({1, S.numel()}), 0, r->S0.reshaped({1, S.numel()}), 0, 1);
+    cp.push_back({S.reshaped({1, S.numel()}), 0, r->S0.reshaped({1, S.numel()}), 0, 1});
   }
   r->conv0 = be_->alloc(c.shape, c.dtype);
-  if (c.numel()) be_->copy_rows(c, 0, r->conv0, 0, c.rows());
+  if (c.numel()) cp.push_back({c, 0, r->conv0, 0, c.rows()});
+  if (!now.empty()) be_->copy_rows_many(now);
   st.spec = std::move(r);
 }
 
@@ -60,7 +63,7 @@ void LinearAttnMixer::note_spec(LaState& st, const Tok& tk, int64_t r0, int64_t 
   r->noted = true;
 }
 
-void LinearAttnMixer::spec_keep(MixerState& base, int64_t keep) const {
+void LinearAttnMixer::spec_keep(MixerState& base, int64_t keep, Copies* copies) const {
   LaState& st = state_of(base);
   LaSpec* r = la_spec(st);
   DZ_CHECK(r && r->noted, name_, " mixer: spec_keep without spec_begin and a verify forward");
@@ -73,11 +76,14 @@ void LinearAttnMixer::spec_keep(MixerState& base, int64_t keep) const {
     if (r->how == SpecRestore::PerToken) {  // the kept row's state; the tail from the inputs
       DZ_CHECK(r->states.numel() == T * n, name_, " mixer: per-token states of ", r->states.numel() / std::max<int64_t>(n, 1),
                " rows for a verify forward of ", T);
-      be_->copy_rows(r->states.reshaped({T, n}), keep - 1, S.reshaped({1, n}), 0, 1);
+      Copies now;
+      Copies& cp = copies ? *copies : now;  // (the copies hold the record's buffers past its reset)
+      cp.push_back({r->states.reshaped({T, n}), keep - 1, S.reshaped({1, n}), 0, 1});
       // the last P inputs of [tail before; kept rows]: old tail rows keep .. P-1, then kept rows
       const int64_t old_rows = std::max<int64_t>(P - keep, 0);
-      if (old_rows) be_->copy_rows(r->conv0, P - old_rows, c, 0, old_rows);
-      if (P - old_rows) be_->copy_rows(r->pre, keep - (P - old_rows), c, old_rows, P - old_rows);
+      if (old_rows) cp.push_back({r->conv0, P - old_rows, c, 0, old_rows});
+      if (P - old_rows) cp.push_back({r->pre, keep - (P - old_rows), c, old_rows, P - old_rows});
+      if (!now.empty()) be_->copy_rows_many(now);
     } else {  // back to the snapshot, then the conv and the scan over the kept rows
       be_->copy_rows(r->S0.reshaped({1, n}), 0, S.reshaped({1, n}), 0, 1);
       if (P) be_->copy_rows(r->conv0, 0, c, 0, P);

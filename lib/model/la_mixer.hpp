@@ -35,8 +35,8 @@ class LinearAttnMixer : public Mixer {
   // and runs the conv and the scan again over the kept rows (no projection again). PerToken: the
   // verify forward scans row by row keeping every row's state (Backend::la_scan_states); spec_keep
   // takes the kept row's and rebuilds the conv tail from the old tail and the kept inputs.
-  void spec_begin(MixerState& st, SpecRestore how) const override;
-  void spec_keep(MixerState& st, int64_t keep) const override;
+  void spec_begin(MixerState& st, SpecRestore how, Copies* copies) const override;
+  void spec_keep(MixerState& st, int64_t keep, Copies* copies) const override;
   using Mixer::forward;
   using Mixer::forward_cp;
 

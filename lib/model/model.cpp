@@ -419,25 +419,29 @@ DTensor Model::run(const int32_t* tokens, int64_t T, const MixFn& mix, const std
 }
 
 void Model::spec_begin(const std::vector<State*>& states, SpecRestore how) const {
+  Mixer::Copies copies;
   for (State* st : states) {
     DZ_CHECK(st && st->mixers.size() == layers_.size(), "spec_begin: a state of another model");
-    for (size_t i = 0; i < layers_.size(); ++i) layers_[i].mixer->spec_begin(*st->mixers[i], how);
+    for (size_t i = 0; i < layers_.size(); ++i) layers_[i].mixer->spec_begin(*st->mixers[i], how, &copies);
   }
+  be_->copy_rows_many(copies);  // every document's and layer's snapshot copies in one launch
 }
 
 void Model::spec_keep(const std::vector<State*>& states, const std::vector<int64_t>& keep) const {
   DZ_CHECK(keep.size() == states.size(), "spec_keep: ", keep.size(), " counts for ", states.size(), " states");
+  Mixer::Copies copies;
   for (size_t b = 0; b < states.size(); ++b) {
     State& st = *states[b];
     int64_t pos = -1;
     for (size_t i = 0; i < layers_.size(); ++i) {
-      layers_[i].mixer->spec_keep(*st.mixers[i], keep[b]);
+      layers_[i].mixer->spec_keep(*st.mixers[i], keep[b], &copies);
       DZ_CHECK(pos < 0 || st.mixers[i]->pos == pos, "spec_keep: layers disagree on the position (", pos, " vs ",
                st.mixers[i]->pos, ")");
       pos = st.mixers[i]->pos;
     }
     if (pos >= 0) st.pos = pos;
   }
+  be_->copy_rows_many(copies);  // the kept states of every document and layer in one launch
 }
 
 void Model::logits(const float* hidden, int64_t rows, float* out) const { head_.logits_full(hidden, rows, out); }

@@ -50,8 +50,12 @@ class Mixer {
   // <= T) and undo the others, as if only the kept rows had been forwarded; st.pos ends at the
   // position before the verify forward plus keep. The default (attention caches) and DeepSeek-V4's
   // also take several forwards between the two, T rows in all: Model::mtp_draft's chained MTP rows.
-  virtual void spec_begin(MixerState& st, SpecRestore how) const;
-  virtual void spec_keep(MixerState& st, int64_t keep) const;
+  // copies: where a mixer puts its device copies that read nothing another copy writes and that
+  // nothing reads before the caller makes them all at once (Backend::copy_rows_many: one launch
+  // for every document and layer, Model::spec_begin / spec_keep); nullptr: made at once.
+  using Copies = std::vector<Backend::RowCopy>;
+  virtual void spec_begin(MixerState& st, SpecRestore how, Copies* copies) const;
+  virtual void spec_keep(MixerState& st, int64_t keep, Copies* copies) const;
 
   // Host fp32 conveniences for mixers on the CPU backend (tools, tests).
   void forward(const float* x, int64_t T, MixerState& st, float* out) const {

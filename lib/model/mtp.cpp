@@ -283,7 +283,9 @@ std::vector<std::vector<int32_t>> Model::mtp_draft(const std::vector<int32_t>& c
   if (first_logits) first_logits->resize(size_t(int64_t(B) * V));
   // The first forward's rows (deferred ones and the pending row with the chosen token) stay; the
   // chained rows are undone at the end.
-  for (size_t b : docs) mtp_->mixer->spec_begin(*states[b]->mtp, SpecRestore::Replay);
+  Mixer::Copies copies;
+  for (size_t b : docs) mtp_->mixer->spec_begin(*states[b]->mtp, SpecRestore::Replay, &copies);
+  be_->copy_rows_many(copies);
   std::vector<int64_t> deferred(B, 0);
   DTensor carry;
   std::vector<size_t> prev;  // the documents of carry's rows
@@ -337,7 +339,9 @@ std::vector<std::vector<int32_t>> Model::mtp_draft(const std::vector<int32_t>& c
     carry = o.carry;
     prev = now;
   }
-  for (size_t b : docs) mtp_->mixer->spec_keep(*states[b]->mtp, 1 + deferred[b]);
+  copies.clear();
+  for (size_t b : docs) mtp_->mixer->spec_keep(*states[b]->mtp, 1 + deferred[b], &copies);
+  be_->copy_rows_many(copies);
   return drafts;
 }
 

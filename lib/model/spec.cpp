@@ -14,7 +14,7 @@ struct CacheMark : SpecRecord {
 };
 }  // namespace
 
-void Mixer::spec_begin(MixerState& st, SpecRestore) const {
+void Mixer::spec_begin(MixerState& st, SpecRestore, Copies*) const {
   auto* c = dynamic_cast<AttnCache*>(&st);
   DZ_CHECK(c, "speculative decoding: this mixer's state cannot undo a verify forward");
   auto m = std::make_unique<CacheMark>();
@@ -23,7 +23,7 @@ void Mixer::spec_begin(MixerState& st, SpecRestore) const {
   c->spec = std::move(m);
 }
 
-void Mixer::spec_keep(MixerState& st, int64_t keep) const {
+void Mixer::spec_keep(MixerState& st, int64_t keep, Copies*) const {
   auto* c = dynamic_cast<AttnCache*>(&st);
   auto* m = c ? dynamic_cast<CacheMark*>(c->spec.get()) : nullptr;
   DZ_CHECK(m, "speculative decoding: spec_keep without spec_begin on an attention cache");

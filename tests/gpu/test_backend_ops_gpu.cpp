@@ -293,6 +293,27 @@ TEST_CASE("backend ops: copies, RoPE, attention and AttnRes on cuda equal the cp
       be.copy_rows(a.reshaped({T, C}), 0, o.reshaped({2 * T, C}), T, T);
       return be.to_host(o);
     });
+    // copy_rows_many (one launch on cuda): rows of 20 bytes at odd offsets (the byte path), of
+    // 160 and 4096 bytes (16-byte words), several into one destination, a copy of 0 rows; exact.
+    check("copy_rows_many", sh, 0.0, [&](Backend& be) {
+      std::vector<float> out;
+      std::vector<Backend::RowCopy> cs;
+      std::vector<DTensor> dsts;
+      for (int64_t w : {int64_t(5), C, int64_t(1024)}) {
+        const auto xw = rnd(size_t(T * w), uint32_t(12 + w));
+        DTensor a = be.upload(xw.data(), {T, w}, DType::F32), o = be.zeros({2 * T + 1, w}, DType::F32);
+        cs.push_back({a, 0, o, 1, T});                 // all rows, one row down
+        cs.push_back({a, T / 2, o, T + 1, T - T / 2});  // the second half again below
+        cs.push_back({a, 0, o, 0, 0});
+        dsts.push_back(o);
+      }
+      be.copy_rows_many(cs);
+      for (const DTensor& o : dsts) {
+        const auto h = be.to_host(o);
+        out.insert(out.end(), h.begin(), h.end());
+      }
+      return out;
+    });
     // RoPE: NeoX partial (offset) and interleaved with YaRN, at a late position
     for (bool inter : {false, true}) {
       dz::RopeConfig rc;

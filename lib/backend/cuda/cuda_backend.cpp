@@ -218,6 +218,31 @@ class CudaBackend final : public Backend {
                                  static_cast<const char*>(src.data) + size_t(s0) * w, size_t(n) * w,
                                  cudaMemcpyDeviceToDevice, st()));
   }
+  // The descriptors through the upload ring, then one kernel for every copy.
+  void copy_rows_many(const std::vector<RowCopy>& copies) override {
+    std::vector<cuda::CopyDesc> d;
+    d.reserve(copies.size());
+    uint64_t max_bytes = 0;
+    for (const RowCopy& c : copies) {
+      DZ_CHECK(c.src.dtype == c.dst.dtype && c.src.cols() == c.dst.cols() && c.s0 >= 0 && c.d0 >= 0 && c.n >= 0 &&
+                   c.s0 + c.n <= c.src.rows() && c.d0 + c.n <= c.dst.rows(),
+               "copy_rows_many: ", c.n, " rows from ", c.s0, " of ", shape_str(c.src.shape), " to ", c.d0, " of ",
+               shape_str(c.dst.shape));
+      const size_t w = size_t(c.src.cols()) * dtype_size(c.src.dtype);
+      if (c.n == 0 || w == 0) continue;
+      d.push_back({static_cast<const char*>(c.src.data) + size_t(c.s0) * w,
+                   static_cast<char*>(c.dst.data) + size_t(c.d0) * w, uint64_t(c.n) * w});
+      max_bytes = std::max<uint64_t>(max_bytes, d.back().bytes);
+    }
+    if (d.empty()) return;
+    if (d.size() == 1) {  // one copy: the copy engine's own path
+      CUDA_CHECK(cudaMemcpyAsync(d[0].dst, d[0].src, d[0].bytes, cudaMemcpyDeviceToDevice, st()));
+      return;
+    }
+    DTensor t = alloc({int64_t(d.size() * sizeof(cuda::CopyDesc))}, DType::U8);
+    h2d(t.data, d.data(), t.bytes());
+    cuda::copy_many(static_cast<const cuda::CopyDesc*>(t.data), int(d.size()), max_bytes, st());
+  }
   void copy_cols(const DTensor& src, int64_t s0, const DTensor& dst, int64_t d0, int64_t w) override {
     DZ_CHECK(src.dtype == dst.dtype && src.rows() == dst.rows() && s0 >= 0 && d0 >= 0 && s0 + w <= src.cols() &&
                  d0 + w <= dst.cols(),
@@ -663,20 +688,7 @@ class CudaBackend final : public Backend {
       DZ_CHECK(s >= 0 && s < pool.dim(0), "la_scan_states_slots: slot ", s, " outside the pool of ", pool.dim(0));
     std::vector<int32_t> cu32(a.cu.begin(), a.cu.end());
     const DTensor ds = device_i32(slots), dcu = device_i32(cu32);
-    const cuda::LaPrefill p = prefill_args(a);
-    cuda::LaDecode d;
-    d.kda = p.kda;
-    d.q = p.q, d.k = p.k, d.v = p.v, d.b = p.b;
-    d.gate = p.gate;
-    d.HK = p.HK, d.HV = p.HV, d.K = p.K, d.V = p.V;
-    d.scale = p.scale;
-    d.B = int(N);
-    d.slot = ds.ptr<int32_t>();
-    d.states = pool.ptr<float>();
-    d.o = p.o;
-    d.cu = dcu.ptr<int32_t>();
-    d.states_out = states.ptr<float>();
-    cuda::la_decode(d, st());
+    decode_kernel(a, N, ds, pool, &dcu, &states);
   }
   void short_conv_slots(const DTensor& x, const DTensor& w, const DTensor& states, const std::vector<int32_t>& slots,
                         const DTensor& y) override {
@@ -706,8 +718,11 @@ class CudaBackend final : public Backend {
     const DTensor slots = positions(0, n);  // slot b = b, made on the stream
     decode_kernel(a, n, slots, states);
   }
-  // The decode kernel for n sequences, sequence b at slot slots[b] (device I32) of states.
-  void decode_kernel(const LaScanArgs& a, int64_t n, const DTensor& slots, const DTensor& states) {
+  // The decode kernel for n sequences, sequence b at slot slots[b] (device I32) of states; with cu
+  // (device I32 [n + 1]), rows cu[b] .. cu[b+1] of sequence b, the state after each row to
+  // states_out when given.
+  void decode_kernel(const LaScanArgs& a, int64_t n, const DTensor& slots, const DTensor& states,
+                     const DTensor* cu = nullptr, const DTensor* states_out = nullptr) {
     const cuda::LaPrefill p = prefill_args(a);
     cuda::LaDecode d;
     d.kda = p.kda;
@@ -719,6 +734,8 @@ class CudaBackend final : public Backend {
     d.slot = slots.ptr<int32_t>();
     d.states = states.ptr<float>();
     d.o = p.o;
+    if (cu) d.cu = cu->ptr<int32_t>();
+    if (states_out) d.states_out = states_out->ptr<float>();
     cuda::la_decode(d, st());
   }
   // Through the scan itself: B is the state after the segment from S = 0; A is the state after it
