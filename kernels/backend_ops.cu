@@ -722,6 +722,15 @@ __global__ void k_scatter(const int32_t* idx, int64_t n, const int32_t* offsets,
     pos_of[a] = pos;
   }
 }
+__global__ void k_moe_local_experts(const int32_t* idx, const float* w, int64_t n, int e0, int El, int32_t* idx_l,
+                                    float* w_l) {
+  for (int64_t a = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; a < n; a += int64_t(gridDim.x) * blockDim.x) {
+    const int e = idx[a] - e0;
+    const bool mine = e >= 0 && e < El;
+    idx_l[a] = mine ? e : El;
+    w_l[a] = mine ? w[a] : 0.f;
+  }
+}
 __global__ void k_gather_rows(const bf16* x, const int32_t* perm, int64_t n, int top_k, int64_t D, bf16* xs) {
   const int64_t total = n * D;
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total; i += int64_t(gridDim.x) * blockDim.x) {
@@ -1222,6 +1231,12 @@ void moe_dispatch(const int32_t* idx, int64_t T, int top_k, int E, int32_t* coun
     k_scatter<<<grid_for(n, 256), 256, 0, s>>>(idx, n, offsets, counts, perm, pos_of);
     CUDA_CHECK_LAUNCH();
   }
+}
+void moe_local_experts(const int32_t* idx, const float* w, int64_t n, int e0, int El, int32_t* idx_l, float* w_l,
+                       cudaStream_t s) {
+  if (n <= 0) return;
+  k_moe_local_experts<<<grid_for(n, 256), 256, 0, s>>>(idx, w, n, e0, El, idx_l, w_l);
+  CUDA_CHECK_LAUNCH();
 }
 // Rows of D bf16 can move as 16-byte vectors: D % 8 == 0 and both bases 16-byte aligned.
 static bool vec8(const void* a, const void* b, int64_t D) {

@@ -116,6 +116,10 @@ void moe_select(const float* logits, const float* bias, int64_t T, const RoutePa
 // zeroed by the call.
 void moe_dispatch(const int32_t* idx, int64_t T, int top_k, int E, int32_t* counts, int32_t* offsets,
                   int32_t* tile_off, int32_t* perm, int32_t* pos_of, cudaStream_t s);
+// Expert parallelism: the global experts idx [n] of which this rank holds [e0, e0 + El) ->
+// local ids (idx - e0), every other one (or a negative id) to the sink bucket El with weight 0.
+void moe_local_experts(const int32_t* idx, const float* w, int64_t n, int e0, int El, int32_t* idx_l, float* w_l,
+                       cudaStream_t s);
 // xs [T*top_k, D] = x[perm[i] / top_k]
 void gather_rows(const __nv_bfloat16* x, const int32_t* perm, int64_t n, int top_k, int64_t D, __nv_bfloat16* xs,
                  cudaStream_t s);

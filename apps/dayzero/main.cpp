@@ -32,6 +32,11 @@ int main(int argc, char** argv) {
   run->add_option("--output", ro.output, "Output HDF5")->required();
   run->add_option("--cp", ro.cp, "Context-parallel ranks per document")->capture_default_str();
   run->add_option("--tp", ro.tp, "Tensor-parallel ranks")->capture_default_str();
+  run->add_option("--ep", ro.ep,
+                  "Expert-parallel ranks: the routed experts are split whole over this many ranks (--tp times a "
+                  "divisor of --cp; rows are sent to their experts' ranks by all-to-all) instead of width-sharded "
+                  "over --tp (1)")
+      ->capture_default_str();
   run->add_option("--max-batch-tokens", ro.max_batch_tokens,
                   "Tokens per forward: shorter documents are packed together into forwards of up to this many "
                   "tokens (varlen), a longer one is prefilled in chunks of this size (0: one whole document per "

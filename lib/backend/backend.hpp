@@ -49,6 +49,12 @@ struct MoeWeights {
   // Per call (DeepSeek-V4 hash_moe): [T, top_k] I32 experts of each row, replacing the selection
   // (ops/moe.hpp moe_select's fixed); undefined: the router selects.
   DTensor fixed;
+  // Per call, with `fixed`: [T, top_k] F32 weights of those experts; then no router runs (expert
+  // parallelism: routed on another rank, or by Backend::moe_route before).
+  DTensor fixed_wt;
+  // Expert parallelism (--ep): the stacked experts are the global experts [e0, e0 + E_local)
+  // (E_local = experts.gate.dim(0)); assignments to any other expert add nothing here.
+  int64_t e0 = 0;
   // Per call (Kimi K3's latent MoE): the router's input [T, D] when the experts read another one
   // (x = the latent [T, L]); undefined: the router reads x. No shared expert with it (it would
   // read which one?): the latent MoE adds its shared experts itself.
@@ -238,6 +244,10 @@ class Backend {
   // Routed experts (+ shared expert) for T tokens: y [T, DX] (overwritten) from the experts' input
   // x [T, DX]; the router reads w.route_x [T, D] when defined, else x (DX = D).
   virtual void moe(const RouterConfig& rc, const MoeWeights& w, const DTensor& x, const DTensor& y) = 0;
+  // The routing alone: idx [T, top_k] I32 (ascending experts), wt [T, top_k] F32, as moe() routes
+  // (w.route_x or x, w.fixed; expert parallelism routes once, then sends rows to the experts' owners).
+  virtual void moe_route(const RouterConfig& rc, const MoeWeights& w, const DTensor& x, const DTensor& idx,
+                         const DTensor& wt) = 0;
   // Short causal depthwise conv + SiLU over one sequence: x, y [T, C]; w [C, W] act; state
   // [W-1, C] act, in/out (the last W-1 inputs).
   virtual void short_conv(const DTensor& x, const DTensor& w, const DTensor& state, const DTensor& y) = 0;

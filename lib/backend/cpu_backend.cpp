@@ -165,24 +165,43 @@ class CpuBackend final : public Backend {
     const int64_t D = w.gate.dim(1), T = x.numel() / D;
     dz::swiglu_mlp(view(w), x.f32(), y.f32(), T, D);
   }
-  void moe(const RouterConfig& rc, const MoeWeights& w, const DTensor& x, const DTensor& y) override {
+  void moe_route(const RouterConfig& rc, const MoeWeights& w, const DTensor& x, const DTensor& idx,
+                 const DTensor& wt) override {
     const DTensor& rx = w.route_x.defined() ? w.route_x : x;  // the router's input
-    const int64_t D = w.router.dim(1), T = rx.numel() / D, k = rc.top_k, E = w.experts.gate.dim(0);
-    const int64_t DX = w.experts.gate.dim(2);  // the experts' input width (the latent, or D)
-    DZ_CHECK(x.numel() == T * DX && y.numel() == T * DX, "moe: x ", shape_str(x.shape), " y ", shape_str(y.shape),
-             " for ", T, " rows of ", DX);
-    DZ_CHECK(!(w.route_x.defined() && w.has_shared), "moe: a shared expert beside a separate router input");
-    std::vector<int32_t> idx(static_cast<size_t>(T * k));
-    std::vector<float> wt(static_cast<size_t>(T * k));
+    const int64_t D = w.router.dim(1), T = rx.numel() / D, k = rc.top_k;
+    DZ_CHECK(idx.dtype == DType::I32 && idx.numel() == T * k && wt.dtype == DType::F32 && wt.numel() == T * k,
+             "moe_route: idx ", shape_str(idx.shape), " wt ", shape_str(wt.shape), " for ", T, " rows of ", k);
     DZ_CHECK(!w.fixed.defined() || (w.fixed.dtype == DType::I32 && w.fixed.numel() == T * k), "moe: fixed experts ",
              shape_str(w.fixed.shape), " for ", T, " rows of ", k);
-    moe_route(rc, rx.f32(), w.router.f32(), opt(w.bias), T, D, idx.data(), wt.data(),
-              w.fixed.defined() ? static_cast<const int32_t*>(w.fixed.data) : nullptr);
+    if (T > 0)
+      dz::moe_route(rc, rx.f32(), w.router.f32(), opt(w.bias), T, D, static_cast<int32_t*>(idx.data), wt.f32(),
+                    w.fixed.defined() ? static_cast<const int32_t*>(w.fixed.data) : nullptr);
+  }
+  void moe(const RouterConfig& rc, const MoeWeights& w, const DTensor& x, const DTensor& y) override {
+    const int64_t k = rc.top_k, El = w.experts.gate.dim(0), E = rc.n_experts;
+    const int64_t DX = w.experts.gate.dim(2);  // the experts' input width (the latent, or D)
+    const int64_t T = x.numel() / DX, D = w.has_shared ? w.shared.gate.dim(1) : DX;
+    DZ_CHECK(x.numel() == T * DX && y.numel() == T * DX, "moe: x ", shape_str(x.shape), " y ", shape_str(y.shape),
+             " for rows of ", DX);
+    DZ_CHECK(!(w.route_x.defined() && w.has_shared), "moe: a shared expert beside a separate router input");
+    DZ_CHECK(w.e0 >= 0 && w.e0 + El <= E, "moe: local experts [", w.e0, ", ", w.e0 + El, ") outside the ", E, " experts");
+    std::vector<int32_t> idx(static_cast<size_t>(T * k));
+    std::vector<float> wt(static_cast<size_t>(T * k));
+    if (w.fixed_wt.defined()) {  // routed elsewhere: the experts and weights as given
+      DZ_CHECK(w.fixed.defined() && w.fixed.dtype == DType::I32 && w.fixed.numel() == T * k &&
+                   w.fixed_wt.dtype == DType::F32 && w.fixed_wt.numel() == T * k,
+               "moe: fixed weights need fixed experts, both [", T, ", ", k, "] (got ", shape_str(w.fixed.shape), ", ",
+               shape_str(w.fixed_wt.shape), ")");
+      std::copy_n(static_cast<const int32_t*>(w.fixed.data), T * k, idx.data());
+      std::copy_n(w.fixed_wt.f32(), T * k, wt.data());
+    } else {
+      moe_route(rc, w, x, host_view(idx.data(), {T, k}), host_view(wt.data(), {T, k}));
+    }
     float* out = y.f32();
     std::fill(out, out + T * DX, 0.f);
-    std::vector<SwigluView> ex(static_cast<size_t>(E));
-    for (int64_t e = 0; e < E; ++e) ex[size_t(e)] = view(w.experts, e);
-    moe_experts_acc(ex, x.f32(), T, DX, idx.data(), wt.data(), k, 0, E, out);
+    std::vector<SwigluView> ex(static_cast<size_t>(E));  // global ids; only the local ones are read
+    for (int64_t e = 0; e < El; ++e) ex[size_t(w.e0 + e)] = view(w.experts, e);
+    moe_experts_acc(ex, x.f32(), T, DX, idx.data(), wt.data(), k, w.e0, w.e0 + El, out);
     if (!w.has_shared) return;
     std::vector<float> sh(static_cast<size_t>(T * D));  // [T, D]
     dz::swiglu_mlp(view(w.shared), x.f32(), sh.data(), T, D);

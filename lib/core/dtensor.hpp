@@ -90,5 +90,12 @@ inline DTensor host_view(float* p, Shape s) {
   v.shape = std::move(s);
   return v;
 }
+inline DTensor host_view(int32_t* p, Shape s) {
+  DTensor v;
+  v.data = p;
+  v.dtype = DType::I32;
+  v.shape = std::move(s);
+  return v;
+}
 
 }  // namespace dz

@@ -23,6 +23,8 @@ class Collectives {
   virtual void allreduce_max(float* x, int64_t n) const = 0;
   // Every rank contributes `send` (its own length); returns the concatenation in rank order.
   virtual std::vector<char> allgatherv_bytes(const std::vector<char>& send) const = 0;
+  // send[r] goes to rank r (send.size() == size()); returns what each rank r sent to this one.
+  virtual std::vector<std::vector<char>> alltoallv_bytes(const std::vector<std::vector<char>>& send) const = 0;
 
   // Typed conveniences over the calls above.
   template <class T>

@@ -1,5 +1,6 @@
 #include "dist/comm.hpp"
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -127,6 +128,34 @@ std::vector<char> Comm::allgatherv_bytes(const std::vector<char>& send) const {
   }
   std::vector<char> out(static_cast<size_t>(total));
   MPI_CHECK(MPI_Allgatherv(send.data(), int(mine), MPI_BYTE, out.data(), cnt.data(), disp.data(), MPI_BYTE, comm_));
+  return out;
+}
+
+std::vector<std::vector<char>> Comm::alltoallv_bytes(const std::vector<std::vector<char>>& send) const {
+  DZ_CHECK(int(send.size()) == size_, "alltoallv: ", send.size(), " send buffers for a group of ", size_);
+  if (size_ == 1) return send;
+  std::vector<int64_t> scount(static_cast<size_t>(size_)), rcount(static_cast<size_t>(size_));
+  for (int i = 0; i < size_; ++i) scount[size_t(i)] = int64_t(send[size_t(i)].size());
+  MPI_CHECK(MPI_Alltoall(scount.data(), 1, MPI_INT64_T, rcount.data(), 1, MPI_INT64_T, comm_));
+  int64_t stot = 0, rtot = 0;
+  for (int i = 0; i < size_; ++i) stot += scount[size_t(i)], rtot += rcount[size_t(i)];
+  DZ_CHECK(stot < (int64_t(1) << 31) && rtot < (int64_t(1) << 31), "alltoallv of ", std::max(stot, rtot),
+           " bytes is too large for one MPI call");
+  const size_t P = static_cast<size_t>(size_);
+  std::vector<int> sc(P), sd(P), rc(P), rd(P);
+  std::vector<char> sbuf(static_cast<size_t>(stot)), rbuf(static_cast<size_t>(rtot));
+  int64_t so = 0, ro = 0;
+  for (int i = 0; i < size_; ++i) {
+    sc[size_t(i)] = int(scount[size_t(i)]), sd[size_t(i)] = int(so);
+    rc[size_t(i)] = int(rcount[size_t(i)]), rd[size_t(i)] = int(ro);
+    std::copy(send[size_t(i)].begin(), send[size_t(i)].end(), sbuf.begin() + so);
+    so += scount[size_t(i)], ro += rcount[size_t(i)];
+  }
+  MPI_CHECK(MPI_Alltoallv(sbuf.data(), sc.data(), sd.data(), MPI_BYTE, rbuf.data(), rc.data(), rd.data(), MPI_BYTE,
+                          comm_));
+  std::vector<std::vector<char>> out(static_cast<size_t>(size_));
+  for (int i = 0; i < size_; ++i)
+    out[size_t(i)].assign(rbuf.begin() + rd[size_t(i)], rbuf.begin() + rd[size_t(i)] + rc[size_t(i)]);
   return out;
 }
 

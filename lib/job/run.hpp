@@ -10,6 +10,7 @@ namespace dz {
 struct RunOptions {
   std::string model, input, output, report;
   int cp = 1, tp = 1;
+  int ep = 1;  // expert parallelism: ranks sharing the routed experts (a multiple of tp dividing cp * tp)
   std::string mode = "logprobs";
   int64_t topk = 5;
   int64_t max_new_tokens = 32;

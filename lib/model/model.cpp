@@ -281,7 +281,7 @@ DTensor Model::forward_cp(const int32_t* tokens, const CpCtx& ctx, State& st, co
   DTensor y = run(
       tokens, R,
       [&](size_t i, const Mixer& m, const DTensor& x, const DTensor& out) { m.forward_cp(x, ctx, *st.mixers[i], out); },
-      tick, nullptr, ctx.stats, mtp_in);
+      tick, nullptr, ctx.stats, mtp_in, /*cp_rows=*/true);
   st.pos = ctx.lay->length;
   return y;
 }
@@ -344,6 +344,8 @@ void Model::sublayer(int64_t k, const MixFn& mix, Pass& p, WorkStats* stats) con
     WorkStats::Timer t(stats, which == 0 ? L.mixer_key : L.ffn_key);
     if (which == 0)
       mix(i, *L.mixer, p.normed, p.out);
+    else if (p.cp_rows)
+      L.ffn->forward_cp_rows(p.normed, p.tokens, p.out);
     else
       L.ffn->forward_tokens(p.normed, p.tokens, p.out);
   }
@@ -384,9 +386,10 @@ DTensor Model::finish(Pass& p) const {
 }
 
 DTensor Model::run(const int32_t* tokens, int64_t T, const MixFn& mix, const std::function<void()>& tick,
-                   std::vector<Tensor>* layer_hidden, WorkStats* stats, DTensor* mtp_in) const {
+                   std::vector<Tensor>* layer_hidden, WorkStats* stats, DTensor* mtp_in, bool cp_rows) const {
   Backend& be = *be_;
   Pass p = make_pass(T);
+  p.cp_rows = cp_rows;
   const bool mtp_streams = mtp_in && mtp_ && mtp_->streams_in;
   p.keep_streams = layer_hidden != nullptr || mtp_streams;
   embed_into(tokens, p);

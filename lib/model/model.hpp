@@ -115,7 +115,8 @@ class Model {
   // The layer stack shared by forward and forward_cp; `mix` runs one layer's token mixer.
   using MixFn = std::function<void(size_t layer, const Mixer&, const DTensor& x, const DTensor& out)>;
   DTensor run(const int32_t* tokens, int64_t T, const MixFn& mix, const std::function<void()>& tick,
-              std::vector<Tensor>* layer_hidden, WorkStats* stats, DTensor* mtp_in = nullptr) const;
+              std::vector<Tensor>* layer_hidden, WorkStats* stats, DTensor* mtp_in = nullptr,
+              bool cp_rows = false) const;
   // The buffers of one pass over T rows: residual stream h [T, D] F32, the sub-layers' normed
   // input and output [T, D] act, the AttnRes sub-layer input [T, D] F32 and depth stream.
   struct Pass {
@@ -123,6 +124,7 @@ class Model {
     DTensor streams, coeff;  // mHC models: the N residual streams [T, N·D] F32, a sub-layer's coefficients
     std::shared_ptr<AttnRes::Stream> ar;  // AttnRes models, from the first embed_into
     const int32_t* tokens = nullptr;      // the rows' token ids (host), from embed_into (hash-routed MoE)
+    bool cp_rows = false;  // forward_cp: the CP ranks' rows differ (expert parallelism exchanges them)
     // mHC: the streams after the last sub-layer are kept (layer snapshots), else a mean head's last
     // post writes the mean into h without them (hc_post_mean)
     bool keep_streams = false;

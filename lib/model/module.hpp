@@ -81,6 +81,11 @@ class Ffn {
     (void)tokens;
     forward(x, out);
   }
+  // The same inside Model::forward_cp, where the CP ranks hold different rows of one document
+  // (expert parallelism sends rows to the ranks holding their experts); otherwise forward_tokens.
+  virtual void forward_cp_rows(const DTensor& x, const int32_t* tokens, const DTensor& out) const {
+    forward_tokens(x, tokens, out);
+  }
   virtual bool needs_tokens() const { return false; }
   // True when forward may be captured in a CUDA graph (no host round trip: no TP all-reduce
   // through MPI, no upload).

@@ -21,6 +21,7 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <cstring>
 #include <tuple>
 
 #include "core/error.hpp"
@@ -108,15 +109,124 @@ class MoeFfn : public Ffn {
  public:
   void forward(const DTensor& x, const DTensor& out) const override {
     DZ_CHECK(tid2eid_.empty(), "MoE: a hash-routed layer needs its token ids (forward_tokens)");
-    if (L_ > 0) return forward_latent(x, out);
-    be_->moe(rc_, w_, x, out);
-    tp_.allreduce(*be_, out);  // width shards: partial sums of every expert
+    run(x, DTensor{}, out, false);
+  }
+  // Hash routing (DeepSeek-V4 hash_moe): row t takes the experts tid2eid[tokens[t]].
+  void forward_tokens(const DTensor& x, const int32_t* tokens, const DTensor& out) const override {
+    run(x, hash_ids(x.rows(), tokens), out, false);
+  }
+  void forward_cp_rows(const DTensor& x, const int32_t* tokens, const DTensor& out) const override {
+    run(x, hash_ids(x.rows(), tokens), out, true);
+  }
+  DTensor hash_ids(int64_t T, const int32_t* tokens) const {
+    if (tid2eid_.empty() || T == 0) return DTensor{};
+    const int64_t k = rc_.top_k;
+    DZ_CHECK(tokens, "MoE: a hash-routed layer needs its token ids");
+    std::vector<int32_t> ids(static_cast<size_t>(T * k));
+    for (int64_t t = 0; t < T; ++t) {
+      DZ_CHECK(tokens[t] >= 0 && tokens[t] < int64_t(tid2eid_.size()) / k, "MoE hash routing: token id ", tokens[t],
+               " outside gate.tid2eid's ", int64_t(tid2eid_.size()) / k, " rows");
+      std::copy_n(tid2eid_.data() + int64_t(tokens[t]) * k, k, ids.data() + t * k);
+    }
+    return be_->upload_i32(ids.data(), {T, k});
+  }
+  // fixed: hash routing's experts [T, top_k] or undefined; cp_rows: inside forward_cp.
+  void run(const DTensor& x, const DTensor& fixed, const DTensor& out, bool cp_rows) const {
+    if (L_ > 0) {
+      DZ_CHECK(!fixed.defined(), "MoE: hash routing with a latent MoE");
+      return forward_latent(x, out, cp_rows);
+    }
+    MoeWeights w = w_;
+    w.fixed = fixed;
+    routed(w, x, out, cp_rows);
+    tp_.allreduce(*be_, out);  // width shards (or expert shards): partial sums of every expert
+  }
+  // out = this rank's share of the routed (+ shared) sum of xe's rows, which the layer's TP
+  // all-reduce completes. Without expert parallelism: every expert's width shard. With it
+  // (EpShard): this rank's experts on its rows, plus, when the CP members' rows differ, the results
+  // of its rows' pairs for the experts of the other members' ranks of this TP index (all-to-all out
+  // and back); when they are the same rows, the members' sums added over `peers`.
+  void routed(MoeWeights w, const DTensor& xe, const DTensor& out, bool cp_rows) const {
+    Backend& be = *be_;
+    const EpShard& ep = tp_.ep;
+    if (ep.members == 1 || !cp_rows) {
+      if (ep.members > 1 && ep.member != 0) w.has_shared = false;  // the members' sum adds it once
+      be.moe(rc_, w, xe, out);
+      if (ep.members > 1) be.allreduce_sum(ep.peers, out);
+      return;
+    }
+    const int64_t T = xe.rows(), k = rc_.top_k, DX = DX_, per = rc_.n_experts / ep.size;
+    DTensor idx = be.alloc({T, k}, DType::I32), wt = be.alloc({T, k}, DType::F32);
+    if (T > 0) be.moe_route(rc_, w, xe, idx, wt);
+    w.fixed = idx, w.fixed_wt = wt;
+    be.moe(rc_, w, xe, out);  // this rank's experts (+ its shared-expert shard) on its rows
+    // The pairs (row, expert) whose expert another member's rank of this TP index holds.
+    std::vector<int32_t> ids(static_cast<size_t>(T * k));
+    std::vector<float> wts(static_cast<size_t>(T * k)), xh(static_cast<size_t>(T * DX));
+    if (T > 0) be.download_i32(idx, ids.data()), be.download(wt, wts.data()), be.download(xe, xh.data());
+    const size_t rec = sizeof(int32_t) + sizeof(float) + size_t(DX) * sizeof(float);  // expert, weight, row
+    std::vector<std::vector<char>> send(size_t(ep.members));
+    std::vector<std::vector<int64_t>> rows_to(size_t(ep.members));  // which row each record was
+    for (int64_t a = 0; a < T * k; ++a) {
+      const int owner = ids[size_t(a)] / int(per), m = owner / tp_.size;
+      if (owner % tp_.size != tp_.rank || m == ep.member) continue;  // computed where the row is already
+      std::vector<char>& b = send[size_t(m)];
+      const size_t o = b.size();
+      b.resize(o + rec);
+      std::memcpy(&b[o], &ids[size_t(a)], 4);
+      std::memcpy(&b[o + 4], &wts[size_t(a)], 4);
+      std::memcpy(&b[o + 8], xh.data() + (a / k) * DX, size_t(DX) * 4);
+      rows_to[size_t(m)].push_back(a / k);
+    }
+    const std::vector<std::vector<char>> got = ep.peers->alltoallv_bytes(send);
+    // Their pairs for this rank's experts, weighted here (top_k 1 per record).
+    int64_t n = 0;
+    for (const auto& g : got) n += int64_t(g.size() / rec);
+    std::vector<int32_t> rid(static_cast<size_t>(n));
+    std::vector<float> rw(static_cast<size_t>(n)), rx(static_cast<size_t>(n * DX)), ry(static_cast<size_t>(n * DX));
+    int64_t i = 0;
+    for (const auto& g : got)
+      for (size_t o = 0; o < g.size(); o += rec, ++i) {
+        std::memcpy(&rid[size_t(i)], &g[o], 4);
+        std::memcpy(&rw[size_t(i)], &g[o + 4], 4);
+        std::memcpy(rx.data() + i * DX, &g[o + 8], size_t(DX) * 4);
+      }
+    if (n > 0) {
+      MoeWeights wr = w_;
+      wr.has_shared = false;
+      wr.route_x = DTensor{};
+      wr.fixed = be.upload_i32(rid.data(), {n, 1});
+      wr.fixed_wt = be.upload(rw.data(), {n, 1}, DType::F32);
+      RouterConfig r1 = rc_;
+      r1.top_k = 1;
+      const DTensor yr = be.act({n, DX});
+      be.moe(r1, wr, be.upload(rx.data(), {n, DX}, be.act_dtype()), yr);
+      be.download(yr, ry.data());
+    }
+    std::vector<std::vector<char>> reply(size_t(ep.members));
+    i = 0;
+    for (size_t m = 0; m < got.size(); ++m) {
+      const int64_t c = int64_t(got[m].size() / rec);
+      reply[m].resize(size_t(c * DX) * 4);
+      if (c) std::memcpy(reply[m].data(), ry.data() + i * DX, size_t(c * DX) * 4);
+      i += c;
+    }
+    const std::vector<std::vector<char>> back = ep.peers->alltoallv_bytes(reply);
+    std::vector<float> acc(static_cast<size_t>(T * DX), 0.f);  // [T, DX] the other members' results
+    for (size_t m = 0; m < back.size(); ++m) {
+      DZ_CHECK(back[m].size() == rows_to[m].size() * size_t(DX) * 4, "MoE expert parallelism: member ", m, " returned ",
+               back[m].size(), " bytes for ", rows_to[m].size(), " rows");
+      const float* y = reinterpret_cast<const float*>(back[m].data());
+      for (size_t r = 0; r < rows_to[m].size(); ++r)
+        for (int64_t d = 0; d < DX; ++d) acc[size_t(rows_to[m][r] * DX + d)] += y[int64_t(r) * DX + d];
+    }
+    if (T > 0) be.add(out, be.upload(acc.data(), {T, DX}, DType::F32));
   }
   // The latent MoE. Under TP the experts' width shards give partial sums of u, all-reduced before
   // the norm (it needs the whole of u); up then takes this rank's latent columns [l0, l1), so
   // its product is a partial sum of the output that the one all-reduce of the layer completes
   // together with the width-sharded shared experts.
-  void forward_latent(const DTensor& x, const DTensor& out) const {
+  void forward_latent(const DTensor& x, const DTensor& out, bool cp_rows) const {
     Backend& be = *be_;
     const int64_t T = x.rows();
     DTensor xl = be.act({T, L_}), u = be.act({T, L_});
@@ -124,7 +234,7 @@ class MoeFfn : public Ffn {
     MoeWeights w = w_;
     w.route_x = x;
     w.has_shared = false;
-    be.moe(rc_, w, xl, u);
+    routed(w, xl, u, cp_rows);
     tp_.allreduce(be, u);
     if (lat_norm_.defined()) be.rmsnorm(u, lat_norm_, u, lat_eps_, false);
     if (l1_ - l0_ == L_) {
@@ -141,26 +251,9 @@ class MoeFfn : public Ffn {
     }
     tp_.allreduce(be, out);
   }
-  // Hash routing (DeepSeek-V4 hash_moe): row t takes the experts tid2eid[tokens[t]].
-  void forward_tokens(const DTensor& x, const int32_t* tokens, const DTensor& out) const override {
-    if (tid2eid_.empty()) return forward(x, out);
-    const int64_t T = x.rows(), k = rc_.top_k;
-    DZ_CHECK(tokens || T == 0, "MoE: a hash-routed layer needs its token ids");
-    std::vector<int32_t> ids(static_cast<size_t>(T * k));
-    for (int64_t t = 0; t < T; ++t) {
-      DZ_CHECK(tokens[t] >= 0 && tokens[t] < int64_t(tid2eid_.size()) / k, "MoE hash routing: token id ", tokens[t],
-               " outside gate.tid2eid's ", int64_t(tid2eid_.size()) / k, " rows");
-      std::copy_n(tid2eid_.data() + int64_t(tokens[t]) * k, k, ids.data() + t * k);
-    }
-    MoeWeights w = w_;
-    if (T > 0) w.fixed = be_->upload_i32(ids.data(), {T, k});
-    DZ_CHECK(L_ == 0, "MoE: hash routing with a latent MoE");
-    be_->moe(rc_, w, x, out);
-    tp_.allreduce(*be_, out);
-  }
   bool needs_tokens() const override { return !tid2eid_.empty(); }
   int64_t hidden() const override { return D_; }
-  bool graph_safe() const override { return tp_.size == 1 && tid2eid_.empty(); }
+  bool graph_safe() const override { return tp_.size == 1 && tp_.ep.size == 1 && tid2eid_.empty(); }
   std::vector<int32_t> tid2eid_;  // [vocab, top_k] (hash_moe), else empty
 
   // Uploads the (sharded) host views: experts stacked [E, I, DX] / [E, DX, I] (DX: the experts'
@@ -313,7 +406,15 @@ std::unique_ptr<Ffn> make_moe_ffn(const ModelConfig& cfg, int layer, Checkpoint&
   if (cfg.router_correction_bias && !hash)
     bias = ck.get(n.bias, {E}, Init::uniform(-0.05f, 0.05f));
 
-  std::vector<SwigluView> experts(static_cast<size_t>(E));
+  // Expert parallelism: this rank's experts [e0, e0 + El), whole; otherwise all, width-sharded.
+  const EpShard ep = ck.keeps_full() ? EpShard{} : tp.ep;
+  int64_t e0 = 0, El = E;
+  if (ep.size > 1) {
+    DZ_CHECK(E % ep.size == 0, "layer ", layer, ": n_routed_experts (", E, ") is not divisible by --ep ", ep.size);
+    El = E / ep.size;
+    e0 = int64_t(ep.member * tp.size + tp.rank) * El;
+  }
+  std::vector<SwigluView> experts(static_cast<size_t>(El));
   std::vector<Tensor> owned;
   owned.reserve(size_t(3 * E + 3));  // views point into these tensors: no reallocation
   std::vector<std::array<uint64_t, 3>> dummy_keys;  // --dummy-weights: per expert gate, up, down
@@ -325,8 +426,8 @@ std::unique_ptr<Ffn> make_moe_ffn(const ModelConfig& cfg, int layer, Checkpoint&
     owned.push_back(ck.get(P + "experts.down_proj", {E, DX, I}));
     const float* gu = owned[0].ptr();
     const float* dn = owned[1].ptr();
-    for (int64_t e = 0; e < E; ++e) {
-      SwigluView& v = experts[size_t(e)];
+    for (int64_t e = e0; e < e0 + El; ++e) {
+      SwigluView& v = experts[size_t(e - e0)];
       v.gate = gu + e * 2 * I * DX;  // rows [0, I) of expert e: gate
       v.up = v.gate + I * DX;        // rows [I, 2I): up
       v.down = dn + e * DX * I;
@@ -335,7 +436,7 @@ std::unique_ptr<Ffn> make_moe_ffn(const ModelConfig& cfg, int layer, Checkpoint&
     }
   } else if (ck.dummy()) {  // named here (a dry run stops before the upload), generated in place below
     const bool w = n.layout == ExpertLayout::PerExpertW;
-    for (int64_t e = 0; e < E; ++e) {
+    for (int64_t e = e0; e < e0 + El; ++e) {
       const std::string q = P + "experts." + std::to_string(e) + ".";
       dummy_keys.push_back({ck.dummy_key(q + (w ? "w1.weight" : "gate_proj.weight"), {I, DX}),
                             ck.dummy_key(q + (w ? "w3.weight" : "up_proj.weight"), {I, DX}),
@@ -344,13 +445,15 @@ std::unique_ptr<Ffn> make_moe_ffn(const ModelConfig& cfg, int layer, Checkpoint&
   } else {
     const bool w = n.layout == ExpertLayout::PerExpertW;
     experts_mx = true;  // (generated tensors are never MXFP4)
-    for (int64_t e = 0; e < E; ++e) {
+    for (int64_t e = 0; e < E; ++e)  // expert parallelism: the other ranks' experts, known and not read
+      if ((e < e0 || e >= e0 + El) && !ck.generating()) ck.skip_prefix(P + "experts." + std::to_string(e) + ".");
+    for (int64_t e = e0; e < e0 + El; ++e) {
       const std::string q = P + "experts." + std::to_string(e) + ".";
       owned.push_back(ck.get(q + (w ? "w1.weight" : "gate_proj.weight"), {I, DX}));
       owned.push_back(ck.get(q + (w ? "w3.weight" : "up_proj.weight"), {I, DX}));
       owned.push_back(ck.get(q + (w ? "w2.weight" : "down_proj.weight"), {DX, I}));
       const size_t o = owned.size() - 3;
-      experts[size_t(e)] = view_of(owned[o], owned[o + 1], owned[o + 2]);
+      experts[size_t(e - e0)] = view_of(owned[o], owned[o + 1], owned[o + 2]);
       experts_mx &= owned[o].mxfp4 && owned[o + 1].mxfp4 && owned[o + 2].mxfp4;
     }
   }
@@ -373,10 +476,24 @@ std::unique_ptr<Ffn> make_moe_ffn(const ModelConfig& cfg, int layer, Checkpoint&
   if (tp.size > 1 && !ck.keeps_full()) {
     std::vector<Tensor> sharded;
     sharded.reserve(size_t(3 * E + 3));
-    if (!ck.dummy()) shard_width(experts, sharded, DX, tp);
-    // the down projections' columns [i0, i1): whole MXFP4 groups only, else they are BF16 values
-    auto [i0, i1] = tp.range(I, "moe_intermediate_size");
-    experts_mx &= i0 % 32 == 0 && (i1 - i0) % 32 == 0;
+    if (ep.size == 1) {  // (expert parallelism keeps its experts whole)
+      if (!ck.dummy()) shard_width(experts, sharded, DX, tp);
+      // the down projections' columns [i0, i1): whole MXFP4 groups only, else they are BF16 values
+      auto [i0, i1] = tp.range(I, "moe_intermediate_size");
+      experts_mx &= i0 % 32 == 0 && (i1 - i0) % 32 == 0;
+    } else if (n.layout == ExpertLayout::Fused) {  // own this rank's experts, not views of the whole stack
+      for (SwigluView& v : experts) {
+        Tensor g({I, DX}), u({I, DX}), d({DX, I});
+        std::copy(v.gate, v.gate + I * DX, g.ptr());
+        std::copy(v.up, v.up + I * DX, u.ptr());
+        std::copy(v.down, v.down + DX * I, d.ptr());
+        sharded.push_back(std::move(g)), sharded.push_back(std::move(u)), sharded.push_back(std::move(d));
+        v = view_of(sharded[sharded.size() - 3], sharded[sharded.size() - 2], sharded[sharded.size() - 1]);
+      }
+    } else {
+      sharded = std::move(owned);  // (the per-expert tensors of this rank's experts only)
+      owned.clear();
+    }
     if (has_shared) {
       std::vector<SwigluView> one{shared};
       shard_width(one, sharded, D, tp);
@@ -400,10 +517,11 @@ std::unique_ptr<Ffn> make_moe_ffn(const ModelConfig& cfg, int layer, Checkpoint&
   }
   if (router.empty()) return m;  // dry run (inspect): names and shapes only
   if (ck.dummy())
-    m->dummy_experts(dummy_keys, I, tp, cfg.weights_mxfp4);
+    m->dummy_experts(dummy_keys, I, ep.size > 1 ? TpShard{} : tp, cfg.weights_mxfp4);
   else
     m->upload_experts(experts, experts_mx);
   m->upload_rest(has_shared ? &shared : nullptr, router, bias, shared_gate);
+  m->w_.e0 = e0;
   m->w_.experts.act = m->w_.shared.act = act;  // SiLU, GLM-5.3-Flash's clamp, K3's SiTU
   if (L > 0) {
     m->lat_down_ = be.weight(lat_down);

@@ -20,10 +20,23 @@
 
 namespace dz {
 
+// Expert parallelism (--ep E, docs/expert_parallel.md): the E ranks of `ep` CP members x the TP
+// group hold the routed experts whole, E / n_experts each, rank (m, t) the block m * tp + t. Rows
+// are the same on a TP group's ranks, so each computes its own experts on them; across the CP
+// members rows differ under forward_cp (the pairs for another member's experts go there by
+// all-to-all over `peers`, and the results come back) and are the same otherwise (decode, packed
+// batches: the members' partial sums are added over `peers`).
+struct EpShard {
+  int size = 1;                       // E (1: no expert parallelism, experts width-sharded over TP)
+  int member = 0, members = 1;        // this rank's CP member in the EP group, E / tp of them
+  const Collectives* peers = nullptr; // the members' ranks of this TP index, in member order
+};
+
 struct TpShard {
   int rank = 0, size = 1;
   const Collectives* comm = nullptr;  // the TP group; nullptr when size == 1
   const DeviceComm* dev = nullptr;    // the TP group on the backend's buffers (the job makes it)
+  EpShard ep;                         // expert parallelism (only MoE reads it)
 
   // [begin, end) of n items for this rank; n must divide by size (what = name for the error).
   std::pair<int64_t, int64_t> range(int64_t n, const char* what) const {

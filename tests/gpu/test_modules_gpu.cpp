@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <memory>
 #include <random>
@@ -25,6 +26,7 @@
 #include "core/bf16.hpp"
 #include "io/checkpoint.hpp"
 #include "model/module.hpp"
+#include "model/parallel.hpp"
 #include "ops/attention.hpp"
 #include "ops/linear_attn.hpp"
 #include "model/attn_cache.hpp"
@@ -208,6 +210,49 @@ TEST_CASE("modules gpu: MLP and MoE FFNs on cuda equal the cpu backend", "[gpu]"
       const double e = nmse(run(*gpu, *fg), run(dz::cpu_backend(), *fc));
       std::printf("  %-14s layer %zu %-4s nmse %.2e\n", fam.c_str(), layer, moe ? "MoE" : "MLP", e);
       CHECK(e <= 1e-3);  // as the MoE op test: bf16 hidden of every expert
+    }
+  }
+}
+
+// Expert parallelism (--ep): the shards of each MoE layer on cuda, E / ep experts each (members of
+// a CP group: only member 0 adds the shared expert), summed on the host, against the whole FFN on
+// the cpu backend. Same tolerance as the whole FFN above (bf16 hidden of every expert; each shard
+// rounds its partial sum to bf16 once more). The all-to-all path (rows sent to other ranks) is
+// tests/mpi/ep_equal.sh, which DZ_TEST_BACKEND=cuda runs on the GPU.
+TEST_CASE("modules gpu: expert-parallel MoE shards on cuda add up to the cpu FFN", "[gpu]") {
+  auto gpu = dz::make_cuda_backend(0);
+  for (const std::string fam : {"kimi_linear", "qwen3_next", "deepseek_v32"}) {
+    const dz::ModelConfig cfg = golden_cfg(fam, false);
+    size_t layer = 0;
+    while (layer < cfg.layers.size() && cfg.layers[layer].ffn != dz::FfnKind::MoE) ++layer;
+    REQUIRE(layer < cfg.layers.size());
+    const std::string prefix = "model.layers." + std::to_string(layer) + ".";
+    auto ck = dz::Checkpoint::random(9);
+    auto fc = dz::make_moe_ffn(cfg, int(layer), *ck, prefix, dz::TpShard{}, dz::cpu_backend());
+    char tmpl[] = "/tmp/dz_gpu_ep_XXXXXX";
+    REQUIRE(mkdtemp(tmpl) != nullptr);
+    const std::string dir = std::string(tmpl) + "/ck";  // shards read files (a generating checkpoint keeps all)
+    dz::write_safetensors(dir, ck->generated(), dz::DType::F32);
+    const int64_t D = cfg.hidden_size, T = 200;
+    const auto x = rnd(size_t(T * D), 23);
+    auto run = [&](Backend& be, const dz::Ffn& f) {
+      DTensor xt = be.upload(x.data(), {T, D}, be.act_dtype()), o = be.act({T, D});
+      f.forward(xt, o);
+      return be.to_host(o);
+    };
+    const std::vector<float> whole = run(dz::cpu_backend(), *fc);
+    for (int ep : {2, 4}) {
+      std::vector<float> sum(whole.size(), 0.f);
+      for (int r = 0; r < ep; ++r) {
+        auto ckr = dz::Checkpoint::open(dir);
+        dz::TpShard tp{0, 1, nullptr, nullptr, dz::EpShard{ep, r, ep, nullptr}};
+        auto fg = dz::make_moe_ffn(cfg, int(layer), *ckr, prefix, tp, *gpu);
+        const std::vector<float> part = run(*gpu, *fg);
+        for (size_t i = 0; i < sum.size(); ++i) sum[i] += part[i];
+      }
+      const double e = nmse(sum, whole);
+      std::printf("  %-14s layer %zu ep %d: shards summed vs cpu nmse %.2e\n", fam.c_str(), layer, ep, e);
+      CHECK(e <= 1e-3);
     }
   }
 }

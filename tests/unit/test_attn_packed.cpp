@@ -74,7 +74,11 @@ class CountingBackend final : public Backend {
   void swiglu_mlp(const DTensor& x, const SwigluWeights& w, const DTensor& y) override { be.swiglu_mlp(x, w, y); }
   void moe(const RouterConfig& rc, const MoeWeights& w, const DTensor& x, const DTensor& y) override {
     be.moe(rc, w, x, y);
+  }  void moe_route(const RouterConfig& rc, const MoeWeights& w, const DTensor& x, const DTensor& idx,
+                 const DTensor& wt) override {
+    be.moe_route(rc, w, x, idx, wt);
   }
+
   void short_conv(const DTensor& x, const DTensor& w, const DTensor& s, const DTensor& y) override {
     be.short_conv(x, w, s, y);
   }

@@ -10,8 +10,10 @@
 #include <string>
 #include <vector>
 
+#include "backend/backend.hpp"
 #include "io/checkpoint.hpp"
 #include "model/module.hpp"
+#include "model/parallel.hpp"
 #include "ops/moe.hpp"
 
 using namespace dz;
@@ -428,6 +430,96 @@ TEST_CASE("moe: FFN modules write the published names and match fp64 per family"
     std::vector<std::vector<double>> ref;
     for (int64_t t = 0; t < T; ++t) ref.push_back(ref_moe(c, ck->generated(), P, sh, kimi, x.data() + t * D));
     check_close(out, ref, D);
+  }
+}
+
+// Expert parallelism (--ep) inside one process: each shard holds E / ep experts whole (and, under
+// TP, its width shard of the shared expert); with no peers to all-reduce over, the shards' outputs
+// must add up to the whole FFN's. Shards over TP ranks (members 1) and over CP members (TP 1: only
+// member 0 adds the shared expert, the members' sum adds the routed partials). fp32: the same terms
+// summed in another order, 1e-5 of the row's largest value.
+TEST_CASE("moe: expert-parallel shards add up to the whole FFN", "[unit]") {
+  const std::string L = "model.layers.1.";
+  std::mt19937 g(31);
+  const int64_t T = 6, D = 19;
+  auto x = randv(size_t(T * D), g);
+  for (Family f : {Family::KimiLinear, Family::Dayzero, Family::DeepseekV32, Family::Qwen3Next}) {
+    const ModelConfig c = moe_cfg(f);
+    auto ck = Checkpoint::random(7);
+    std::vector<float> whole(size_t(T * D));
+    make_moe_ffn(c, 1, *ck, L)->forward(x.data(), T, whole.data());
+    const std::string dir = tmpdir("ep");  // (a generating checkpoint keeps full widths: shards read files)
+    write_safetensors(dir, ck->generated(), DType::F32);
+    struct Layout {
+      int ep, tp, members;
+    };
+    std::vector<Layout> layouts = {{2, 1, 2}, {4, 1, 4}, {8, 1, 8}};
+    if (f != Family::Qwen3Next) layouts.push_back({2, 2, 1}), layouts.push_back({4, 2, 2});  // (Qwen's shared 9: TP 1)
+    for (const Layout& l : layouts) {
+      std::vector<float> sum(size_t(T * D), 0.f), part(size_t(T * D));
+      for (int r = 0; r < l.ep; ++r) {
+        TpShard tp{r % l.tp, l.tp, nullptr, nullptr, EpShard{l.ep, r / l.tp, l.members, nullptr}};
+        auto ck_r = Checkpoint::open(dir);
+        make_moe_ffn(c, 1, *ck_r, L, tp)->forward(x.data(), T, part.data());
+        for (size_t i = 0; i < sum.size(); ++i) sum[i] += part[i];
+      }
+      INFO("family " << int(f) << " ep " << l.ep << " tp " << l.tp);
+      for (int64_t t = 0; t < T; ++t) {
+        float mx = 0;
+        for (int64_t d = 0; d < D; ++d) mx = std::max(mx, std::abs(whole[size_t(t * D + d)]));
+        for (int64_t d = 0; d < D; ++d) REQUIRE(std::abs(sum[size_t(t * D + d)] - whole[size_t(t * D + d)]) <= 1e-5f * mx);
+      }
+    }
+    // An expert count that --ep does not divide is refused by name.
+    auto ck3 = Checkpoint::open(dir);
+    REQUIRE_THROWS_WITH(make_moe_ffn(c, 1, *ck3, L, TpShard{0, 1, nullptr, nullptr, EpShard{3, 0, 3, nullptr}}),
+                        Catch::Contains("not divisible by --ep 3"));
+  }
+}
+
+// Routing once (Backend::moe_route), then the experts with those ids and weights given
+// (MoeWeights::fixed_wt, what expert parallelism runs on received rows): the same bits as moe().
+TEST_CASE("moe: moe_route then fixed experts and weights equal moe()", "[unit]") {
+  const std::string L = "model.layers.1.";
+  std::mt19937 g(32);
+  const int64_t T = 7, D = 19, k = 3;
+  auto x = randv(size_t(T * D), g);
+  for (Family f : {Family::DeepseekV32, Family::Qwen3Next}) {
+    const ModelConfig c = moe_cfg(f);
+    RouterConfig rc;
+    rc.n_experts = 8, rc.top_k = k, rc.score_func = c.score_func, rc.norm_topk_prob = c.norm_topk_prob;
+    rc.routed_scaling_factor = c.routed_scaling_factor, rc.n_group = std::max<int64_t>(c.n_group, 1);
+    rc.topk_group = std::max<int64_t>(c.topk_group, 1);
+    Backend& be = cpu_backend();
+    std::mt19937 gw(5);
+    MoeWeights w;
+    auto router = randv(size_t(8 * D), gw, 0.3f);
+    w.router = host_view(router.data(), {8, D});
+    std::vector<float> gt = randv(size_t(8 * 5 * D), gw, 0.2f), up = randv(size_t(8 * 5 * D), gw, 0.2f),
+                       dn = randv(size_t(8 * D * 5), gw, 0.2f);
+    w.experts = {host_view(gt.data(), {8, 5, D}), host_view(up.data(), {8, 5, D}), host_view(dn.data(), {8, D, 5}),
+                 GluAct{}};
+    std::vector<float> a(size_t(T * D)), b(size_t(T * D)), wt(size_t(T * k));
+    std::vector<int32_t> idx(size_t(T * k));
+    be.moe(rc, w, host_view(x.data(), {T, D}), host_view(a.data(), {T, D}));
+    be.moe_route(rc, w, host_view(x.data(), {T, D}), host_view(idx.data(), {T, k}), host_view(wt.data(), {T, k}));
+    MoeWeights wf = w;
+    wf.fixed = host_view(idx.data(), {T, k});
+    wf.fixed_wt = host_view(wt.data(), {T, k});
+    wf.router = DTensor{};  // no router runs
+    be.moe(rc, wf, host_view(x.data(), {T, D}), host_view(b.data(), {T, D}));
+    REQUIRE(a == b);
+    // The experts [4, 8) alone (e0 = 4) plus [0, 4): the whole sum.
+    MoeWeights lo = wf, hi = wf;
+    lo.experts = {host_view(gt.data(), {4, 5, D}), host_view(up.data(), {4, 5, D}), host_view(dn.data(), {4, D, 5}),
+                  GluAct{}};
+    hi.experts = {host_view(gt.data() + 4 * 5 * D, {4, 5, D}), host_view(up.data() + 4 * 5 * D, {4, 5, D}),
+                  host_view(dn.data() + 4 * D * 5, {4, D, 5}), GluAct{}};
+    hi.e0 = 4;
+    std::vector<float> pl(size_t(T * D)), ph(size_t(T * D));
+    be.moe(rc, lo, host_view(x.data(), {T, D}), host_view(pl.data(), {T, D}));
+    be.moe(rc, hi, host_view(x.data(), {T, D}), host_view(ph.data(), {T, D}));
+    for (size_t i = 0; i < a.size(); ++i) REQUIRE(std::abs(pl[i] + ph[i] - a[i]) <= 1e-5f * (1.f + std::abs(a[i])));
   }
 }
 

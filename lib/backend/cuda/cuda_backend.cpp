@@ -493,13 +493,17 @@ class CudaBackend final : public Backend {
     cuda::silu_mul(b16(g), b16(u), b16w(g), T * I, w.act, st());
     linear(g, w.down, DTensor{}, y);
   }
-  void moe(const RouterConfig& rc, const MoeWeights& w, const DTensor& x, const DTensor& y) override {
-    const DTensor& rx = w.route_x.defined() ? w.route_x : x;  // the router's input (latent MoE: not x)
+  void moe_route(const RouterConfig& rc, const MoeWeights& w, const DTensor& x, const DTensor& idx,
+                 const DTensor& wt) override {
+    const DTensor& rx = w.route_x.defined() ? w.route_x : x;
+    const int64_t D = w.router.dim(1), T = rx.numel() / D, k = rc.top_k;
+    DZ_CHECK(idx.dtype == DType::I32 && idx.numel() == T * k && wt.dtype == DType::F32 && wt.numel() == T * k,
+             "moe_route: idx ", shape_str(idx.shape), " wt ", shape_str(wt.shape), " for ", T, " rows of ", k);
+    if (T > 0) route(rc, w, rx, idx, wt);
+  }
+  // The router on rx [T, D]: idx, wt [T, top_k].
+  void route(const RouterConfig& rc, const MoeWeights& w, const DTensor& rx, const DTensor& idx, const DTensor& wt) {
     const int64_t D = w.router.dim(1), T = rx.numel() / D, k = rc.top_k, E = rc.n_experts;
-    const int64_t I = w.experts.gate.dim(1), DX = T ? x.numel() / T : 0;  // DX: the experts' input width
-    if (T == 0) return;
-    DZ_CHECK(x.numel() == T * DX && y.numel() == T * DX && !(w.route_x.defined() && w.has_shared), "moe: x ",
-             shape_str(x.shape), " y ", shape_str(y.shape), " for ", T, " routed rows");
     // Routing in fp32 (decisions must not depend on bf16 rounding of the logits).
     DTensor logits = alloc({T, E}, DType::F32);
     if (rx.dtype == DType::BF16) {
@@ -525,27 +529,59 @@ class CudaBackend final : public Backend {
     rp.norm_topk_prob = rc.norm_topk_prob;
     rp.top2sum = rc.group_score == GroupScore::Top2Sum;
     rp.scaling = rc.routed_scaling_factor;
-    DTensor idx = alloc({T, k}, DType::I32), wt = alloc({T, k}, DType::F32);
     DZ_CHECK(!w.fixed.defined() || (w.fixed.dtype == DType::I32 && w.fixed.numel() == T * k), "moe: fixed experts ",
              shape_str(w.fixed.shape), " for ", T, " rows of ", k);
     cuda::moe_select(logits.ptr<float>(), optf(w.bias), T, rp, idx.ptr<int32_t>(), wt.ptr<float>(), route_bad_, st(),
                      w.fixed.defined() ? w.fixed.ptr<int32_t>() : nullptr);
+  }
+  void moe(const RouterConfig& rc, const MoeWeights& w, const DTensor& x, const DTensor& y) override {
+    const int64_t k = rc.top_k, E = rc.n_experts, El = w.experts.gate.dim(0);
+    const int64_t I = w.experts.gate.dim(1), DX = w.experts.down.dim(1);  // DX: the experts' input width
+    const int64_t T = x.numel() / DX, D = w.has_shared ? DX : w.router.dim(1);
+    if (T == 0) return;
+    DZ_CHECK(x.numel() == T * DX && y.numel() == T * DX && !(w.route_x.defined() && w.has_shared), "moe: x ",
+             shape_str(x.shape), " y ", shape_str(y.shape), " for rows of ", DX);
+    DZ_CHECK(w.e0 >= 0 && w.e0 + El <= E, "moe: local experts [", w.e0, ", ", w.e0 + El, ") outside the ", E, " experts");
+    DTensor idx, wt;
+    if (w.fixed_wt.defined()) {  // routed elsewhere: the experts and weights as given
+      DZ_CHECK(w.fixed.defined() && w.fixed.dtype == DType::I32 && w.fixed.numel() == T * k &&
+                   w.fixed_wt.dtype == DType::F32 && w.fixed_wt.numel() == T * k,
+               "moe: fixed weights need fixed experts, both [", T, ", ", k, "] (got ", shape_str(w.fixed.shape), ", ",
+               shape_str(w.fixed_wt.shape), ")");
+      idx = w.fixed, wt = w.fixed_wt;
+    } else {
+      const DTensor& rx = w.route_x.defined() ? w.route_x : x;  // the router's input (latent MoE: not x)
+      DZ_CHECK(rx.numel() == T * D, "moe: router input ", shape_str(rx.shape), " for ", T, " rows of ", D);
+      idx = alloc({T, k}, DType::I32), wt = alloc({T, k}, DType::F32);
+      route(rc, w, rx, idx, wt);
+    }
+    // Expert parallelism: assignments to other ranks' experts go to one sink bucket El (weight 0)
+    // that no GEMM computes; its rows of ys are zeroed so the combine adds exact zeros.
+    const bool ep = El != E;
+    if (ep) {
+      DTensor li = alloc({T, k}, DType::I32), lw = alloc({T, k}, DType::F32);
+      cuda::moe_local_experts(idx.ptr<int32_t>(), wt.ptr<float>(), T * k, int(w.e0), int(El), li.ptr<int32_t>(),
+                              lw.ptr<float>(), st());
+      idx = li, wt = lw;
+    }
+    const int64_t EB = ep ? El + 1 : El;  // dispatch buckets
     // Dispatch: assignments grouped by expert, 64-row tiles per expert for the grouped GEMMs.
-    const int64_t n = T * k, max_tiles = n / 64 + E + 1;
-    DTensor counts = alloc({E}, DType::I32), offsets = alloc({E + 1}, DType::I32),
-            tile_off = alloc({E + 1}, DType::I32), perm = alloc({n}, DType::I32), pos_of = alloc({n}, DType::I32);
-    cuda::moe_dispatch(idx.ptr<int32_t>(), T, int(k), int(E), counts.ptr<int32_t>(), offsets.ptr<int32_t>(),
+    const int64_t n = T * k, max_tiles = n / 64 + EB + 1;
+    DTensor counts = alloc({EB}, DType::I32), offsets = alloc({EB + 1}, DType::I32),
+            tile_off = alloc({EB + 1}, DType::I32), perm = alloc({n}, DType::I32), pos_of = alloc({n}, DType::I32);
+    cuda::moe_dispatch(idx.ptr<int32_t>(), T, int(k), int(EB), counts.ptr<int32_t>(), offsets.ptr<int32_t>(),
                        tile_off.ptr<int32_t>(), perm.ptr<int32_t>(), pos_of.ptr<int32_t>(), st());
     DTensor xs = alloc({n, DX}, DType::BF16), hg = alloc({n, I}, DType::BF16), ys = alloc({n, DX}, DType::BF16);
+    if (ep) fill_zero(ys);
     cuda::gather_rows(b16(x), perm.ptr<int32_t>(), n, int(k), DX, b16w(xs), st());
     // Tensor-core grouped GEMMs over each expert's rows. (At a decode step's few rows a GEMV
     // version ran slower than these: docs/cuda_backend.md.)
     if (w.experts.gate.mx_scales) {  // MXFP4 experts, decoded tile by tile in the GEMMs
       DZ_CHECK(w.experts.up.mx_scales && w.experts.down.mx_scales, "moe: MXFP4 gate without MXFP4 up / down");
       auto mx = [](const DTensor& t) { return cuda::Mx4Weight{t.ptr<uint8_t>(), t.mx_scales->ptr<uint8_t>()}; };
-      cuda::grouped_gemm_glu_mx4_tc(b16(xs), mx(w.experts.gate), mx(w.experts.up), offsets.ptr<int32_t>(), int(E),
+      cuda::grouped_gemm_glu_mx4_tc(b16(xs), mx(w.experts.gate), mx(w.experts.up), offsets.ptr<int32_t>(), int(El),
                                     max_tiles, I, DX, b16w(hg), st(), w.experts.act);
-      cuda::grouped_gemm_mx4_tc(b16(hg), mx(w.experts.down), offsets.ptr<int32_t>(), int(E), max_tiles, DX, I,
+      cuda::grouped_gemm_mx4_tc(b16(hg), mx(w.experts.down), offsets.ptr<int32_t>(), int(El), max_tiles, DX, I,
                                 b16w(ys), st());
     } else {
       // BF16: gate and up as two grouped GEMMs, then the activation pass. The kernel that fuses
@@ -553,12 +589,12 @@ class CudaBackend final : public Backend {
       // on every shape measured (docs/perf/experiments_c6788c6.txt; GLM-5.3-Flash at T = 8192:
       // 6.12 ms fused vs 2 x 2.13 ms + the pass).
       DTensor hu = alloc({n, I}, DType::BF16);
-      cuda::grouped_gemm_tc(b16(xs), b16(w.experts.gate), offsets.ptr<int32_t>(), tile_off.ptr<int32_t>(), int(E),
+      cuda::grouped_gemm_tc(b16(xs), b16(w.experts.gate), offsets.ptr<int32_t>(), tile_off.ptr<int32_t>(), int(El),
                             max_tiles, I, DX, b16w(hg), st());
-      cuda::grouped_gemm_tc(b16(xs), b16(w.experts.up), offsets.ptr<int32_t>(), tile_off.ptr<int32_t>(), int(E),
+      cuda::grouped_gemm_tc(b16(xs), b16(w.experts.up), offsets.ptr<int32_t>(), tile_off.ptr<int32_t>(), int(El),
                             max_tiles, I, DX, b16w(hu), st());
       cuda::silu_mul(b16(hg), b16(hu), b16w(hg), n * I, w.experts.act, st());
-      cuda::grouped_gemm_tc(b16(hg), b16(w.experts.down), offsets.ptr<int32_t>(), tile_off.ptr<int32_t>(), int(E),
+      cuda::grouped_gemm_tc(b16(hg), b16(w.experts.down), offsets.ptr<int32_t>(), tile_off.ptr<int32_t>(), int(El),
                             max_tiles, DX, I, b16w(ys), st());
     }
     cuda::moe_combine(b16(ys), pos_of.ptr<int32_t>(), wt.ptr<float>(), T, int(k), DX, b16w(y), st());
