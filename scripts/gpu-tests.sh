@@ -4,7 +4,8 @@
 # `dayzero run` on the golden models (kimi_linear, qwen3_next, deepseek_v32, qwen3_5_moe, glm_moe_dsa, glm5_next,
 # deepseek_v4, kimi_k3)
 # and their golden documents with
-# --backend cpu and --backend cuda (one rank; two DP ranks; --cp 2, --tp 2 and --cp 2 --tp 2 with the
+# --backend cpu and --backend cuda (one rank; two DP ranks; --cp 2, --tp 2, --cp 2 --tp 2 and the
+# expert-parallel --tp 2 --ep 2, --cp 2 --ep 2, --cp 2 --tp 2 --ep 4 with the
 # ranks sharing the GPU) and checks every cuda layout against the cpu run and the one-rank cuda
 # run within 1.5x transformers' own bf16-vs-fp32 drift on the same documents
 # (tests/golden/bf16_drift.json); then the crash-safety scripts (SIGTERM, SIGKILL of a rank,
@@ -62,11 +63,16 @@ for fam in ${DZ_GPU_FAMILIES:-kimi_linear qwen3_next deepseek_v32 qwen3_5_moe gl
   fi
   mpirun -np 2 "$EXE" run --model "$M" --input "$W/$fam.in.h5" --output "$W/$fam.dp2.h5" --backend cuda >/dev/null
   # CP x TP with the ranks sharing the one GPU (collectives through MPI, staged via pinned memory)
-  lays=("--cp 2" "--tp 2" "--cp 2 --tp 2")
+  # and expert parallelism (docs/expert_parallel.md): inside the TP group, over CP members (the
+  # all-to-all of the prefill's rows), both
+  lays=("--cp 2" "--tp 2" "--cp 2 --tp 2" "--tp 2 --ep 2" "--cp 2 --ep 2" "--cp 2 --tp 2 --ep 4")
   for lay in "${lays[@]}"; do
     name=$(echo "$lay" | tr -d ' -')
+    np=1
+    [[ $lay == *"--cp 2"* ]] && np=$((np * 2))
+    [[ $lay == *"--tp 2"* ]] && np=$((np * 2))
     # shellcheck disable=SC2086  # $lay is a list of options
-    mpirun -np $((${#name} > 3 ? 4 : 2)) "$EXE" run --model "$M" --input "$W/$fam.in.h5" --output "$W/$fam.np_$name.h5" \
+    mpirun -np $np "$EXE" run --model "$M" --input "$W/$fam.in.h5" --output "$W/$fam.np_$name.h5" \
       --backend cuda $lay >/dev/null
   done
   "$EXE" run --model "$M" --input "$W/$fam.in.h5" --output "$W/$fam.chunk.h5" --backend cuda --max-batch-tokens 50 \

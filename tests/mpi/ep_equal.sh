@@ -16,10 +16,22 @@
 # 2026-12-05 at the 131-token document's row 248: --tp 2 1.5e-4, --cp 2 2.5e-4; with --ep: 1.7e-4,
 # 2.5e-4). With
 # DZ_TEST_BACKEND=cuda (ranks sharing a GPU, MPI transport) the layouts are compared with one rank
-# on cuda: bf16 roundings of the partial sums, DZ_EP_TOL (default 0.05 there), generations reported.
+# on cuda by scripts/gpu-tests.sh's yardstick: mean and max |dlp| within 1.5x transformers' own
+# bf16-vs-fp32 drift on the golden (tests/golden/bf16_drift.json: these tiny std-0.15 models are
+# hypersensitive, `--cp 2 --tp 2` alone moves deepseek_v32 by 4.9 nats max), 1e-2 mean / 0.1 max on
+# the demo; generations reported, not compared (bf16 near-ties).
 source "$(dirname "$0")/lib.sh"
 cuda=0; [ "${DZ_TEST_BACKEND:-cpu}" = cuda ] && cuda=1
-TOL=${DZ_EP_TOL:-$([ $cuda = 1 ] && echo 0.05 || echo 1e-4)}
+TOL=${DZ_EP_TOL:-1e-4}
+# cuda: "mean max" bounds of a model (1.5x its bf16 drift; the demo preset's sanity bound)
+cuda_tol() {
+  python3 - "$SRC/tests/golden/bf16_drift.json" "$1" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1]))
+t = d.get(sys.argv[2])
+print(f"{1.5 * t['mean_abs']} {1.5 * t['max_abs']}" if t else "1e-2 0.1")
+PY
+}
 "$DZ" make-model --preset demo --out "$W/demo" >/dev/null
 models=("$W/demo" "$SRC/tests/golden/kimi_linear" "$SRC/tests/golden/deepseek_v32" "$SRC/tests/golden/qwen3_next"
         "$SRC/tests/golden/kimi_k3" "$SRC/tests/golden/deepseek_v4" "$SRC/tests/golden/glm5_next")
@@ -49,7 +61,13 @@ for m in "${models[@]}"; do
     grep -q "expert parallelism over $ep ranks" "$W/$tag.err" || { echo "FAIL: $tag did not log its expert parallelism"; exit 1; }
     mpi "$np" run "${args[@]}" --output "$W/${tag}_gen.h5" --mode generate --max-new-tokens 4 2>/dev/null
     d=$(python3 "$SRC/tests/mpi/maxdiff.py" "$W/${name}_ref.h5" "$W/$tag.h5" /logprobs)
-    if python3 -c "import sys; sys.exit(0 if $d <= $tol else 1)"; then :; else
+    if [ $cuda = 1 ]; then
+      read -r tm tx <<<"$(cuda_tol "$name")"
+      read -r mean _ mx <<<"$(python3 "$SRC/tests/mpi/logprob_stats.py" "$W/${name}_ref.h5" "$W/$tag.h5")"
+      python3 -c "import sys; sys.exit(0 if $mean <= $tm and $mx <= $tx else 1)" ||
+        { echo "FAIL: $tag on cuda: mean |dlp| $mean, max $mx against one rank (bounds $tm / $tx)"; exit 1; }
+      d=$mean
+    elif python3 -c "import sys; sys.exit(0 if $d <= $tol else 1)"; then :; else
       echo "FAIL: $tag log-probs differ from one rank by $d > $tol"; exit 1
     fi
     worst=$(python3 -c "print(max($worst, $d))")
@@ -57,7 +75,7 @@ for m in "${models[@]}"; do
       same "$W/${name}_ref_gen.h5" "$W/${tag}_gen.h5" /generated /generated_offsets
       say "$tag: max |logprob diff| $d, greedy tokens identical"
     else
-      say "$tag: max |logprob diff| $d"
+      say "$tag: on cuda mean |logprob diff| $d, max $mx (bounds $tm / $tx)"
     fi
   done
 done
