@@ -3,10 +3,10 @@
 
     python3 slurm/summarize.py RESULTS_DIR [--plot FILE.png] [--csv FILE.csv]
 
-Prints one row per run: ranks, nodes, dp, cp, tp, tokens, seconds, tokens/s and the scaling
+Prints one row per run: ranks, nodes, dp, cp, tp, ep, tokens, seconds, tokens/s and the scaling
 efficiency against the smallest run (tokens/s per rank, relative to that of the run with the fewest
 ranks). Writes a PNG (default RESULTS_DIR/scaling.png) of tokens/s and efficiency against ranks,
-one line per (cp, tp); without matplotlib the table is still printed and a message says why no plot.
+one line per (cp, tp, ep); without matplotlib the table is still printed and a message says why no plot.
 Nodes come from the report's "nodes" field, else from a sweep name "n<N>_...", else 1.
 """
 import argparse
@@ -38,11 +38,12 @@ def load(results):
             "dp": int(r.get("dp", r["world_size"])),
             "cp": int(r.get("cp", 1)),
             "tp": int(r.get("tp", 1)),
+            "ep": int(r.get("ep", 1)),
             "tokens": int(r["tokens"]),
             "seconds": float(r["seconds"]),
             "tps": float(r["tokens_per_s"]),
         })
-    runs.sort(key=lambda x: (x["ranks"], x["nodes"], x["cp"], x["tp"], x["name"]))
+    runs.sort(key=lambda x: (x["ranks"], x["nodes"], x["cp"], x["tp"], x["ep"], x["name"]))
     return runs
 
 
@@ -55,8 +56,8 @@ def add_efficiency(runs):
 
 
 def table(runs):
-    head = ("run", "ranks", "nodes", "dp", "cp", "tp", "tokens", "seconds", "tokens/s", "efficiency")
-    rows = [(r["name"], r["ranks"], r["nodes"], r["dp"], r["cp"], r["tp"], r["tokens"], f"{r['seconds']:.2f}",
+    head = ("run", "ranks", "nodes", "dp", "cp", "tp", "ep", "tokens", "seconds", "tokens/s", "efficiency")
+    rows = [(r["name"], r["ranks"], r["nodes"], r["dp"], r["cp"], r["tp"], r["ep"], r["tokens"], f"{r['seconds']:.2f}",
              f"{r['tps']:.0f}", f"{r['eff']:.2f}") for r in runs]
     widths = [max(len(str(x)) for x in col) for col in zip(head, *rows)]
     lines = ["  ".join(str(x).rjust(w) if i else str(x).ljust(w) for i, (x, w) in enumerate(zip(row, widths)))
@@ -75,12 +76,13 @@ def plot(runs, path):
               "(pip install matplotlib); the table above is complete", file=sys.stderr)
         return False
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 4.2))
-    series = sorted({(r["cp"], r["tp"]) for r in runs})
-    for cp, tp in series:
-        pts = sorted((r["ranks"], r["tps"], r["eff"]) for r in runs if (r["cp"], r["tp"]) == (cp, tp))
+    series = sorted({(r["cp"], r["tp"], r["ep"]) for r in runs})
+    for cp, tp, ep in series:
+        pts = sorted((r["ranks"], r["tps"], r["eff"]) for r in runs if (r["cp"], r["tp"], r["ep"]) == (cp, tp, ep))
         xs = [p[0] for p in pts]
-        a1.plot(xs, [p[1] for p in pts], "o-", label=f"cp {cp}, tp {tp}")
-        a2.plot(xs, [p[2] for p in pts], "o-", label=f"cp {cp}, tp {tp}")
+        label = f"cp {cp}, tp {tp}" + (f", ep {ep}" if ep > 1 else "")
+        a1.plot(xs, [p[1] for p in pts], "o-", label=label)
+        a2.plot(xs, [p[2] for p in pts], "o-", label=label)
     base = runs[0]
     xs = sorted({r["ranks"] for r in runs})
     a1.plot(xs, [base["tps"] / base["ranks"] * x for x in xs], "k--", lw=0.8, label="ideal")
@@ -116,9 +118,9 @@ def main():
     print(table(runs))
     if a.csv:
         with open(a.csv, "w") as f:
-            f.write("run,ranks,nodes,dp,cp,tp,tokens,seconds,tokens_per_s,efficiency\n")
+            f.write("run,ranks,nodes,dp,cp,tp,ep,tokens,seconds,tokens_per_s,efficiency\n")
             for r in runs:
-                f.write(f"{r['name']},{r['ranks']},{r['nodes']},{r['dp']},{r['cp']},{r['tp']},{r['tokens']},"
+                f.write(f"{r['name']},{r['ranks']},{r['nodes']},{r['dp']},{r['cp']},{r['tp']},{r['ep']},{r['tokens']},"
                         f"{r['seconds']:.4f},{r['tps']:.2f},{r['eff']:.4f}\n")
     plot(runs, a.plot or os.path.join(a.results, "scaling.png"))
     return 0

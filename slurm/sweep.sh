@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# Submits a grid of dayzero scaling runs: every (nodes, ranks per node, CP, TP) whose rank count is
-# divisible by CP x TP. Each run writes RESULTS/<name>.h5 and the report RESULTS/<name>.json;
+# Submits a grid of dayzero scaling runs: every (nodes, ranks per node, CP, TP, EP) whose rank count is
+# divisible by CP x TP (and EP = 1 or TP times a divisor of CP). Each run writes RESULTS/<name>.h5 and the report RESULTS/<name>.json;
 # summarize them with `python3 slurm/summarize.py RESULTS`.
 #
 #   slurm/sweep.sh --model DIR --input IN.h5 --results DIR [--nodes 1,2,4] [--ranks-per-node 1,4,8]
-#                  [--cp 1,2] [--tp 1,2] [--mode logprobs] [--backend cpu] [--extra "FLAGS"]
+#                  [--cp 1,2] [--tp 1,2] [--ep 1,4] [--mode logprobs] [--backend cpu] [--extra "FLAGS"]
 #                  [--dry-run] [--wait] [-- more sbatch options, e.g. --time=1:00:00 -p gpu]
 #
 # --dry-run prints the sbatch commands and submits nothing. --wait waits for every submitted job to
@@ -14,7 +14,7 @@ set -euo pipefail
 usage() { sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
 
 HERE=$(cd "$(dirname "$0")" && pwd)
-MODEL="" INPUT="" RESULTS="" NODES=1 RPN=1,2 CPS=1 TPS=1 MODE=logprobs BACKEND=cpu EXTRA="" DRY=0 WAIT=0
+MODEL="" INPUT="" RESULTS="" NODES=1 RPN=1,2 CPS=1 TPS=1 EPS=1 MODE=logprobs BACKEND=cpu EXTRA="" DRY=0 WAIT=0
 SBATCH_ARGS=()
 while [ $# -gt 0 ]; do
   case $1 in
@@ -25,6 +25,7 @@ while [ $# -gt 0 ]; do
     --ranks-per-node) RPN=$2; shift ;;
     --cp) CPS=$2; shift ;;
     --tp) TPS=$2; shift ;;
+    --ep) EPS=$2; shift ;;
     --mode) MODE=$2; shift ;;
     --backend) BACKEND=$2; shift ;;
     --extra) EXTRA=$2; shift ;;
@@ -47,20 +48,27 @@ IFS=, read -r -a node_list <<<"$NODES"
 IFS=, read -r -a rpn_list <<<"$RPN"
 IFS=, read -r -a cp_list <<<"$CPS"
 IFS=, read -r -a tp_list <<<"$TPS"
+IFS=, read -r -a ep_list <<<"$EPS"
 for n in "${node_list[@]}"; do
   for r in "${rpn_list[@]}"; do
     for c in "${cp_list[@]}"; do
       for t in "${tp_list[@]}"; do
+       for e in "${ep_list[@]}"; do
         ranks=$((n * r))
         if [ $((ranks % (c * t))) -ne 0 ]; then
           echo "# skip nodes=$n ranks/node=$r cp=$c tp=$t: $ranks ranks not divisible by cp*tp=$((c * t))"
           continue
         fi
+        if [ "$e" != 1 ] && { [ $((e % t)) -ne 0 ] || [ $((c % (e / t > 0 ? e / t : 1))) -ne 0 ] || [ "$e" -lt "$t" ]; }; then
+          echo "# skip cp=$c tp=$t ep=$e: ep must be tp times a divisor of cp"
+          continue
+        fi
         name=n${n}_r${r}_cp${c}_tp${t}
+        [ "$e" != 1 ] && name=${name}_ep${e}
         template=$HERE/dayzero-multinode.sbatch
         [ "$n" = 1 ] && template=$HERE/dayzero-1node.sbatch
         cmd=(env DZ_MODEL="$MODEL" DZ_INPUT="$INPUT" DZ_OUTPUT="$RESULTS/$name.h5" DZ_REPORT="$RESULTS/$name.json"
-             DZ_MODE="$MODE" DZ_BACKEND="$BACKEND" DZ_CP="$c" DZ_TP="$t" DZ_EXTRA="$EXTRA")
+             DZ_MODE="$MODE" DZ_BACKEND="$BACKEND" DZ_CP="$c" DZ_TP="$t" DZ_EP="$e" DZ_EXTRA="$EXTRA")
         [ -n "${DZ_BIN:-}" ] && cmd+=(DZ_BIN="$(abspath "$DZ_BIN")")
         cmd+=(sbatch --parsable --job-name="dz-sweep-$name" --nodes="$n" --ntasks-per-node="$r"
               --output="$RESULTS/%x-%j.out" "${SBATCH_ARGS[@]}" "$template")
@@ -74,6 +82,7 @@ for n in "${node_list[@]}"; do
           jobs+=("$id")
           echo "submitted $name: job $id"
         fi
+       done
       done
     done
   done

@@ -146,6 +146,7 @@ int main(int argc, char** argv) {
   pl->add_flag("--json", plan_json, "Print JSON");
   dz::PlanMemoryOptions pmo;
   pl->add_option("--tp", pmo.tp, "Tensor-parallel ranks (memory per rank)")->capture_default_str();
+  pl->add_option("--ep", pmo.ep, "Expert-parallel ranks (routed experts split whole, as for run)")->capture_default_str();
   pl->add_option("--backend", pmo.backend, "cpu | cuda (weight and activation dtypes)")
       ->check(CLI::IsMember({"cpu", "cuda"}))
       ->capture_default_str();

@@ -51,7 +51,7 @@ bool kept_mx4(const std::string& n, const Shape& s, const ModelConfig& cfg, cons
       n.find("shared") != std::string::npos)
     return false;
   const int64_t I = cfg.moe_intermediate_size, DX = cfg.moe_latent_size > 0 ? cfg.moe_latent_size : cfg.hidden_size;
-  return DX % 32 == 0 && I % (32 * q.tp) == 0;
+  return DX % 32 == 0 && I % (32 * (q.ep > 1 ? 1 : q.tp)) == 0;  // (expert parallelism: whole experts)
 }
 
 // RowStore capacity after n appends: 64, doubling.
@@ -75,7 +75,7 @@ std::set<std::string> fp8_block_weights(const std::string& dir) {
 }
 
 MemoryPlan plan_memory(const ModelConfig& cfg, const MemoryQuery& q) {
-  DZ_CHECK(q.tp >= 1 && q.doc_tokens >= 1 && q.forward_tokens >= 1, "plan: bad memory query");
+  DZ_CHECK(q.tp >= 1 && q.doc_tokens >= 1 && q.forward_tokens >= 1 && q.ep >= 1, "plan: bad memory query");
   MemoryPlan p;
   const double act = q.cuda ? 2 : 4, wt = q.cuda ? 2 : 4, t = double(q.tp);
   // ---- weights: every tensor the model asks for (names and shapes only, nothing generated) ----
@@ -85,11 +85,14 @@ MemoryPlan plan_memory(const ModelConfig& cfg, const MemoryQuery& q) {
   for (const auto& n : ck->names()) {
     const Shape& s = ck->info(n).shape;
     const bool repl = replicated(n);
+    const bool routed = n.find(".experts.") != std::string::npos && n.find("shared") == std::string::npos;
     const bool f8 = kept_fp8(n, s, q, repl), mx = kept_mx4(n, s, cfg, q);
     p.fp8_weights += f8;
     double b = f8 ? fp8_bytes(s) : mx ? double(numel(s)) * (0.5 + 1.0 / 32) : double(numel(s)) * (fp32_param(n, s) ? 4 : wt);
-    if (!repl) b = n.find("lm_head") != std::string::npos ? double((s[0] + q.tp - 1) / q.tp) * double(s[1]) * wt
-                                                          : b / t;
+    if (routed && q.ep > 1)  // expert parallelism: n_experts / ep whole experts a rank
+      b /= double(q.ep);
+    else if (!repl)
+      b = n.find("lm_head") != std::string::npos ? double((s[0] + q.tp - 1) / q.tp) * double(s[1]) * wt : b / t;
     p.weights += b;
     p.detail[n.find(".experts.") != std::string::npos && n.find("shared") == std::string::npos ? "weights_experts"
                                                                                                : "weights_other"] += b;
@@ -161,7 +164,11 @@ MemoryPlan plan_memory(const ModelConfig& cfg, const MemoryQuery& q) {
   double ffn_act = 0;
   for (const auto& ls : cfg.layers) {
     if (ls.ffn == FfnKind::MoE) {
-      const double n = T * double(cfg.num_experts_per_tok), I = double(cfg.moe_intermediate_size) / t;
+      // expert parallelism: whole-width experts, on this rank's pairs and at most as many from each of
+      // the other ep / tp CP members (the all-to-all's rows)
+      const double M = q.ep > 1 ? double(q.ep) / t : 1.0;
+      const double n = T * double(cfg.num_experts_per_tok) * M,
+                   I = double(cfg.moe_intermediate_size) / (q.ep > 1 ? 1.0 : t);
       const double S = double(cfg.shared_intermediate_size > 0 ? cfg.shared_intermediate_size
                                                                : cfg.n_shared_experts * cfg.moe_intermediate_size) / t;
       const double DX = cfg.moe_latent_size > 0 ? double(cfg.moe_latent_size) : D;  // the experts' input

@@ -16,6 +16,7 @@ namespace dz {
 
 struct MemoryQuery {
   int tp = 1;
+  int ep = 1;                 // --ep: routed experts split whole over ep ranks (ep / tp CP members)
   int64_t doc_tokens = 0;     // the longest document (its state stays for the whole document)
   int64_t forward_tokens = 0; // rows of one forward: the document, or --max-batch-tokens (chunks, packing)
   int64_t docs = 1;           // documents whose state is alive at once (packed into one forward)

@@ -288,6 +288,11 @@ int plan(const std::string& model, int64_t length, int cp, int segments, bool as
   // Memory per rank (every CP rank keeps the whole document's state; TP splits weights and heads).
   MemoryQuery q;
   q.tp = mo.tp;
+  DZ_CHECK(mo.ep == 1 || (mo.ep > 1 && mo.ep % mo.tp == 0 && cp % (mo.ep / mo.tp) == 0), "--ep ", mo.ep,
+           " must be --tp (", mo.tp, ") times a divisor of --cp (", cp, ")");
+  DZ_CHECK(mo.ep == 1 || cfg.n_routed_experts % mo.ep == 0, "--ep ", mo.ep, " does not divide the ",
+           cfg.n_routed_experts, " routed experts");
+  q.ep = mo.ep;
   q.doc_tokens = length;
   const int64_t local = (length + cp - 1) / cp;
   // With --max-batch-tokens (serial prefill) a forward holds up to that many rows: chunks of a longer
@@ -300,6 +305,7 @@ int plan(const std::string& model, int64_t length, int cp, int segments, bool as
   const MemoryPlan mp = plan_memory(cfg, q);
   const double gib = double(int64_t(1) << 30);
   out["memory"] = {{"tp", mo.tp},
+                   {"ep", mo.ep},
                    {"backend", mo.backend},
                    {"forward_tokens", q.forward_tokens},
                    {"weights_gib", mp.weights / gib},
@@ -329,9 +335,9 @@ int plan(const std::string& model, int64_t length, int cp, int segments, bool as
     std::printf("%-10s max/mean %.4f\n", "", out[kind]["max_over_mean"].get<double>());
   }
   const bool fits = mp.total() <= mo.device_gib * gib;
-  std::printf("memory per rank (--tp %d, %s, %lld tokens per forward): weights %.2f GiB, state %.2f GiB, "
+  std::printf("memory per rank (--tp %d --ep %d, %s, %lld tokens per forward): weights %.2f GiB, state %.2f GiB, "
               "activations %.2f GiB, workspace %.2f GiB = %.2f GiB of %.0f GiB: %s\n",
-              mo.tp, mo.backend.c_str(), (long long)q.forward_tokens, mp.weights / gib, mp.state / gib,
+              mo.tp, mo.ep, mo.backend.c_str(), (long long)q.forward_tokens, mp.weights / gib, mp.state / gib,
               mp.activations / gib, mp.workspace / gib, mp.total() / gib, mo.device_gib,
               fits ? "fits" : "DOES NOT FIT (raise --tp, lower --max-batch-tokens, or add --cp)");
   if (mp.fp8_weights > 0)

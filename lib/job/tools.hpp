@@ -68,6 +68,7 @@ namespace dz {
 // code 3 when it does not fit.
 struct PlanMemoryOptions {
   int tp = 1;
+  int ep = 1;
   std::string backend = "cuda";
   int64_t max_batch_tokens = 0;
   bool kv_fp8 = false;

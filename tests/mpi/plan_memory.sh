@@ -35,4 +35,23 @@ rc=$?
 set -e
 [[ $rc == 3 ]] || { cat "$W/out.txt"; echo "FAIL: plan exit $rc for a layout that does not fit (expected 3)"; exit 1; }
 grep -q "DOES NOT FIT" "$W/out.txt" || { cat "$W/out.txt"; echo "FAIL: no clear line"; exit 1; }
-say "plan memory invariants hold; a layout over the device's memory exits 3"
+# Expert parallelism: --ep 2 over a TP group of 2 holds the same expert bytes as width sharding
+# (half of every expert vs half of the experts); --cp 4 --tp 2 --ep 8 a quarter of that, with the
+# rest of the weights unchanged; an --ep the layout cannot hold is refused.
+for a in "tp2:--tp 2" "ep2:--tp 2 --ep 2" "ep8:--tp 2 --ep 8"; do
+  "$DZ" plan --model "$K" --cp 4 --length 8192 ${a#*:} --json >"$W/${a%%:*}.json"
+done
+python3 - "$W" <<'PY'
+import json, sys
+w = sys.argv[1]
+m = {k: json.load(open(f"{w}/{k}.json"))["memory"]["detail_gib"] for k in ("tp2", "ep2", "ep8")}
+e = {k: v["weights_experts"] for k, v in m.items()}
+assert abs(e["ep2"] - e["tp2"]) <= 1e-9 * e["tp2"] and abs(e["ep8"] - e["tp2"] / 4) <= 1e-9 * e["tp2"], e
+assert abs(m["ep8"]["weights_other"] - m["tp2"]["weights_other"]) <= 1e-9 * m["tp2"]["weights_other"], m
+print("plan --ep: routed experts", round(e["tp2"], 2), "GiB a rank at --tp 2 (and --ep 2),", round(e["ep8"], 2), "at --ep 8")
+PY
+if "$DZ" plan --model "$K" --cp 4 --length 8192 --tp 2 --ep 3 >"$W/bad.txt" 2>&1; then
+  echo "FAIL: plan accepted --tp 2 --ep 3"; exit 1
+fi
+grep -q "must be --tp (2) times a divisor of --cp (4)" "$W/bad.txt" || { cat "$W/bad.txt"; echo "FAIL: unclear --ep refusal"; exit 1; }
+say "plan memory invariants hold; a layout over the device's memory exits 3; --ep splits the routed experts"

@@ -79,11 +79,12 @@ bash "$SRC/slurm/sweep.sh" --dry-run --model "$W/m" --input "$W/in.h5" --results
 [ "$(grep -c '^env .*sbatch' "$W/dry.txt")" = 11 ] || { cat "$W/dry.txt"; fail "dry run: expected 11 sbatch commands (16 points, 5 not divisible)"; }
 [ ! -e "$W/res" ] || fail "the dry run created files"
 bash "$SRC/slurm/sweep.sh" --model "$W/m" --input "$W/in.h5" --results "$W/res" --nodes 1 \
-  --ranks-per-node 1,2 --cp 1,2 --wait -- --time=10 >"$W/sweep.txt"
+  --ranks-per-node 1,2 --cp 1,2 --ep 1,2 --wait -- --time=10 >"$W/sweep.txt"
 python3 -c "import matplotlib" 2>/dev/null || pip install -q matplotlib >/dev/null 2>&1 || true
 python3 "$SRC/slurm/summarize.py" "$W/res" --csv "$W/res/s.csv" | tee "$W/summary.txt"
-[ "$(grep -c '^n1_r' "$W/summary.txt")" = 3 ] || fail "summary: expected 3 runs"
-grep -q '^n1_r2_cp2_tp1 .* 2 .* 1 .* 1 .* 2 .* 1 ' "$W/summary.txt" || fail "summary: the cp 2 run is not dp 1 x cp 2"
+[ "$(grep -c '^n1_r' "$W/summary.txt")" = 4 ] || fail "summary: expected 4 runs (--ep 2 only where cp 2)"
+grep -Eq '^n1_r2_cp2_tp1 +2 +1 +1 +2 +1 +1 ' "$W/summary.txt" || fail "summary: the cp 2 run is not dp 1 x cp 2"
+grep -Eq '^n1_r2_cp2_tp1_ep2 +2 +1 +1 +2 +1 +2 ' "$W/summary.txt" || fail "summary: the --ep 2 run (DZ_EP) is not cp 2 x ep 2"
 python3 -c "import matplotlib" 2>/dev/null && { [ -s "$W/res/scaling.png" ] || fail "no scaling.png"; }
 # without matplotlib: a clear message, the table still printed
 python3 -S "$SRC/slurm/summarize.py" "$W/res" --plot "$W/none.png" >"$W/nompl.txt" 2>&1 || true
@@ -91,5 +92,5 @@ if ! python3 -S -c "import matplotlib" 2>/dev/null; then
   grep -q "matplotlib is not installed" "$W/nompl.txt" && grep -q '^n1_r2' "$W/nompl.txt" ||
     { cat "$W/nompl.txt"; fail "summarize without matplotlib"; }
 fi
-say "sweep (3 runs) summarised: table, CSV, scaling.png"
+say "sweep (4 runs, one with --ep 2) summarised: table, CSV, scaling.png"
 say "PASS"
