@@ -60,6 +60,10 @@ for name in kimi_linear qwen3_5_moe deepseek_v32 deepseek_v4 demo; do
     --speculative oracle --oracle-drafts "$W/bent_$name.h5" --spec-restore per-token --max-batch-tokens 256 \
     --output "$W/cptp_pt_$name.h5" >/dev/null
   same "$W/plain_$name.h5" "$W/cptp_pt_$name.h5" /generated /generated_offsets /done
+  # expert parallelism: the verify forwards' MoE experts split over the 4 ranks (members' sums)
+  mpi 4 run --model "$M" --input "$W/in_$name.h5" --mode generate --max-new-tokens 20 --cp 2 --tp 2 --ep 4 \
+    --speculative oracle --oracle-drafts "$W/bent_$name.h5" --spec-restore replay --output "$W/ep_$name.h5" >/dev/null
+  same "$W/plain_$name.h5" "$W/ep_$name.h5" /generated /generated_offsets /done
 done
 # EOS inside an accepted run of drafts: the demo model with its eos_token_id set to the 6th token
 # its plain run generates for document 0 (so that document stops there, mid-step, and the others

@@ -2,7 +2,7 @@
 # --speculative mtp (DESIGN §11, model/mtp.hpp) is lossless: greedy output equals plain decoding's
 # on the five families whose MTP layer dayzero runs (DeepSeek-V3.2, GLM-5, Qwen3-Next, the Qwen3.5
 # wrapper, DeepSeek-V4: its MTP layer reads the mHC streams), for 1 and 3 drafts, packed, chunked (the MTP prompt rows then come chunk by chunk),
-# per-token restore, CP x TP (the MTP prompt rows gathered from the CP ranks), resumed, and sampled
+# per-token restore, CP x TP (the MTP prompt rows gathered from the CP ranks), CP x TP with --ep 4, resumed, and sampled
 # on 1 and 3 ranks alike. Random MTP weights would propose drafts that are never right, so each
 # model's LM head is bent: every row 0 except two tokens at +/- a multiple of hidden unit 0, so the
 # argmax is one of the two, chosen by the sign of one coordinate of the final hidden state that the
@@ -58,6 +58,9 @@ PY
   same "$W/plain_$name.h5" "$W/pt_$name.h5" /generated /generated_offsets /done
   mpi 4 run "${a[@]}" "${m[@]}" --cp 2 --tp 2 --output "$W/cptp_$name.h5" >/dev/null
   same "$W/plain_$name.h5" "$W/cptp_$name.h5" /generated /generated_offsets /done
+  # expert parallelism (the model's and the MTP layer's MoE experts split over all 4 ranks)
+  mpi 4 run "${a[@]}" "${m[@]}" --cp 2 --tp 2 --ep 4 --output "$W/ep_$name.h5" >/dev/null
+  same "$W/plain_$name.h5" "$W/ep_$name.h5" /generated /generated_offsets /done
   python3 - "$W" "$name" <<'PY'
 import json, sys
 W, name = sys.argv[1:]
