@@ -105,6 +105,22 @@ void Backend::la_scan_states_slots(const LaScanArgs& a, const DTensor& pool, con
   }
 }
 
+void Backend::check_moe_route(const MoeWeights& w, int64_t T, int64_t k, const DTensor& idx, const DTensor& wt) {
+  DZ_CHECK(idx.dtype == DType::I32 && idx.numel() == T * k && wt.dtype == DType::F32 && wt.numel() == T * k,
+           "moe_route: idx ", shape_str(idx.shape), " wt ", shape_str(wt.shape), " for ", T, " rows of ", k);
+  DZ_CHECK(!w.fixed.defined() || (w.fixed.dtype == DType::I32 && w.fixed.numel() == T * k), "moe: fixed experts ",
+           shape_str(w.fixed.shape), " for ", T, " rows of ", k);
+}
+
+void Backend::check_moe_local(const MoeWeights& w, int64_t T, int64_t k, int64_t E) {
+  const int64_t El = w.experts.gate.dim(0);
+  DZ_CHECK(w.e0 >= 0 && w.e0 + El <= E, "moe: local experts [", w.e0, ", ", w.e0 + El, ") outside the ", E, " experts");
+  DZ_CHECK(!w.fixed_wt.defined() || (w.fixed.defined() && w.fixed.dtype == DType::I32 && w.fixed.numel() == T * k &&
+                                     w.fixed_wt.dtype == DType::F32 && w.fixed_wt.numel() == T * k),
+           "moe: fixed weights need fixed experts, both [", T, ", ", k, "] (got ", shape_str(w.fixed.shape), ", ",
+           shape_str(w.fixed_wt.shape), ")");
+}
+
 void Backend::check_conv_split(const DTensor& x, const DTensor& w, const std::vector<DTensor>& ys) {
   const int64_t C = w.dim(0), T = C ? x.numel() / C : 0;
   DZ_CHECK(!ys.empty() && ys.size() <= 3, "short_conv_split: ", ys.size(), " output blocks (1 to 3)");

@@ -459,6 +459,11 @@ class Backend {
   static void check_la_slots(const LaScanArgs& a, const DTensor& states, const std::vector<int32_t>& slots);
   static void check_conv_slots(const DTensor& x, const DTensor& w, const DTensor& states,
                                const std::vector<int32_t>& slots, const DTensor& y);
+  // The shape rules of moe_route's outputs idx (I32) and wt (F32) and of w.fixed, all [T, top_k].
+  static void check_moe_route(const MoeWeights& w, int64_t T, int64_t k, const DTensor& idx, const DTensor& wt);
+  // The rules of moe's expert-parallel inputs: the local experts inside the E, and w.fixed_wt (when
+  // defined) beside w.fixed, both [T, top_k].
+  static void check_moe_local(const MoeWeights& w, int64_t T, int64_t k, int64_t E);
   // The rules of short_conv_split: 1 to 3 output blocks of x's rows, widths summing to C.
   static void check_conv_split(const DTensor& x, const DTensor& w, const std::vector<DTensor>& ys);
   // The shape rules of mla_latent_attention; returns T, the number of queries.

@@ -169,10 +169,7 @@ class CpuBackend final : public Backend {
                  const DTensor& wt) override {
     const DTensor& rx = w.route_x.defined() ? w.route_x : x;  // the router's input
     const int64_t D = w.router.dim(1), T = rx.numel() / D, k = rc.top_k;
-    DZ_CHECK(idx.dtype == DType::I32 && idx.numel() == T * k && wt.dtype == DType::F32 && wt.numel() == T * k,
-             "moe_route: idx ", shape_str(idx.shape), " wt ", shape_str(wt.shape), " for ", T, " rows of ", k);
-    DZ_CHECK(!w.fixed.defined() || (w.fixed.dtype == DType::I32 && w.fixed.numel() == T * k), "moe: fixed experts ",
-             shape_str(w.fixed.shape), " for ", T, " rows of ", k);
+    check_moe_route(w, T, k, idx, wt);
     if (T > 0)
       dz::moe_route(rc, rx.f32(), w.router.f32(), opt(w.bias), T, D, static_cast<int32_t*>(idx.data), wt.f32(),
                     w.fixed.defined() ? static_cast<const int32_t*>(w.fixed.data) : nullptr);
@@ -184,14 +181,10 @@ class CpuBackend final : public Backend {
     DZ_CHECK(x.numel() == T * DX && y.numel() == T * DX, "moe: x ", shape_str(x.shape), " y ", shape_str(y.shape),
              " for rows of ", DX);
     DZ_CHECK(!(w.route_x.defined() && w.has_shared), "moe: a shared expert beside a separate router input");
-    DZ_CHECK(w.e0 >= 0 && w.e0 + El <= E, "moe: local experts [", w.e0, ", ", w.e0 + El, ") outside the ", E, " experts");
+    check_moe_local(w, T, k, E);
     std::vector<int32_t> idx(static_cast<size_t>(T * k));
     std::vector<float> wt(static_cast<size_t>(T * k));
     if (w.fixed_wt.defined()) {  // routed elsewhere: the experts and weights as given
-      DZ_CHECK(w.fixed.defined() && w.fixed.dtype == DType::I32 && w.fixed.numel() == T * k &&
-                   w.fixed_wt.dtype == DType::F32 && w.fixed_wt.numel() == T * k,
-               "moe: fixed weights need fixed experts, both [", T, ", ", k, "] (got ", shape_str(w.fixed.shape), ", ",
-               shape_str(w.fixed_wt.shape), ")");
       std::copy_n(static_cast<const int32_t*>(w.fixed.data), T * k, idx.data());
       std::copy_n(w.fixed_wt.f32(), T * k, wt.data());
     } else {

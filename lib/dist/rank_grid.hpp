@@ -24,6 +24,11 @@ struct RankGrid {
     g.rank = rank;
     return g;
   }
+  // --ep E: 1, or a whole TP group times a divisor of --cp (the run and the plan check it alike).
+  static void check_ep(int cp, int tp, int ep) {
+    DZ_CHECK(ep == 1 || (ep > 1 && tp >= 1 && ep % tp == 0 && cp % (ep / tp) == 0), "--ep ", ep, " must be --tp (", tp,
+             ") times a divisor of --cp (", cp, "): expert-parallel groups are whole TP groups of consecutive CP ranks");
+  }
   int tp_rank() const { return rank % tp; }
   int cp_rank() const { return (rank / tp) % cp; }
   int dp_rank() const { return rank / (tp * cp); }

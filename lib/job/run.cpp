@@ -198,9 +198,7 @@ int run_job(const RunOptions& opt) {
   ModeParams mp;
   agree(world, [&] {
     grid = RankGrid::make(world.size(), world.rank(), opt.cp, opt.tp);
-    DZ_CHECK(opt.ep == 1 || (opt.ep > 1 && opt.ep % opt.tp == 0 && opt.cp % (opt.ep / opt.tp) == 0), "--ep ", opt.ep,
-             " must be --tp (", opt.tp, ") times a divisor of --cp (", opt.cp, "): expert-parallel groups are whole TP ",
-             "groups of consecutive CP ranks");
+    RankGrid::check_ep(opt.cp, opt.tp, opt.ep);
     DZ_CHECK(opt.segments >= 1, "--segments must be >= 1 (got ", opt.segments, ")");
     DZ_CHECK(opt.backend == "cpu" || opt.backend == "cuda", "--backend must be cpu or cuda (got ", opt.backend, ")");
     DZ_CHECK(opt.kv_cache == "bf16" || opt.kv_cache == "fp8", "--kv-cache must be bf16 or fp8 (got ", opt.kv_cache,
@@ -265,9 +263,10 @@ int run_job(const RunOptions& opt) {
   TpShard tp{grid.tp_rank(), T, T > 1 ? &tp_comm : nullptr, T > 1 ? tp_dev.get() : nullptr, EpShard{}};
   // Expert parallelism (docs/expert_parallel.md): EP groups of opt.ep / T consecutive CP ranks; the
   // peers of a rank are its group's ranks of the same TP index.
-  const int M = opt.ep > 1 ? opt.ep / T : 1;  // CP members of an EP group
-  Comm ep_peers = world.split((grid.dp_rank() * (C / M) + grid.cp_rank() / M) * T + grid.tp_rank(), grid.cp_rank() % M);
+  Comm ep_peers;  // (every rank has the same opt.ep: the split is collective only when it runs)
   if (opt.ep > 1) {
+    const int M = opt.ep / T;  // CP members of an EP group
+    ep_peers = world.split((grid.dp_rank() * (C / M) + grid.cp_rank() / M) * T + grid.tp_rank(), grid.cp_rank() % M);
     tp.ep.size = opt.ep;
     tp.ep.members = M;
     tp.ep.member = grid.cp_rank() % M;

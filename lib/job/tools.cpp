@@ -17,6 +17,7 @@
 #include "config/model_config.hpp"
 #include "core/error.hpp"
 #include "core/log.hpp"
+#include "dist/rank_grid.hpp"
 #include "io/checkpoint.hpp"
 #include "io/hdf5_io.hpp"
 #include "model/model.hpp"
@@ -288,8 +289,7 @@ int plan(const std::string& model, int64_t length, int cp, int segments, bool as
   // Memory per rank (every CP rank keeps the whole document's state; TP splits weights and heads).
   MemoryQuery q;
   q.tp = mo.tp;
-  DZ_CHECK(mo.ep == 1 || (mo.ep > 1 && mo.ep % mo.tp == 0 && cp % (mo.ep / mo.tp) == 0), "--ep ", mo.ep,
-           " must be --tp (", mo.tp, ") times a divisor of --cp (", cp, ")");
+  RankGrid::check_ep(cp, mo.tp, mo.ep);
   DZ_CHECK(mo.ep == 1 || cfg.n_routed_experts % mo.ep == 0, "--ep ", mo.ep, " does not divide the ",
            cfg.n_routed_experts, " routed experts");
   q.ep = mo.ep;

@@ -189,6 +189,15 @@ TEST_CASE("modules gpu: every mixer's prefill, decode, state and segmented prefi
   }
 }
 
+namespace {
+// An FFN's output [T, D] on `be` for the host rows x, back on the host.
+std::vector<float> ffn_out(Backend& be, const dz::Ffn& f, const std::vector<float>& x, int64_t T, int64_t D) {
+  DTensor xt = be.upload(x.data(), {T, D}, be.act_dtype()), o = be.act({T, D});
+  f.forward(xt, o);
+  return be.to_host(o);
+}
+}  // namespace
+
 TEST_CASE("modules gpu: MLP and MoE FFNs on cuda equal the cpu backend", "[gpu]") {
   auto gpu = dz::make_cuda_backend(0);
   for (const std::string fam : {"kimi_linear", "qwen3_next", "deepseek_v32"}) {
@@ -202,12 +211,7 @@ TEST_CASE("modules gpu: MLP and MoE FFNs on cuda equal the cpu backend", "[gpu]"
       auto fg = make(cfg, int(layer), *ck2, prefix, dz::TpShard{}, *gpu);
       const int64_t D = cfg.hidden_size, T = 200;
       const auto x = rnd(size_t(T * D), 17);
-      auto run = [&](Backend& be, const dz::Ffn& f) {
-        DTensor xt = be.upload(x.data(), {T, D}, be.act_dtype()), o = be.act({T, D});
-        f.forward(xt, o);
-        return be.to_host(o);
-      };
-      const double e = nmse(run(*gpu, *fg), run(dz::cpu_backend(), *fc));
+      const double e = nmse(ffn_out(*gpu, *fg, x, T, D), ffn_out(dz::cpu_backend(), *fc, x, T, D));
       std::printf("  %-14s layer %zu %-4s nmse %.2e\n", fam.c_str(), layer, moe ? "MoE" : "MLP", e);
       CHECK(e <= 1e-3);  // as the MoE op test: bf16 hidden of every expert
     }
@@ -235,19 +239,14 @@ TEST_CASE("modules gpu: expert-parallel MoE shards on cuda add up to the cpu FFN
     dz::write_safetensors(dir, ck->generated(), dz::DType::F32);
     const int64_t D = cfg.hidden_size, T = 200;
     const auto x = rnd(size_t(T * D), 23);
-    auto run = [&](Backend& be, const dz::Ffn& f) {
-      DTensor xt = be.upload(x.data(), {T, D}, be.act_dtype()), o = be.act({T, D});
-      f.forward(xt, o);
-      return be.to_host(o);
-    };
-    const std::vector<float> whole = run(dz::cpu_backend(), *fc);
+    const std::vector<float> whole = ffn_out(dz::cpu_backend(), *fc, x, T, D);
     for (int ep : {2, 4}) {
       std::vector<float> sum(whole.size(), 0.f);
       for (int r = 0; r < ep; ++r) {
         auto ckr = dz::Checkpoint::open(dir);
         dz::TpShard tp{0, 1, nullptr, nullptr, dz::EpShard{ep, r, ep, nullptr}};
         auto fg = dz::make_moe_ffn(cfg, int(layer), *ckr, prefix, tp, *gpu);
-        const std::vector<float> part = run(*gpu, *fg);
+        const std::vector<float> part = ffn_out(*gpu, *fg, x, T, D);
         for (size_t i = 0; i < sum.size(); ++i) sum[i] += part[i];
       }
       const double e = nmse(sum, whole);
