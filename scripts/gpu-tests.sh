@@ -11,7 +11,8 @@
 # (tests/golden/bf16_drift.json); then the crash-safety scripts (SIGTERM, SIGKILL of a rank,
 # --resume) on --backend cuda (log: LOG_DIR/crash.log; DZ_GPU_SKIP_CRASH=1 leaves them out,
 # DZ_GPU_CRASH_ONLY=1 runs only them, DZ_GPU_FAMILIES="a b" runs only those families, DZ_GPU_PART=catch
-# or =cli only the test binary or only the `dayzero` runs). The
+# or =cli only the test binary or only the `dayzero` runs; with =cli, DZ_GPU_CLI=families or =extras
+# only the golden families' runs or only the preset / hybrid-small / FP8 runs after them). The
 # whole run takes ~11 min on the H200 with a cold build: the device tool's 600 s per command holds
 # it as DZ_GPU_SKIP_CRASH=1, then DZ_GPU_CRASH_ONLY=1. Exit status: non-zero when anything failed.
 #   bash scripts/gpu-tests.sh PREFIX BUILD_DIR LOG_DIR [test specs...]
@@ -50,7 +51,10 @@ fi
 set -e
 fi  # DZ_GPU_PART != cli
 if [[ ${DZ_GPU_PART:-all} != catch ]]; then
-# DZ_GPU_FAMILIES: a subset of the families (a partial run while iterating; the full list is the test)
+# DZ_GPU_FAMILIES: a subset of the families (a partial run while iterating; the full list is the test);
+# DZ_GPU_CLI=families / =extras: only the golden families' runs, or only what follows them (presets,
+# hybrid-small, FP8), so the CLI part can be split over two device commands as well
+if [[ ${DZ_GPU_CLI:-all} != extras ]]; then
 for fam in ${DZ_GPU_FAMILIES:-kimi_linear qwen3_next deepseek_v32 qwen3_5_moe glm_moe_dsa glm5_next deepseek_v4 kimi_k3}; do
   M=tests/golden/$fam
   cp "$M/golden.h5" "$W/$fam.in.h5"  # /tokens + /offsets: a dayzero input as it is
@@ -230,7 +234,10 @@ if os.path.exists(f"{w}/{fam}.q.cpu.h5"):
 sys.exit(0 if ok else 1)
 PY
   python3 -c "import json,sys; r=json.load(open('$W/$fam.report.json')); print('report:', {k: r[k] for k in ('tokens','seconds') if k in r}, [(x.get('device'), x.get('peak_device_memory_bytes')) for x in r.get('per_rank', [])])" | tee -a "$L/cli.log"
+  echo "cli $fam done at $SECONDS s" >> "$L/cli_times.log"
 done
+fi  # DZ_GPU_CLI != extras
+if [[ ${DZ_GPU_CLI:-all} != families ]]; then
 # --dummy-weights and `bench e2e` on the GPU: the demo preset's config alone, cuda vs cpu (the same
 # generated weights; the preset's bf16 drift is ~4e-4 mean, so 1e-2 mean / 0.1 max flags only a break).
 "$EXE" make-model --preset demo --out "$W/demo" >/dev/null
@@ -345,6 +352,7 @@ print(f"cli FP8 checkpoint: {kept} of 30 dense linear weights kept in FP8 on cud
       f"{dt.max():.3g}) {'ok' if ok else 'FAILED'}")
 sys.exit(0 if ok else 1)
 PY
+fi  # DZ_GPU_CLI != families
 fi  # DZ_GPU_PART != catch
 fi  # DZ_GPU_CRASH_ONLY
 # Crash safety on the GPU: SIGTERM (to every rank, to mpirun), SIGKILL of a rank (a non-writer, the
