@@ -153,6 +153,36 @@ __global__ void k_embed(const void* table, Dt tdt, const int32_t* ids, int64_t T
     out[i] = ldv(table, tdt, int64_t(ids[t]) * D + d);
   }
 }
+// Row copies (gather, embedding): a warp per row, kRowU 16-byte loads of a lane in flight at once.
+constexpr int kRowU = 8, kRowWarps = 8;
+// BF16 table, D % 8 == 0, 16-byte aligned: a warp per token, kRowU 16-byte loads in flight per lane
+// (the grid-stride k_embed above moved ~1.2 TB/s: 0.17 ms at GLM-5.3-Flash's T = 8192, D = 4096).
+__global__ void __launch_bounds__(32 * kRowWarps) k_embed8(const uint4* table, const int32_t* ids, int64_t T, int64_t D8,
+                                                           float4* out) {
+  const int64_t t = blockIdx.x * int64_t(kRowWarps) + (threadIdx.x >> 5);
+  if (t >= T) return;
+  const int lane = threadIdx.x & 31;
+  const uint4* src = table + int64_t(ids[t]) * D8;
+  float4* dst = out + t * D8 * 2;
+  for (int64_t d0 = 0; d0 < D8; d0 += 32 * kRowU) {
+    uint4 v[kRowU];
+#pragma unroll
+    for (int u = 0; u < kRowU; ++u) {
+      const int64_t d = d0 + lane + 32 * u;
+      if (d < D8) v[u] = __ldg(src + d);
+    }
+#pragma unroll
+    for (int u = 0; u < kRowU; ++u) {
+      const int64_t d = d0 + lane + 32 * u;
+      if (d >= D8) continue;
+      const uint32_t w[4] = {v[u].x, v[u].y, v[u].z, v[u].w};
+      dst[2 * d] = make_float4(__uint_as_float(w[0] << 16), __uint_as_float(w[0] & 0xffff0000u),
+                               __uint_as_float(w[1] << 16), __uint_as_float(w[1] & 0xffff0000u));
+      dst[2 * d + 1] = make_float4(__uint_as_float(w[2] << 16), __uint_as_float(w[2] & 0xffff0000u),
+                                   __uint_as_float(w[3] << 16), __uint_as_float(w[3] & 0xffff0000u));
+    }
+  }
+}
 __global__ void k_add(void* h, Dt hdt, const void* y, Dt ydt, int64_t n) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
     stv(h, hdt, i, ldv(h, hdt, i) + ldv(y, ydt, i));
@@ -305,12 +335,21 @@ __global__ void __launch_bounds__(32 * kNormWarps) k_norm_rows8(const TX* x, con
   const int64_t r = (int64_t(blockIdx.x) * kNormWarps + (threadIdx.x >> 5)) * (32 / LPR) + lane / LPR;
   const int c = (lane % LPR) * 8;
   const bool ok = r < rows;
-  float v[8];
+  // every load issued before the reduction (the gate's and the weight's after it left a second
+  // memory latency exposed per row)
+  float v[8], wv[8], g[8];
   if (ok) {
     V8<TX>::ld(x + r * D + c, v);
+    if (gate) V8<TG>::ld(gate + r * D + c, g);
   } else {
 #pragma unroll
     for (int i = 0; i < 8; ++i) v[i] = 0.f;
+  }
+  if (w) {
+    V8<float>::ld(w + c, wv);
+  } else {
+#pragma unroll
+    for (int i = 0; i < 8; ++i) wv[i] = zc ? 0.f : 1.f;
   }
   float ss = 0.f;
 #pragma unroll
@@ -319,14 +358,6 @@ __global__ void __launch_bounds__(32 * kNormWarps) k_norm_rows8(const TX* x, con
   for (int o = LPR / 2; o; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
   if (!ok) return;
   const float inv = 1.f / sqrtf(ss / float(D) + eps);
-  float wv[8], g[8];
-  if (w) {
-    V8<float>::ld(w + c, wv);
-  } else {
-#pragma unroll
-    for (int i = 0; i < 8; ++i) wv[i] = zc ? 0.f : 1.f;
-  }
-  if (gate) V8<TG>::ld(gate + r * D + c, g);
 #pragma unroll
   for (int i = 0; i < 8; ++i) {
     if (gate) {
@@ -743,12 +774,29 @@ __global__ void k_gather_rows(const bf16* x, const int32_t* perm, int64_t n, int
 // columns, per element the same arithmetic in the same order as the scalar kernels (bitwise equal
 // results). The scalar kernels ran at ~0.8 TB/s on the H200 (ncu: 2-byte accesses and a 64-bit
 // division per element), 7-10 % of an 8-layer Kimi / Qwen prefill.
-__global__ void k_gather_rows8(const uint4* x, const int32_t* perm, int64_t n, int top_k, int64_t D8, uint4* xs) {
-  const int64_t total = n * D8;
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total; i += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t r = i / D8, d = i - r * D8;
-    xs[i] = __ldg(x + int64_t(perm[r] / top_k) * D8 + d);
+// One warp per row, kRowU 16-byte loads in flight per lane before any store. (The grid-stride form,
+// one load a thread behind perm's load and a 64-bit division per element, moved ~2.2 TB/s:
+// 0.27 ms a call at GLM-5.3-Flash's 65536 x 4096, T = 8192, H200, docs/perf/README.md.)
+__device__ __forceinline__ void copy_row16(const uint4* __restrict__ src, uint4* __restrict__ dst, int64_t n16, int lane) {
+  for (int64_t d0 = 0; d0 < n16; d0 += 32 * kRowU) {
+    uint4 v[kRowU];
+#pragma unroll
+    for (int u = 0; u < kRowU; ++u) {
+      const int64_t d = d0 + lane + 32 * u;
+      if (d < n16) v[u] = __ldg(src + d);
+    }
+#pragma unroll
+    for (int u = 0; u < kRowU; ++u) {
+      const int64_t d = d0 + lane + 32 * u;
+      if (d < n16) dst[d] = v[u];
+    }
   }
+}
+__global__ void __launch_bounds__(32 * kRowWarps) k_gather_rows8(const uint4* x, const int32_t* perm, int64_t n, int top_k,
+                                                                 int64_t D8, uint4* xs) {
+  const int64_t r = blockIdx.x * int64_t(kRowWarps) + (threadIdx.x >> 5);
+  if (r >= n) return;
+  copy_row16(x + int64_t(perm[r] / top_k) * D8, xs + r * D8, D8, threadIdx.x & 31);
 }
 __global__ void k_moe_combine8(const uint4* ys, const int32_t* pos_of, const float* w, int64_t T, int top_k,
                                int64_t D8, uint4* y) {
@@ -1047,7 +1095,13 @@ void iota_i32(int32_t* dst, int64_t n, int32_t start, cudaStream_t s) {
 }
 void embed(const void* table, Dt tdt, const int32_t* ids, int64_t T, int64_t D, float* out, cudaStream_t s) {
   if (T * D <= 0) return;
-  k_embed<<<grid_for(T * D, 256), 256, 0, s>>>(table, tdt, ids, T, D, out);
+  if (tdt == Dt::BF16 && D % 8 == 0 && aligned16(table) && aligned16(out)) {
+    DZ_CHECK((T + kRowWarps - 1) / kRowWarps < (int64_t(1) << 31), "embed: ", T, " tokens");
+    k_embed8<<<unsigned((T + kRowWarps - 1) / kRowWarps), 32 * kRowWarps, 0, s>>>(
+        reinterpret_cast<const uint4*>(table), ids, T, D / 8, reinterpret_cast<float4*>(out));
+  } else {
+    k_embed<<<grid_for(T * D, 256), 256, 0, s>>>(table, tdt, ids, T, D, out);
+  }
   CUDA_CHECK_LAUNCH();
 }
 void rmsnorm(const void* x, Dt xdt, const float* w, void* y, Dt ydt, int64_t rows, int64_t D, float eps, bool zc,
@@ -1245,8 +1299,9 @@ static bool vec8(const void* a, const void* b, int64_t D) {
 void gather_rows(const bf16* x, const int32_t* perm, int64_t n, int top_k, int64_t D, bf16* xs, cudaStream_t s) {
   if (n * D <= 0) return;
   if (vec8(x, xs, D)) {
-    k_gather_rows8<<<grid_for(n * (D / 8), 256), 256, 0, s>>>(reinterpret_cast<const uint4*>(x), perm, n, top_k, D / 8,
-                                                            reinterpret_cast<uint4*>(xs));
+    DZ_CHECK((n + kRowWarps - 1) / kRowWarps < (int64_t(1) << 31), "gather_rows: ", n, " rows");
+    k_gather_rows8<<<unsigned((n + kRowWarps - 1) / kRowWarps), 32 * kRowWarps, 0, s>>>(
+        reinterpret_cast<const uint4*>(x), perm, n, top_k, D / 8, reinterpret_cast<uint4*>(xs));
   } else {
     k_gather_rows<<<grid_for(n * D, 256), 256, 0, s>>>(x, perm, n, top_k, D, xs);
   }
