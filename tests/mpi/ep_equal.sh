@@ -88,4 +88,8 @@ for bad in "2 1 2 3" "2 2 1 4" "4 2 2 2x"; do
   fi
   grep -q -- "--ep" "$W/bad.log" || { echo "FAIL: --ep $ep refused without naming --ep:"; cat "$W/bad.log"; exit 1; }
 done
-say "all expert-parallel layouts equal one rank (worst |logprob diff| $worst, tolerance $TOL; Kimi K3 5e-4)"
+if [ $cuda = 1 ]; then
+  say "all expert-parallel layouts on cuda within 1.5x each golden's bf16 drift of one rank (worst mean |logprob diff| $worst)"
+else
+  say "all expert-parallel layouts equal one rank (worst |logprob diff| $worst, tolerance $TOL; Kimi K3 5e-4)"
+fi
