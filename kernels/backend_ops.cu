@@ -155,33 +155,37 @@ __global__ void k_embed(const void* table, Dt tdt, const int32_t* ids, int64_t T
 }
 // Row copies (gather, embedding): a warp per row, kRowU 16-byte loads of a lane in flight at once.
 constexpr int kRowU = 8, kRowWarps = 8;
+// A row of n16 16-byte vectors read by one warp, kRowU loads of a lane in flight before any f(d, v).
+template <class F>
+__device__ __forceinline__ void each_row16(const uint4* __restrict__ src, int64_t n16, int lane, F&& f) {
+  for (int64_t d0 = 0; d0 < n16; d0 += 32 * kRowU) {
+    uint4 v[kRowU];
+#pragma unroll
+    for (int u = 0; u < kRowU; ++u) {
+      const int64_t d = d0 + lane + 32 * u;
+      if (d < n16) v[u] = __ldg(src + d);
+    }
+#pragma unroll
+    for (int u = 0; u < kRowU; ++u) {
+      const int64_t d = d0 + lane + 32 * u;
+      if (d < n16) f(d, v[u]);
+    }
+  }
+}
 // BF16 table, D % 8 == 0, 16-byte aligned: a warp per token, kRowU 16-byte loads in flight per lane
 // (the grid-stride k_embed above moved ~1.2 TB/s: 0.17 ms at GLM-5.3-Flash's T = 8192, D = 4096).
 __global__ void __launch_bounds__(32 * kRowWarps) k_embed8(const uint4* table, const int32_t* ids, int64_t T, int64_t D8,
                                                            float4* out) {
   const int64_t t = blockIdx.x * int64_t(kRowWarps) + (threadIdx.x >> 5);
   if (t >= T) return;
-  const int lane = threadIdx.x & 31;
-  const uint4* src = table + int64_t(ids[t]) * D8;
   float4* dst = out + t * D8 * 2;
-  for (int64_t d0 = 0; d0 < D8; d0 += 32 * kRowU) {
-    uint4 v[kRowU];
-#pragma unroll
-    for (int u = 0; u < kRowU; ++u) {
-      const int64_t d = d0 + lane + 32 * u;
-      if (d < D8) v[u] = __ldg(src + d);
-    }
-#pragma unroll
-    for (int u = 0; u < kRowU; ++u) {
-      const int64_t d = d0 + lane + 32 * u;
-      if (d >= D8) continue;
-      const uint32_t w[4] = {v[u].x, v[u].y, v[u].z, v[u].w};
-      dst[2 * d] = make_float4(__uint_as_float(w[0] << 16), __uint_as_float(w[0] & 0xffff0000u),
-                               __uint_as_float(w[1] << 16), __uint_as_float(w[1] & 0xffff0000u));
-      dst[2 * d + 1] = make_float4(__uint_as_float(w[2] << 16), __uint_as_float(w[2] & 0xffff0000u),
-                                   __uint_as_float(w[3] << 16), __uint_as_float(w[3] & 0xffff0000u));
-    }
-  }
+  each_row16(table + int64_t(ids[t]) * D8, D8, threadIdx.x & 31, [&](int64_t d, const uint4& v) {
+    const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+    dst[2 * d] = make_float4(__uint_as_float(w[0] << 16), __uint_as_float(w[0] & 0xffff0000u),
+                             __uint_as_float(w[1] << 16), __uint_as_float(w[1] & 0xffff0000u));
+    dst[2 * d + 1] = make_float4(__uint_as_float(w[2] << 16), __uint_as_float(w[2] & 0xffff0000u),
+                                 __uint_as_float(w[3] << 16), __uint_as_float(w[3] & 0xffff0000u));
+  });
 }
 __global__ void k_add(void* h, Dt hdt, const void* y, Dt ydt, int64_t n) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
@@ -777,26 +781,12 @@ __global__ void k_gather_rows(const bf16* x, const int32_t* perm, int64_t n, int
 // One warp per row, kRowU 16-byte loads in flight per lane before any store. (The grid-stride form,
 // one load a thread behind perm's load and a 64-bit division per element, moved ~2.2 TB/s:
 // 0.27 ms a call at GLM-5.3-Flash's 65536 x 4096, T = 8192, H200, docs/perf/README.md.)
-__device__ __forceinline__ void copy_row16(const uint4* __restrict__ src, uint4* __restrict__ dst, int64_t n16, int lane) {
-  for (int64_t d0 = 0; d0 < n16; d0 += 32 * kRowU) {
-    uint4 v[kRowU];
-#pragma unroll
-    for (int u = 0; u < kRowU; ++u) {
-      const int64_t d = d0 + lane + 32 * u;
-      if (d < n16) v[u] = __ldg(src + d);
-    }
-#pragma unroll
-    for (int u = 0; u < kRowU; ++u) {
-      const int64_t d = d0 + lane + 32 * u;
-      if (d < n16) dst[d] = v[u];
-    }
-  }
-}
 __global__ void __launch_bounds__(32 * kRowWarps) k_gather_rows8(const uint4* x, const int32_t* perm, int64_t n, int top_k,
                                                                  int64_t D8, uint4* xs) {
   const int64_t r = blockIdx.x * int64_t(kRowWarps) + (threadIdx.x >> 5);
   if (r >= n) return;
-  copy_row16(x + int64_t(perm[r] / top_k) * D8, xs + r * D8, D8, threadIdx.x & 31);
+  uint4* dst = xs + r * D8;
+  each_row16(x + int64_t(perm[r] / top_k) * D8, D8, threadIdx.x & 31, [&](int64_t d, const uint4& v) { dst[d] = v; });
 }
 __global__ void k_moe_combine8(const uint4* ys, const int32_t* pos_of, const float* w, int64_t T, int top_k,
                                int64_t D8, uint4* y) {

@@ -497,11 +497,10 @@ class CudaBackend final : public Backend {
                  const DTensor& wt) override {
     const DTensor& rx = w.route_x.defined() ? w.route_x : x;
     const int64_t D = w.router.dim(1), T = rx.numel() / D, k = rc.top_k;
-    DZ_CHECK(idx.dtype == DType::I32 && idx.numel() == T * k && wt.dtype == DType::F32 && wt.numel() == T * k,
-             "moe_route: idx ", shape_str(idx.shape), " wt ", shape_str(wt.shape), " for ", T, " rows of ", k);
+    check_moe_route(w, T, k, idx, wt);
     if (T > 0) route(rc, w, rx, idx, wt);
   }
-  // The router on rx [T, D]: idx, wt [T, top_k].
+  // The router on rx [T, D]: idx, wt [T, top_k] (checked by the caller: check_moe_route).
   void route(const RouterConfig& rc, const MoeWeights& w, const DTensor& rx, const DTensor& idx, const DTensor& wt) {
     const int64_t D = w.router.dim(1), T = rx.numel() / D, k = rc.top_k, E = rc.n_experts;
     // Routing in fp32 (decisions must not depend on bf16 rounding of the logits).
@@ -529,8 +528,6 @@ class CudaBackend final : public Backend {
     rp.norm_topk_prob = rc.norm_topk_prob;
     rp.top2sum = rc.group_score == GroupScore::Top2Sum;
     rp.scaling = rc.routed_scaling_factor;
-    DZ_CHECK(!w.fixed.defined() || (w.fixed.dtype == DType::I32 && w.fixed.numel() == T * k), "moe: fixed experts ",
-             shape_str(w.fixed.shape), " for ", T, " rows of ", k);
     cuda::moe_select(logits.ptr<float>(), optf(w.bias), T, rp, idx.ptr<int32_t>(), wt.ptr<float>(), route_bad_, st(),
                      w.fixed.defined() ? w.fixed.ptr<int32_t>() : nullptr);
   }
@@ -541,18 +538,15 @@ class CudaBackend final : public Backend {
     if (T == 0) return;
     DZ_CHECK(x.numel() == T * DX && y.numel() == T * DX && !(w.route_x.defined() && w.has_shared), "moe: x ",
              shape_str(x.shape), " y ", shape_str(y.shape), " for rows of ", DX);
-    DZ_CHECK(w.e0 >= 0 && w.e0 + El <= E, "moe: local experts [", w.e0, ", ", w.e0 + El, ") outside the ", E, " experts");
+    check_moe_local(w, T, k, E);
     DTensor idx, wt;
     if (w.fixed_wt.defined()) {  // routed elsewhere: the experts and weights as given
-      DZ_CHECK(w.fixed.defined() && w.fixed.dtype == DType::I32 && w.fixed.numel() == T * k &&
-                   w.fixed_wt.dtype == DType::F32 && w.fixed_wt.numel() == T * k,
-               "moe: fixed weights need fixed experts, both [", T, ", ", k, "] (got ", shape_str(w.fixed.shape), ", ",
-               shape_str(w.fixed_wt.shape), ")");
       idx = w.fixed, wt = w.fixed_wt;
     } else {
       const DTensor& rx = w.route_x.defined() ? w.route_x : x;  // the router's input (latent MoE: not x)
       DZ_CHECK(rx.numel() == T * D, "moe: router input ", shape_str(rx.shape), " for ", T, " rows of ", D);
       idx = alloc({T, k}, DType::I32), wt = alloc({T, k}, DType::F32);
+      check_moe_route(w, T, k, idx, wt);
       route(rc, w, rx, idx, wt);
     }
     // Expert parallelism: assignments to other ranks' experts go to one sink bucket El (weight 0)
