@@ -105,6 +105,19 @@ void Backend::la_scan_states_slots(const LaScanArgs& a, const DTensor& pool, con
   }
 }
 
+int64_t Backend::check_gather_rows(int group_size, int rank, const DTensor& mine, const std::vector<int64_t>& rows_of) {
+  DZ_CHECK(int64_t(rows_of.size()) == group_size && rank >= 0 && rank < group_size, "allgather_rows: ", rows_of.size(),
+           " row counts for a group of ", group_size);
+  DZ_CHECK(mine.defined() && mine.rows() == rows_of[size_t(rank)], "allgather_rows: rank ", rank, " holds ",
+           shape_str(mine.shape), ", its count says ", rows_of[size_t(rank)], " rows");
+  int64_t total = 0;
+  for (int64_t n : rows_of) {
+    DZ_CHECK(n >= 0, "allgather_rows: a negative row count");
+    total += n;
+  }
+  return total;
+}
+
 void Backend::check_moe_route(const MoeWeights& w, int64_t T, int64_t k, const DTensor& idx, const DTensor& wt) {
   DZ_CHECK(idx.dtype == DType::I32 && idx.numel() == T * k && wt.dtype == DType::F32 && wt.numel() == T * k,
            "moe_route: idx ", shape_str(idx.shape), " wt ", shape_str(wt.shape), " for ", T, " rows of ", k);

@@ -221,6 +221,13 @@ class Backend {
   // In-place sum over `comm` (nullptr or size 1: nothing). Device tensors go through the
   // backend's transport (CPU: MPI on the buffer; CUDA: staged through pinned host memory).
   virtual void allreduce_sum(const Collectives* comm, const DTensor& t) = 0;
+  // Every rank's rows [rows_of[rank], W] of `mine` (dtype and W the same on every rank), concatenated
+  // in rank order into a new [Σ rows_of, W] tensor on this backend; rows_of (one count per rank) is
+  // known to every rank. nullptr or a group of one: a copy of mine. Bytes are moved: exact in every
+  // dtype (CPU: MPI on the buffer; CUDA: staged through host memory).
+  virtual DTensor allgather_rows(const Collectives* comm, const DTensor& mine, const std::vector<int64_t>& rows_of) = 0;
+  // The checks of allgather_rows (every backend and transport): returns the gathered row count.
+  static int64_t check_gather_rows(int group_size, int rank, const DTensor& mine, const std::vector<int64_t>& rows_of);
 
   // ---- ops ----
   // out [T, D] F32 = table[ids[t], :]; ids [T] I32 on this device (validated by the caller).

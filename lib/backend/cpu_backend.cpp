@@ -124,6 +124,22 @@ class CpuBackend final : public Backend {
   void allreduce_sum(const Collectives* comm, const DTensor& t) override {
     if (comm && comm->size() > 1) comm->allreduce_sum(t.f32(), t.numel());
   }
+  DTensor allgather_rows(const Collectives* comm, const DTensor& mine, const std::vector<int64_t>& rows_of) override {
+    const int n = comm ? comm->size() : 1, me = comm ? comm->rank() : 0;
+    const int64_t total = check_gather_rows(n, me, mine, rows_of), W = mine.cols();
+    DTensor out = alloc({total, W}, mine.dtype);
+    if (n == 1) {
+      if (out.bytes()) std::memcpy(out.data, mine.data, out.bytes());
+      return out;
+    }
+    const char* b = static_cast<const char*>(mine.data);
+    const std::vector<char> all = comm->allgatherv_bytes(std::vector<char>(b, b + mine.bytes()));
+    DZ_CHECK(all.size() == out.bytes(), "allgather_rows: ", all.size(), " bytes arrived for ", total, " rows of ", W,
+             " ", to_string(mine.dtype), " (a rank's count differs from what it holds)");
+    if (!all.empty()) std::memcpy(out.data, all.data(), all.size());
+    return out;
+  }
+
 
   void embed(const DTensor& table, const DTensor& ids, const DTensor& out) override {
     const int64_t D = table.cols(), T = ids.numel();

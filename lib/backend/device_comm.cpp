@@ -14,6 +14,9 @@ class MpiDeviceComm final : public DeviceComm {
  public:
   MpiDeviceComm(Backend& be, const Comm& c) : be_(&be), c_(&c) {}
   void allreduce_sum(const DTensor& t) const override { be_->allreduce_sum(c_, t); }
+  DTensor allgather_rows(const DTensor& mine, const std::vector<int64_t>& rows_of) const override {
+    return be_->allgather_rows(c_, mine, rows_of);
+  }
   std::string kind() const override { return be_->device() == Device::Host ? "mpi" : "mpi (staged)"; }
 
  private:

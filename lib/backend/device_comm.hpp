@@ -19,6 +19,10 @@ class DeviceComm {
  public:
   virtual ~DeviceComm() = default;
   virtual void allreduce_sum(const DTensor& t) const = 0;
+  // Backend::allgather_rows over this group: every rank's [rows_of[rank], W] rows in rank order,
+  // a new tensor on the backend (the CP exchanges of the KV / index-key caches and the linear-attention
+  // transitions). Bytes are moved: exact in every dtype.
+  virtual DTensor allgather_rows(const DTensor& mine, const std::vector<int64_t>& rows_of) const = 0;
   virtual std::string kind() const = 0;  // "mpi", "mpi (staged)", "nccl"
 };
 

@@ -428,7 +428,7 @@ DocResult compute_document(const Model& model, int64_t doc, const std::vector<in
   Backend& be = model.backend();
   std::vector<int32_t> local(pos.size());
   for (size_t i = 0; i < pos.size(); ++i) local[i] = tokens[size_t(pos[i])];
-  CpCtx ctx{&cp, &lay, par.stats};
+  CpCtx ctx{&cp, &lay, par.stats, par.cp ? par.cp_dev : nullptr};
   const bool mtp = p.mode == OutputMode::Generate && p.speculative == "mtp";
   DTensor mtp_in;  // what the MTP layer reads of the local rows (hidden, or DeepSeek-V4's streams)
   const DTensor hidden = model.forward_cp(local.data(), ctx, st, tick, mtp ? &mtp_in : nullptr);  // [R, D]

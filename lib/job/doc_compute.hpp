@@ -58,6 +58,7 @@ void finish_scores(DocResult& r, int64_t j0, const std::vector<uint8_t>& greedy)
 // segments == 1 is the plain serial prefill.
 struct DocParallel {
   const Collectives* cp = nullptr;
+  const DeviceComm* cp_dev = nullptr;  // cp on the backend's buffers (CpCtx::dev); null: the backend's transport
   int segments = 1;
   WorkStats* stats = nullptr;
 };

@@ -261,6 +261,10 @@ int run_job(const RunOptions& opt) {
   if (T > 1) agree(world, [&] { tp_dev = make_device_comm(*be, tp_comm); });
   if (T > 1) log_root(str("tensor parallelism over ", tp_dev->kind()));
   TpShard tp{grid.tp_rank(), T, T > 1 ? &tp_comm : nullptr, T > 1 ? tp_dev.get() : nullptr, EpShard{}};
+  // The CP group's exchanges (KV / index-key caches, linear-attention transitions) likewise.
+  std::unique_ptr<DeviceComm> cp_dev;
+  if (C > 1) agree(world, [&] { cp_dev = make_device_comm(*be, cp_comm); });
+  if (C > 1) log_root(str("context parallelism over ", cp_dev->kind()));
   // Expert parallelism (docs/expert_parallel.md): EP groups of opt.ep / T consecutive CP ranks; the
   // peers of a rank are its group's ranks of the same TP index.
   Comm ep_peers;  // (every rank has the same opt.ep: the split is collective only when it runs)
@@ -374,7 +378,7 @@ int run_job(const RunOptions& opt) {
   }
   WorkStats stats;
   if (!opt.report.empty()) stats.device = be;  // stage seconds in the report are GPU time
-  const DocParallel par{&cp_comm, opt.segments, &stats};
+  const DocParallel par{&cp_comm, cp_dev.get(), opt.segments, &stats};
   Clock::time_point stop_seen{};
   // Rank 0, a stop signal older than the grace period: every written document is already
   // durable, so close the .part cleanly and leave without waiting for busy ranks (mpirun ends them).

@@ -344,16 +344,7 @@ class Dsv4Mixer : public Mixer {
     // 2. Every rank's rows in sequence order: the raw rows and the pooled entries of the document.
     {
       auto tm = ctx.time("kv_gather");
-      const std::vector<float> all = ctx.cp->allgatherv(be.to_host(pack));
-      DZ_CHECK(int64_t(all.size()) == L * Wd, "DeepSeek-V4 forward_cp: gathered ", all.size() / size_t(Wd),
-               " rows for a document of ", L);
-      std::vector<float> seq(size_t(L * Wd));
-      const float* e = all.data();
-      for (int rank = 0; rank < lay.cp_size; ++rank)
-        for (int j : lay.segments_of(rank))
-          for (int64_t s = lay.seg_begin(j); s < lay.seg_begin(j) + lay.seg_len(j); ++s, e += Wd)
-            std::copy(e, e + Wd, seq.begin() + s * Wd);
-      const DTensor full = be.upload(seq.data(), {L, Wd}, be.act_dtype());  // act values: exact
+      const DTensor full = cp_gather_seq(be, ctx, pack);  // [L, Wd] (on the backend's buffers)
       be.copy_cols(full, 0, st.raw.append(L), 0, D_);
       if (m_ > 0) {
         DTensor pr = be.act({L, cw});

@@ -237,21 +237,11 @@ class GqaMixer : public Mixer {
       be_->copy_cols(k, 0, kv, 0, kvw);
       be_->copy_cols(v, 0, kv, kvw, kvw);
     }
-    const std::vector<float> mine = be_->to_host(kv);
 
-    // 2. Gather (grouped by rank, each in its segment order) into the full cache in sequence order.
+    // 2. Gather into the full cache in sequence order (on the backend's buffers: cp_gather_seq).
     {
       auto tm = ctx.time("kv_gather");
-      const std::vector<float> all = ctx.cp->allgatherv(mine);
-      DZ_CHECK(int64_t(all.size()) == L * 2 * kvw, "GQA forward_cp: gathered ", all.size() / size_t(2 * kvw),
-               " cache rows for a document of ", L);
-      std::vector<float> seq(size_t(L * 2 * kvw));  // [L, k | v] in sequence order
-      const float* e = all.data();
-      for (int rank = 0; rank < lay.cp_size; ++rank)
-        for (int j : lay.segments_of(rank))
-          for (int64_t s = lay.seg_begin(j); s < lay.seg_begin(j) + lay.seg_len(j); ++s, e += 2 * kvw)
-            std::copy(e, e + 2 * kvw, seq.begin() + s * 2 * kvw);
-      const DTensor full = be_->upload(seq.data(), {L, 2 * kvw}, be_->act_dtype());  // act values: exact
+      const DTensor full = cp_gather_seq(*be_, ctx, kv);  // [L, k | v]
       be_->copy_cols(full, 0, st->k.append(L), 0, kvw);
       be_->copy_cols(full, kvw, st->v.append(L), 0, kvw);
       st->pos = L;

@@ -216,7 +216,8 @@ void LinearAttnMixer::forward_packed(const DTensor& x, const std::vector<int64_t
 }
 
 // The two-stage scan of DESIGN §4 on the backend (docs/parallel_linear_attention.md): the conv
-// halo and the transitions cross ranks through the host (Collectives), everything else is ops.
+// halo (W-1 rows a segment) crosses ranks through the host (Collectives), the transitions on the
+// backend's buffers (cp_allgather_rows: NCCL between distinct GPUs), everything else is ops.
 void LinearAttnMixer::forward_cp(const DTensor& x, const CpCtx& ctx, MixerState& base, const DTensor& out) const {
   LaState& st = state_of(base);
   DZ_CHECK(ctx.cp && ctx.lay, name_, " forward_cp: CpCtx needs a CP communicator and a layout");
@@ -245,7 +246,10 @@ void LinearAttnMixer::forward_cp(const DTensor& x, const CpCtx& ctx, MixerState&
   // Stage 1: projections, the conv with its halo, the local segments' transitions from S = 0.
   Tok tk;
   DTensor q = be.act({R, KD}), k = be.act({R, KD}), v = be.act({R, VD});
-  std::vector<float> send;
+  // This rank's non-empty segments' transitions, one row each in layout order: A [., HV·K·K], B [., HV·K·V].
+  int64_t n_mine = 0;
+  for (size_t i = 0; i < mine.size(); ++i) n_mine += off[i + 1] > off[i];
+  DTensor A_mine = be.alloc({n_mine, nA}, DType::F32), B_mine = be.alloc({n_mine, nB}, DType::F32);
   {
     auto timer = ctx.time("la_stage1");
     tk = project(x);
@@ -271,14 +275,13 @@ void LinearAttnMixer::forward_cp(const DTensor& x, const CpCtx& ctx, MixerState&
     }
     const DTensor last = halo_before(lay.n_seg());  // the document's last W-1 inputs: decode's conv state
     be.copy_rows(last, 0, st.conv(), 0, P);
-    DTensor A = be.alloc({HV_, K_, K_}, DType::F32), B = be.alloc({HV_, K_, V_}, DType::F32);
+    int64_t row = 0;
     for (size_t i = 0; i < mine.size(); ++i) {
       const int64_t n = off[i + 1] - off[i];
       if (n > 0) {
-        be.la_transition(args(tk, q, k, v, i), A, B);
-        const std::vector<float> a = be.to_host(A), b = be.to_host(B);
-        send.insert(send.end(), a.begin(), a.end());
-        send.insert(send.end(), b.begin(), b.end());
+        be.la_transition(args(tk, q, k, v, i), A_mine.slab(row, row + 1).reshaped({HV_, K_, K_}),
+                         B_mine.slab(row, row + 1).reshaped({HV_, K_, V_}));
+        ++row;
       }
       ctx.flops("linear_attention", la_chunked_flops(n, HV_, K_, V_, false));
     }
@@ -289,34 +292,34 @@ void LinearAttnMixer::forward_cp(const DTensor& x, const CpCtx& ctx, MixerState&
   std::vector<int64_t> init_of(size_t(lay.n_seg()), -1);  // segment -> its row of S_init
   {
     auto timer = ctx.time("la_merge");
-    const std::vector<float> all = comm.allgatherv(send);
-    std::vector<int> order;  // non-empty segments in sequence order
-    std::vector<size_t> at(size_t(lay.n_seg()), 0);
-    size_t pos = 0;
+    // every rank's transitions (on the backend's buffers: cp_allgather_rows), rank by rank, then
+    // moved into sequence order
+    std::vector<int64_t> rows_of(size_t(comm.size()), 0);
+    for (int r = 0; r < comm.size(); ++r)
+      for (int j : lay.segments_of(r)) rows_of[size_t(r)] += lay.seg_len(j) > 0;
+    const DTensor A_all = cp_allgather_rows(be, ctx, A_mine, rows_of), B_all = cp_allgather_rows(be, ctx, B_mine, rows_of);
+    std::vector<int64_t> at(size_t(lay.n_seg()), -1);  // segment -> its row of A_all / B_all
+    int64_t pos = 0;
     for (int r = 0; r < comm.size(); ++r)
       for (int j : lay.segments_of(r))
-        if (lay.seg_len(j) > 0) {
-          at[size_t(j)] = pos;
-          pos += size_t(nA + nB);
-        }
-    DZ_CHECK(pos == all.size(), name_, " forward_cp: gathered ", all.size(), " floats of transitions, expected ", pos);
+        if (lay.seg_len(j) > 0) at[size_t(j)] = pos++;
+    const int64_t n = pos;  // non-empty segments
+    DTensor A_seq = be.alloc({n, nA}, DType::F32), B_seq = be.alloc({n, nB}, DType::F32);
+    std::vector<Backend::RowCopy> moves_A, moves_B;
+    int64_t i = 0;
     for (int j = 0; j < lay.n_seg(); ++j)
       if (lay.seg_len(j) > 0) {
-        init_of[size_t(j)] = int64_t(order.size());
-        order.push_back(j);
+        init_of[size_t(j)] = i;
+        moves_A.push_back({A_all, at[size_t(j)], A_seq, i, 1});
+        moves_B.push_back({B_all, at[size_t(j)], B_seq, i, 1});
+        ++i;
+        ctx.flops("linear_attention", double(2 * HV_ * K_ * K_ * V_));
       }
-    const int64_t n = int64_t(order.size());
-    std::vector<float> hA(size_t(n * nA)), hB(size_t(n * nB));
-    for (int64_t i = 0; i < n; ++i) {
-      const float* e = all.data() + at[size_t(order[size_t(i)])];
-      std::copy(e, e + nA, hA.begin() + i * nA);
-      std::copy(e + nA, e + nA + nB, hB.begin() + i * nB);
-      ctx.flops("linear_attention", double(2 * HV_ * K_ * K_ * V_));
-    }
+    be.copy_rows_many(moves_A);
+    be.copy_rows_many(moves_B);
     S_init = be.alloc({std::max<int64_t>(n, 1), HV_, K_, V_}, DType::F32);
     if (n > 0)
-      be.la_merge(be.upload(hA.data(), {n, HV_, K_, K_}, DType::F32), be.upload(hB.data(), {n, HV_, K_, V_}, DType::F32),
-                  n, S_init, st.S());
+      be.la_merge(A_seq.reshaped({n, HV_, K_, K_}), B_seq.reshaped({n, HV_, K_, V_}), n, S_init, st.S());
     else
       be.fill_zero(st.S());
   }

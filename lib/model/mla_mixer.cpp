@@ -343,7 +343,7 @@ class MlaMixer : public Mixer {
 
     // 1. Local rows: queries and cache entries, each segment at its global positions.
     DTensor q = be_->act({Rl, Hl_ * Dq}), q_resid = be_->act({Rl, q_lora_});
-    std::vector<float> mine(size_t(Rl * W));
+    DTensor pack = be_->act({Rl, W});  // [latent | k_pe | indexer key] per local row
     {
       DTensor c = be_->act({Rl, R_}), kr = be_->act({Rl, rope_dim_});
       DTensor ki = be_->act({Rl, Di});
@@ -355,34 +355,19 @@ class MlaMixer : public Mixer {
                 indexer_ ? ki.slab(r, r + T) : DTensor{});
         r += T;
       }
-      const std::vector<float> hc = be_->to_host(c), hk = be_->to_host(kr), hi = be_->to_host(ki);
-      for (int64_t t = 0; t < Rl; ++t) {
-        float* e = mine.data() + t * W;
-        std::copy(hc.begin() + t * R_, hc.begin() + (t + 1) * R_, e);
-        std::copy(hk.begin() + t * rope_dim_, hk.begin() + (t + 1) * rope_dim_, e + R_);
-        std::copy(hi.begin() + t * Di, hi.begin() + (t + 1) * Di, e + R_ + rope_dim_);
-      }
+      be_->copy_cols(c, 0, pack, 0, R_);
+      be_->copy_cols(kr, 0, pack, R_, rope_dim_);
+      if (Di > 0) be_->copy_cols(ki, 0, pack, R_ + rope_dim_, Di);
     }
 
-    // 2. Gather every rank's entries (grouped by rank, each in its segment order) into the full
-    //    cache in sequence order.
+    // 2. Gather every rank's entries into the full cache in sequence order (on the backend's
+    //    buffers: cp_gather_seq).
     {
       auto tm = ctx.time("kv_gather");
-      const std::vector<float> all = ctx.cp->allgatherv(mine);
-      DZ_CHECK(int64_t(all.size()) == L * W, "MLA forward_cp: gathered ", all.size() / size_t(W ? W : 1),
-               " cache rows for a document of ", L);
-      const int64_t Wl = R_ + rope_dim_;  // a latent cache row: [c | kr]
-      std::vector<float> lat(size_t(L * Wl)), ik(size_t(L * Di));
-      const float* e = all.data();
-      for (int rank = 0; rank < lay.cp_size; ++rank)
-        for (int j : lay.segments_of(rank))
-          for (int64_t s = lay.seg_begin(j); s < lay.seg_begin(j) + lay.seg_len(j); ++s, e += W) {
-            std::copy(e, e + Wl, lat.begin() + s * Wl);
-            std::copy(e + Wl, e + W, ik.begin() + s * Di);
-          }
-      // cache entries are act values: the round trip through the host is exact
-      be_->copy_rows(be_->upload(lat.data(), {L, Wl}, be_->act_dtype()), 0, st->latent.append(L), 0, L);
-      if (indexer_) be_->copy_rows(be_->upload(ik.data(), {L, Di}, be_->act_dtype()), 0, st->index_k.append(L), 0, L);
+      const DTensor full = cp_gather_seq(*be_, ctx, pack);  // [L, W]
+      const int64_t Wl = R_ + rope_dim_;                     // a latent cache row: [c | kr]
+      be_->copy_cols(full, 0, st->latent.append(L), 0, Wl);
+      if (indexer_) be_->copy_cols(full, Wl, st->index_k.append(L), 0, Di);
       st->pos = L;
     }
 

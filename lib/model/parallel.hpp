@@ -100,10 +100,21 @@ struct CpCtx {
   const Collectives* cp = nullptr;  // the CP group (size 1 for the intra-rank segmented scan)
   const SeqLayout* lay = nullptr;
   WorkStats* stats = nullptr;    // may be null
+  // The CP group on the backend's buffers (the job makes it: NCCL between distinct GPUs); null:
+  // the backend's own transport over `cp` (Backend::allgather_rows), as MPI's DeviceComm does.
+  const DeviceComm* dev = nullptr;
   void flops(const std::string& k, double v) const {
     if (stats) stats->add_flops(k, v);
   }
   WorkStats::Timer time(const std::string& k) const { return WorkStats::Timer(stats, k); }
 };
+
+class Backend;
+// Every CP rank's rows [rows_of[rank], W] in rank order: [Σ rows_of, W] on `be` (ctx.dev when
+// set, else be.allgather_rows over ctx.cp).
+DTensor cp_allgather_rows(Backend& be, const CpCtx& ctx, const DTensor& mine, const std::vector<int64_t>& rows_of);
+// The local rows mine [lay.local_rows(), W] of every CP rank (each rank's segments in layout order)
+// gathered into sequence order: [lay.length, W] on `be`.
+DTensor cp_gather_seq(Backend& be, const CpCtx& ctx, const DTensor& mine);
 
 }  // namespace dz

@@ -39,6 +39,7 @@
 #include "linear_attn.cuh"
 #include "sparse_mla.cuh"
 #include "model/attn_cache.hpp"
+#include "model/parallel.hpp"
 
 namespace {
 
@@ -1378,4 +1379,53 @@ TEST_CASE("backend comms: NCCL at world size 1 and the staged MPI path keep a te
     CHECK(b.gpu->to_host(t) == v);
   }
   std::printf("  nccl (world size 1) and staged mpi all-reduce: identity, f32 and bf16\n");
+  // all-gather of rows (the CP exchanges): a group of one gets its own rows back, bytes as they were
+  for (DType dt : {DType::F32, DType::BF16, DType::I32}) {
+    const int64_t R = 7, W = 33;
+    std::vector<int32_t> iv(size_t(R * W));
+    for (size_t i = 0; i < iv.size(); ++i) iv[i] = int32_t(i * 2654435761u);
+    const auto v = rnd(size_t(R * W), 92);
+    DTensor t = dt == DType::I32 ? b.gpu->upload_i32(iv.data(), {R, W}) : b.gpu->upload(v.data(), {R, W}, dt);
+    for (int path = 0; path < 2; ++path) {
+      const DTensor g = path == 0 ? picked->allgather_rows(t, {R}) : b.gpu->allgather_rows(&self, t, {R});
+      REQUIRE(g.rows() == R);
+      REQUIRE(g.cols() == W);
+      REQUIRE(g.dtype == dt);
+      if (dt == DType::I32) {
+        std::vector<int32_t> h(size_t(R * W));
+        b.gpu->download_i32(g, h.data());
+        CHECK(h == iv);
+      } else {
+        CHECK(b.gpu->to_host(g) == v);
+      }
+    }
+    CHECK_THROWS_WITH(picked->allgather_rows(t, {R + 1}), Catch::Contains("its count says"));
+  }
+  std::printf("  nccl (world size 1) and staged all-gather of rows: identity, f32, bf16 and i32\n");
+}
+
+// A group of one (the segments' moves are then in order): the composition on cuda; the reordering
+// across ranks is tested on the CPU (mpi_cases "allgather_rows and cp_gather_seq") and by the CLI
+// part's --cp 2 runs on cuda (scripts/gpu-tests.sh).
+TEST_CASE("backend comms: cp_gather_seq on cuda puts every segment's rows back in sequence order", "[gpu]") {
+  Both& b = backends();
+  const dz::Comm self;
+  for (int64_t L : {1, 19, 733})
+    for (int segs : {1, 3, 8}) {
+      const dz::SeqLayout lay = dz::SeqLayout::zigzag(L, 1, 0, segs);
+      const std::vector<int64_t> pos = lay.local_positions();
+      const int64_t W = 24;
+      std::vector<float> v(pos.size() * size_t(W));
+      for (size_t i = 0; i < pos.size(); ++i)
+        for (int64_t c = 0; c < W; ++c) v[i * size_t(W) + size_t(c)] = float(pos[i] % 256) + float(c) / 32.f;  // bf16-exact
+      const dz::CpCtx ctx{&self, &lay, nullptr};
+      const DTensor t = b.gpu->upload(v.data(), {int64_t(pos.size()), W}, DType::BF16);
+      const std::vector<float> h = b.gpu->to_host(dz::cp_gather_seq(*b.gpu, ctx, t));
+      REQUIRE(int64_t(h.size()) == L * W);
+      bool ok = true;
+      for (int64_t s = 0; s < L; ++s)
+        for (int64_t c = 0; c < W; ++c) ok = ok && h[size_t(s * W + c)] == float(s % 256) + float(c) / 32.f;
+      CHECK(ok);
+    }
+  std::printf("  cp_gather_seq on cuda: L = 1, 19, 733 over 1, 3, 8 segments, in sequence order\n");
 }

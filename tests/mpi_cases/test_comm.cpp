@@ -1,9 +1,11 @@
 // The MPI communicator layer and the rank grid, on however many ranks mpirun gives.
 #include <catch2/catch.hpp>
 
+#include "backend/backend.hpp"
 #include "dist/comm.hpp"
 #include "dist/rank_grid.hpp"
 #include "dist/seq_layout.hpp"
+#include "model/parallel.hpp"
 
 TEST_CASE("comm: group split by the rank grid, collectives inside each group", "[mpi]") {
   dz::Comm world = dz::Comm::world();
@@ -42,4 +44,51 @@ TEST_CASE("comm: a default Comm is a group of one without MPI", "[mpi]") {
   CHECK(self.allgatherv(std::vector<float>{4.f}) == std::vector<float>{4.f});
   CHECK(self.first_set(true) == 0);
   CHECK(self.first_set(false) == -1);
+}
+
+// Backend::allgather_rows (the CP exchanges' transport on the backend's buffers) and cp_gather_seq
+// over real MPI groups: rank r holds rows whose values name (rank, row, column), some ranks none.
+TEST_CASE("comm: allgather_rows and cp_gather_seq move every rank's rows, in rank and in sequence order", "[mpi]") {
+  dz::Comm world = dz::Comm::world();
+  dz::Backend& be = dz::cpu_backend();
+  const int P = world.size(), me = world.rank();
+  for (int64_t W : {1, 5, 64}) {
+    std::vector<int64_t> rows_of(static_cast<size_t>(P));
+    for (int r = 0; r < P; ++r) rows_of[size_t(r)] = (r * 3 + W) % 4;  // 0 .. 3 rows, some ranks empty
+    const int64_t mine_n = rows_of[size_t(me)];
+    std::vector<float> v(size_t(mine_n * W));
+    for (int64_t i = 0; i < mine_n; ++i)
+      for (int64_t c = 0; c < W; ++c) v[size_t(i * W + c)] = float(me * 10000 + i * 100 + c);
+    const dz::DTensor t = be.upload(v.data(), {mine_n, W}, dz::DType::F32);
+    const dz::DTensor all = be.allgather_rows(&world, t, rows_of);
+    int64_t total = 0;
+    for (int64_t n : rows_of) total += n;
+    REQUIRE(all.rows() == total);
+    REQUIRE(all.cols() == W);
+    const std::vector<float> h = be.to_host(all);
+    int64_t row = 0;
+    for (int r = 0; r < P; ++r)
+      for (int64_t i = 0; i < rows_of[size_t(r)]; ++i, ++row)
+        for (int64_t c = 0; c < W; ++c) CHECK(h[size_t(row * W + c)] == float(r * 10000 + i * 100 + c));
+    // a count that does not match what the rank holds is refused before anything moves
+    std::vector<int64_t> wrong = rows_of;
+    wrong[size_t(me)] += 1;
+    CHECK_THROWS_WITH(be.allgather_rows(&world, t, wrong), Catch::Contains("its count says"));
+  }
+  // cp_gather_seq: the zigzag layout's local rows of every rank back in sequence order
+  for (int64_t L : {1, 7, 40})
+    for (int segs : {1, 2}) {
+      const dz::SeqLayout lay = dz::SeqLayout::zigzag(L, P, me, segs);
+      const std::vector<int64_t> pos = lay.local_positions();
+      const int64_t W = 3;
+      std::vector<float> v(pos.size() * size_t(W));
+      for (size_t i = 0; i < pos.size(); ++i)
+        for (int64_t c = 0; c < W; ++c) v[i * size_t(W) + size_t(c)] = float(pos[i] * 10 + c);
+      const dz::CpCtx ctx{&world, &lay, nullptr};
+      const std::vector<float> h =
+          be.to_host(dz::cp_gather_seq(be, ctx, be.upload(v.data(), {int64_t(pos.size()), W}, dz::DType::F32)));
+      REQUIRE(int64_t(h.size()) == L * W);
+      for (int64_t s = 0; s < L; ++s)
+        for (int64_t c = 0; c < W; ++c) CHECK(h[size_t(s * W + c)] == float(s * 10 + c));
+    }
 }

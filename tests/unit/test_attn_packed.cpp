@@ -57,6 +57,9 @@ class CountingBackend final : public Backend {
   }
   void sync() override { be.sync(); }
   void allreduce_sum(const Collectives* comm, const DTensor& t) override { be.allreduce_sum(comm, t); }
+  DTensor allgather_rows(const Collectives* comm, const DTensor& mine, const std::vector<int64_t>& rows_of) override {
+    return be.allgather_rows(comm, mine, rows_of);
+  }
   void embed(const DTensor& table, const DTensor& ids, const DTensor& out) override { be.embed(table, ids, out); }
   void rmsnorm(const DTensor& x, const DTensor& w, const DTensor& y, float eps, bool zc) override {
     be.rmsnorm(x, w, y, eps, zc);

@@ -298,6 +298,24 @@ class CudaBackend final : public Backend {
     if (t.dtype != DType::F32) cuda::convert(f.data, Dt::F32, t.data, dt_of(t), n, st());
     host_wait();  // the pinned buffer is reused by the next call
   }
+  DTensor allgather_rows(const Collectives* comm, const DTensor& mine, const std::vector<int64_t>& rows_of) override {
+    const int n = comm ? comm->size() : 1, me = comm ? comm->rank() : 0;
+    const int64_t total = check_gather_rows(n, me, mine, rows_of), W = mine.cols();
+    DTensor out = alloc({total, W}, mine.dtype);
+    if (n == 1) {
+      if (out.bytes()) CUDA_CHECK(cudaMemcpyAsync(out.data, mine.data, out.bytes(), cudaMemcpyDeviceToDevice, st()));
+      return out;
+    }
+    std::vector<char> send(mine.bytes());  // staged: device -> host, MPI, host -> device
+    if (!send.empty()) CUDA_CHECK(cudaMemcpyAsync(send.data(), mine.data, send.size(), cudaMemcpyDeviceToHost, st()));
+    host_wait();
+    const std::vector<char> all = comm->allgatherv_bytes(send);
+    DZ_CHECK(all.size() == out.bytes(), "allgather_rows: ", all.size(), " bytes arrived for ", total, " rows of ", W,
+             " ", to_string(mine.dtype), " (a rank's count differs from what it holds)");
+    if (!all.empty()) CUDA_CHECK(cudaMemcpyAsync(out.data, all.data(), all.size(), cudaMemcpyHostToDevice, st()));
+    host_wait();  // `all` goes when this returns
+    return out;
+  }
 
   void embed(const DTensor& table, const DTensor& ids, const DTensor& out) override {
     DZ_CHECK(out.dtype == DType::F32 && ids.dtype == DType::I32, "embed: out F32, ids I32");

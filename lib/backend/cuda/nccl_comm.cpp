@@ -27,6 +27,7 @@ class NcclComm final : public DeviceComm {
     if (group.rank() == 0) NCCL_CHECK(ncclGetUniqueId(&id));
     group.bcast_bytes(&id, sizeof id, 0);
     NCCL_CHECK(ncclCommInitRank(&comm_, group.size(), id, group.rank()));
+    size_ = group.size(), rank_ = group.rank();
   }
   ~NcclComm() override { ncclCommDestroy(comm_); }
   // Sums in fp32 whatever the tensor's dtype (bf16 partial sums are widened first, as the staged
@@ -45,11 +46,30 @@ class NcclComm final : public DeviceComm {
     NCCL_CHECK(ncclAllReduce(f.data, f.data, size_t(n), ncclFloat32, ncclSum, comm_, s));
     be_->convert(f, t);
   }
+  // Variable counts: one broadcast per rank (root r sends its rows into their place in the
+  // result), grouped into one NCCL operation.
+  DTensor allgather_rows(const DTensor& mine, const std::vector<int64_t>& rows_of) const override {
+    const int64_t total = Backend::check_gather_rows(size_, rank_, mine, rows_of), W = mine.cols();
+    DTensor out = be_->alloc({total, W}, mine.dtype);
+    const size_t row_bytes = size_t(W) * dtype_size(mine.dtype);
+    auto s = static_cast<cudaStream_t>(be_->native_stream());
+    NCCL_CHECK(ncclGroupStart());
+    size_t at = 0;
+    for (int r = 0; r < size_; ++r) {
+      const size_t n = size_t(rows_of[size_t(r)]) * row_bytes;
+      char* dst = static_cast<char*>(out.data) + at;
+      if (n > 0) NCCL_CHECK(ncclBroadcast(r == rank_ ? mine.data : dst, dst, n, ncclUint8, r, comm_, s));
+      at += n;
+    }
+    NCCL_CHECK(ncclGroupEnd());
+    return out;
+  }
   std::string kind() const override { return "nccl"; }
 
  private:
   Backend* be_;
   ncclComm_t comm_ = nullptr;
+  int size_ = 1, rank_ = 0;
 };
 
 }  // namespace
