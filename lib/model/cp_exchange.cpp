@@ -13,9 +13,8 @@ DTensor cp_allgather_rows(Backend& be, const CpCtx& ctx, const DTensor& mine, co
 DTensor cp_gather_seq(Backend& be, const CpCtx& ctx, const DTensor& mine) {
   DZ_CHECK(ctx.lay, "cp_gather_seq: no layout");
   const SeqLayout& lay = *ctx.lay;
-  std::vector<int64_t> rows_of(size_t(lay.cp_size), 0);
-  for (int r = 0; r < lay.cp_size; ++r)
-    for (int j : lay.segments_of(r)) rows_of[size_t(r)] += lay.seg_len(j);
+  std::vector<int64_t> rows_of(size_t(lay.cp_size));
+  for (int r = 0; r < lay.cp_size; ++r) rows_of[size_t(r)] = lay.rows_of(r);
   const DTensor all = cp_allgather_rows(be, ctx, mine, rows_of);  // grouped by rank, segments in layout order
   DTensor seq = be.alloc({lay.length, mine.cols()}, mine.dtype);
   std::vector<Backend::RowCopy> moves;

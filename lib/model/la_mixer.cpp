@@ -294,15 +294,12 @@ void LinearAttnMixer::forward_cp(const DTensor& x, const CpCtx& ctx, MixerState&
     auto timer = ctx.time("la_merge");
     // every rank's transitions (on the backend's buffers: cp_allgather_rows), rank by rank, then
     // moved into sequence order
-    std::vector<int64_t> rows_of(size_t(comm.size()), 0);
-    for (int r = 0; r < comm.size(); ++r)
-      for (int j : lay.segments_of(r)) rows_of[size_t(r)] += lay.seg_len(j) > 0;
-    const DTensor A_all = cp_allgather_rows(be, ctx, A_mine, rows_of), B_all = cp_allgather_rows(be, ctx, B_mine, rows_of);
-    std::vector<int64_t> at(size_t(lay.n_seg()), -1);  // segment -> its row of A_all / B_all
+    std::vector<int64_t> rows_of(size_t(comm.size()), 0), at(size_t(lay.n_seg()), -1);  // at: segment -> its row
     int64_t pos = 0;
     for (int r = 0; r < comm.size(); ++r)
       for (int j : lay.segments_of(r))
-        if (lay.seg_len(j) > 0) at[size_t(j)] = pos++;
+        if (lay.seg_len(j) > 0) at[size_t(j)] = pos++, ++rows_of[size_t(r)];
+    const DTensor A_all = cp_allgather_rows(be, ctx, A_mine, rows_of), B_all = cp_allgather_rows(be, ctx, B_mine, rows_of);
     const int64_t n = pos;  // non-empty segments
     DTensor A_seq = be.alloc({n, nA}, DType::F32), B_seq = be.alloc({n, nB}, DType::F32);
     std::vector<Backend::RowCopy> moves_A, moves_B;
