@@ -7,6 +7,7 @@
 
 #include "common.cuh"
 #include "hyper_coeffs.cuh"
+#include "mma_sm80.cuh"
 
 namespace dz::cuda {
 
@@ -214,21 +215,6 @@ __global__ void __launch_bounds__(kThr) k_hc_post(float* x, const float* coeff, 
 // kernels/dev/hyper/run.sh, docs/perf/README.md, 2026-12-05. Loading fn before phase 1 gained
 // nothing (0.382), 3 blocks an SM lost (0.457).)
 constexpr int kPT = 16, kDC = 128, kXS = 4 * kDC + 16;  // row stride ≡ 16 (mod 32): float4 reads of rows g, g+1 conflict-free
-__device__ __forceinline__ uint32_t tf32_rna(float v) {
-  uint32_t r;
-  asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(r) : "f"(v));
-  return r;
-}
-__device__ __forceinline__ void split_tf32(float v, uint32_t& hi, uint32_t& lo) {
-  hi = tf32_rna(v);
-  lo = tf32_rna(v - __uint_as_float(hi));
-}
-__device__ __forceinline__ void mma_tf32(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
 __device__ __forceinline__ float f4get(const float4& v, int i) { return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w; }
 template <bool YB>
 __global__ void __launch_bounds__(kThr, 2) k_hc_post_coeff4(float* x, const float* bc, const float* coeff, const void* y,

@@ -1,6 +1,7 @@
 // The warp-level tensor-core and async-copy primitives the mma.sync kernels share (flash
-// attention, sparse MLA, the DSA indexer, the MoE GEMMs): ldmatrix, mma m16n8k16 bf16 -> fp32,
-// cp.async 16-byte copies with zero fill, bf16 packing. Inline PTX, sm_80 and later.
+// attention, sparse MLA, the DSA indexer, the MoE GEMMs, mHC, the linear-attention prep): ldmatrix,
+// mma m16n8k16 bf16 -> fp32, 3xTF32 m16n8k8, cp.async 16-byte copies with zero fill, bf16
+// packing. Inline PTX, sm_80 and later.
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -46,6 +47,25 @@ __device__ __forceinline__ void cp_wait() {
 __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
   __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
   return *reinterpret_cast<uint32_t*>(&v);
+}
+
+// 3xTF32 (mma m16n8k8 tf32): v = hi + lo, each rounded to tf32; lo·hi + hi·lo + hi·hi keeps ~fp32's
+// accuracy on tensor cores (hc_post_coeff's projection, the KDA / GDN prep's (I + L)^-1 blocks).
+__device__ __forceinline__ uint32_t tf32_rna(float v) {
+  uint32_t r;
+  asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(r) : "f"(v));
+  return r;
+}
+__device__ __forceinline__ void split_tf32(float v, uint32_t& hi, uint32_t& lo) {
+  hi = tf32_rna(v);
+  lo = tf32_rna(v - __uint_as_float(hi));
+}
+// d += a · b (one m16n8k8 tile, tf32 operands, fp32 accumulators)
+__device__ __forceinline__ void mma_tf32(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
 }  // namespace dz::cuda

@@ -1,7 +1,7 @@
 #!/bin/bash
 # The queued kernel experiments in one device command (each builds with nvcc alone: no prefix
 # needed), logs under $OUT/<name>/:
-#   bash kernels/dev/run_queued.sh [smla] [smlaprof] [moe] [laprof] [conv] [hc]      (default: all)
+#   bash kernels/dev/run_queued.sh [smla] [smlaprof] [moe] [laprof] [laprep] [conv] [hc]      (default: all)
 #   smla:  production's sparse MLA (kernels/dev/sparse_mla/run.sh: tested against fp64, benched) and
 #          the variant file SMLA_VARIANT (none queued) built in its place and run the same way,
 #          outputs compared bitwise (a variant with other arithmetic differs: the fp64 tests
@@ -14,6 +14,9 @@
 #          T = 8192 (rows_*.txt)
 #   laprof: kernels/dev/linear_attn/profile.sh: ncu of the KDA prep kernel (mma_prep_kernel) with its
 #          stall samples per source line (the next step on KDA: docs/perf/README.md, eighth session)
+#   laprep: kernels/dev/linear_attn/ab.sh with kernels/dev/queued/la_prep_blockinv.patch (the prep's
+#          (I + L)^-1 in 16-row blocks, 3xTF32 products): production's prefill and the patched one in
+#          the dev harness, each tested against the CPU reference, benched twice alternately
 #   conv:  kernels/dev/short_conv/run.sh: short-conv prefill variants (more bytes in flight: deeper
 #          register prefetch, cp.async row blocks in shared memory) bitwise against production, then
 #          timed at GLM-5.3-Flash's q|k|v shape (production: ~1.75 TB/s, 0.46 ms a call at 482a8d3)
@@ -24,7 +27,7 @@
 # by cp.async, docs/perf/experiments_2026-12-03e.txt; the SwiGLU GEMM on the swap-AB kernel,
 # docs/perf/experiments_2026-12-04.txt.)
 O=${OUT:-/tmp/exp}
-parts=${*:-smla smlaprof moe laprof conv hc}
+parts=${*:-smla smlaprof moe laprof laprep conv hc}
 for p in $parts; do
   mkdir -p "$O/$p"
   t0=$(date +%s)
@@ -41,6 +44,7 @@ for p in $parts; do
           grep -E "rows per|grouped_gemm_tc|swiglu|clusters|spot" | sed "s/^/$b: /"
       done | tee $O/moe/bench_rows.txt ;;
     laprof) OUT=$O/laprof timeout 420 bash kernels/dev/linear_attn/profile.sh ;;
+    laprep) OUT=$O/laprep timeout 420 bash kernels/dev/linear_attn/ab.sh kernels/dev/queued/la_prep_blockinv.patch ;;
     conv) OUT=$O/conv timeout 200 bash kernels/dev/short_conv/run.sh ;;
     hc) OUT=$O/hc timeout 400 bash kernels/dev/hyper/run.sh $HC_VARIANT ;;
     *) echo "unknown part $p" ;;

@@ -1,0 +1,48 @@
+#!/bin/bash
+# On the GPU machine, from the repository root: production's linear-attention prefill against a queued
+# patch of kernels/linear_attn_mma.cu, in one command. Builds the dev harness (test_linear_attn.cu)
+# twice in parallel, once with production's file and once with the patched copy (the patch applied in
+# $B/var, the includes resolved through -Ikernels), runs each one's test against the CPU reference
+# (QUICK=1: --quick), then the bench of each twice, alternately (v4 rows only; the v3 rows are the
+# same code in both).   bash kernels/dev/linear_attn/ab.sh PATCH
+P=${1:?patch of kernels/linear_attn_mma.cu}
+O=${OUT:-/tmp/la_ab}
+B=${BUILD_DIR:-/tmp/la_ab_build}
+mkdir -p "$O" "$B/var"
+cp kernels/linear_attn_mma.cu "$B/var/linear_attn_mma.cu"
+(cd "$B/var" && patch -s linear_attn_mma.cu) < <(sed -n '/^--- a\/kernels\/linear_attn_mma.cu/,$p' "$P") ||
+  { echo "ab: $P does not apply to kernels/linear_attn_mma.cu"; exit 1; }
+D=kernels/dev/linear_attn
+NV="nvcc -O3 -std=c++17 -arch=sm_90a -Ikernels -Ilib"
+build() {  # $1 = name, $2 = the prefill source
+  local d=$B/$1 objs=
+  mkdir -p "$d"
+  for s in $D/test_linear_attn.cu $D/linear_attn_fp32.cu $D/linear_attn_split.cu kernels/linear_attn.cu \
+           kernels/linear_attn_tiled.cu "$2" lib/ops/linear_attn.cpp lib/ops/norm.cpp lib/core/linalg.cpp; do
+    objs="$objs $d/$(basename "$s").o"
+    $NV -Xptxas -v -c "$s" -o "$d/$(basename "$s").o" >"$d/$(basename "$s").log" 2>&1 &
+  done
+  wait
+  $NV $objs -o "$d/la" >"$d/link.log" 2>&1
+  grep -h -A2 "mma_prep_kernel" "$d/linear_attn_mma.cu.log" | grep -E "registers|spill" >"$O/ptxas_$1.txt"
+}
+nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm --format=csv,noheader
+t0=$(date +%s)
+build base kernels/linear_attn_mma.cu &
+build var "$B/var/linear_attn_mma.cu" &
+wait
+echo "builds: $(($(date +%s) - t0)) s"
+for v in base var; do
+  [ -x "$B/$v/la" ] || { echo "ab: $v did not build"; grep -h error "$B/$v"/*.log | head -20; exit 1; }
+done
+for v in base var; do
+  t0=$(date +%s)
+  timeout ${TEST_TIMEOUT:-90} "$B/$v/la" ${QUICK:+--quick} >"$O/test_$v.txt" 2>&1
+  echo "$v test rc $? in $(($(date +%s) - t0)) s: $(tail -1 "$O/test_$v.txt")"
+  grep FAIL "$O/test_$v.txt" | head -10
+done
+for rep in 1 2; do
+  for v in base var; do
+    timeout ${BENCH_TIMEOUT:-50} "$B/$v/la" --bench 2>&1 | grep -E "v4|H100|H200" | sed "s/^/$v#$rep: /" | tee -a "$O/bench.txt"
+  done
+done
