@@ -23,17 +23,6 @@ struct Row {
   double ms;
 };
 
-std::string run_cmd(const char* cmd) {
-  std::string s;
-  if (FILE* f = popen(cmd, "r")) {
-    char buf[128];
-    while (fgets(buf, sizeof buf, f)) s += buf;
-    pclose(f);
-  }
-  while (!s.empty() && (s.back() == '\n' || s.back() == ' ')) s.pop_back();
-  return s;
-}
-
 }  // namespace
 
 int bench_linear_attn(const std::string& json_out) {
@@ -155,25 +144,11 @@ int bench_linear_attn(const std::string& json_out) {
   }
   CUDA_CHECK(cudaDeviceSynchronize());
 
-  const char* ce = std::getenv("DZ_COMMIT");
-  const std::string commit = ce ? ce : run_cmd("git rev-parse --short HEAD 2>/dev/null");
-  char date[64];
-  const std::time_t now = std::time(nullptr);
-  std::strftime(date, sizeof date, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
-  FILE* fo = std::fopen(json_out.c_str(), "w");
-  if (!fo) {
-    std::fprintf(stderr, "bench_linear_attn: cannot write %s\n", json_out.c_str());
-    return 1;
-  }
-  std::fprintf(fo, "{\n \"commit\": \"%s\",\n \"device\": \"%s\",\n \"date\": \"%s\",\n \"results\": [\n",
-               commit.c_str(), prop.name, date);
-  for (size_t i = 0; i < rows.size(); ++i)
-    std::fprintf(fo, "  {\"name\": \"%s\", \"impl\": \"dayzero\", \"shape\": \"%s\", \"ms\": %.5f, \"note\": \"%s\"}%s\n",
-                 rows[i].name.c_str(), rows[i].shape.c_str(), rows[i].ms, rows[i].extra.c_str(),
-                 i + 1 < rows.size() ? "," : "");
-  std::fprintf(fo, " ]\n}\n");
-  std::fclose(fo);
-  return 0;
+  std::vector<std::string> res;
+  for (const Row& r : rows)
+    res.push_back("{\"name\": \"" + r.name + "\", \"impl\": \"dayzero\", \"shape\": \"" + r.shape +
+                  "\", \"ms\": " + std::to_string(r.ms) + ", \"note\": \"" + r.extra + "\"}");
+  return write_bench_report("linear-attn", res, json_out, false);
 }
 
 }  // namespace dz::cuda

@@ -276,10 +276,6 @@ std::string bench_indexer_prep(int B, int reps) {
 }  // namespace
 
 int bench_sparse_attn(const std::string& json_out) {
-  int dev = 0;
-  CUDA_CHECK(cudaGetDevice(&dev));
-  cudaDeviceProp prop{};
-  CUDA_CHECK(cudaGetDeviceProperties(&prop, dev));
   std::vector<std::string> res;
   // DZ_BENCH_ONLY=<substring> runs only the cases whose name contains it (for profilers).
   const char* only = std::getenv("DZ_BENCH_ONLY");
@@ -300,26 +296,7 @@ int bench_sparse_attn(const std::string& json_out) {
   }
   if (want("indexer_prep"))
     for (int b : {1, 32, 128}) res.push_back(bench_indexer_prep(b, 200));
-  const char* commit = std::getenv("DZ_COMMIT");
-  char date[64];
-  const std::time_t now = std::time(nullptr);
-  std::strftime(date, sizeof date, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
-  std::ostringstream os;
-  os << "{\n  \"bench\": \"sparse-attn\",\n  \"commit\": \"" << (commit ? commit : "unknown") << "\",\n  \"device\": \""
-     << prop.name << " (" << prop.multiProcessorCount << " SMs)\",\n  \"date\": \"" << date
-     << "\",\n  \"timing\": \"CUDA events, median of repeats after one warm-up\",\n  \"results\": [\n";
-  for (size_t i = 0; i < res.size(); ++i) os << "    " << res[i] << (i + 1 < res.size() ? ",\n" : "\n");
-  os << "  ]\n}\n";
-  std::printf("%s", os.str().c_str());
-  if (!json_out.empty()) {
-    std::ofstream f(json_out);
-    if (!f) {
-      std::fprintf(stderr, "bench sparse-attn: cannot write %s\n", json_out.c_str());
-      return 1;
-    }
-    f << os.str();
-  }
-  return 0;
+  return write_bench_report("sparse-attn", res, json_out, true);
 }
 
 }  // namespace dz::cuda

@@ -1,9 +1,15 @@
 // Shared by the `dayzero bench` programs: event timing with a median over repeats, random device
-// buffers.
+// buffers, the JSON report.
 #pragma once
 #include <algorithm>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <ctime>
+#include <fstream>
 #include <functional>
+#include <sstream>
+#include <string>
 #include <vector>
 
 #include "common.cuh"
@@ -32,6 +38,36 @@ inline double median_ms(const std::function<void()>& fn, int reps, int warm = 1)
   cudaEventDestroy(b);
   std::sort(t.begin(), t.end());
   return t[t.size() / 2];
+}
+
+// The report of a `dayzero bench` program (docs/perf/): bench, commit ($DZ_COMMIT: the device
+// tool's copy of a tree can carry stale git metadata, so nothing is guessed), device, date, timing
+// method and the results, each one JSON object as text. Printed when `print`; written to json_out
+// unless it is empty. Returns 0, or 1 with a message when json_out cannot be written.
+inline int write_bench_report(const std::string& bench, const std::vector<std::string>& results,
+                              const std::string& json_out, bool print) {
+  int dev = 0;
+  CUDA_CHECK(cudaGetDevice(&dev));
+  cudaDeviceProp prop{};
+  CUDA_CHECK(cudaGetDeviceProperties(&prop, dev));
+  const char* commit = std::getenv("DZ_COMMIT");
+  char date[64];
+  const std::time_t now = std::time(nullptr);
+  std::strftime(date, sizeof date, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
+  std::ostringstream os;
+  os << "{\n  \"bench\": \"" << bench << "\",\n  \"commit\": \"" << (commit ? commit : "unknown")
+     << "\",\n  \"device\": \"" << prop.name << " (" << prop.multiProcessorCount << " SMs)\",\n  \"date\": \"" << date
+     << "\",\n  \"timing\": \"CUDA events, median of repeats after one warm-up\",\n  \"results\": [\n";
+  for (size_t i = 0; i < results.size(); ++i) os << "    " << results[i] << (i + 1 < results.size() ? ",\n" : "\n");
+  os << "  ]\n}\n";
+  if (print) std::printf("%s", os.str().c_str());
+  if (json_out.empty()) return 0;
+  std::ofstream f(json_out);
+  if (!(f << os.str())) {
+    std::fprintf(stderr, "bench %s: cannot write %s\n", bench.c_str(), json_out.c_str());
+    return 1;
+  }
+  return 0;
 }
 
 // Deterministic pseudo-random device buffers (uniform in [lo, hi), a hash of the index and seed):

@@ -12,6 +12,7 @@
 #include "job/run.hpp"
 #include "job/tools.hpp"
 #ifdef DAYZERO_HAVE_CUDA
+#include "bench_dense_attn.cuh"
 #include "bench_linear_attn.cuh"
 #include "bench_sparse_attn.cuh"
 #endif
@@ -160,10 +161,10 @@ int main(int argc, char** argv) {
   auto* be = app.add_subcommand("bench", "Time the CUDA kernels or the whole job on this GPU and write a JSON report "
                                          "(docs/perf/)");
   be->add_option("which", bench_which,
-                 "linear-attn | sparse-attn (kernels) | e2e (the job's prefill, DESIGN §7) | spec (speculative "
+                 "linear-attn | sparse-attn | dense-attn (kernels) | e2e (the job's prefill, DESIGN §7) | spec (speculative "
                  "decoding: verify and restore costs per draft length, speedups with oracle and n-gram drafts)")
       ->required()
-      ->check(CLI::IsMember({"linear-attn", "sparse-attn", "e2e", "spec"}));
+      ->check(CLI::IsMember({"linear-attn", "sparse-attn", "dense-attn", "e2e", "spec"}));
   be->add_option("--json", bench_json, "Write the report here (commit from $DZ_COMMIT)");
   be->add_option("--model", eo.models, "e2e: model directories (config.json; built with --dummy-weights)");
   be->add_option("--tokens", eo.tokens, "e2e: document lengths")->delimiter(',')->capture_default_str();
@@ -234,8 +235,9 @@ int main(int argc, char** argv) {
     }
     if (be->parsed()) {
 #ifdef DAYZERO_HAVE_CUDA
-      return bench_which == "linear-attn" ? dz::cuda::bench_linear_attn(bench_json)
-                                          : dz::cuda::bench_sparse_attn(bench_json);
+      if (bench_which == "linear-attn") return dz::cuda::bench_linear_attn(bench_json);
+      if (bench_which == "dense-attn") return dz::cuda::bench_dense_attn(bench_json);
+      return dz::cuda::bench_sparse_attn(bench_json);
 #else
       dz::fail("bench: this dayzero was built without CUDA (configure with nvcc present or -DDAYZERO_CUDA=ON)");
 #endif
