@@ -105,6 +105,11 @@ void Backend::la_scan_states_slots(const LaScanArgs& a, const DTensor& pool, con
   }
 }
 
+std::unique_ptr<PendingRows> Backend::allgather_rows_start(const Collectives* comm, const DTensor& mine,
+                                                           const std::vector<int64_t>& rows_of) {
+  return std::make_unique<ReadyRows>(allgather_rows(comm, mine, rows_of));
+}
+
 int64_t Backend::check_gather_rows(int group_size, int rank, const DTensor& mine, const std::vector<int64_t>& rows_of) {
   DZ_CHECK(int64_t(rows_of.size()) == group_size && rank >= 0 && rank < group_size, "allgather_rows: ", rows_of.size(),
            " row counts for a group of ", group_size);

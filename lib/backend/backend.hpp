@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/dtensor.hpp"
@@ -141,6 +142,23 @@ struct AttnArgs {
 
 // A captured run of ops (Backend::capture_end): replaying it runs the recorded kernels again on
 // the same buffers, with the arguments they had when captured.
+// Rows being all-gathered (Backend::allgather_rows_start, DeviceComm): wait() returns what
+// allgather_rows returns, once. Destroying one never waited on completes the exchange.
+class PendingRows {
+ public:
+  virtual ~PendingRows() = default;
+  virtual DTensor wait() = 0;
+};
+// One already gathered (a transport that does not overlap, a group of one).
+class ReadyRows final : public PendingRows {
+ public:
+  explicit ReadyRows(DTensor t) : t_(std::move(t)) {}
+  DTensor wait() override { return t_; }
+
+ private:
+  DTensor t_;
+};
+
 class DeviceGraph {
  public:
   virtual ~DeviceGraph() = default;
@@ -226,6 +244,12 @@ class Backend {
   // known to every rank. nullptr or a group of one: a copy of mine. Bytes are moved: exact in every
   // dtype (CPU: MPI on the buffer; CUDA: staged through host memory).
   virtual DTensor allgather_rows(const Collectives* comm, const DTensor& mine, const std::vector<int64_t>& rows_of) = 0;
+  // allgather_rows started, not finished: this rank computes meanwhile and takes the rows with
+  // wait(); `mine` must not change until then. Exchanges started on one group complete in the order
+  // every rank started them. This base gathers at once (allgather_rows: no overlap; the CUDA
+  // backend's staged transport for now); the CPU backend posts MPI_Iallgatherv on the buffers.
+  virtual std::unique_ptr<PendingRows> allgather_rows_start(const Collectives* comm, const DTensor& mine,
+                                                            const std::vector<int64_t>& rows_of);
   // The checks of allgather_rows (every backend and transport): returns the gathered row count.
   static int64_t check_gather_rows(int group_size, int rank, const DTensor& mine, const std::vector<int64_t>& rows_of);
 

@@ -141,6 +141,31 @@ class CpuBackend final : public Backend {
   }
 
 
+  std::unique_ptr<PendingRows> allgather_rows_start(const Collectives* comm, const DTensor& mine,
+                                                    const std::vector<int64_t>& rows_of) override {
+    const int n = comm ? comm->size() : 1;
+    if (n == 1) return Backend::allgather_rows_start(comm, mine, rows_of);
+    const int64_t total = check_gather_rows(n, comm->rank(), mine, rows_of), W = mine.cols();
+    DTensor out = alloc({total, W}, mine.dtype);
+    std::vector<size_t> counts(static_cast<size_t>(n));
+    for (int r = 0; r < n; ++r) counts[size_t(r)] = size_t(rows_of[size_t(r)] * W) * dtype_size(mine.dtype);
+    // MPI between the buffers themselves; the pending holds both (the request, declared last, is
+    // completed first when it is destroyed unwaited)
+    struct Pending final : PendingRows {
+      DTensor in, out;
+      std::unique_ptr<CommRequest> req;
+      DTensor wait() override {
+        req->wait();
+        return out;
+      }
+    };
+    auto p = std::make_unique<Pending>();
+    p->in = mine;
+    p->out = out;
+    p->req = comm->iallgatherv_into(mine.data, out.data, counts);
+    return p;
+  }
+
   void embed(const DTensor& table, const DTensor& ids, const DTensor& out) override {
     const int64_t D = table.cols(), T = ids.numel();
     DZ_CHECK(out.rows() == T && out.cols() == D, "embed: out ", shape_str(out.shape), " for ", T, " ids of width ", D);

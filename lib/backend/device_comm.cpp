@@ -17,6 +17,10 @@ class MpiDeviceComm final : public DeviceComm {
   DTensor allgather_rows(const DTensor& mine, const std::vector<int64_t>& rows_of) const override {
     return be_->allgather_rows(c_, mine, rows_of);
   }
+  std::unique_ptr<PendingRows> allgather_rows_start(const DTensor& mine,
+                                                    const std::vector<int64_t>& rows_of) const override {
+    return be_->allgather_rows_start(c_, mine, rows_of);
+  }
   std::string kind() const override { return be_->device() == Device::Host ? "mpi" : "mpi (staged)"; }
 
  private:

@@ -23,6 +23,12 @@ class DeviceComm {
   // a new tensor on the backend (the CP exchanges of the KV / index-key caches and the linear-attention
   // transitions). Bytes are moved: exact in every dtype.
   virtual DTensor allgather_rows(const DTensor& mine, const std::vector<int64_t>& rows_of) const = 0;
+  // The same started, not finished (Backend::allgather_rows_start's contract): MPI through the
+  // backend's; this base (NCCL for now) gathers at once.
+  virtual std::unique_ptr<PendingRows> allgather_rows_start(const DTensor& mine,
+                                                            const std::vector<int64_t>& rows_of) const {
+    return std::make_unique<ReadyRows>(allgather_rows(mine, rows_of));
+  }
   virtual std::string kind() const = 0;  // "mpi", "mpi (staged)", "nccl"
 };
 

@@ -4,10 +4,19 @@
 #pragma once
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <string>
 #include <vector>
 
 namespace dz {
+
+// A nonblocking collective in flight (Collectives::iallgatherv_into): wait() completes it (again:
+// nothing); destroying one never waited on waits. Its buffers must outlive it.
+class CommRequest {
+ public:
+  virtual ~CommRequest() = default;
+  virtual void wait() = 0;
+};
 
 class Collectives {
  public:
@@ -23,6 +32,13 @@ class Collectives {
   virtual void allreduce_max(float* x, int64_t n) const = 0;
   // Every rank contributes `send` (its own length); returns the concatenation in rank order.
   virtual std::vector<char> allgatherv_bytes(const std::vector<char>& send) const = 0;
+  // The same with every rank's byte count known to all (counts, rank order), started and not
+  // finished: send (counts[rank()] bytes) lands in recv (their sum, rank order) by wait(), so the
+  // caller can compute meanwhile. Requests of one group complete in the order every rank posted
+  // them. This base runs allgatherv_bytes at once and returns a finished request; Comm posts
+  // MPI_Iallgatherv.
+  virtual std::unique_ptr<CommRequest> iallgatherv_into(const void* send, void* recv,
+                                                        const std::vector<size_t>& counts) const;
   // send[r] goes to rank r (send.size() == size()); returns what each rank r sent to this one.
   virtual std::vector<std::vector<char>> alltoallv_bytes(const std::vector<std::vector<char>>& send) const = 0;
 

@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <utility>
 
 #include "core/log.hpp"
 
@@ -129,6 +130,39 @@ std::vector<char> Comm::allgatherv_bytes(const std::vector<char>& send) const {
   std::vector<char> out(static_cast<size_t>(total));
   MPI_CHECK(MPI_Allgatherv(send.data(), int(mine), MPI_BYTE, out.data(), cnt.data(), disp.data(), MPI_BYTE, comm_));
   return out;
+}
+
+namespace {
+// MPI_Iallgatherv in flight: the count and displacement arrays must stay valid until it completes.
+class MpiRequest final : public CommRequest {
+ public:
+  MpiRequest(std::vector<int> cnt, std::vector<int> disp) : cnt_(std::move(cnt)), disp_(std::move(disp)) {}
+  ~MpiRequest() override {
+    if (req_ != MPI_REQUEST_NULL) MPI_Wait(&req_, MPI_STATUS_IGNORE);  // no throw from a destructor
+  }
+  void wait() override {
+    if (req_ != MPI_REQUEST_NULL) MPI_CHECK(MPI_Wait(&req_, MPI_STATUS_IGNORE));
+  }
+  std::vector<int> cnt_, disp_;
+  MPI_Request req_ = MPI_REQUEST_NULL;
+};
+}  // namespace
+
+std::unique_ptr<CommRequest> Comm::iallgatherv_into(const void* send, void* recv, const std::vector<size_t>& counts) const {
+  if (size_ == 1) return Collectives::iallgatherv_into(send, recv, counts);
+  DZ_CHECK(int(counts.size()) == size_, "iallgatherv: ", counts.size(), " counts for a group of ", size_);
+  std::vector<int> cnt(static_cast<size_t>(size_)), disp(static_cast<size_t>(size_));
+  size_t off = 0;
+  for (int i = 0; i < size_; ++i) {
+    cnt[size_t(i)] = int(counts[size_t(i)]);
+    disp[size_t(i)] = int(off);
+    off += counts[size_t(i)];
+  }
+  DZ_CHECK(off < (size_t(1) << 31), "iallgatherv of ", off, " bytes is too large for one MPI call");
+  auto r = std::make_unique<MpiRequest>(std::move(cnt), std::move(disp));
+  MPI_CHECK(MPI_Iallgatherv(send, r->cnt_[size_t(rank_)], MPI_BYTE, recv, r->cnt_.data(), r->disp_.data(), MPI_BYTE,
+                            comm_, &r->req_));
+  return r;
 }
 
 std::vector<std::vector<char>> Comm::alltoallv_bytes(const std::vector<std::vector<char>>& send) const {

@@ -55,6 +55,8 @@ class Comm : public Collectives {
   void allreduce_sum(int64_t* x, int64_t n) const override;
   void allreduce_max(float* x, int64_t n) const override;
   std::vector<char> allgatherv_bytes(const std::vector<char>& send) const override;
+  std::unique_ptr<CommRequest> iallgatherv_into(const void* send, void* recv,
+                                                const std::vector<size_t>& counts) const override;
   std::vector<std::vector<char>> alltoallv_bytes(const std::vector<std::vector<char>>& send) const override;
 
  private:

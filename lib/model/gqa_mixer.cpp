@@ -222,26 +222,34 @@ class GqaMixer : public Mixer {
     const int64_t L = lay.length, Rl = lay.local_rows(), kvw = Hkvl_ * Dh_;
     const std::vector<int> segs = lay.local_segments();
 
-    // 1. Local rows, each segment at its global positions; entries [Rl, k | v].
-    DTensor q = be_->act({Rl, Hl_ * Dh_}), gate = gated_ ? be_->act({Rl, Hl_ * Dh_}) : DTensor{};
+    // 1. Local entries [Rl, k | v], each segment at its global positions, started to every CP rank.
     DTensor kv = be_->act({Rl, 2 * kvw});  // the entries to share: [k | v] per local row
+    std::unique_ptr<PendingRows> gather;
     {
       DTensor k = be_->act({Rl, kvw}), v = be_->act({Rl, kvw});
       int64_t r = 0;
       for (int j : segs) {
-        const int64_t T = lay.seg_len(j), pos0 = lay.seg_begin(j);
-        DTensor qs = q.slab(r, r + T), gs = gated_ ? gate.slab(r, r + T) : DTensor{};
-        project(x.slab(r, r + T), pos0, qs, gs, k.slab(r, r + T), v.slab(r, r + T));
+        const int64_t T = lay.seg_len(j);
+        project_kv(x.slab(r, r + T), lay.seg_begin(j), k.slab(r, r + T), v.slab(r, r + T));
         r += T;
       }
       be_->copy_cols(k, 0, kv, 0, kvw);
       be_->copy_cols(v, 0, kv, kvw, kvw);
+      gather = cp_gather_seq_start(*be_, ctx, kv);  // on the backend's buffers
     }
-
-    // 2. Gather into the full cache in sequence order (on the backend's buffers: cp_gather_seq).
+    // 2. The local queries while the entries travel (a transport that overlaps: the CPU's MPI).
+    DTensor q = be_->act({Rl, Hl_ * Dh_}), gate = gated_ ? be_->act({Rl, Hl_ * Dh_}) : DTensor{};
     {
-      auto tm = ctx.time("kv_gather");
-      const DTensor full = cp_gather_seq(*be_, ctx, kv);  // [L, k | v]
+      int64_t r = 0;
+      for (int j : segs) {
+        const int64_t T = lay.seg_len(j);
+        project_q(x.slab(r, r + T), lay.seg_begin(j), q.slab(r, r + T), gated_ ? gate.slab(r, r + T) : DTensor{});
+        r += T;
+      }
+    }
+    {
+      auto tm = ctx.time("kv_gather");  // what is left of the exchange after the queries
+      const DTensor full = gather->wait();  // [L, k | v]
       be_->copy_cols(full, 0, st->k.append(L), 0, kvw);
       be_->copy_cols(full, kvw, st->v.append(L), 0, kvw);
       st->pos = L;
@@ -268,24 +276,42 @@ class GqaMixer : public Mixer {
   // x [T, D] at positions pos0 .. -> q [T, Hl*Dh] (normed, rotated), gate [T, Hl*Dh] (when
   // gated), k [T, Hkvl*Dh] (normed, rotated), v [T, Hkvl*Dh].
   void project(const DTensor& x, int64_t pos0, const DTensor& q, const DTensor& gate, const DTensor& k, const DTensor& v) const {
+    project_q(x, pos0, q, gate);
+    project_kv(x, pos0, k, v);
+  }
+  // The queries' half of project (forward_cp runs it while the keys and values travel) and the
+  // keys' and values' half.
+  void project_q(const DTensor& x, int64_t pos0, const DTensor& q, const DTensor& gate) const {
     if (x.rows() == 0) return;
-    project_rows(x, q, gate, k, v);
-    if (rope_) {
-      be_->rope(*rope_, q, Hl_, Dh_, 0, pos0);
-      be_->rope(*rope_, k, Hkvl_, Dh_, 0, pos0);
-    }
+    project_q_rows(x, q, gate);
+    if (rope_) be_->rope(*rope_, q, Hl_, Dh_, 0, pos0);
+  }
+  void project_kv(const DTensor& x, int64_t pos0, const DTensor& k, const DTensor& v) const {
+    if (x.rows() == 0) return;
+    project_kv_rows(x, k, v);
+    if (rope_) be_->rope(*rope_, k, Hkvl_, Dh_, 0, pos0);
   }
   // The same before RoPE: every op per row.
   void project_rows(const DTensor& x, const DTensor& q, const DTensor& gate, const DTensor& k, const DTensor& v) const {
+    project_q_rows(x, q, gate);
+    project_kv_rows(x, k, v);
+  }
+  void project_q_rows(const DTensor& x, const DTensor& q, const DTensor& gate) const {
     const int64_t T = x.rows();
     if (T == 0) return;
     Backend& be = *be_;
     be.linear(x, q_, q_bias_, q);
     if (gated_) be.linear(x, gate_, gate_bias_, gate);
-    DTensor qh = q.reshaped({T * Hl_, Dh_}), kh = k.reshaped({T * Hkvl_, Dh_});
+    DTensor qh = q.reshaped({T * Hl_, Dh_});
     be.rmsnorm(qh, q_norm_, qh, eps_, zero_centered_);
+  }
+  void project_kv_rows(const DTensor& x, const DTensor& k, const DTensor& v) const {
+    const int64_t T = x.rows();
+    if (T == 0) return;
+    Backend& be = *be_;
     be.linear(x, k_, k_bias_, k);
     be.linear(x, v_, v_bias_, v);
+    DTensor kh = k.reshaped({T * Hkvl_, Dh_});
     be.rmsnorm(kh, k_norm_, kh, eps_, zero_centered_);
   }
 

@@ -287,20 +287,48 @@ void LinearAttnMixer::forward_cp(const DTensor& x, const CpCtx& ctx, MixerState&
     }
   }
 
+  // Stage 2 of local segment i (its outputs) from its initial state.
+  DTensor o = be.act({R, VD});
+  auto stage2 = [&](size_t i, const DTensor& state) {
+    LaScanArgs a = args(tk, q, k, v, i);
+    a.state = state;
+    a.o = o.slab(off[i], off[i + 1]);
+    be.la_scan(a);
+  };
+  // The document's first non-empty segment starts from the zero state (S_init[0]): when it is this
+  // rank's, its outputs run while the transitions travel.
+  size_t early = mine.size();
+  for (int j = 0; j < lay.n_seg(); ++j)
+    if (lay.seg_len(j) > 0) {
+      for (size_t i = 0; i < mine.size(); ++i)
+        if (mine[i] == j) early = i;
+      break;
+    }
+
   // Merge: every rank gathers every non-empty segment's [A | B] and runs the ordered chain itself.
   DTensor S_init;  // [number of non-empty segments, HV, K, V]
   std::vector<int64_t> init_of(size_t(lay.n_seg()), -1);  // segment -> its row of S_init
+  std::vector<int64_t> rows_of(size_t(comm.size()), 0), at(size_t(lay.n_seg()), -1);  // at: segment -> its row
+  int64_t n_all = 0;  // non-empty segments
+  std::unique_ptr<PendingRows> gather_A, gather_B;
   {
     auto timer = ctx.time("la_merge");
-    // every rank's transitions (on the backend's buffers: cp_allgather_rows), rank by rank, then
-    // moved into sequence order
-    std::vector<int64_t> rows_of(size_t(comm.size()), 0), at(size_t(lay.n_seg()), -1);  // at: segment -> its row
-    int64_t pos = 0;
+    // every rank's transitions (on the backend's buffers: cp_allgather_rows), rank by rank
     for (int r = 0; r < comm.size(); ++r)
       for (int j : lay.segments_of(r))
-        if (lay.seg_len(j) > 0) at[size_t(j)] = pos++, ++rows_of[size_t(r)];
-    const DTensor A_all = cp_allgather_rows(be, ctx, A_mine, rows_of), B_all = cp_allgather_rows(be, ctx, B_mine, rows_of);
-    const int64_t n = pos;  // non-empty segments
+        if (lay.seg_len(j) > 0) at[size_t(j)] = n_all++, ++rows_of[size_t(r)];
+    gather_A = cp_allgather_rows_start(be, ctx, A_mine, rows_of);
+    gather_B = cp_allgather_rows_start(be, ctx, B_mine, rows_of);
+  }
+  if (early < mine.size()) {
+    auto timer = ctx.time("la_stage2");
+    stage2(early, be.zeros({HV_, K_, V_}, DType::F32));
+  }
+  {
+    auto timer = ctx.time("la_merge");
+    // moved into sequence order
+    const DTensor A_all = gather_A->wait(), B_all = gather_B->wait();
+    const int64_t n = n_all;
     DTensor A_seq = be.alloc({n, nA}, DType::F32), B_seq = be.alloc({n, nB}, DType::F32);
     std::vector<Backend::RowCopy> moves_A, moves_B;
     int64_t i = 0;
@@ -321,19 +349,16 @@ void LinearAttnMixer::forward_cp(const DTensor& x, const CpCtx& ctx, MixerState&
       be.fill_zero(st.S());
   }
 
-  // Stage 2: each local segment's outputs from its initial state.
+  // Stage 2: the other local segments' outputs from their initial states.
   {
     auto timer = ctx.time("la_stage2");
-    DTensor o = be.act({R, VD});
     for (size_t i = 0; i < mine.size(); ++i) {
       const int64_t n = off[i + 1] - off[i];
-      if (n > 0) {
-        LaScanArgs a = args(tk, q, k, v, i);
-        a.state = be.alloc({HV_, K_, V_}, DType::F32);
+      if (n > 0 && i != early) {
+        DTensor state = be.alloc({HV_, K_, V_}, DType::F32);
         const int64_t row = init_of[size_t(mine[i])];
-        be.copy_rows(S_init.reshaped({S_init.dim(0), nB}), row, a.state.reshaped({1, nB}), 0, 1);
-        a.o = o.slab(off[i], off[i + 1]);
-        be.la_scan(a);
+        be.copy_rows(S_init.reshaped({S_init.dim(0), nB}), row, state.reshaped({1, nB}), 0, 1);
+        stage2(i, state);
       }
       ctx.flops("linear_attention", la_chunked_flops(n, HV_, K_, V_, true));
     }

@@ -341,31 +341,38 @@ class MlaMixer : public Mixer {
     const int64_t W = R_ + rope_dim_ + Di;  // one token's cache entry: latent | k_pe | indexer key
     const std::vector<int> segs = lay.local_segments();
 
-    // 1. Local rows: queries and cache entries, each segment at its global positions.
-    DTensor q = be_->act({Rl, Hl_ * Dq}), q_resid = be_->act({Rl, q_lora_});
+    // 1. Local cache entries, each segment at its global positions, started to every CP rank.
     DTensor pack = be_->act({Rl, W});  // [latent | k_pe | indexer key] per local row
+    std::unique_ptr<PendingRows> gather;
     {
       DTensor c = be_->act({Rl, R_}), kr = be_->act({Rl, rope_dim_});
       DTensor ki = be_->act({Rl, Di});
       int64_t r = 0;
       for (int j : segs) {
-        const int64_t T = lay.seg_len(j), pos0 = lay.seg_begin(j);
-        DTensor qs = q.slab(r, r + T), qr = q_resid.slab(r, r + T);
-        project(x.slab(r, r + T), pos0, qs, qr, c.slab(r, r + T), kr.slab(r, r + T),
-                indexer_ ? ki.slab(r, r + T) : DTensor{});
+        const int64_t T = lay.seg_len(j);
+        project_kv(x.slab(r, r + T), Positions{lay.seg_begin(j), nullptr}, c.slab(r, r + T), kr.slab(r, r + T),
+                   indexer_ ? ki.slab(r, r + T) : DTensor{});
         r += T;
       }
       be_->copy_cols(c, 0, pack, 0, R_);
       be_->copy_cols(kr, 0, pack, R_, rope_dim_);
       if (Di > 0) be_->copy_cols(ki, 0, pack, R_ + rope_dim_, Di);
+      gather = cp_gather_seq_start(*be_, ctx, pack);  // on the backend's buffers
     }
-
-    // 2. Gather every rank's entries into the full cache in sequence order (on the backend's
-    //    buffers: cp_gather_seq).
+    // 2. The local queries while the entries travel (a transport that overlaps: the CPU's MPI).
+    DTensor q = be_->act({Rl, Hl_ * Dq}), q_resid = be_->act({Rl, q_lora_});
     {
-      auto tm = ctx.time("kv_gather");
-      const DTensor full = cp_gather_seq(*be_, ctx, pack);  // [L, W]
-      const int64_t Wl = R_ + rope_dim_;                     // a latent cache row: [c | kr]
+      int64_t r = 0;
+      for (int j : segs) {
+        const int64_t T = lay.seg_len(j);
+        project_q(x.slab(r, r + T), Positions{lay.seg_begin(j), nullptr}, q.slab(r, r + T), q_resid.slab(r, r + T));
+        r += T;
+      }
+    }
+    {
+      auto tm = ctx.time("kv_gather");  // what is left of the exchange after the queries
+      const DTensor full = gather->wait();  // [L, W] in sequence order
+      const int64_t Wl = R_ + rope_dim_;    // a latent cache row: [c | kr]
       be_->copy_cols(full, 0, st->latent.append(L), 0, Wl);
       if (indexer_) be_->copy_cols(full, Wl, st->index_k.append(L), 0, Di);
       st->pos = L;
@@ -435,10 +442,13 @@ class MlaMixer : public Mixer {
   // (after kv_a_layernorm), kr [T, rope] (rotated) and the indexer keys ki [T, Di].
   void project(const DTensor& x, const Positions& p, const DTensor& q, const DTensor& q_resid, const DTensor& c,
                const DTensor& kr, const DTensor& ki) const {
-    const int64_t T = x.rows();
-    if (T == 0) return;
+    project_q(x, p, q, q_resid);
+    project_kv(x, p, c, kr, ki);
+  }
+  // The queries' half of project (forward_cp runs it while the cache entries travel).
+  void project_q(const DTensor& x, const Positions& p, const DTensor& q, const DTensor& q_resid) const {
+    if (x.rows() == 0) return;
     Backend& be = *be_;
-    const int64_t Dq = nope_ + rope_dim_;
     if (q_lora_ > 0) {
       be.linear(x, q_a_, q_a_bias_, q_resid);
       be.rmsnorm(q_resid, q_a_norm_, q_resid, latent_eps_, false);
@@ -446,15 +456,19 @@ class MlaMixer : public Mixer {
     } else {
       be.linear(x, q_, DTensor{}, q);
     }
+    if (rope_) rotate(q, Hl_, nope_ + rope_dim_, nope_, p);
+  }
+  // The cache entries' half: c, kr and the indexer keys ki.
+  void project_kv(const DTensor& x, const Positions& p, const DTensor& c, const DTensor& kr, const DTensor& ki) const {
+    const int64_t T = x.rows();
+    if (T == 0) return;
+    Backend& be = *be_;
     DTensor kv = be.act({T, R_ + rope_dim_});  // [T, R + rope]
     be.linear(x, kv_a_, kv_a_bias_, kv);
     be.copy_cols(kv, 0, c, 0, R_);
     be.copy_cols(kv, R_, kr, 0, rope_dim_);
     be.rmsnorm(c, kv_a_norm_, c, latent_eps_, false);
-    if (rope_) {
-      rotate(q, Hl_, Dq, nope_, p);
-      rotate(kr, 1, rope_dim_, 0, p);
-    }
+    if (rope_) rotate(kr, 1, rope_dim_, 0, p);
     if (kv_fp8_) {  // --kv-cache fp8: what the cache would hold (latent per 128-tile FP8, RoPE part BF16)
       be.quant_round(c, Backend::Round::KvFp8);
       be.quant_round(kr, Backend::Round::Bf16);

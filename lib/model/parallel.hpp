@@ -116,5 +116,11 @@ DTensor cp_allgather_rows(Backend& be, const CpCtx& ctx, const DTensor& mine, co
 // The local rows mine [lay.local_rows(), W] of every CP rank (each rank's segments in layout order)
 // gathered into sequence order: [lay.length, W] on `be`.
 DTensor cp_gather_seq(Backend& be, const CpCtx& ctx, const DTensor& mine);
+// Both started, not finished (Backend::allgather_rows_start): the mixers compute what does not
+// need the other ranks' rows (the queries' projections, a segment that starts the document) before
+// wait(). Every CP rank starts the same exchanges in the same order.
+std::unique_ptr<PendingRows> cp_allgather_rows_start(Backend& be, const CpCtx& ctx, const DTensor& mine,
+                                                     const std::vector<int64_t>& rows_of);
+std::unique_ptr<PendingRows> cp_gather_seq_start(Backend& be, const CpCtx& ctx, const DTensor& mine);
 
 }  // namespace dz

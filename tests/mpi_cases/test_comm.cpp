@@ -92,3 +92,53 @@ TEST_CASE("comm: allgather_rows and cp_gather_seq move every rank's rows, in ran
         for (int64_t c = 0; c < W; ++c) CHECK(h[size_t(s * W + c)] == float(s * 10 + c));
     }
 }
+
+TEST_CASE("comm: allgather_rows_start leaves exchanges in flight that equal allgather_rows, waited in any order", "[mpi]") {
+  dz::Comm world = dz::Comm::world();
+  dz::Backend& be = dz::cpu_backend();
+  const int P = world.size(), me = world.rank();
+  for (int64_t W : {1, 5, 64}) {
+    std::vector<int64_t> rows_of(static_cast<size_t>(P));
+    for (int r = 0; r < P; ++r) rows_of[size_t(r)] = (r * 3 + W) % 4;  // 0 .. 3 rows, some ranks empty
+    const int64_t n = rows_of[size_t(me)];
+    auto rows = [&](float base) {
+      std::vector<float> v(size_t(n * W));
+      for (int64_t i = 0; i < n * W; ++i) v[size_t(i)] = base + float(me * 10000 + i);
+      return be.upload(v.data(), {n, W}, dz::DType::F32);
+    };
+    const dz::DTensor a = rows(0.f), b = rows(0.5f), c = rows(0.25f);
+    const std::vector<float> want_a = be.to_host(be.allgather_rows(&world, a, rows_of));
+    const std::vector<float> want_b = be.to_host(be.allgather_rows(&world, b, rows_of));
+    auto pa = be.allgather_rows_start(&world, a, rows_of);
+    auto pb = be.allgather_rows_start(&world, b, rows_of);
+    {
+      auto pc = be.allgather_rows_start(&world, c, rows_of);  // destroyed unwaited: it completes
+    }
+    // a blocking collective of the same group while two are in flight (every rank in this order)
+    int64_t one = 1;
+    world.allreduce_sum(&one, 1);
+    CHECK(one == P);
+    const std::vector<float> got_b = be.to_host(pb->wait()), got_a = be.to_host(pa->wait());
+    CHECK(got_a == want_a);
+    CHECK(got_b == want_b);
+    CHECK(be.to_host(pa->wait()) == want_a);  // a second wait returns the same rows
+  }
+  // a group of one: the rows as they are, at once
+  const dz::Comm solo;
+  std::vector<float> v = {1.f, 2.f, 3.f, 4.f};
+  const dz::DTensor t = be.upload(v.data(), {2, 2}, dz::DType::F32);
+  CHECK(be.to_host(be.allgather_rows_start(&solo, t, {2})->wait()) == v);
+  // cp_gather_seq_start: the same sequence order as cp_gather_seq
+  for (int64_t L : {1, 7, 40}) {
+    const dz::SeqLayout lay = dz::SeqLayout::zigzag(L, P, me, 2);
+    const std::vector<int64_t> pos = lay.local_positions();
+    std::vector<float> h(pos.size() * 2);
+    for (size_t i = 0; i < pos.size(); ++i) h[2 * i] = float(pos[i]), h[2 * i + 1] = float(-pos[i]);
+    const dz::CpCtx ctx{&world, &lay, nullptr};
+    const dz::DTensor mine = be.upload(h.data(), {int64_t(pos.size()), 2}, dz::DType::F32);
+    auto pending = dz::cp_gather_seq_start(be, ctx, mine);
+    const std::vector<float> want = be.to_host(dz::cp_gather_seq(be, ctx, mine));  // a second exchange meanwhile
+    CHECK(be.to_host(pending->wait()) == want);
+    for (int64_t s = 0; s < L; ++s) CHECK(want[size_t(2 * s)] == float(s));
+  }
+}
