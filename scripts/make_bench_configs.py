@@ -27,7 +27,8 @@ qwen = lambda n: dict(vocab_size=151936, hidden_size=2048, num_hidden_layers=n, 
 out = sys.argv[1] if len(sys.argv) > 1 else "configs/bench"
 for name, mt, kw in (("kimi_linear_48b_a3b_8l", "kimi_linear", kimi(8)),
                      ("kimi_linear_48b_a3b", "kimi_linear", kimi(27)),
-                     ("qwen3_next_80b_a3b_8l", "qwen3_next", qwen(8))):
+                     ("qwen3_next_80b_a3b_8l", "qwen3_next", qwen(8)),
+                     ("qwen3_next_80b_a3b", "qwen3_next", qwen(48))):  # whole: TP 2 / 4 / 8 (issue 14)
     d = os.path.join(out, name)
     os.makedirs(d, exist_ok=True)
     AutoConfig.for_model(mt, **kw).to_json_file(os.path.join(d, "config.json"))
