@@ -124,22 +124,15 @@ class CpuBackend final : public Backend {
   void allreduce_sum(const Collectives* comm, const DTensor& t) override {
     if (comm && comm->size() > 1) comm->allreduce_sum(t.f32(), t.numel());
   }
+  // MPI on the buffers themselves (allgather_rows_start, waited at once); a group of one: a copy.
   DTensor allgather_rows(const Collectives* comm, const DTensor& mine, const std::vector<int64_t>& rows_of) override {
-    const int n = comm ? comm->size() : 1, me = comm ? comm->rank() : 0;
-    const int64_t total = check_gather_rows(n, me, mine, rows_of), W = mine.cols();
-    DTensor out = alloc({total, W}, mine.dtype);
-    if (n == 1) {
-      if (out.bytes()) std::memcpy(out.data, mine.data, out.bytes());
-      return out;
-    }
-    const char* b = static_cast<const char*>(mine.data);
-    const std::vector<char> all = comm->allgatherv_bytes(std::vector<char>(b, b + mine.bytes()));
-    DZ_CHECK(all.size() == out.bytes(), "allgather_rows: ", all.size(), " bytes arrived for ", total, " rows of ", W,
-             " ", to_string(mine.dtype), " (a rank's count differs from what it holds)");
-    if (!all.empty()) std::memcpy(out.data, all.data(), all.size());
+    const int n = comm ? comm->size() : 1;
+    if (n > 1) return allgather_rows_start(comm, mine, rows_of)->wait();
+    const int64_t total = check_gather_rows(n, 0, mine, rows_of);
+    DTensor out = alloc({total, mine.cols()}, mine.dtype);
+    if (out.bytes()) std::memcpy(out.data, mine.data, out.bytes());
     return out;
   }
-
 
   std::unique_ptr<PendingRows> allgather_rows_start(const Collectives* comm, const DTensor& mine,
                                                     const std::vector<int64_t>& rows_of) override {
