@@ -16,6 +16,8 @@ import os
 import re
 import sys
 
+from text_table import print_table
+
 STATE_BYTES_B256 = 2 * 256 * 32 * 128 * 128 * 4  # decode B = 256, H = 32, K = V = 128, fp32 state, read + write
 
 
@@ -153,15 +155,7 @@ def main():
         print(f"kernel_table: no dayzero bench report in {args[0]}", file=sys.stderr)
         return 2
     head = ("op", "dayzero", "anchor", "anchor is", "dayzero vs anchor", "target", "status")
-    if "--markdown" in sys.argv:
-        print("| " + " | ".join(head) + " |")
-        print("|" + "---|" * len(head))
-        for r in rows:
-            print("| " + " | ".join(r) + " |")
-    else:
-        w = [max(len(str(x[i])) for x in rows + [head]) for i in range(len(head))]
-        for r in [head] + rows:
-            print("  ".join(str(c).ljust(w[i]) for i, c in enumerate(r)))
+    print_table(head, rows, "--markdown" in sys.argv)
     return 0
 
 

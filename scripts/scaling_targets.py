@@ -17,6 +17,8 @@ import os
 import re
 import sys
 
+from text_table import print_table
+
 TARGETS_CP = {2: 1.8, 4: 3.4}
 TARGET_DP = 0.95
 
@@ -97,17 +99,8 @@ def main():
     title = (f"commit {man.get('commit', '?')}, {man.get('device', '?')} x {man.get('gpus', '?')}, "
              f"{man.get('date', '?')}" + (" (smoke: CPU ranks, numbers mean nothing)" if man.get("smoke") else ""))
     body = [(p, n, f"{t:.0f}", a, v, tg, st) for p, n, t, a, v, tg, st in rs]
-    if "--markdown" in sys.argv:
-        print(title + "\n")
-        print("| " + " | ".join(head) + " |")
-        print("|" + "---|" * len(head))
-        for r in body:
-            print("| " + " | ".join(r) + " |")
-    else:
-        print(title)
-        w = [max(len(str(x[i])) for x in body + [head]) for i in range(len(head))]
-        for r in [head] + body:
-            print("  ".join(str(c).ljust(w[i]) for i, c in enumerate(r)))
+    print(title + ("\n" if "--markdown" in sys.argv else ""))
+    print_table(head, body, "--markdown" in sys.argv)
     return 0
 
 

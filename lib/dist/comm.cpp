@@ -112,22 +112,32 @@ void Comm::allreduce_sum(int64_t* x, int64_t n) const {
   if (size_ > 1 && n > 0) allreduce_pieces(comm_, x, n, MPI_INT64_T, MPI_SUM);
 }
 
+namespace {
+// MPI's int counts and displacements of byte blocks in rank order; returns their total (one call
+// moves less than 2 GiB).
+size_t byte_layout(const std::vector<size_t>& counts, std::vector<int>& cnt, std::vector<int>& disp) {
+  cnt.assign(counts.size(), 0);
+  disp.assign(counts.size(), 0);
+  size_t off = 0;
+  for (size_t i = 0; i < counts.size(); ++i) {
+    DZ_CHECK(off + counts[i] < (size_t(1) << 31), "an all-gather of more than ", off + counts[i],
+             " bytes is too large for one MPI call");
+    cnt[i] = int(counts[i]);
+    disp[i] = int(off);
+    off += counts[i];
+  }
+  return off;
+}
+}  // namespace
+
 std::vector<char> Comm::allgatherv_bytes(const std::vector<char>& send) const {
   if (size_ == 1) return send;
   int64_t mine = int64_t(send.size());
   std::vector<int64_t> counts(static_cast<size_t>(size_));
   MPI_CHECK(MPI_Allgather(&mine, 1, MPI_INT64_T, counts.data(), 1, MPI_INT64_T, comm_));
-  int64_t total = 0;
-  for (int64_t c : counts) total += c;
-  DZ_CHECK(total < (int64_t(1) << 31), "allgatherv of ", total, " bytes is too large for one MPI call");
-  std::vector<int> cnt(static_cast<size_t>(size_)), disp(static_cast<size_t>(size_));
-  int64_t off = 0;
-  for (int i = 0; i < size_; ++i) {
-    cnt[size_t(i)] = int(counts[size_t(i)]);
-    disp[size_t(i)] = int(off);
-    off += counts[size_t(i)];
-  }
-  std::vector<char> out(static_cast<size_t>(total));
+  std::vector<int> cnt, disp;
+  const size_t total = byte_layout(std::vector<size_t>(counts.begin(), counts.end()), cnt, disp);
+  std::vector<char> out(total);
   MPI_CHECK(MPI_Allgatherv(send.data(), int(mine), MPI_BYTE, out.data(), cnt.data(), disp.data(), MPI_BYTE, comm_));
   return out;
 }
@@ -151,14 +161,8 @@ class MpiRequest final : public CommRequest {
 std::unique_ptr<CommRequest> Comm::iallgatherv_into(const void* send, void* recv, const std::vector<size_t>& counts) const {
   if (size_ == 1) return Collectives::iallgatherv_into(send, recv, counts);
   DZ_CHECK(int(counts.size()) == size_, "iallgatherv: ", counts.size(), " counts for a group of ", size_);
-  std::vector<int> cnt(static_cast<size_t>(size_)), disp(static_cast<size_t>(size_));
-  size_t off = 0;
-  for (int i = 0; i < size_; ++i) {
-    cnt[size_t(i)] = int(counts[size_t(i)]);
-    disp[size_t(i)] = int(off);
-    off += counts[size_t(i)];
-  }
-  DZ_CHECK(off < (size_t(1) << 31), "iallgatherv of ", off, " bytes is too large for one MPI call");
+  std::vector<int> cnt, disp;
+  byte_layout(counts, cnt, disp);
   auto r = std::make_unique<MpiRequest>(std::move(cnt), std::move(disp));
   MPI_CHECK(MPI_Iallgatherv(send, r->cnt_[size_t(rank_)], MPI_BYTE, recv, r->cnt_.data(), r->disp_.data(), MPI_BYTE,
                             comm_, &r->req_));

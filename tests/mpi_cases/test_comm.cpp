@@ -7,6 +7,15 @@
 #include "dist/seq_layout.hpp"
 #include "model/parallel.hpp"
 
+namespace {
+// Row counts per rank for the all-gather cases: 0 .. 3 rows, some ranks empty, varying with W.
+std::vector<int64_t> ragged_rows(int P, int64_t W) {
+  std::vector<int64_t> rows_of(static_cast<size_t>(P));
+  for (int r = 0; r < P; ++r) rows_of[size_t(r)] = (r * 3 + W) % 4;
+  return rows_of;
+}
+}  // namespace
+
 TEST_CASE("comm: group split by the rank grid, collectives inside each group", "[mpi]") {
   dz::Comm world = dz::Comm::world();
   const int P = world.size();
@@ -53,8 +62,7 @@ TEST_CASE("comm: allgather_rows and cp_gather_seq move every rank's rows, in ran
   dz::Backend& be = dz::cpu_backend();
   const int P = world.size(), me = world.rank();
   for (int64_t W : {1, 5, 64}) {
-    std::vector<int64_t> rows_of(static_cast<size_t>(P));
-    for (int r = 0; r < P; ++r) rows_of[size_t(r)] = (r * 3 + W) % 4;  // 0 .. 3 rows, some ranks empty
+    const std::vector<int64_t> rows_of = ragged_rows(P, W);
     const int64_t mine_n = rows_of[size_t(me)];
     std::vector<float> v(size_t(mine_n * W));
     for (int64_t i = 0; i < mine_n; ++i)
@@ -98,8 +106,7 @@ TEST_CASE("comm: allgather_rows_start leaves exchanges in flight that equal allg
   dz::Backend& be = dz::cpu_backend();
   const int P = world.size(), me = world.rank();
   for (int64_t W : {1, 5, 64}) {
-    std::vector<int64_t> rows_of(static_cast<size_t>(P));
-    for (int r = 0; r < P; ++r) rows_of[size_t(r)] = (r * 3 + W) % 4;  // 0 .. 3 rows, some ranks empty
+    const std::vector<int64_t> rows_of = ragged_rows(P, W);
     const int64_t n = rows_of[size_t(me)];
     auto rows = [&](float base) {
       std::vector<float> v(size_t(n * W));
