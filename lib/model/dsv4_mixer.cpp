@@ -23,6 +23,7 @@
 // (CSA) and attends for its own queries, whose window and visible entries are positional.
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <memory>
 
 #include "core/error.hpp"
@@ -310,25 +311,23 @@ class Dsv4Mixer : public Mixer {
     const std::vector<int> segs = lay.local_segments();
     const int64_t cw = m_ > 0 ? comp_.width() : 0, icw = indexed_ ? icomp_.width() : 0, Wd = D_ + cw + icw;
 
-    // 1. Local rows: q, kv and the indexer's q at their global positions; the compressor projections.
+    // 1. Local rows' kv at their global positions and the compressor projections, packed and their
+    //    all-gather started (on the backend's buffers); then the queries (q, the indexer's q and
+    //    weights) while the rows travel.
     DTensor qr = be.act({Rl, QL_}), q = be.act({Rl, H_ * D_}), pack = be.act({Rl, Wd});
     DTensor iq = indexed_ ? be.act({Rl, Hi_ * Di_}) : DTensor{}, iw = indexed_ ? be.alloc({Rl, Hi_}, DType::F32) : DTensor{};
-    if (Rl > 0) {
-      DTensor kv = be.act({Rl, D_});
-      project(x, qr, q, kv);
-      if (indexed_) {
-        be.linear(qr, iwq_b_, DTensor{}, iq);
-        be.linear(x, iw_, DTensor{}, iw);
-      }
+    auto each_segment = [&](const std::function<void(int64_t r, int64_t T, int64_t pos0)>& f) {
       int64_t r = 0;
-      for (int j : segs) {  // RoPE at the segment's positions
-        const int64_t T = lay.seg_len(j), pos0 = lay.seg_begin(j);
-        if (T == 0) continue;
-        be.rope(*rope_, q.slab(r, r + T), H_, D_, D_ - rd_, pos0);
-        be.rope(*rope_, kv.slab(r, r + T), 1, D_, D_ - rd_, pos0);
-        if (indexed_) be.rope(*rope_, iq.slab(r, r + T), Hi_, Di_, Di_ - rd_, pos0);
+      for (int j : segs) {
+        const int64_t T = lay.seg_len(j);
+        if (T > 0) f(r, T, lay.seg_begin(j));
         r += T;
       }
+    };
+    if (Rl > 0) {
+      DTensor kv = be.act({Rl, D_});
+      project_kv(x, kv);
+      each_segment([&](int64_t r, int64_t T, int64_t pos0) { be.rope(*rope_, kv.slab(r, r + T), 1, D_, D_ - rd_, pos0); });
       be.copy_cols(kv, 0, pack, 0, D_);
       if (m_ > 0) {
         DTensor pr = be.act({Rl, cw});
@@ -341,10 +340,22 @@ class Dsv4Mixer : public Mixer {
         be.copy_cols(ip, 0, pack, D_ + cw, icw);
       }
     }
+    std::unique_ptr<PendingRows> gather = cp_gather_seq_start(be, ctx, pack);
+    if (Rl > 0) {
+      project_q(x, qr, q);
+      if (indexed_) {
+        be.linear(qr, iwq_b_, DTensor{}, iq);
+        be.linear(x, iw_, DTensor{}, iw);
+      }
+      each_segment([&](int64_t r, int64_t T, int64_t pos0) {  // RoPE at the segment's positions
+        be.rope(*rope_, q.slab(r, r + T), H_, D_, D_ - rd_, pos0);
+        if (indexed_) be.rope(*rope_, iq.slab(r, r + T), Hi_, Di_, Di_ - rd_, pos0);
+      });
+    }
     // 2. Every rank's rows in sequence order: the raw rows and the pooled entries of the document.
     {
-      auto tm = ctx.time("kv_gather");
-      const DTensor full = cp_gather_seq(be, ctx, pack);  // [L, Wd] (on the backend's buffers)
+      auto tm = ctx.time("kv_gather");  // what is left of the exchange after the queries
+      const DTensor full = gather->wait();  // [L, Wd]
       be.copy_cols(full, 0, st.raw.append(L), 0, D_);
       if (m_ > 0) {
         DTensor pr = be.act({L, cw});
@@ -379,14 +390,21 @@ class Dsv4Mixer : public Mixer {
   // The projections of rows x [T, hid] before RoPE: qr [T, QL] (normed; the indexer's queries read
   // it), q [T, H·D] (each head normed), kv [T, D] (normed).
   void project(const DTensor& x, const DTensor& qr, const DTensor& q, const DTensor& kv) const {
+    project_q(x, qr, q);
+    project_kv(x, kv);
+  }
+  // Its two halves (forward_cp runs the queries' while the kv rows travel).
+  void project_q(const DTensor& x, const DTensor& qr, const DTensor& q) const {
     Backend& be = *be_;
     const int64_t T = x.rows();
     be.linear(x, wq_a_, DTensor{}, qr);
     be.rmsnorm(qr, q_norm_, qr, eps_, false);
     be.linear(qr, wq_b_, DTensor{}, q);
     be.rmsnorm(q.reshaped({T * H_, D_}), DTensor{}, q.reshaped({T * H_, D_}), eps_, false);
-    be.linear(x, wkv_, DTensor{}, kv);
-    be.rmsnorm(kv, kv_norm_, kv, eps_, false);
+  }
+  void project_kv(const DTensor& x, const DTensor& kv) const {
+    be_->linear(x, wkv_, DTensor{}, kv);
+    be_->rmsnorm(kv, kv_norm_, kv, eps_, false);
   }
   // CSA: the indexer's entry ids [T, K] I32 for the queries iq [T, Hi·Di], weights iw [T, Hi] at
   // positions pos0 .. (over the closed indexer entries of st).
