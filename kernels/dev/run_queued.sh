@@ -44,7 +44,7 @@ for p in $parts; do
           grep -E "rows per|grouped_gemm_tc|swiglu|clusters|spot" | sed "s/^/$b: /"
       done | tee $O/moe/bench_rows.txt ;;
     laprof) OUT=$O/laprof timeout 420 bash kernels/dev/linear_attn/profile.sh ;;
-    laprep) OUT=$O/laprep timeout 420 bash kernels/dev/linear_attn/ab.sh kernels/dev/queued/la_prep_blockinv.patch ;;
+    laprep) OUT=$O/laprep timeout 480 bash kernels/dev/linear_attn/ab.sh kernels/dev/queued/la_prep_blockinv.patch ;;
     conv) OUT=$O/conv timeout 200 bash kernels/dev/short_conv/run.sh ;;
     hc) OUT=$O/hc timeout 400 bash kernels/dev/hyper/run.sh $HC_VARIANT ;;
     *) echo "unknown part $p" ;;
