@@ -140,8 +140,6 @@ struct AttnArgs {
   }
 };
 
-// A captured run of ops (Backend::capture_end): replaying it runs the recorded kernels again on
-// the same buffers, with the arguments they had when captured.
 // Rows being all-gathered (Backend::allgather_rows_start, DeviceComm): wait() returns what
 // allgather_rows returns, once. Destroying one never waited on completes the exchange.
 class PendingRows {
@@ -159,6 +157,8 @@ class ReadyRows final : public PendingRows {
   DTensor t_;
 };
 
+// A captured run of ops (Backend::capture_end): replaying it runs the recorded kernels again on
+// the same buffers, with the arguments they had when captured.
 class DeviceGraph {
  public:
   virtual ~DeviceGraph() = default;

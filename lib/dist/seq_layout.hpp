@@ -67,6 +67,17 @@ struct SeqLayout {
     return p;
   }
   std::vector<int64_t> local_positions() const { return positions_of(cp_rank); }
+  // f(r, T, pos0) for each non-empty local segment, ascending: its first local row r (the local
+  // rows hold the segments one after another), its length T and its global start pos0.
+  template <class F>
+  void each_local_segment(F&& f) const {
+    int64_t r = 0;
+    for (int j : local_segments()) {
+      const int64_t T = seg_len(j);
+      if (T > 0) f(r, T, seg_begin(j));
+      r += T;
+    }
+  }
 
  private:
   static SeqLayout even(int64_t L, int n, int C, int rank) {

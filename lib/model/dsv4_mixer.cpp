@@ -23,7 +23,6 @@
 // (CSA) and attends for its own queries, whose window and visible entries are positional.
 #include <algorithm>
 #include <cmath>
-#include <functional>
 #include <memory>
 
 #include "core/error.hpp"
@@ -316,18 +315,10 @@ class Dsv4Mixer : public Mixer {
     //    weights) while the rows travel.
     DTensor qr = be.act({Rl, QL_}), q = be.act({Rl, H_ * D_}), pack = be.act({Rl, Wd});
     DTensor iq = indexed_ ? be.act({Rl, Hi_ * Di_}) : DTensor{}, iw = indexed_ ? be.alloc({Rl, Hi_}, DType::F32) : DTensor{};
-    auto each_segment = [&](const std::function<void(int64_t r, int64_t T, int64_t pos0)>& f) {
-      int64_t r = 0;
-      for (int j : segs) {
-        const int64_t T = lay.seg_len(j);
-        if (T > 0) f(r, T, lay.seg_begin(j));
-        r += T;
-      }
-    };
     if (Rl > 0) {
       DTensor kv = be.act({Rl, D_});
       project_kv(x, kv);
-      each_segment([&](int64_t r, int64_t T, int64_t pos0) { be.rope(*rope_, kv.slab(r, r + T), 1, D_, D_ - rd_, pos0); });
+      lay.each_local_segment([&](int64_t r, int64_t T, int64_t pos0) { be.rope(*rope_, kv.slab(r, r + T), 1, D_, D_ - rd_, pos0); });
       be.copy_cols(kv, 0, pack, 0, D_);
       if (m_ > 0) {
         DTensor pr = be.act({Rl, cw});
@@ -347,7 +338,7 @@ class Dsv4Mixer : public Mixer {
         be.linear(qr, iwq_b_, DTensor{}, iq);
         be.linear(x, iw_, DTensor{}, iw);
       }
-      each_segment([&](int64_t r, int64_t T, int64_t pos0) {  // RoPE at the segment's positions
+      lay.each_local_segment([&](int64_t r, int64_t T, int64_t pos0) {  // RoPE at the segment's positions
         be.rope(*rope_, q.slab(r, r + T), H_, D_, D_ - rd_, pos0);
         if (indexed_) be.rope(*rope_, iq.slab(r, r + T), Hi_, Di_, Di_ - rd_, pos0);
       });

@@ -227,26 +227,18 @@ class GqaMixer : public Mixer {
     std::unique_ptr<PendingRows> gather;
     {
       DTensor k = be_->act({Rl, kvw}), v = be_->act({Rl, kvw});
-      int64_t r = 0;
-      for (int j : segs) {
-        const int64_t T = lay.seg_len(j);
-        project_kv(x.slab(r, r + T), lay.seg_begin(j), k.slab(r, r + T), v.slab(r, r + T));
-        r += T;
-      }
+      lay.each_local_segment([&](int64_t r, int64_t T, int64_t pos0) {
+        project_kv(x.slab(r, r + T), pos0, k.slab(r, r + T), v.slab(r, r + T));
+      });
       be_->copy_cols(k, 0, kv, 0, kvw);
       be_->copy_cols(v, 0, kv, kvw, kvw);
       gather = cp_gather_seq_start(*be_, ctx, kv);  // on the backend's buffers
     }
     // 2. The local queries while the entries travel (a transport that overlaps: the CPU's MPI).
     DTensor q = be_->act({Rl, Hl_ * Dh_}), gate = gated_ ? be_->act({Rl, Hl_ * Dh_}) : DTensor{};
-    {
-      int64_t r = 0;
-      for (int j : segs) {
-        const int64_t T = lay.seg_len(j);
-        project_q(x.slab(r, r + T), lay.seg_begin(j), q.slab(r, r + T), gated_ ? gate.slab(r, r + T) : DTensor{});
-        r += T;
-      }
-    }
+    lay.each_local_segment([&](int64_t r, int64_t T, int64_t pos0) {
+      project_q(x.slab(r, r + T), pos0, q.slab(r, r + T), gated_ ? gate.slab(r, r + T) : DTensor{});
+    });
     {
       auto tm = ctx.time("kv_gather");  // what is left of the exchange after the queries
       const DTensor full = gather->wait();  // [L, k | v]

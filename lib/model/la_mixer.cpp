@@ -300,8 +300,7 @@ void LinearAttnMixer::forward_cp(const DTensor& x, const CpCtx& ctx, MixerState&
   size_t early = mine.size();
   for (int j = 0; j < lay.n_seg(); ++j)
     if (lay.seg_len(j) > 0) {
-      for (size_t i = 0; i < mine.size(); ++i)
-        if (mine[i] == j) early = i;
+      early = size_t(std::find(mine.begin(), mine.end(), j) - mine.begin());
       break;
     }
 

@@ -347,13 +347,10 @@ class MlaMixer : public Mixer {
     {
       DTensor c = be_->act({Rl, R_}), kr = be_->act({Rl, rope_dim_});
       DTensor ki = be_->act({Rl, Di});
-      int64_t r = 0;
-      for (int j : segs) {
-        const int64_t T = lay.seg_len(j);
-        project_kv(x.slab(r, r + T), Positions{lay.seg_begin(j), nullptr}, c.slab(r, r + T), kr.slab(r, r + T),
+      lay.each_local_segment([&](int64_t r, int64_t T, int64_t pos0) {
+        project_kv(x.slab(r, r + T), Positions{pos0, nullptr}, c.slab(r, r + T), kr.slab(r, r + T),
                    indexer_ ? ki.slab(r, r + T) : DTensor{});
-        r += T;
-      }
+      });
       be_->copy_cols(c, 0, pack, 0, R_);
       be_->copy_cols(kr, 0, pack, R_, rope_dim_);
       if (Di > 0) be_->copy_cols(ki, 0, pack, R_ + rope_dim_, Di);
@@ -361,14 +358,9 @@ class MlaMixer : public Mixer {
     }
     // 2. The local queries while the entries travel (a transport that overlaps: the CPU's MPI).
     DTensor q = be_->act({Rl, Hl_ * Dq}), q_resid = be_->act({Rl, q_lora_});
-    {
-      int64_t r = 0;
-      for (int j : segs) {
-        const int64_t T = lay.seg_len(j);
-        project_q(x.slab(r, r + T), Positions{lay.seg_begin(j), nullptr}, q.slab(r, r + T), q_resid.slab(r, r + T));
-        r += T;
-      }
-    }
+    lay.each_local_segment([&](int64_t r, int64_t T, int64_t pos0) {
+      project_q(x.slab(r, r + T), Positions{pos0, nullptr}, q.slab(r, r + T), q_resid.slab(r, r + T));
+    });
     {
       auto tm = ctx.time("kv_gather");  // what is left of the exchange after the queries
       const DTensor full = gather->wait();  // [L, W] in sequence order
