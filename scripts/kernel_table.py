@@ -54,12 +54,8 @@ def table(d):
     rows = []  # (op, dayzero, anchor, anchor name, "dayzero / anchor" speed-up, target, met)
 
     def add(op, ours, theirs, who, unit, target, met, higher_better):
-        if ours is None:
-            sp_ = "—"
-        elif theirs is None:
-            sp_ = "—"
-        else:
-            sp_ = f"{(ours / theirs if higher_better else theirs / ours):.2f}x"
+        sp_ = "—" if ours is None or theirs is None else \
+            f"{(ours / theirs if higher_better else theirs / ours):.2f}x"
         fmt = (lambda v: "—" if v is None else f"{v:.3f} {unit}") if unit == "ms" else \
               (lambda v: "—" if v is None else f"{v:.1f} {unit}")
         rows.append((op, fmt(ours), fmt(theirs), who, sp_, target,
