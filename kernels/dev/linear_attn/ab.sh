@@ -36,6 +36,12 @@ echo "builds: $(($(date +%s) - t0)) s"
 for v in base var; do
   [ -x "$B/$v/la" ] || { echo "ab: $v did not build"; grep -h error "$B/$v"/*.log | head -20; exit 1; }
 done
+# AB_WAIT_FILE: wait for it before the tests and benches (a build of the project run beside the two
+# harness builds in the same device command must not share the GPU machine's cores with the timings)
+if [[ -n ${AB_WAIT_FILE:-} ]]; then
+  while [[ ! -e $AB_WAIT_FILE ]]; do sleep 2; done
+  echo "waited for $AB_WAIT_FILE: $(($(date +%s) - t0)) s after the builds began"
+fi
 for v in base var; do  # production's own cases ran in its GPU tests: --quick for it, all for the patch
   t0=$(date +%s)
   q=${QUICK:+--quick}
