@@ -1,7 +1,7 @@
 #!/bin/bash
 # The queued kernel experiments in one device command (each builds with nvcc alone: no prefix
 # needed), logs under $OUT/<name>/:
-#   bash kernels/dev/run_queued.sh [smla] [smlaprof] [moe] [laprof] [laprep] [conv] [hc]      (default: all)
+#   bash kernels/dev/run_queued.sh [smla] [smlaprof] [moe] [laprof] [laprep] [conv] [hc] [idx]      (default: all)
 #   smla:  production's sparse MLA (kernels/dev/sparse_mla/run.sh: tested against fp64, benched) and
 #          the variant file SMLA_VARIANT (none queued) built in its place and run the same way,
 #          outputs compared bitwise (a variant with other arithmetic differs: the fp64 tests
@@ -23,11 +23,14 @@
 #   hc:    kernels/dev/hyper/run.sh: production's hc_post_coeff (its projection on tensor cores as
 #          3xTF32 since 2026-12-05: 0.381 ms a call, 7 a forward) and the variant file HC_VARIANT
 #          (none queued), each against the CPU reference, then timed at GLM-5.3-Flash's shape
+#   idx:   kernels/dev/indexer/run.sh: the DSA indexer's scores on wgmma (kernels/dev/indexer/
+#          indexer_wgmma.cu: 64-key tiles by TMA past 2 x 256 / H resident queries, the head sum
+#          along N) tested against fp64 with its Top-K, then benched beside production's indexer
 # (Lost and gone: the up GEMM with the activation in its epilogue and hc_post_coeff double-buffered
 # by cp.async, docs/perf/experiments_2026-12-03e.txt; the SwiGLU GEMM on the swap-AB kernel,
 # docs/perf/experiments_2026-12-04.txt.)
 O=${OUT:-/tmp/exp}
-parts=${*:-smla smlaprof moe laprof laprep conv hc}
+parts=${*:-smla smlaprof moe laprof laprep conv hc idx}
 for p in $parts; do
   mkdir -p "$O/$p"
   t0=$(date +%s)
@@ -46,6 +49,7 @@ for p in $parts; do
     laprof) OUT=$O/laprof timeout 420 bash kernels/dev/linear_attn/profile.sh ;;
     laprep) OUT=$O/laprep timeout 480 bash kernels/dev/linear_attn/ab.sh kernels/dev/queued/la_prep_blockinv.patch ;;
     conv) OUT=$O/conv timeout 200 bash kernels/dev/short_conv/run.sh ;;
+    idx) OUT=$O/idx timeout 330 bash kernels/dev/indexer/run.sh ;;
     hc) OUT=$O/hc timeout 400 bash kernels/dev/hyper/run.sh $HC_VARIANT ;;
     *) echo "unknown part $p" ;;
   esac

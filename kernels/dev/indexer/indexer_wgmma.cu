@@ -1,0 +1,228 @@
+// DSA indexer scores on Hopper wgmma (see indexer_wgmma.cuh).
+//
+// Why this shape: kernels/indexer.cu gives every query its own block, which reads every key it
+// sees from L2 (T^2 / 2 key rows: 137 GB at T = 32768, H = 64, D = 128) and multiplies 64 heads by
+// 16 keys per mma.sync step; 35 of its 39 ms at T = 32768 are the scores (docs/perf/README.md,
+// sparse attention). Here the products are transposed, S^T = K Q^T: a block holds the queries of
+// 2 x 256 / H consecutive positions in shared memory (B operand, N = 256 = queries x heads) and
+// streams 64-key tiles past them (A operand, M = 64), so one key tile serves 8 queries at H = 64
+// (L2 traffic / 8) and the head sum is a reduction along N: inside each thread's accumulators,
+// then over the 4 lanes of a quad (a reduce-scatter: each lane ends with whole queries).
+//
+// Warp specialised: warpgroup 0 the producer (one thread issues the TMA loads: the two query
+// tiles once, then key tiles of 64 rows through kStages stages with full / empty mbarriers;
+// setmaxnreg.dec 24), warpgroups 1 and 2 the consumers of one query tile each (setmaxnreg.inc
+// 240: 128 accumulators + 64 head weights per thread). Both consumers read every key tile; while
+// one runs its ReLU / weight / sum epilogue the other's products run on the tensor cores.
+#include "dev/indexer/indexer_wgmma.cuh"
+
+#include "common.cuh"
+#include "mma_sm80.cuh"
+#include "tma.cuh"
+#include "wgmma.cuh"
+
+namespace dz::cuda {
+
+namespace {
+
+using bf16 = __nv_bfloat16;
+
+constexpr int kThreads = 384;  // producer + 2 consumer warpgroups
+constexpr int kKeys = 64;      // keys per tile (the wgmma M)
+constexpr int kCols = 256;     // query columns per consumer (queries x heads: the wgmma N)
+constexpr int kStages = 4;
+
+template <int D, int H>
+struct Shape {
+  static constexpr int NCB = D / 64;               // 64-wide (128-byte) column blocks of d
+  static constexpr int QB = kCols / H;             // queries per consumer warpgroup
+  static constexpr int Q_BYTES = kCols * D * 2;    // one consumer's query tile
+  static constexpr int K_BYTES = kKeys * D * 2;    // one key stage
+  // alignment slack, 2 query tiles, the key stages, then the mbarriers (Q, full[], empty[])
+  static constexpr int SMEM = 1024 + 2 * Q_BYTES + kStages * K_BYTES + 8 * (1 + 2 * kStages);
+};
+
+struct Maps {
+  CUtensorMap q, k;
+};
+
+// One arrival from the warp's lane 0.
+__device__ __forceinline__ void arrive_lane0(uint32_t bar, int lane) {
+  if (lane == 0) mbar_arrive(bar);
+}
+
+template <int D, int H>
+__global__ void __launch_bounds__(kThreads, 1)
+    idx_wgmma_kernel(const __grid_constant__ Maps maps, const float* __restrict__ w, int64_t n, int64_t pos0,
+                     float* __restrict__ scores, int64_t ld) {
+  using S = Shape<D, H>;
+  constexpr int QB = S::QB, NCB = S::NCB;
+  static_assert(QB % 4 == 0, "the quad reduce-scatter hands each lane whole queries: 256 / H a multiple of 4");
+  extern __shared__ uint8_t smem_raw[];
+  const uint32_t sbase0 = smem_u32(smem_raw);
+  const uint32_t sQ = sbase0 + ((1024u - (sbase0 & 1023u)) & 1023u), sK = sQ + 2 * S::Q_BYTES;
+  const uint32_t bQ = sK + kStages * S::K_BYTES;
+  auto full = [&](int s) { return bQ + 8 * (1 + s); };
+  auto empty = [&](int s) { return bQ + 8 * (1 + kStages + s); };
+
+  const int64_t q0 = (int64_t(gridDim.x) - 1 - blockIdx.x) * 2 * QB;  // heaviest (latest) queries first
+  const int64_t q_last = min(n, q0 + 2 * QB) - 1;
+  const int ntiles = int((pos0 + q_last + 1 + kKeys - 1) / kKeys);  // key tiles the last query sees
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wg = warp >> 2;
+
+  if (tid == 0) {
+    mbar_init(bQ, 1);
+    for (int s = 0; s < kStages; ++s) {
+      mbar_init(full(s), 1);
+      mbar_init(empty(s), 8);  // one arrival per consumer warp
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  __syncthreads();
+
+  if (wg == 0) {  // producer
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n" ::: "memory");
+    if (tid == 0) {
+      // rows past n * H (a partial last block) are zero-filled by TMA; their weights are 0
+      mbar_expect_tx(bQ, 2 * S::Q_BYTES);
+      for (int c = 0; c < 2; ++c)
+        for (int cb = 0; cb < NCB; ++cb)
+          tma_load_2d(sQ + c * S::Q_BYTES + cb * kCols * 128, &maps.q, cb * 64, int((q0 + c * QB) * H), bQ);
+      for (int j = 0; j < ntiles; ++j) {
+        const int s = j % kStages;
+        // stage s last held tile j - kStages: wait for both consumers' release of it
+        if (j >= kStages) mbar_wait(empty(s), ((j / kStages) - 1) & 1);
+        mbar_expect_tx(full(s), S::K_BYTES);
+        for (int cb = 0; cb < NCB; ++cb)
+          tma_load_2d(sK + s * S::K_BYTES + cb * kKeys * 128, &maps.k, cb * 64, j * kKeys, full(s));
+      }
+    }
+    return;
+  }
+
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n" ::: "memory");
+  const int wm = wg - 1, wq = warp & 3, g = lane >> 2, t = lane & 3;
+  const int64_t qw0 = q0 + wm * QB;  // this warpgroup's first query
+  // head weights of this thread's columns 8 j + 2 t + e (query (8 j) / H: a group of 8 columns
+  // never straddles two queries, H >= 16)
+  float wv[kCols / 8][2];
+#pragma unroll
+  for (int j = 0; j < kCols / 8; ++j)
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const int col = 8 * j + 2 * t + e;
+      wv[j][e] = qw0 + col / H < n ? __ldg(w + qw0 * H + col) : 0.f;
+    }
+  const bool b1 = (t & 2) != 0, b0 = (t & 1) != 0;
+  mbar_wait(bQ, 0);
+
+  float acc[kCols / 2];
+  for (int j = 0; j < ntiles; ++j) {
+    const int s = j % kStages;
+    mbar_wait(full(s), (j / kStages) & 1);
+    wgmma_fence();
+    const uint32_t kt = sK + s * S::K_BYTES, qt = sQ + wm * S::Q_BYTES;
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      const uint32_t blk = kk >> 2, in = (kk & 3) * 32;
+      wgmma_ss<kCols>(acc, wgmma_desc_sw128(kt + blk * kKeys * 128 + in), wgmma_desc_sw128(qt + blk * kCols * 128 + in),
+                      kk > 0);
+    }
+    wgmma_commit();
+    wgmma_wait<0>();
+    wgmma_fence_regs(acc);
+    arrive_lane0(empty(s), lane);
+
+    // acc[4 c + 2 hf + e]: key row 16 wq + g + 8 hf of the tile, column 8 c + 2 t + e
+    float p[QB][2];
+#pragma unroll
+    for (int qq = 0; qq < QB; ++qq) p[qq][0] = p[qq][1] = 0.f;
+#pragma unroll
+    for (int c = 0; c < kCols / 8; ++c) {
+      const int qq = (8 * c) / H;
+#pragma unroll
+      for (int hf = 0; hf < 2; ++hf)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) p[qq][hf] = fmaf(wv[c][e], fmaxf(acc[4 * c + 2 * hf + e], 0.f), p[qq][hf]);
+    }
+    // quad reduce-scatter: after it lane t holds the sums of queries 4 a + t
+    float r[QB / 2][2];  // xor 2: keep the queries whose bit 1 is t's
+#pragma unroll
+    for (int a = 0; a < QB / 4; ++a)
+#pragma unroll
+      for (int lo = 0; lo < 2; ++lo)
+#pragma unroll
+        for (int hf = 0; hf < 2; ++hf) {
+          const float x0 = p[4 * a + lo][hf], x1 = p[4 * a + lo + 2][hf];
+          r[2 * a + lo][hf] = (b1 ? x1 : x0) + __shfl_xor_sync(0xffffffffu, b1 ? x0 : x1, 2);
+        }
+    float f[QB / 4][2];  // xor 1: keep the query whose bit 0 is t's
+#pragma unroll
+    for (int a = 0; a < QB / 4; ++a)
+#pragma unroll
+      for (int hf = 0; hf < 2; ++hf) {
+        const float x0 = r[2 * a][hf], x1 = r[2 * a + 1][hf];
+        f[a][hf] = (b0 ? x1 : x0) + __shfl_xor_sync(0xffffffffu, b0 ? x0 : x1, 1);
+      }
+    const int64_t key = int64_t(j) * kKeys + 16 * wq + g;
+#pragma unroll
+    for (int a = 0; a < QB / 4; ++a) {
+      const int64_t qi = qw0 + 4 * a + t;
+      if (qi >= n) continue;
+      float* row = scores + qi * ld;
+#pragma unroll
+      for (int hf = 0; hf < 2; ++hf)
+        if (key + 8 * hf <= pos0 + qi) row[key + 8 * hf] = f[a][hf];
+    }
+  }
+}
+
+// rows x D bf16, boxes of 64 d x box_rows rows, 128-byte swizzle, zeros past the tensor's end.
+void encode2(PFN_cuTensorMapEncodeTiled_v12000 enc, CUtensorMap* m, const bf16* p, int64_t rows, int D, int box_rows,
+             const char* what) {
+  const cuuint64_t dims[2] = {cuuint64_t(D), cuuint64_t(rows)};
+  const cuuint64_t strides[1] = {cuuint64_t(D) * 2};
+  const cuuint32_t box[2] = {64, cuuint32_t(box_rows)};
+  const cuuint32_t estr[2] = {1, 1};
+  DZ_CHECK(enc(m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<bf16*>(p), dims, strides, box, estr,
+               CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+               CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS,
+           "indexer_scores_wgmma: tensor map of the ", what, " [", rows, ", ", D, "]");
+}
+
+template <int D, int H>
+void launch(const bf16* q, const float* w, const bf16* keys, int64_t n, int64_t pos0, int64_t S_rows, float* scores,
+            int64_t ld, cudaStream_t stream) {
+  using S = Shape<D, H>;
+  const PFN_cuTensorMapEncodeTiled_v12000 enc = tensor_map_encoder();
+  DZ_CHECK(enc, "indexer_scores_wgmma: the driver has no cuTensorMapEncodeTiled");
+  Maps maps;
+  encode2(enc, &maps.q, q, n * H, D, kCols, "queries");
+  encode2(enc, &maps.k, keys, S_rows, D, kKeys, "keys");
+  auto kern = idx_wgmma_kernel<D, H>;
+  CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, S::SMEM));
+  const int64_t blocks = (n + 2 * S::QB - 1) / (2 * S::QB);
+  kern<<<unsigned(blocks), kThreads, S::SMEM, stream>>>(maps, w, n, pos0, scores, ld);
+  CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace
+
+bool indexer_scores_wgmma_takes(int H, int D, const void* q, const void* keys) {
+  return (D == 64 || D == 128) && (H == 16 || H == 32 || H == 64) && aligned16(q) && aligned16(keys);
+}
+
+void indexer_scores_wgmma(const bf16* q, const float* w, const bf16* keys, int64_t n, int64_t pos0, int H, int D,
+                          int64_t S, float* scores, int64_t ld, cudaStream_t stream) {
+  if (n == 0) return;
+  DZ_CHECK(indexer_scores_wgmma_takes(H, D, q, keys), "indexer_scores_wgmma: H ", H, " D ", D,
+           " (H 16 / 32 / 64, D 64 / 128, 16-byte aligned rows) not supported");
+  DZ_CHECK(pos0 >= 0 && S >= pos0 + n && S < (int64_t(1) << 31) && n * H < (int64_t(1) << 31) && ld >= pos0 + n,
+           "indexer_scores_wgmma: ", n, " queries at ", pos0, " over ", S, " key rows, ld ", ld);
+#define DZ_IDXW(d, h) \
+  if (D == d && H == h) return launch<d, h>(q, w, keys, n, pos0, S, scores, ld, stream);
+  DZ_IDXW(128, 64) DZ_IDXW(128, 32) DZ_IDXW(128, 16) DZ_IDXW(64, 64) DZ_IDXW(64, 32) DZ_IDXW(64, 16)
+#undef DZ_IDXW
+}
+
+}  // namespace dz::cuda

@@ -1,0 +1,25 @@
+// DSA lightning-indexer scores on Hopper wgmma (experiment; kernels/dev/indexer/README.md):
+//
+//   scores[i, s] = sum_h w[i, h] * relu(q[i, h] · k[s]),   i < n, s <= pos0 + i
+//
+// for the prefill of one sequence whose key rows are contiguous (the backend's RowStore), written
+// into scores [n, ld] fp32 (row i valid for s <= pos0 + i; the rest untouched), the split mode's
+// scratch: topk_from_scores (kernels/indexer.cuh) selects from it. Same products as
+// kernels/indexer.cu (bf16 x bf16 exact in fp32, fp32 sums on the tensor cores).
+// q [n, H, D] bf16, w [n, H] fp32 (already scaled), keys [S, D] bf16 with S > pos0 + n - 1.
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace dz::cuda {
+
+// D in {64, 128}, H in {16, 32, 64} (the query columns of one warpgroup, 256 / H queries x H
+// heads, fill one m64n256 product), q / keys 16-byte aligned.
+bool indexer_scores_wgmma_takes(int H, int D, const void* q, const void* keys);
+
+void indexer_scores_wgmma(const __nv_bfloat16* q, const float* w, const __nv_bfloat16* keys, int64_t n, int64_t pos0,
+                          int H, int D, int64_t S, float* scores, int64_t ld, cudaStream_t stream);
+
+}  // namespace dz::cuda

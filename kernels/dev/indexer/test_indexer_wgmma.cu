@@ -1,0 +1,220 @@
+// Test + bench of the wgmma indexer scores (indexer_wgmma.cu) beside production's kernels/indexer.cu:
+//   bash kernels/dev/indexer/run.sh            (on the GPU machine; builds, tests, benches)
+// Test: random bf16 q [n, H, D] and keys [S, D] in [-1, 1), fp32 weights in [-1, 1); scores into a
+// NaN-filled [n, ld] buffer; reference = fp64 over the same bf16 values. Every score s <= pos0 + i
+// is checked against |gpu - ref| <= 2e-6 * sum_h |w_h| |q_h . k| + 1e-30 (bf16 x bf16 products
+// are exact in fp32; D products summed in fp32 by the tensor cores, then H weighted terms in
+// fp32: ~ (D + H) 2^-24 of the absolute sum, well under 2e-6 for D = 128, H = 64); every entry
+// past the causal limit and every padding column must still be NaN (untouched). Then the
+// selection: topk_from_scores over the new scores, each selected position's fp64 score >= the
+// fp64 K-th best minus the same tolerance (ties and near-ties may swap), ascending, -1 padding.
+// Bench (--bench): T = 32768, K = 2048, D = 128, H = 64 (DeepSeek-V3.2) and 32 (GLM-5), one
+// sequence (query i at position i): production's indexer_topk (fused, as `dayzero bench
+// sparse-attn`), production's split scores alone, the wgmma scores alone, and the wgmma scores +
+// topk_from_scores in the backend's query blocks (scratch <= 2^28 floats).
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "bench_util.cuh"
+#include "common.cuh"
+#include "core/bf16.hpp"
+#include "dev/host_util.hpp"
+#include "dev/indexer/indexer_wgmma.cuh"
+#include "indexer.cuh"
+
+using namespace dz::cuda;
+
+namespace {
+
+template <class T>
+T* dalloc(size_t n) {
+  T* p = nullptr;
+  CUDA_CHECK(cudaMalloc(&p, std::max<size_t>(n, 1) * sizeof(T)));
+  return p;
+}
+
+// bf16 values in [-1, 1) into device memory (xorshift on the host: GBs in seconds)
+void randomize(__nv_bfloat16* x, size_t n, uint64_t seed) {
+  std::vector<uint16_t> h(n);
+  uint64_t st = 0x9E3779B97F4A7C15ull ^ (seed * 0xBF58476D1CE4E5B9ull);
+  for (auto& v : h) {
+    st ^= st << 13, st ^= st >> 7, st ^= st << 17;
+    v = dz::f32_to_bf16(float(st >> 40) * (2.f / 16777216.f) - 1.f);
+  }
+  CUDA_CHECK(cudaMemcpy(x, h.data(), n * 2, cudaMemcpyHostToDevice));
+}
+
+struct Case {
+  int D, H, n, pos0, extra, K;
+};
+
+int run_case(const Case& c) {
+  const int64_t S = int64_t(c.pos0) + c.n + c.extra, ld = int64_t(c.pos0) + c.n + 5;
+  std::mt19937 rng(uint32_t(77 + c.D + 3 * c.H + 7 * c.n + c.pos0));
+  std::uniform_real_distribution<float> u(-1.f, 1.f);
+  std::vector<uint16_t> q(size_t(c.n) * c.H * c.D), k(size_t(S) * c.D);
+  std::vector<float> w(size_t(c.n) * c.H);
+  for (auto& x : q) x = dz::f32_to_bf16(u(rng));
+  for (auto& x : k) x = dz::f32_to_bf16(u(rng));
+  for (auto& x : w) x = u(rng);
+  // fp64 reference and the tolerance scale (sum of |terms|)
+  std::vector<double> ref(size_t(c.n) * S, 0.0), mag(size_t(c.n) * S, 0.0);
+  dz::dev::parallel_each(c.n, [&](int64_t i) {
+    for (int64_t s = 0; s <= c.pos0 + i; ++s) {
+      double acc = 0, m = 0;
+      for (int h = 0; h < c.H; ++h) {
+        double d = 0;
+        const uint16_t* qr = q.data() + (size_t(i) * c.H + h) * c.D;
+        const uint16_t* kr = k.data() + size_t(s) * c.D;
+        for (int x = 0; x < c.D; ++x) d += double(dz::bf16_to_f32(qr[x])) * double(dz::bf16_to_f32(kr[x]));
+        const double wv = w[size_t(i) * c.H + h];
+        acc += wv * std::max(d, 0.0);
+        m += std::fabs(wv) * std::fabs(d);
+      }
+      ref[size_t(i) * S + s] = acc;
+      mag[size_t(i) * S + s] = m;
+    }
+  });
+  auto* dq = dalloc<__nv_bfloat16>(q.size());
+  auto* dk = dalloc<__nv_bfloat16>(k.size());
+  auto* dw = dalloc<float>(w.size());
+  auto* dsc = dalloc<float>(size_t(c.n) * ld);
+  auto* dpos = dalloc<int32_t>(size_t(c.n));
+  auto* dsel = dalloc<int32_t>(size_t(c.n) * c.K);
+  CUDA_CHECK(cudaMemcpy(dq, q.data(), q.size() * 2, cudaMemcpyHostToDevice));
+  CUDA_CHECK(cudaMemcpy(dk, k.data(), k.size() * 2, cudaMemcpyHostToDevice));
+  CUDA_CHECK(cudaMemcpy(dw, w.data(), w.size() * 4, cudaMemcpyHostToDevice));
+  std::vector<int32_t> pos(size_t(c.n));
+  for (int i = 0; i < c.n; ++i) pos[size_t(i)] = c.pos0 + i;
+  CUDA_CHECK(cudaMemcpy(dpos, pos.data(), pos.size() * 4, cudaMemcpyHostToDevice));
+  std::vector<float> nanfill(size_t(c.n) * ld, std::nanf(""));
+  CUDA_CHECK(cudaMemcpy(dsc, nanfill.data(), nanfill.size() * 4, cudaMemcpyHostToDevice));
+  indexer_scores_wgmma(dq, dw, dk, c.n, c.pos0, c.H, c.D, S, dsc, ld, nullptr);
+  topk_from_scores(dsc, ld, dpos, c.n, c.K, dsel, nullptr);
+  CUDA_CHECK(cudaDeviceSynchronize());
+  std::vector<float> got(size_t(c.n) * ld);
+  std::vector<int32_t> sel(size_t(c.n) * c.K);
+  CUDA_CHECK(cudaMemcpy(got.data(), dsc, got.size() * 4, cudaMemcpyDeviceToHost));
+  CUDA_CHECK(cudaMemcpy(sel.data(), dsel, sel.size() * 4, cudaMemcpyDeviceToHost));
+  int64_t bad = 0, bad_untouched = 0, bad_sel = 0;
+  double worst = 0;
+  for (int64_t i = 0; i < c.n; ++i) {
+    for (int64_t s = 0; s < ld; ++s) {
+      const float g = got[size_t(i) * ld + s];
+      if (s > c.pos0 + i) {
+        bad_untouched += std::isnan(g) ? 0 : 1;
+        continue;
+      }
+      const double r = ref[size_t(i) * S + s], tol = 2e-6 * mag[size_t(i) * S + s] + 1e-30;
+      const double e = std::fabs(double(g) - r);
+      worst = std::max(worst, e / (tol / 2e-6));
+      if (!(e <= tol)) {
+        if (bad < 5)
+          std::printf("  FAIL score i=%lld s=%lld: gpu %.9g ref %.9g (tol %.3g)\n", (long long)i, (long long)s, g, r,
+                      tol);
+        ++bad;
+      }
+    }
+    // selection: valid and as good as the reference up to the tolerance
+    const int64_t m = std::min<int64_t>(c.K, c.pos0 + i + 1);
+    std::vector<double> row(ref.begin() + i * S, ref.begin() + i * S + c.pos0 + i + 1);
+    std::vector<double> srt = row;
+    std::nth_element(srt.begin(), srt.begin() + (m - 1), srt.end(), std::greater<double>());
+    const double kth = srt[size_t(m - 1)];
+    for (int64_t j = 0; j < c.K; ++j) {
+      const int32_t p = sel[size_t(i) * c.K + j];
+      bool ok = (j < m) == (p >= 0) && p <= c.pos0 + i && (j == 0 || j >= m || p > sel[size_t(i) * c.K + j - 1]);
+      if (ok && p >= 0) ok = row[size_t(p)] >= kth - 2e-6 * mag[size_t(i) * S + p] - 1e-30;
+      if (!ok && bad_sel++ < 5)
+        std::printf("  FAIL selection i=%lld j=%lld: position %d\n", (long long)i, (long long)j, p);
+    }
+  }
+  std::printf("%s D=%d H=%d n=%d pos0=%d extra=%d K=%d: worst |err| / sum|terms| %.3g; %lld bad scores, %lld "
+              "entries past the limit written, %lld bad selections\n",
+              bad || bad_untouched || bad_sel ? "FAIL" : "ok  ", c.D, c.H, c.n, c.pos0, c.extra, c.K, worst,
+              (long long)bad, (long long)bad_untouched, (long long)bad_sel);
+  for (void* p : std::vector<void*>{dq, dk, dw, dsc, dpos, dsel}) cudaFree(p);
+  return bad || bad_untouched || bad_sel ? 1 : 0;
+}
+
+void bench(int H, int D, int T, int K) {
+  auto* q = dalloc<__nv_bfloat16>(size_t(T) * H * D);
+  auto* k = dalloc<__nv_bfloat16>(size_t(T) * D);
+  auto* w = dalloc<float>(size_t(T) * H);
+  randomize(q, size_t(T) * H * D, 1);
+  randomize(k, size_t(T) * D, 2);
+  std::vector<float> hw(size_t(T) * H);
+  std::mt19937 rng(3);
+  std::normal_distribution<float> nd(0.f, 1.f / 90.5f);
+  for (float& v : hw) v = nd(rng);
+  CUDA_CHECK(cudaMemcpy(w, hw.data(), hw.size() * 4, cudaMemcpyHostToDevice));
+  // production's paged view of the same rows: pages of 64, identity table, one sequence
+  const int P = 64, pages = (T + P - 1) / P;
+  std::vector<int32_t> table(static_cast<size_t>(pages)), hs(static_cast<size_t>(T), 0), hp(static_cast<size_t>(T));
+  for (int i = 0; i < pages; ++i) table[size_t(i)] = i;
+  for (int i = 0; i < T; ++i) hp[size_t(i)] = i;
+  auto* dt = dalloc<int32_t>(size_t(pages));
+  auto* seq = dalloc<int32_t>(size_t(T));
+  auto* pos = dalloc<int32_t>(size_t(T));
+  CUDA_CHECK(cudaMemcpy(dt, table.data(), table.size() * 4, cudaMemcpyHostToDevice));
+  CUDA_CHECK(cudaMemcpy(seq, hs.data(), hs.size() * 4, cudaMemcpyHostToDevice));
+  CUDA_CHECK(cudaMemcpy(pos, hp.data(), hp.size() * 4, cudaMemcpyHostToDevice));
+  BlockTable bt;
+  bt.table = dt;
+  bt.max_pages = pages;
+  bt.page_size = P;
+  IndexKeyCache kc{};
+  kc.D = D;
+  kc.bf16 = k;
+  auto* sel = dalloc<int32_t>(size_t(T) * K);
+  auto* sc = dalloc<float>(size_t(T) * T);
+  const double flop = 2.0 * H * D * (double(T) * (T + 1) / 2);
+  const double prod = median_ms([&] { indexer_topk(q, w, seq, pos, T, H, T, bt, kc, K, sel, nullptr, nullptr); }, 3);
+  const double prod_sc = median_ms([&] { indexer_scores(q, w, seq, pos, T, H, T, bt, kc, sc, nullptr); }, 3);
+  const double new_sc = median_ms([&] { indexer_scores_wgmma(q, w, k, T, 0, H, D, T, sc, T, nullptr); }, 5);
+  const double tk = median_ms([&] { topk_from_scores(sc, T, pos, T, K, sel, nullptr); }, 3);
+  // the backend's blocks: scratch [block, S] with block * S <= 2^28
+  const int64_t block = std::max<int64_t>(1, std::min<int64_t>(T, (int64_t(1) << 28) / T));
+  const double both = median_ms(
+      [&] {
+        for (int64_t t0 = 0; t0 < T; t0 += block) {
+          const int64_t n = std::min<int64_t>(block, T - t0);
+          indexer_scores_wgmma(q + t0 * H * D, w + t0 * H, k, n, t0, H, D, T, sc, T, nullptr);
+          topk_from_scores(sc, T, pos + t0, n, K, sel + t0 * K, nullptr);
+        }
+      },
+      3);
+  std::printf("bench H=%d D=%d T=%d K=%d: production fused %.3f ms; production split scores %.3f ms (%.0f TFLOP/s); "
+              "wgmma scores %.3f ms (%.0f TFLOP/s); Top-K from memory %.3f ms; wgmma scores + Top-K in %lld-query "
+              "blocks %.3f ms (%.2fx production)\n",
+              H, D, T, K, prod, prod_sc, flop / prod_sc * 1e-9, new_sc, flop / new_sc * 1e-9, tk, (long long)block,
+              both, prod / both);
+  for (void* p : std::vector<void*>{q, k, w, dt, seq, pos, sel, sc}) cudaFree(p);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc > 1 && std::strcmp(argv[1], "--bench") == 0) {
+    int dev = 0;
+    cudaDeviceProp prop{};
+    CUDA_CHECK(cudaGetDevice(&dev));
+    CUDA_CHECK(cudaGetDeviceProperties(&prop, dev));
+    std::printf("%s\n", prop.name);
+    bench(64, 128, 32768, 2048);
+    bench(32, 128, 32768, 2048);
+    bench(64, 128, 8192, 2048);
+    return 0;
+  }
+  const Case cases[] = {{128, 64, 1, 0, 0, 4},     {128, 64, 5, 3, 7, 4},      {128, 64, 300, 0, 0, 64},
+                        {128, 64, 517, 1000, 13, 256}, {128, 32, 333, 64, 0, 32}, {128, 16, 129, 5, 0, 16},
+                        {64, 64, 200, 17, 0, 32},  {64, 32, 1000, 0, 0, 128},  {64, 16, 77, 300, 1, 64},
+                        {128, 64, 9, 0, 0, 2048}};
+  int fails = 0;
+  for (const Case& c : cases) fails += run_case(c);
+  std::printf("%d of %zu cases failed\n", fails, sizeof(cases) / sizeof(cases[0]));
+  return fails ? 1 : 0;
+}
