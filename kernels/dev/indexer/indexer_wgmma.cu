@@ -17,6 +17,7 @@
 #include "dev/indexer/indexer_wgmma.cuh"
 
 #include "common.cuh"
+#include "indexer_topk_device.cuh"
 #include "mma_sm80.cuh"
 #include "tma.cuh"
 #include "wgmma.cuh"
@@ -206,7 +207,37 @@ void launch(const bf16* q, const float* w, const bf16* keys, int64_t n, int64_t 
   CUDA_CHECK_LAUNCH();
 }
 
+constexpr int kTopkThreads = 512;
+constexpr int64_t kTopkMaxKeys = 51200;
+
+__global__ void __launch_bounds__(kTopkThreads) topk_smem_kernel(const float* __restrict__ scores, int64_t ld,
+                                                                  const int32_t* __restrict__ pos, int K,
+                                                                  int32_t* __restrict__ sel) {
+  extern __shared__ __align__(16) float row[];
+  const int64_t qi = blockIdx.x;
+  const int n = pos[qi] + 1;
+  const float* src = scores + qi * ld;
+  // 16-byte loads where the row allows (ld % 4 == 0 keeps every row aligned), scalar otherwise
+  const int n4 = (ld % 4 == 0 && (reinterpret_cast<uintptr_t>(scores) & 15) == 0) ? n / 4 : 0;
+  for (int i = threadIdx.x; i < n4; i += kTopkThreads)
+    reinterpret_cast<float4*>(row)[i] = __ldg(reinterpret_cast<const float4*>(src) + i);
+  for (int i = 4 * n4 + threadIdx.x; i < n; i += kTopkThreads) row[i] = __ldg(src + i);
+  __syncthreads();
+  dev::block_topk<kTopkThreads>(row, n, K, sel + qi * K);
+}
+
 }  // namespace
+
+void topk_from_scores_smem(const float* scores, int64_t ld, const int32_t* pos, int64_t nq, int32_t K, int32_t* sel,
+                           cudaStream_t stream) {
+  if (nq == 0) return;
+  DZ_CHECK(ld <= kTopkMaxKeys && nq < (int64_t(1) << 31), "topk_from_scores_smem: rows of ", ld, " keys (at most ",
+           kTopkMaxKeys, ")");
+  const size_t smem = size_t(ld) * sizeof(float);
+  CUDA_CHECK(cudaFuncSetAttribute(topk_smem_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+  topk_smem_kernel<<<unsigned(nq), kTopkThreads, smem, stream>>>(scores, ld, pos, K, sel);
+  CUDA_CHECK_LAUNCH();
+}
 
 bool indexer_scores_wgmma_takes(int H, int D, const void* q, const void* keys) {
   return (D == 64 || D == 128) && (H == 16 || H == 32 || H == 64) && aligned16(q) && aligned16(keys);

@@ -22,4 +22,10 @@ bool indexer_scores_wgmma_takes(int H, int D, const void* q, const void* keys);
 void indexer_scores_wgmma(const __nv_bfloat16* q, const float* w, const __nv_bfloat16* keys, int64_t n, int64_t pos0,
                           int H, int D, int64_t S, float* scores, int64_t ld, cudaStream_t stream);
 
+// Top-K of rows already in memory (as kernels/indexer.cuh's topk_from_scores), each row first
+// copied into shared memory (16-byte loads) so that block_topk's five passes (three radix
+// histograms, two compaction scans) read shared memory instead of L2. Rows of up to 51200 keys.
+void topk_from_scores_smem(const float* scores, int64_t ld, const int32_t* pos, int64_t nq, int32_t K, int32_t* sel,
+                           cudaStream_t stream);
+
 }  // namespace dz::cuda
