@@ -1,4 +1,4 @@
-// DSA lightning-indexer scores on Hopper wgmma (experiment; kernels/dev/indexer/README.md):
+// DSA lightning-indexer scores on Hopper wgmma (experiment; test and bench: kernels/dev/indexer/run.sh):
 //
 //   scores[i, s] = sum_h w[i, h] * relu(q[i, h] · k[s]),   i < n, s <= pos0 + i
 //
