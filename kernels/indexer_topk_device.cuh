@@ -13,6 +13,45 @@ __device__ __forceinline__ uint32_t order_key(float s) {
   return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
 }
 
+template <int NT>
+__device__ inline void block_compact(const float* sc, int n, uint32_t thr, uint32_t remaining, int32_t* __restrict__ out);
+
+// Of the histogram hist[0..nb) walked from its top bin down, the bin holding the remaining-th
+// count: s_bin_rem[0] = that bin, s_bin_rem[1] = how many of its entries are still to take. Thread
+// t owns bins [nb - (t+1)*per, nb - t*per) (threads in order walk the bins downwards; nb a
+// multiple of NT); part: NT / 32 words of shared memory. Ends with a block barrier.
+template <int NT>
+__device__ inline void block_find_bin(const uint32_t* hist, int nb, uint32_t remaining, uint32_t* part,
+                                      uint32_t* s_bin_rem) {
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int per = nb / NT;
+  const int hi = nb - 1 - tid * per;
+  uint32_t local = 0;
+  for (int j = 0; j < per; ++j) local += hist[hi - j];
+  uint32_t x = local;  // inclusive warp scan
+  for (int o = 1; o < 32; o <<= 1) {
+    const uint32_t y = __shfl_up_sync(0xffffffffu, x, o);
+    if (lane >= o) x += y;
+  }
+  if (lane == 31) part[warp] = x;
+  __syncthreads();
+  uint32_t before = x - local;
+  for (int w2 = 0; w2 < warp; ++w2) before += part[w2];
+  if (before < remaining && before + local >= remaining) {
+    uint32_t cum = before;
+    for (int j = 0; j < per; ++j) {
+      const uint32_t h = hist[hi - j];
+      if (cum + h >= remaining) {
+        s_bin_rem[0] = uint32_t(hi - j);
+        s_bin_rem[1] = remaining - cum;
+        break;
+      }
+      cum += h;
+    }
+  }
+  __syncthreads();
+}
+
 // out[0..K) = positions of the K best of sc[0..n), ascending; -1 padded when n < K.
 // NT: the block's thread count (256 or 512).
 template <int NT>
@@ -20,9 +59,8 @@ __device__ inline void block_topk(const float* sc, int n, int K, int32_t* __rest
   constexpr int kTopkThreads = NT;
   __shared__ uint32_t hist[2048];
   __shared__ uint32_t part[kTopkThreads / 32 + 1];
-  __shared__ uint32_t s_bin, s_rem;
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  constexpr int NW = kTopkThreads / 32;
+  __shared__ uint32_t s_br[2];
+  const int tid = threadIdx.x;
   if (n <= K) {
     for (int i = tid; i < K; i += kTopkThreads) out[i] = i < n ? i : -1;
     return;
@@ -38,40 +76,21 @@ __device__ inline void block_topk(const float* sc, int n, int K, int32_t* __rest
       if ((k & mask) == prefix) atomicAdd(&hist[(k >> shift) & (nb - 1)], 1u);
     }
     __syncthreads();
-    // thread t owns bins [nb - (t+1)*per, nb - t*per): threads in order walk the bins downwards
-    const int per = int(nb) / kTopkThreads;
-    const int hi = int(nb) - 1 - tid * per;
-    uint32_t local = 0;
-    for (int j = 0; j < per; ++j) local += hist[hi - j];
-    uint32_t x = local;  // inclusive warp scan
-    for (int o = 1; o < 32; o <<= 1) {
-      const uint32_t y = __shfl_up_sync(0xffffffffu, x, o);
-      if (lane >= o) x += y;
-    }
-    if (lane == 31) part[warp] = x;
-    __syncthreads();
-    uint32_t before = x - local;
-    for (int w2 = 0; w2 < warp; ++w2) before += part[w2];
-    if (before < remaining && before + local >= remaining) {
-      uint32_t cum = before;
-      for (int j = 0; j < per; ++j) {
-        const uint32_t h = hist[hi - j];
-        if (cum + h >= remaining) {
-          s_bin = uint32_t(hi - j);
-          s_rem = remaining - cum;
-          break;
-        }
-        cum += h;
-      }
-    }
-    __syncthreads();
-    prefix |= s_bin << shift;
+    block_find_bin<NT>(hist, int(nb), remaining, part, s_br);
+    prefix |= s_br[0] << shift;
     mask |= (nb - 1) << shift;
-    remaining = s_rem;
+    remaining = s_br[1];
     __syncthreads();
   }
-  const uint32_t thr = prefix;  // the K-th best key; take `remaining` of the keys equal to it
-  // Compaction: warp w scans the contiguous range [w*span, (w+1)*span) in 32-wide steps.
+  block_compact<NT>(sc, n, prefix, remaining, out);  // prefix: the K-th best key
+}
+
+// out[] = the positions i < n (ascending) whose key beats thr, and the first `remaining` (by
+// position) whose key equals it. Warp w scans the contiguous range [w*span, (w+1)*span).
+template <int NT>
+__device__ inline void block_compact(const float* sc, int n, uint32_t thr, uint32_t remaining, int32_t* __restrict__ out) {
+  constexpr int NW = NT / 32;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int span = (n + NW - 1) / NW;
   const int b = min(n, warp * span), e = min(n, b + span);
   uint32_t n_gt = 0, n_eq = 0;

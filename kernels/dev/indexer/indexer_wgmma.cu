@@ -32,6 +32,7 @@ constexpr int kThreads = 384;  // producer + 2 consumer warpgroups
 constexpr int kKeys = 64;      // keys per tile (the wgmma M)
 constexpr int kCols = 256;     // query columns per consumer (queries x heads: the wgmma N)
 constexpr int kStages = 4;
+constexpr int kHistBins = 1024, kHistWords = kHistBins / 2;  // bin = order_key(score) >> 22
 
 template <int D, int H>
 struct Shape {
@@ -39,8 +40,13 @@ struct Shape {
   static constexpr int QB = kCols / H;             // queries per consumer warpgroup
   static constexpr int Q_BYTES = kCols * D * 2;    // one consumer's query tile
   static constexpr int K_BYTES = kKeys * D * 2;    // one key stage
-  // alignment slack, 2 query tiles, the key stages, then the mbarriers (Q, full[], empty[])
-  static constexpr int SMEM = 1024 + 2 * Q_BYTES + kStages * K_BYTES + 8 * (1 + 2 * kStages);
+  // HIST: each query's histogram of its scores' order-key top 10 bits, 16-bit counts (rows <
+  // 65536 keys) two to a word
+  static constexpr int HIST_BYTES = 2 * QB * kHistWords * 4;
+  // alignment slack, 2 query tiles, the key stages, the mbarriers (Q, full[], empty[]), [histograms]
+  static constexpr int BAR_BYTES = 8 * (1 + 2 * kStages);
+  static constexpr int SMEM = 1024 + 2 * Q_BYTES + kStages * K_BYTES + BAR_BYTES;
+  static constexpr int SMEM_HIST = SMEM + HIST_BYTES;
 };
 
 struct Maps {
@@ -52,10 +58,14 @@ __device__ __forceinline__ void arrive_lane0(uint32_t bar, int lane) {
   if (lane == 0) mbar_arrive(bar);
 }
 
-template <int D, int H>
+__device__ __forceinline__ void consumers_sync() { asm volatile("bar.sync 1, 256;\n" ::: "memory"); }
+
+// HIST: also the histograms of every query's scores (hist [n, kHistWords] words of two 16-bit
+// counts, bin = order_key >> 22), for topk_from_hist.
+template <int D, int H, bool HIST>
 __global__ void __launch_bounds__(kThreads, 1)
     idx_wgmma_kernel(const __grid_constant__ Maps maps, const float* __restrict__ w, int64_t n, int64_t pos0,
-                     float* __restrict__ scores, int64_t ld) {
+                     float* __restrict__ scores, int64_t ld, uint32_t* __restrict__ hist) {
   using S = Shape<D, H>;
   constexpr int QB = S::QB, NCB = S::NCB;
   static_assert(QB % 4 == 0, "the quad reduce-scatter hands each lane whole queries: 256 / H a multiple of 4");
@@ -103,6 +113,11 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n" ::: "memory");
   const int wm = wg - 1, wq = warp & 3, g = lane >> 2, t = lane & 3;
+  uint32_t* sh = reinterpret_cast<uint32_t*>(smem_raw + (bQ - sbase0) + S::BAR_BYTES);  // [2 QB][kHistWords]
+  if constexpr (HIST) {
+    for (int i = tid - 128; i < 2 * QB * kHistWords; i += 256) sh[i] = 0u;
+    consumers_sync();
+  }
   const int64_t qw0 = q0 + wm * QB;  // this warpgroup's first query
   // head weights of this thread's columns 8 j + 2 t + e (query (8 j) / H: a group of 8 columns
   // never straddles two queries, H >= 16)
@@ -173,7 +188,20 @@ __global__ void __launch_bounds__(kThreads, 1)
       float* row = scores + qi * ld;
 #pragma unroll
       for (int hf = 0; hf < 2; ++hf)
-        if (key + 8 * hf <= pos0 + qi) row[key + 8 * hf] = f[a][hf];
+        if (key + 8 * hf <= pos0 + qi) {
+          row[key + 8 * hf] = f[a][hf];
+          if constexpr (HIST) {
+            const uint32_t bin = dev::order_key(f[a][hf]) >> 22;
+            atomicAdd(sh + (wm * QB + 4 * a + t) * kHistWords + (bin >> 1), 1u << (16 * (bin & 1)));
+          }
+        }
+    }
+  }
+  if constexpr (HIST) {
+    consumers_sync();
+    for (int i = tid - 128; i < 2 * QB * kHistWords; i += 256) {
+      const int64_t qi = q0 + i / kHistWords;
+      if (qi < n) hist[qi * kHistWords + i % kHistWords] = sh[i];
     }
   }
 }
@@ -191,19 +219,20 @@ void encode2(PFN_cuTensorMapEncodeTiled_v12000 enc, CUtensorMap* m, const bf16* 
            "indexer_scores_wgmma: tensor map of the ", what, " [", rows, ", ", D, "]");
 }
 
-template <int D, int H>
+template <int D, int H, bool HIST>
 void launch(const bf16* q, const float* w, const bf16* keys, int64_t n, int64_t pos0, int64_t S_rows, float* scores,
-            int64_t ld, cudaStream_t stream) {
+            int64_t ld, uint32_t* hist, cudaStream_t stream) {
   using S = Shape<D, H>;
   const PFN_cuTensorMapEncodeTiled_v12000 enc = tensor_map_encoder();
   DZ_CHECK(enc, "indexer_scores_wgmma: the driver has no cuTensorMapEncodeTiled");
   Maps maps;
   encode2(enc, &maps.q, q, n * H, D, kCols, "queries");
   encode2(enc, &maps.k, keys, S_rows, D, kKeys, "keys");
-  auto kern = idx_wgmma_kernel<D, H>;
-  CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, S::SMEM));
+  auto kern = idx_wgmma_kernel<D, H, HIST>;
+  const int smem = HIST ? S::SMEM_HIST : S::SMEM;
+  CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   const int64_t blocks = (n + 2 * S::QB - 1) / (2 * S::QB);
-  kern<<<unsigned(blocks), kThreads, S::SMEM, stream>>>(maps, w, n, pos0, scores, ld);
+  kern<<<unsigned(blocks), kThreads, smem, stream>>>(maps, w, n, pos0, scores, ld, hist);
   CUDA_CHECK_LAUNCH();
 }
 
@@ -226,7 +255,83 @@ __global__ void __launch_bounds__(kTopkThreads) topk_smem_kernel(const float* __
   dev::block_topk<kTopkThreads>(row, n, K, sel + qi * K);
 }
 
+constexpr int kCandMax = 12288;  // keys of the threshold bin kept in shared memory (48 KiB)
+
+// Radix step over the candidates: the bin (of `bits` bits at `shift`) holding the remaining-th
+// largest among keys matching prefix / mask; updates prefix, mask and remaining. Every thread
+// returns the same values.
+__device__ void cand_radix_step(const uint32_t* cand, int nc, int shift, int bits, uint32_t& prefix, uint32_t& mask,
+                                uint32_t& remaining, uint32_t* h, uint32_t* part, uint32_t* s_bin_rem) {
+  const int nb = 1 << bits, tid = threadIdx.x;
+  for (int i = tid; i < nb; i += kTopkThreads) h[i] = 0;
+  __syncthreads();
+  for (int i = tid; i < nc; i += kTopkThreads)
+    if ((cand[i] & mask) == prefix) atomicAdd(&h[(cand[i] >> shift) & (nb - 1)], 1u);
+  __syncthreads();
+  dev::block_find_bin<kTopkThreads>(h, nb, remaining, part, s_bin_rem);
+  prefix |= s_bin_rem[0] << shift;
+  mask |= uint32_t(nb - 1) << shift;
+  remaining = s_bin_rem[1];
+  __syncthreads();
+}
+
+// Top-K of one row from its scores and its histogram (idx_wgmma_kernel<..., true>): the bin of the
+// K-th best from the histogram, that bin's keys gathered into shared memory in one pass over the
+// row, the exact K-th key by two radix steps over them, then block_topk's in-order compaction (a
+// second pass). More than kCandMax keys in the bin: block_topk over the row instead.
+__global__ void __launch_bounds__(kTopkThreads) topk_hist_kernel(const float* __restrict__ scores, int64_t ld,
+                                                                  const uint32_t* __restrict__ hist,
+                                                                  const int32_t* __restrict__ pos, int K,
+                                                                  int32_t* __restrict__ sel) {
+  extern __shared__ uint32_t cand[];
+  __shared__ uint32_t h[2048];
+  __shared__ uint32_t s_bin_rem[2], s_nc, part[kTopkThreads / 32];
+  const int64_t qi = blockIdx.x;
+  const int n = pos[qi] + 1, tid = threadIdx.x;
+  const float* row = scores + qi * ld;
+  int32_t* out = sel + qi * K;
+  if (n <= K) {
+    for (int i = tid; i < K; i += kTopkThreads) out[i] = i < n ? i : -1;
+    return;
+  }
+  for (int i = tid; i < kHistWords; i += kTopkThreads) {
+    const uint32_t v = hist[qi * kHistWords + i];
+    h[2 * i] = v & 0xFFFFu;
+    h[2 * i + 1] = v >> 16;
+  }
+  if (tid == 0) s_nc = 0;
+  __syncthreads();
+  dev::block_find_bin<kTopkThreads>(h, kHistBins, uint32_t(K), part, s_bin_rem);
+  const uint32_t bstar = s_bin_rem[0];
+  uint32_t remaining = s_bin_rem[1];
+  if (h[bstar] > uint32_t(kCandMax)) {  // uniform: every thread reads the same count
+    dev::block_topk<kTopkThreads>(row, n, K, out);
+    return;
+  }
+  __syncthreads();
+  for (int i = tid; i < n; i += kTopkThreads) {
+    const uint32_t k = dev::order_key(__ldg(row + i));
+    if ((k >> 22) == bstar) cand[atomicAdd(&s_nc, 1u)] = k;
+  }
+  __syncthreads();
+  const int nc = int(s_nc);
+  uint32_t prefix = bstar << 22, mask = 0xFFC00000u;
+  cand_radix_step(cand, nc, 11, 11, prefix, mask, remaining, h, part, s_bin_rem);
+  cand_radix_step(cand, nc, 0, 11, prefix, mask, remaining, h, part, s_bin_rem);
+  dev::block_compact<kTopkThreads>(row, n, prefix, remaining, out);
+}
+
 }  // namespace
+
+void topk_from_hist(const float* scores, int64_t ld, const uint32_t* hist, const int32_t* pos, int64_t nq, int32_t K,
+                    int32_t* sel, cudaStream_t stream) {
+  if (nq == 0) return;
+  DZ_CHECK(ld < 65536 && nq < (int64_t(1) << 31), "topk_from_hist: rows of ", ld, " keys (16-bit histogram counts)");
+  const size_t smem = size_t(kCandMax) * 4;
+  CUDA_CHECK(cudaFuncSetAttribute(topk_hist_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+  topk_hist_kernel<<<unsigned(nq), kTopkThreads, smem, stream>>>(scores, ld, hist, pos, K, sel);
+  CUDA_CHECK_LAUNCH();
+}
 
 void topk_from_scores_smem(const float* scores, int64_t ld, const int32_t* pos, int64_t nq, int32_t K, int32_t* sel,
                            cudaStream_t stream) {
@@ -244,14 +349,18 @@ bool indexer_scores_wgmma_takes(int H, int D, const void* q, const void* keys) {
 }
 
 void indexer_scores_wgmma(const bf16* q, const float* w, const bf16* keys, int64_t n, int64_t pos0, int H, int D,
-                          int64_t S, float* scores, int64_t ld, cudaStream_t stream) {
+                          int64_t S, float* scores, int64_t ld, cudaStream_t stream, uint32_t* hist) {
   if (n == 0) return;
   DZ_CHECK(indexer_scores_wgmma_takes(H, D, q, keys), "indexer_scores_wgmma: H ", H, " D ", D,
            " (H 16 / 32 / 64, D 64 / 128, 16-byte aligned rows) not supported");
   DZ_CHECK(pos0 >= 0 && S >= pos0 + n && S < (int64_t(1) << 31) && n * H < (int64_t(1) << 31) && ld >= pos0 + n,
            "indexer_scores_wgmma: ", n, " queries at ", pos0, " over ", S, " key rows, ld ", ld);
-#define DZ_IDXW(d, h) \
-  if (D == d && H == h) return launch<d, h>(q, w, keys, n, pos0, S, scores, ld, stream);
+  DZ_CHECK(!hist || (H != 16 && ld < 65536), "indexer_scores_wgmma: histograms need H 32 / 64 and rows < 65536 keys");
+#define DZ_IDXW(d, h)                                                                              \
+  if (D == d && H == h) {                                                                          \
+    if (hist) return launch<d, h, h != 16>(q, w, keys, n, pos0, S, scores, ld, hist, stream);       \
+    return launch<d, h, false>(q, w, keys, n, pos0, S, scores, ld, nullptr, stream);               \
+  }
   DZ_IDXW(128, 64) DZ_IDXW(128, 32) DZ_IDXW(128, 16) DZ_IDXW(64, 64) DZ_IDXW(64, 32) DZ_IDXW(64, 16)
 #undef DZ_IDXW
 }

@@ -19,8 +19,17 @@ namespace dz::cuda {
 // heads, fill one m64n256 product), q / keys 16-byte aligned.
 bool indexer_scores_wgmma_takes(int H, int D, const void* q, const void* keys);
 
+// hist: null, or [n, 512] words that receive each query's histogram of its scores (1024 bins of
+// the order key's top 10 bits, 16-bit counts two to a word; H 32 / 64 and ld < 65536 only) for
+// topk_from_hist.
 void indexer_scores_wgmma(const __nv_bfloat16* q, const float* w, const __nv_bfloat16* keys, int64_t n, int64_t pos0,
-                          int H, int D, int64_t S, float* scores, int64_t ld, cudaStream_t stream);
+                          int H, int D, int64_t S, float* scores, int64_t ld, cudaStream_t stream,
+                          uint32_t* hist = nullptr);
+
+// Top-K from the scores and the histograms indexer_scores_wgmma wrote: two passes over each row
+// (the threshold bin's keys gathered, then the in-order compaction) instead of block_topk's five.
+void topk_from_hist(const float* scores, int64_t ld, const uint32_t* hist, const int32_t* pos, int64_t nq, int32_t K,
+                    int32_t* sel, cudaStream_t stream);
 
 // Top-K of rows already in memory (as kernels/indexer.cuh's topk_from_scores), each row first
 // copied into shared memory (16-byte loads) so that block_topk's five passes (three radix

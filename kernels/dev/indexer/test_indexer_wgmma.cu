@@ -106,13 +106,57 @@ int run_case(const Case& c) {
   auto* dsel2 = dalloc<int32_t>(size_t(c.n) * c.K);
   topk_from_scores_smem(dsc, ld, dpos, c.n, c.K, dsel2, nullptr);
   CUDA_CHECK(cudaDeviceSynchronize());
-  std::vector<int32_t> sel2(size_t(c.n) * c.K);
+  std::vector<int32_t> sel2(size_t(c.n) * c.K), sel3;
   CUDA_CHECK(cudaMemcpy(sel2.data(), dsel2, sel2.size() * 4, cudaMemcpyDeviceToHost));
-  cudaFree(dsel2);
   std::vector<float> got(size_t(c.n) * ld);
   std::vector<int32_t> sel(size_t(c.n) * c.K);
   CUDA_CHECK(cudaMemcpy(got.data(), dsc, got.size() * 4, cudaMemcpyDeviceToHost));
   CUDA_CHECK(cudaMemcpy(sel.data(), dsel, sel.size() * 4, cudaMemcpyDeviceToHost));
+  // the scores again with their histograms (H 32 / 64), then topk_from_hist: the same scores
+  // (bitwise) and the same selections
+  int64_t bad_hist = 0;
+  if (c.H != 16) {
+    auto* dsc2 = dalloc<float>(size_t(c.n) * ld);
+    auto* dh = dalloc<uint32_t>(size_t(c.n) * 512);
+    CUDA_CHECK(cudaMemcpy(dsc2, nanfill.data(), nanfill.size() * 4, cudaMemcpyHostToDevice));
+    indexer_scores_wgmma(dq, dw, dk, c.n, c.pos0, c.H, c.D, S, dsc2, ld, nullptr, dh);
+    topk_from_hist(dsc2, ld, dh, dpos, c.n, c.K, dsel2, nullptr);
+    CUDA_CHECK(cudaDeviceSynchronize());
+    std::vector<float> got2(size_t(c.n) * ld);
+    std::vector<uint32_t> hh(size_t(c.n) * 512);
+    sel3.resize(size_t(c.n) * c.K);
+    CUDA_CHECK(cudaMemcpy(got2.data(), dsc2, got2.size() * 4, cudaMemcpyDeviceToHost));
+    CUDA_CHECK(cudaMemcpy(hh.data(), dh, hh.size() * 4, cudaMemcpyDeviceToHost));
+    CUDA_CHECK(cudaMemcpy(sel3.data(), dsel2, sel3.size() * 4, cudaMemcpyDeviceToHost));
+    // histograms = the counts of the written scores' bins; scores bitwise (NaN padding included)
+    for (int64_t i = 0; i < c.n && !bad_hist; ++i) {
+      std::vector<uint32_t> cnt(1024, 0);
+      for (int64_t s = 0; s <= c.pos0 + i; ++s) {
+        const float v = got2[size_t(i) * ld + s];
+        uint32_t u;
+        std::memcpy(&u, &v, 4);
+        const uint32_t key = std::isnan(v) ? 0u : (v == 0.f ? 0x80000000u : ((u & 0x80000000u) ? ~u : (u | 0x80000000u)));
+        ++cnt[key >> 22];
+      }
+      for (int b = 0; b < 1024; ++b)
+        if (((hh[size_t(i) * 512 + b / 2] >> (16 * (b & 1))) & 0xFFFFu) != cnt[size_t(b)]) {
+          std::printf("  FAIL histogram i=%lld bin %d\n", (long long)i, b);
+          ++bad_hist;
+          break;
+        }
+    }
+    if (std::memcmp(got2.data(), got.data(), got.size() * 4) != 0) {
+      std::printf("  FAIL scores with histograms differ from the scores without\n");
+      ++bad_hist;
+    }
+    if (sel3 != sel) {
+      std::printf("  FAIL topk_from_hist differs from topk_from_scores\n");
+      ++bad_hist;
+    }
+    cudaFree(dsc2);
+    cudaFree(dh);
+  }
+  cudaFree(dsel2);
   int64_t bad = 0, bad_untouched = 0, bad_sel = 0;
   double worst = 0;
   for (int64_t i = 0; i < c.n; ++i) {
@@ -148,7 +192,7 @@ int run_case(const Case& c) {
   }
   // the same block_topk over the same scores: identical selections
   const int64_t bad_smem = std::equal(sel.begin(), sel.end(), sel2.begin()) ? 0 : 1;
-  bad_sel += bad_smem;
+  bad_sel += bad_smem + bad_hist;
   if (bad_smem) std::printf("  FAIL topk_from_scores_smem differs from topk_from_scores\n");
   std::printf("%s D=%d H=%d n=%d pos0=%d extra=%d K=%d: worst |err| / sum|terms| %.3g (tol %.0e); %lld bad scores, %lld "
               "entries past the limit written, %lld bad selections\n",
@@ -206,6 +250,25 @@ void bench(int H, int D, int T, int K) {
         }
       },
       3);
+  // with the histograms (H 32 / 64): scores + histograms, then topk_from_hist, in the same blocks
+  double both_hist = 0, tk_hist = 0;
+  if (H != 16) {
+    auto* hist = dalloc<uint32_t>(size_t(T) * 512);
+    indexer_scores_wgmma(q, w, k, T, 0, H, D, T, sc, T, nullptr, hist);
+    tk_hist = median_ms([&] { topk_from_hist(sc, T, hist, pos, T, K, sel, nullptr); }, 3);
+    both_hist = median_ms(
+        [&] {
+          for (int64_t t0 = 0; t0 < T; t0 += block) {
+            const int64_t n = std::min<int64_t>(block, T - t0);
+            indexer_scores_wgmma(q + t0 * H * D, w + t0 * H, k, n, t0, H, D, T, sc, T, nullptr, hist);
+            topk_from_hist(sc, T, hist, pos + t0, n, K, sel + t0 * K, nullptr);
+          }
+        },
+        3);
+    cudaFree(hist);
+  }
+  std::printf("  with histograms: Top-K from them %.3f ms; scores + histograms + Top-K in blocks %.3f ms (%.2fx "
+              "production)\n", tk_hist, both_hist, prod / both_hist);
   std::printf("bench H=%d D=%d T=%d K=%d: production fused %.3f ms; production split scores %.3f ms (%.0f TFLOP/s); "
               "wgmma scores %.3f ms (%.0f TFLOP/s); Top-K from memory %.3f ms (row copied to shared memory first: %.3f "
               "ms); wgmma scores + Top-K in %lld-query blocks %.3f ms (%.2fx production)\n",
