@@ -12,6 +12,11 @@
 #                                              left) with kernels/dev/queued/device_exchanges.patch and
 #                                              each experiment's production patch that passed / won
 #                                              (la_prep_blockinv.patch, indexer_wgmma_prod.patch)
+#   DZ_COMMIT=<hash> bash scripts/device-queue.sh combined
+#                                              when one command is all the budget allows: the indexer
+#                                              test first (its patch taken if it passes), the build
+#                                              with device_exchanges, the indexer bench, then the
+#                                              Catch binary and the CLI part in what is left
 #   DZ_COMMIT=<hash> bash scripts/device-queue.sh e2e-glm
 #                                              GLM-5.3-Flash 4 layers at T = 8192: dayzero (median of 7),
 #                                              the transformers 5.23 + fla anchor, dayzero again
@@ -21,6 +26,30 @@ cd "$(dirname "$0")/.."
 O=${OUT:?set OUT}
 T0=$(date +%s)
 left() { echo $((${DZ_STAGE_BUDGET:-575} - ($(date +%s) - T0))); }
+# git apply --check first: a patch that is already in (or does not apply) is said, not forced
+take() {
+  if command -v git >/dev/null; then
+    if git apply --check "$1" 2>/dev/null; then git apply "$1" && echo "$(basename "$1") applied"; return; fi
+  elif patch -p1 -N -s --dry-run <"$1" >/dev/null 2>&1; then
+    patch -p1 -N -s <"$1" && echo "$(basename "$1") applied"; return
+  fi
+  echo "$(basename "$1") does not apply here (already in?)"
+}
+# the GPU tests' Catch binary, then the CLI part in what is left of the stage
+gpu_tests() {
+  # (the device tool returns at most 8 files: the scripts' own output stays in /tmp)
+  DZ_GPU_SKIP_CRASH=1 DZ_GPU_PART=catch timeout 300 bash scripts/gpu-tests.sh "$PREFIX" build-gpu "$O/logs" >/tmp/catch.out 2>&1
+  echo "catch rc $? at $(($(date +%s) - T0)) s"
+  tail -3 /tmp/catch.out
+  grep -h -E "^test cases|FAILED" "$O"/logs/gpu_tests*.log | head -20
+  local L
+  L=$(left)
+  echo "cli with $L s left"
+  DZ_GPU_SKIP_CRASH=1 DZ_GPU_PART=cli timeout "$L" bash scripts/gpu-tests.sh "$PREFIX" build-gpu "$O/logs" >/tmp/cli.out 2>&1
+  echo "cli rc $? at $(($(date +%s) - T0)) s"
+  grep -E "FAILED|rror" "$O/logs/cli.log" | head
+  tail -3 /tmp/cli.out
+}
 # shellcheck disable=SC1091
 source scripts/device-unpack.sh >/dev/null
 case ${1:?stage: experiments, tests or e2e-glm} in
@@ -44,15 +73,6 @@ case ${1:?stage: experiments, tests or e2e-glm} in
     ;;
   tests)
     export DZ_COMMIT=${DZ_COMMIT:?}
-    # git apply --check first: a patch that is already in (or does not apply) is said, not forced
-    take() {
-      if command -v git >/dev/null; then
-        if git apply --check "$1" 2>/dev/null; then git apply "$1" && echo "$(basename "$1") applied"; return; fi
-      elif patch -p1 -N -s --dry-run <"$1" >/dev/null 2>&1; then
-        patch -p1 -N -s <"$1" && echo "$(basename "$1") applied"; return
-      fi
-      echo "$(basename "$1") does not apply here (already in?)"
-    }
     take kernels/dev/queued/device_exchanges.patch
     R=/tmp/laprep_result
     if [[ -f $R/test_var.txt ]] && tail -1 "$R/test_var.txt" | grep -q "^passed" &&
@@ -66,16 +86,20 @@ case ${1:?stage: experiments, tests or e2e-glm} in
     else
       echo "indexer_wgmma_prod.patch not applied (no passing indexer test on this machine)"
     fi
-    DZ_GPU_SKIP_CRASH=1 DZ_GPU_PART=catch timeout 300 bash scripts/gpu-tests.sh "$PREFIX" build-gpu "$O/logs" >"$O/catch.out" 2>&1
-    echo "catch rc $? at $(($(date +%s) - T0)) s"
-    tail -3 "$O/catch.out"
-    grep -h -E "^test cases|FAILED" "$O"/logs/gpu_tests*.log | head -20
-    L=$(left)
-    echo "cli with $L s left"
-    DZ_GPU_SKIP_CRASH=1 DZ_GPU_PART=cli timeout "$L" bash scripts/gpu-tests.sh "$PREFIX" build-gpu "$O/logs" >"$O/cli.out" 2>&1
-    echo "cli rc $? at $(($(date +%s) - T0)) s"
-    grep -E "FAILED|rror" "$O/logs/cli.log" | head
-    tail -3 "$O/cli.out"
+    gpu_tests
+    ;;
+  combined)
+    export DZ_COMMIT=${DZ_COMMIT:?}
+    OUT=$O/idx TEST_TIMEOUT=90 SKIP_BENCH=1 timeout 150 bash kernels/dev/indexer/run.sh
+    if grep -q "^0 of [0-9]* cases failed" "$O/idx/test.txt" 2>/dev/null; then
+      take kernels/dev/queued/indexer_wgmma_prod.patch
+    fi
+    take kernels/dev/queued/device_exchanges.patch
+    DZ_TARGETS="dayzero dz_gpu_tests" bash scripts/offline-prefix.sh build "$PREFIX" build-gpu >/tmp/build.log 2>&1
+    echo "build rc $? at $(($(date +%s) - T0)) s"
+    tail -3 /tmp/build.log
+    timeout 100 /tmp/idx_build/idx --bench 2>&1 | tee "$O/idx/bench.txt"
+    gpu_tests
     ;;
   e2e-glm)
     export DZ_COMMIT=${DZ_COMMIT:?}

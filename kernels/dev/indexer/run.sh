@@ -22,4 +22,5 @@ t0=$(date +%s)
 timeout ${TEST_TIMEOUT:-150} $B/idx >"$O/test.txt" 2>&1
 echo "test rc $? in $(($(date +%s) - t0)) s"
 cat "$O/test.txt" | tail -14
+[ "${SKIP_BENCH:-0}" = 1 ] && exit 0  # (a caller that benches later, e.g. after another build)
 timeout ${BENCH_TIMEOUT:-150} $B/idx --bench 2>&1 | tee "$O/bench.txt"
