@@ -23,13 +23,6 @@ namespace dz::cuda {
 
 namespace {
 
-template <typename T>
-T* dalloc(size_t n) {
-  T* p = nullptr;
-  CUDA_CHECK(cudaMalloc(&p, std::max<size_t>(n, 1) * sizeof(T)));
-  return p;
-}
-
 __global__ void fill_bf16(__nv_bfloat16* x, size_t n, uint32_t seed, float sd) {
   for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
     uint32_t h = uint32_t(i) * 2654435761u ^ seed;
@@ -55,7 +48,7 @@ struct Layout {
     const int mp = (len + P - 1) / P;
     std::vector<int32_t> t(size_t(nseq) * mp);
     for (size_t i = 0; i < t.size(); ++i) t[i] = int32_t(i);
-    table = dalloc<int32_t>(t.size());
+    table = benchrand::alloc<int32_t>(t.size());
     CUDA_CHECK(cudaMemcpy(table, t.data(), t.size() * 4, cudaMemcpyHostToDevice));
     bt = BlockTable{table, mp, P};
     rows = int64_t(t.size()) * P;
@@ -66,13 +59,13 @@ struct Layout {
 std::string bench_indexer(bool mx) {
   const int T = 32768, H = 64, D = 128, K = 2048, P = 64;
   Layout lay(1, T, P);
-  auto* k = dalloc<__nv_bfloat16>(size_t(T) * D);
-  auto* q = dalloc<__nv_bfloat16>(size_t(T) * H * D);
-  auto* kbf = dalloc<__nv_bfloat16>(size_t(lay.rows) * D);
-  auto* kc = dalloc<uint8_t>(size_t(lay.rows) * D);
-  auto* ks = dalloc<uint8_t>(size_t(lay.rows) * D / 32);
-  auto* w = dalloc<float>(size_t(T) * H);
-  auto* sel = dalloc<int32_t>(size_t(T) * K);
+  auto* k = benchrand::alloc<__nv_bfloat16>(size_t(T) * D);
+  auto* q = benchrand::alloc<__nv_bfloat16>(size_t(T) * H * D);
+  auto* kbf = benchrand::alloc<__nv_bfloat16>(size_t(lay.rows) * D);
+  auto* kc = benchrand::alloc<uint8_t>(size_t(lay.rows) * D);
+  auto* ks = benchrand::alloc<uint8_t>(size_t(lay.rows) * D / 32);
+  auto* w = benchrand::alloc<float>(size_t(T) * H);
+  auto* sel = benchrand::alloc<int32_t>(size_t(T) * K);
   randomize(k, size_t(T) * D, 1);
   randomize(q, size_t(T) * H * D, 2);
   std::vector<float> hw(size_t(T) * H);
@@ -82,8 +75,8 @@ std::string bench_indexer(bool mx) {
   CUDA_CHECK(cudaMemcpy(w, hw.data(), hw.size() * 4, cudaMemcpyHostToDevice));
   std::vector<int32_t> hs(T, 0), hp(T);
   for (int i = 0; i < T; ++i) hp[size_t(i)] = i;
-  auto* seq = dalloc<int32_t>(T);
-  auto* pos = dalloc<int32_t>(T);
+  auto* seq = benchrand::alloc<int32_t>(T);
+  auto* pos = benchrand::alloc<int32_t>(T);
   CUDA_CHECK(cudaMemcpy(seq, hs.data(), T * 4, cudaMemcpyHostToDevice));
   CUDA_CHECK(cudaMemcpy(pos, hp.data(), T * 4, cudaMemcpyHostToDevice));
   IndexKeyCache cache{D, mx, kbf, kc, ks};
@@ -103,7 +96,7 @@ std::string bench_indexer(bool mx) {
   std::printf("  variants: Q in shared memory (16 warps) %.3f ms, Q in registers (8 warps) %.3f ms\n", ms_var[0],
               ms_var[1]);
   // Where the time goes: the split mode's two kernels timed apart (scores to memory, then Top-K).
-  auto* scores = dalloc<float>(size_t(T) * T);
+  auto* scores = benchrand::alloc<float>(size_t(T) * T);
   const double ms_sc = median_ms([&] { indexer_scores(q, w, seq, pos, T, H, T, lay.bt, cache, scores, nullptr); }, 3);
   const double ms_tk = median_ms([&] { topk_from_scores(scores, T, pos, T, K, sel, nullptr); }, 3);
   std::printf("  split mode: scores %.3f ms (%.1f TFLOP/s), Top-K from memory %.3f ms\n", ms_sc, flop / ms_sc * 1e-9,
@@ -123,17 +116,17 @@ std::string bench_mla(const char* name, int nseq, int q_per_seq, int ctx, bool f
   const int R = 512, DR = 64, DK = R + DR, K = 2048, P = 64;
   const int64_t nq = int64_t(nseq) * q_per_seq;
   Layout lay(nseq, ctx, P);
-  auto* lat = dalloc<__nv_bfloat16>(size_t(lay.rows) * R);
-  auto* kpe = dalloc<__nv_bfloat16>(size_t(lay.rows) * DR);
+  auto* lat = benchrand::alloc<__nv_bfloat16>(size_t(lay.rows) * R);
+  auto* kpe = benchrand::alloc<__nv_bfloat16>(size_t(lay.rows) * DR);
   randomize(lat, size_t(lay.rows) * R, 4);
   randomize(kpe, size_t(lay.rows) * DR, 5);
   LatentCache cache{R, DR, fp8};
   if (fp8) {
-    cache.codes = dalloc<uint8_t>(size_t(lay.rows) * R);
-    cache.scales = dalloc<float>(size_t(lay.rows) * R / 128);
-    cache.rope = dalloc<__nv_bfloat16>(size_t(lay.rows) * DR);
+    cache.codes = benchrand::alloc<uint8_t>(size_t(lay.rows) * R);
+    cache.scales = benchrand::alloc<float>(size_t(lay.rows) * R / 128);
+    cache.rope = benchrand::alloc<__nv_bfloat16>(size_t(lay.rows) * DR);
   } else {
-    cache.bf16 = dalloc<__nv_bfloat16>(size_t(lay.rows) * DK);
+    cache.bf16 = benchrand::alloc<__nv_bfloat16>(size_t(lay.rows) * DK);
   }
   {  // fill the cache through the store kernel (every page row, identity table)
     std::vector<int32_t> hs, hp;
@@ -142,8 +135,8 @@ std::string bench_mla(const char* name, int nseq, int q_per_seq, int ctx, bool f
         hs.push_back(b);
         hp.push_back(s);
       }
-    auto* s = dalloc<int32_t>(hs.size());
-    auto* p = dalloc<int32_t>(hp.size());
+    auto* s = benchrand::alloc<int32_t>(hs.size());
+    auto* p = benchrand::alloc<int32_t>(hp.size());
     CUDA_CHECK(cudaMemcpy(s, hs.data(), hs.size() * 4, cudaMemcpyHostToDevice));
     CUDA_CHECK(cudaMemcpy(p, hp.data(), hp.size() * 4, cudaMemcpyHostToDevice));
     store_latent_kv(lat, kpe, s, p, int64_t(hs.size()), lay.bt, cache, nullptr);
@@ -166,18 +159,18 @@ std::string bench_mla(const char* name, int nseq, int q_per_seq, int ctx, bool f
       std::sort(c.begin(), c.end());
       hsel.insert(hsel.end(), c.begin(), c.end());
     }
-  auto* seq = dalloc<int32_t>(hs.size());
-  auto* pos = dalloc<int32_t>(hp.size());
-  auto* sel = dalloc<int32_t>(hsel.size());
+  auto* seq = benchrand::alloc<int32_t>(hs.size());
+  auto* pos = benchrand::alloc<int32_t>(hp.size());
+  auto* sel = benchrand::alloc<int32_t>(hsel.size());
   CUDA_CHECK(cudaMemcpy(seq, hs.data(), hs.size() * 4, cudaMemcpyHostToDevice));
   CUDA_CHECK(cudaMemcpy(pos, hp.data(), hp.size() * 4, cudaMemcpyHostToDevice));
   CUDA_CHECK(cudaMemcpy(sel, hsel.data(), hsel.size() * 4, cudaMemcpyHostToDevice));
-  auto* q = dalloc<__nv_bfloat16>(size_t(nq) * H * DK);
-  auto* out = dalloc<__nv_bfloat16>(size_t(nq) * H * R);
+  auto* q = benchrand::alloc<__nv_bfloat16>(size_t(nq) * H * DK);
+  auto* out = benchrand::alloc<__nv_bfloat16>(size_t(nq) * H * R);
   randomize(q, size_t(nq) * H * DK, 7);
   const float scale = 1.f / 24.f;
   const int64_t ns = split_kv ? sparse_mla_scratch_elems(nq, H, R, K) : 0;
-  float* scratch = split_kv ? dalloc<float>(size_t(ns)) : nullptr;
+  float* scratch = split_kv ? benchrand::alloc<float>(size_t(ns)) : nullptr;
   const double ms = median_ms(
       [&] { sparse_mla(q, sel, K, seq, pos, nq, H, lay.bt, cache, scale, out, nullptr, scratch, ns); }, reps);
   cudaFree(scratch);
@@ -203,30 +196,30 @@ std::string bench_indexer_prep(int B, int reps) {
   const int64_t hidden = 7168, q_lora = 1536;
   const int H = 64, D = 128, rope = 64, ctx = 4096, P = 64;
   Layout lay(B, ctx, P);
-  auto* x = dalloc<__nv_bfloat16>(size_t(B) * hidden);
-  auto* qr = dalloc<__nv_bfloat16>(size_t(B) * q_lora);
-  auto* wq_b = dalloc<__nv_bfloat16>(size_t(H) * D * q_lora);
-  auto* wk = dalloc<__nv_bfloat16>(size_t(D) * hidden);
-  auto* wp = dalloc<__nv_bfloat16>(size_t(H) * hidden);
+  auto* x = benchrand::alloc<__nv_bfloat16>(size_t(B) * hidden);
+  auto* qr = benchrand::alloc<__nv_bfloat16>(size_t(B) * q_lora);
+  auto* wq_b = benchrand::alloc<__nv_bfloat16>(size_t(H) * D * q_lora);
+  auto* wk = benchrand::alloc<__nv_bfloat16>(size_t(D) * hidden);
+  auto* wp = benchrand::alloc<__nv_bfloat16>(size_t(H) * hidden);
   randomize(x, size_t(B) * hidden, 11);
   randomize(qr, size_t(B) * q_lora, 12);
   randomize(wq_b, size_t(H) * D * q_lora, 13, 0.025f);
   randomize(wk, size_t(D) * hidden, 14, 0.012f);
   randomize(wp, size_t(H) * hidden, 15, 0.012f);
-  auto* lnw = dalloc<float>(D);
-  auto* lnb = dalloc<float>(D);
+  auto* lnw = benchrand::alloc<float>(D);
+  auto* lnb = benchrand::alloc<float>(D);
   const std::vector<float> ones(D, 1.f), zeros(D, 0.f);
   CUDA_CHECK(cudaMemcpy(lnw, ones.data(), D * 4, cudaMemcpyHostToDevice));
   CUDA_CHECK(cudaMemcpy(lnb, zeros.data(), D * 4, cudaMemcpyHostToDevice));
   std::vector<int32_t> hs(size_t(B), 0), hp(size_t(B), ctx - 1);
   for (int b = 0; b < B; ++b) hs[size_t(b)] = b;
-  auto* seq = dalloc<int32_t>(size_t(B));
-  auto* pos = dalloc<int32_t>(size_t(B));
+  auto* seq = benchrand::alloc<int32_t>(size_t(B));
+  auto* pos = benchrand::alloc<int32_t>(size_t(B));
   CUDA_CHECK(cudaMemcpy(seq, hs.data(), size_t(B) * 4, cudaMemcpyHostToDevice));
   CUDA_CHECK(cudaMemcpy(pos, hp.data(), size_t(B) * 4, cudaMemcpyHostToDevice));
-  IndexKeyCache cache{D, true, nullptr, dalloc<uint8_t>(size_t(lay.rows) * D), dalloc<uint8_t>(size_t(lay.rows) * D / 32)};
-  auto* q = dalloc<__nv_bfloat16>(size_t(B) * H * D);
-  auto* w = dalloc<float>(size_t(B) * H);
+  IndexKeyCache cache{D, true, nullptr, benchrand::alloc<uint8_t>(size_t(lay.rows) * D), benchrand::alloc<uint8_t>(size_t(lay.rows) * D / 32)};
+  auto* q = benchrand::alloc<__nv_bfloat16>(size_t(B) * H * D);
+  auto* w = benchrand::alloc<float>(size_t(B) * H);
   IndexerPrepDims dims;
   dims.hidden = hidden;
   dims.q_lora = q_lora;

@@ -30,13 +30,6 @@ using namespace dz::cuda;
 
 namespace {
 
-template <class T>
-T* dalloc(size_t n) {
-  T* p = nullptr;
-  CUDA_CHECK(cudaMalloc(&p, std::max<size_t>(n, 1) * sizeof(T)));
-  return p;
-}
-
 // bf16 values in [-1, 1) into device memory (xorshift on the host: GBs in seconds)
 void randomize(__nv_bfloat16* x, size_t n, uint64_t seed) {
   std::vector<uint16_t> h(n);
@@ -87,12 +80,12 @@ int run_case(const Case& c) {
       mag[size_t(i) * S + s] = m;
     }
   });
-  auto* dq = dalloc<__nv_bfloat16>(q.size());
-  auto* dk = dalloc<__nv_bfloat16>(k.size());
-  auto* dw = dalloc<float>(w.size());
-  auto* dsc = dalloc<float>(size_t(c.n) * ld);
-  auto* dpos = dalloc<int32_t>(size_t(c.n));
-  auto* dsel = dalloc<int32_t>(size_t(c.n) * c.K);
+  auto* dq = benchrand::alloc<__nv_bfloat16>(q.size());
+  auto* dk = benchrand::alloc<__nv_bfloat16>(k.size());
+  auto* dw = benchrand::alloc<float>(w.size());
+  auto* dsc = benchrand::alloc<float>(size_t(c.n) * ld);
+  auto* dpos = benchrand::alloc<int32_t>(size_t(c.n));
+  auto* dsel = benchrand::alloc<int32_t>(size_t(c.n) * c.K);
   CUDA_CHECK(cudaMemcpy(dq, q.data(), q.size() * 2, cudaMemcpyHostToDevice));
   CUDA_CHECK(cudaMemcpy(dk, k.data(), k.size() * 2, cudaMemcpyHostToDevice));
   CUDA_CHECK(cudaMemcpy(dw, w.data(), w.size() * 4, cudaMemcpyHostToDevice));
@@ -103,7 +96,7 @@ int run_case(const Case& c) {
   CUDA_CHECK(cudaMemcpy(dsc, nanfill.data(), nanfill.size() * 4, cudaMemcpyHostToDevice));
   indexer_scores_wgmma(dq, dw, dk, c.n, c.pos0, c.H, c.D, S, dsc, ld, nullptr);
   topk_from_scores(dsc, ld, dpos, c.n, c.K, dsel, nullptr);
-  auto* dsel2 = dalloc<int32_t>(size_t(c.n) * c.K);
+  auto* dsel2 = benchrand::alloc<int32_t>(size_t(c.n) * c.K);
   topk_from_scores_smem(dsc, ld, dpos, c.n, c.K, dsel2, nullptr);
   CUDA_CHECK(cudaDeviceSynchronize());
   std::vector<int32_t> sel2(size_t(c.n) * c.K), sel3;
@@ -116,8 +109,8 @@ int run_case(const Case& c) {
   // (bitwise) and the same selections
   int64_t bad_hist = 0;
   if (c.H != 16) {
-    auto* dsc2 = dalloc<float>(size_t(c.n) * ld);
-    auto* dh = dalloc<uint32_t>(size_t(c.n) * 512);
+    auto* dsc2 = benchrand::alloc<float>(size_t(c.n) * ld);
+    auto* dh = benchrand::alloc<uint32_t>(size_t(c.n) * 512);
     CUDA_CHECK(cudaMemcpy(dsc2, nanfill.data(), nanfill.size() * 4, cudaMemcpyHostToDevice));
     indexer_scores_wgmma(dq, dw, dk, c.n, c.pos0, c.H, c.D, S, dsc2, ld, nullptr, dh);
     topk_from_hist(dsc2, ld, dh, dpos, c.n, c.K, dsel2, nullptr);
@@ -203,9 +196,9 @@ int run_case(const Case& c) {
 }
 
 void bench(int H, int D, int T, int K) {
-  auto* q = dalloc<__nv_bfloat16>(size_t(T) * H * D);
-  auto* k = dalloc<__nv_bfloat16>(size_t(T) * D);
-  auto* w = dalloc<float>(size_t(T) * H);
+  auto* q = benchrand::alloc<__nv_bfloat16>(size_t(T) * H * D);
+  auto* k = benchrand::alloc<__nv_bfloat16>(size_t(T) * D);
+  auto* w = benchrand::alloc<float>(size_t(T) * H);
   randomize(q, size_t(T) * H * D, 1);
   randomize(k, size_t(T) * D, 2);
   std::vector<float> hw(size_t(T) * H);
@@ -218,9 +211,9 @@ void bench(int H, int D, int T, int K) {
   std::vector<int32_t> table(static_cast<size_t>(pages)), hs(static_cast<size_t>(T), 0), hp(static_cast<size_t>(T));
   for (int i = 0; i < pages; ++i) table[size_t(i)] = i;
   for (int i = 0; i < T; ++i) hp[size_t(i)] = i;
-  auto* dt = dalloc<int32_t>(size_t(pages));
-  auto* seq = dalloc<int32_t>(size_t(T));
-  auto* pos = dalloc<int32_t>(size_t(T));
+  auto* dt = benchrand::alloc<int32_t>(size_t(pages));
+  auto* seq = benchrand::alloc<int32_t>(size_t(T));
+  auto* pos = benchrand::alloc<int32_t>(size_t(T));
   CUDA_CHECK(cudaMemcpy(dt, table.data(), table.size() * 4, cudaMemcpyHostToDevice));
   CUDA_CHECK(cudaMemcpy(seq, hs.data(), hs.size() * 4, cudaMemcpyHostToDevice));
   CUDA_CHECK(cudaMemcpy(pos, hp.data(), hp.size() * 4, cudaMemcpyHostToDevice));
@@ -231,8 +224,8 @@ void bench(int H, int D, int T, int K) {
   IndexKeyCache kc{};
   kc.D = D;
   kc.bf16 = k;
-  auto* sel = dalloc<int32_t>(size_t(T) * K);
-  auto* sc = dalloc<float>(size_t(T) * T);
+  auto* sel = benchrand::alloc<int32_t>(size_t(T) * K);
+  auto* sc = benchrand::alloc<float>(size_t(T) * T);
   const double flop = 2.0 * H * D * (double(T) * (T + 1) / 2);
   const double prod = median_ms([&] { indexer_topk(q, w, seq, pos, T, H, T, bt, kc, K, sel, nullptr, nullptr); }, 3);
   const double prod_sc = median_ms([&] { indexer_scores(q, w, seq, pos, T, H, T, bt, kc, sc, nullptr); }, 3);
@@ -253,7 +246,7 @@ void bench(int H, int D, int T, int K) {
   // with the histograms (H 32 / 64): scores + histograms, then topk_from_hist, in the same blocks
   double both_hist = 0, tk_hist = 0;
   if (H != 16) {
-    auto* hist = dalloc<uint32_t>(size_t(T) * 512);
+    auto* hist = benchrand::alloc<uint32_t>(size_t(T) * 512);
     indexer_scores_wgmma(q, w, k, T, 0, H, D, T, sc, T, nullptr, hist);
     tk_hist = median_ms([&] { topk_from_hist(sc, T, hist, pos, T, K, sel, nullptr); }, 3);
     both_hist = median_ms(
