@@ -38,11 +38,13 @@ take() {
 # the GPU tests' Catch binary, then the CLI part in what is left of the stage
 gpu_tests() {
   # (the device tool returns at most 8 files: the scripts' own output stays in /tmp)
-  DZ_GPU_SKIP_CRASH=1 DZ_GPU_PART=catch timeout 300 bash scripts/gpu-tests.sh "$PREFIX" build-gpu "$O/logs" >/tmp/catch.out 2>&1
+  local L
+  L=$(left)
+  [[ $L -gt 300 ]] && L=300
+  DZ_GPU_SKIP_CRASH=1 DZ_GPU_PART=catch timeout "$L" bash scripts/gpu-tests.sh "$PREFIX" build-gpu "$O/logs" >/tmp/catch.out 2>&1
   echo "catch rc $? at $(($(date +%s) - T0)) s"
   tail -3 /tmp/catch.out
   grep -h -E "^test cases|FAILED" "$O"/logs/gpu_tests*.log | head -20
-  local L
   L=$(left)
   echo "cli with $L s left"
   DZ_GPU_SKIP_CRASH=1 DZ_GPU_PART=cli timeout "$L" bash scripts/gpu-tests.sh "$PREFIX" build-gpu "$O/logs" >/tmp/cli.out 2>&1
@@ -98,7 +100,7 @@ case ${1:?stage: experiments, tests or e2e-glm} in
     DZ_TARGETS="dayzero dz_gpu_tests" bash scripts/offline-prefix.sh build "$PREFIX" build-gpu >/tmp/build.log 2>&1
     echo "build rc $? at $(($(date +%s) - T0)) s"
     tail -3 /tmp/build.log
-    timeout 100 /tmp/idx_build/idx --bench 2>&1 | tee "$O/idx/bench.txt"
+    timeout 90 /tmp/idx_build/idx --bench 2>&1 | tee "$O/idx/bench.txt"
     gpu_tests
     ;;
   e2e-glm)
