@@ -52,6 +52,27 @@ __device__ inline void block_find_bin(const uint32_t* hist, int nb, uint32_t rem
   __syncthreads();
 }
 
+// One radix pass over the keys key(0..n): the histogram of their `bits` bits at `shift` among
+// those matching prefix / mask, then the bin holding the remaining-th largest; prefix, mask and
+// remaining move to it (the same values in every thread). hist: 1 << bits words of shared memory.
+template <int NT, class KeyAt>
+__device__ inline void block_radix_pass(KeyAt key, int n, int shift, int bits, uint32_t& prefix, uint32_t& mask,
+                                        uint32_t& remaining, uint32_t* hist, uint32_t* part, uint32_t* s_bin_rem) {
+  const uint32_t nb = 1u << bits;
+  for (uint32_t i = threadIdx.x; i < nb; i += NT) hist[i] = 0;
+  __syncthreads();
+  for (int i = threadIdx.x; i < n; i += NT) {
+    const uint32_t k = key(i);
+    if ((k & mask) == prefix) atomicAdd(&hist[(k >> shift) & (nb - 1)], 1u);
+  }
+  __syncthreads();
+  block_find_bin<NT>(hist, int(nb), remaining, part, s_bin_rem);
+  prefix |= s_bin_rem[0] << shift;
+  mask |= (nb - 1) << shift;
+  remaining = s_bin_rem[1];
+  __syncthreads();
+}
+
 // out[0..K) = positions of the K best of sc[0..n), ascending; -1 padded when n < K.
 // NT: the block's thread count (256 or 512).
 template <int NT>
@@ -66,22 +87,9 @@ __device__ inline void block_topk(const float* sc, int n, int K, int32_t* __rest
     return;
   }
   uint32_t prefix = 0, mask = 0, remaining = uint32_t(K);
-  for (int p = 0; p < 3; ++p) {
-    const int bits = p < 2 ? 11 : 10, shift = p == 0 ? 21 : (p == 1 ? 10 : 0);
-    const uint32_t nb = 1u << bits;
-    for (uint32_t i = tid; i < nb; i += kTopkThreads) hist[i] = 0;
-    __syncthreads();
-    for (int i = tid; i < n; i += kTopkThreads) {
-      const uint32_t k = order_key(sc[i]);
-      if ((k & mask) == prefix) atomicAdd(&hist[(k >> shift) & (nb - 1)], 1u);
-    }
-    __syncthreads();
-    block_find_bin<NT>(hist, int(nb), remaining, part, s_br);
-    prefix |= s_br[0] << shift;
-    mask |= (nb - 1) << shift;
-    remaining = s_br[1];
-    __syncthreads();
-  }
+  for (int p = 0; p < 3; ++p)
+    block_radix_pass<NT>([&](int i) { return order_key(sc[i]); }, n, p == 0 ? 21 : (p == 1 ? 10 : 0), p < 2 ? 11 : 10,
+                         prefix, mask, remaining, hist, part, s_br);
   block_compact<NT>(sc, n, prefix, remaining, out);  // prefix: the K-th best key
 }
 

@@ -257,24 +257,6 @@ __global__ void __launch_bounds__(kTopkThreads) topk_smem_kernel(const float* __
 
 constexpr int kCandMax = 12288;  // keys of the threshold bin kept in shared memory (48 KiB)
 
-// Radix step over the candidates: the bin (of `bits` bits at `shift`) holding the remaining-th
-// largest among keys matching prefix / mask; updates prefix, mask and remaining. Every thread
-// returns the same values.
-__device__ void cand_radix_step(const uint32_t* cand, int nc, int shift, int bits, uint32_t& prefix, uint32_t& mask,
-                                uint32_t& remaining, uint32_t* h, uint32_t* part, uint32_t* s_bin_rem) {
-  const int nb = 1 << bits, tid = threadIdx.x;
-  for (int i = tid; i < nb; i += kTopkThreads) h[i] = 0;
-  __syncthreads();
-  for (int i = tid; i < nc; i += kTopkThreads)
-    if ((cand[i] & mask) == prefix) atomicAdd(&h[(cand[i] >> shift) & (nb - 1)], 1u);
-  __syncthreads();
-  dev::block_find_bin<kTopkThreads>(h, nb, remaining, part, s_bin_rem);
-  prefix |= s_bin_rem[0] << shift;
-  mask |= uint32_t(nb - 1) << shift;
-  remaining = s_bin_rem[1];
-  __syncthreads();
-}
-
 // Top-K of one row from its scores and its histogram (idx_wgmma_kernel<..., true>): the bin of the
 // K-th best from the histogram, that bin's keys gathered into shared memory in one pass over the
 // row, the exact K-th key by two radix steps over them, then block_topk's in-order compaction (a
@@ -290,10 +272,7 @@ __global__ void __launch_bounds__(kTopkThreads) topk_hist_kernel(const float* __
   const int n = pos[qi] + 1, tid = threadIdx.x;
   const float* row = scores + qi * ld;
   int32_t* out = sel + qi * K;
-  if (n <= K) {
-    for (int i = tid; i < K; i += kTopkThreads) out[i] = i < n ? i : -1;
-    return;
-  }
+  if (n <= K) return dev::block_topk<kTopkThreads>(row, n, K, out);  // its short-row padding
   for (int i = tid; i < kHistWords; i += kTopkThreads) {
     const uint32_t v = hist[qi * kHistWords + i];
     h[2 * i] = v & 0xFFFFu;
@@ -316,8 +295,9 @@ __global__ void __launch_bounds__(kTopkThreads) topk_hist_kernel(const float* __
   __syncthreads();
   const int nc = int(s_nc);
   uint32_t prefix = bstar << 22, mask = 0xFFC00000u;
-  cand_radix_step(cand, nc, 11, 11, prefix, mask, remaining, h, part, s_bin_rem);
-  cand_radix_step(cand, nc, 0, 11, prefix, mask, remaining, h, part, s_bin_rem);
+  for (int shift : {11, 0})
+    dev::block_radix_pass<kTopkThreads>([&](int i) { return cand[i]; }, nc, shift, 11, prefix, mask, remaining, h,
+                                        part, s_bin_rem);
   dev::block_compact<kTopkThreads>(row, n, prefix, remaining, out);
 }
 
