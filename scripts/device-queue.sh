@@ -22,7 +22,7 @@
 #                                              the transformers 5.23 + fla anchor, dayzero again
 # The tree's own changes are not touched: the patches are applied to the device's copy only.
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit
 O=${OUT:?set OUT}
 T0=$(date +%s)
 left() { echo $((${DZ_STAGE_BUDGET:-575} - ($(date +%s) - T0))); }
@@ -34,6 +34,16 @@ take() {
     patch -p1 -N -s <"$1" && echo "$(basename "$1") applied"; return
   fi
   echo "$(basename "$1") does not apply here (already in?)"
+}
+# the verdicts a stage leaves for the next: the indexer test's (DIR/test.txt) and the prep A/B's
+idx_passed() { grep -q "^0 of [0-9]* cases failed" "$1/test.txt" 2>/dev/null; }
+prep_won() {
+  [[ -f $1/test_var.txt ]] && tail -1 "$1/test_var.txt" | grep -q "^passed" &&
+    python3 kernels/dev/linear_attn/ab_summary.py "$1/bench.txt" --wins >/dev/null
+}
+build_project() {  # $1: the log
+  DZ_TARGETS="dayzero dz_gpu_tests" bash scripts/offline-prefix.sh build "$PREFIX" build-gpu >"$1" 2>&1
+  echo "build rc $? at $(($(date +%s) - T0)) s" >>"$1"
 }
 # the GPU tests' Catch binary, then the CLI part in what is left of the stage
 gpu_tests() {
@@ -54,12 +64,10 @@ gpu_tests() {
 }
 # shellcheck disable=SC1091
 source scripts/device-unpack.sh >/dev/null
-case ${1:?stage: experiments, tests or e2e-glm} in
+case ${1:?stage: experiments, tests, combined or e2e-glm} in
   experiments)
     rm -f /tmp/built
-    (DZ_TARGETS="dayzero dz_gpu_tests" bash scripts/offline-prefix.sh build "$PREFIX" build-gpu >"$O/build.log" 2>&1
-     echo "build rc $? in $(($(date +%s) - T0)) s" >>"$O/build.log"
-     touch /tmp/built) &
+    (build_project "$O/build.log"; touch /tmp/built) &
     AB_WAIT_FILE=/tmp/built bash kernels/dev/run_queued.sh laprep
     wait
     tail -2 "$O/build.log"
@@ -76,14 +84,12 @@ case ${1:?stage: experiments, tests or e2e-glm} in
   tests)
     export DZ_COMMIT=${DZ_COMMIT:?}
     take kernels/dev/queued/device_exchanges.patch
-    R=/tmp/laprep_result
-    if [[ -f $R/test_var.txt ]] && tail -1 "$R/test_var.txt" | grep -q "^passed" &&
-       python3 kernels/dev/linear_attn/ab_summary.py "$R/bench.txt" --wins >/dev/null; then
+    if prep_won /tmp/laprep_result; then
       take kernels/dev/queued/la_prep_blockinv.patch
     else
       echo "la_prep_blockinv.patch not applied (no passing, winning A/B on this machine)"
     fi
-    if [[ -f /tmp/idx_result/test.txt ]] && grep -q "^0 of [0-9]* cases failed" /tmp/idx_result/test.txt; then
+    if idx_passed /tmp/idx_result; then
       take kernels/dev/queued/indexer_wgmma_prod.patch
     else
       echo "indexer_wgmma_prod.patch not applied (no passing indexer test on this machine)"
@@ -93,12 +99,9 @@ case ${1:?stage: experiments, tests or e2e-glm} in
   combined)
     export DZ_COMMIT=${DZ_COMMIT:?}
     OUT=$O/idx TEST_TIMEOUT=90 SKIP_BENCH=1 timeout 150 bash kernels/dev/indexer/run.sh
-    if grep -q "^0 of [0-9]* cases failed" "$O/idx/test.txt" 2>/dev/null; then
-      take kernels/dev/queued/indexer_wgmma_prod.patch
-    fi
+    idx_passed "$O/idx" && take kernels/dev/queued/indexer_wgmma_prod.patch
     take kernels/dev/queued/device_exchanges.patch
-    DZ_TARGETS="dayzero dz_gpu_tests" bash scripts/offline-prefix.sh build "$PREFIX" build-gpu >/tmp/build.log 2>&1
-    echo "build rc $? at $(($(date +%s) - T0)) s"
+    build_project /tmp/build.log
     tail -3 /tmp/build.log
     timeout 90 /tmp/idx_build/idx --bench 2>&1 | tee "$O/idx/bench.txt"
     gpu_tests
