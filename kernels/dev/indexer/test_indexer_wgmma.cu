@@ -234,30 +234,23 @@ void bench(int H, int D, int T, int K) {
   const double tk_smem = median_ms([&] { topk_from_scores_smem(sc, T, pos, T, K, sel, nullptr); }, 3);
   // the backend's blocks: scratch [block, S] with block * S <= 2^28
   const int64_t block = std::max<int64_t>(1, std::min<int64_t>(T, (int64_t(1) << 28) / T));
-  const double both = median_ms(
-      [&] {
-        for (int64_t t0 = 0; t0 < T; t0 += block) {
-          const int64_t n = std::min<int64_t>(block, T - t0);
-          indexer_scores_wgmma(q + t0 * H * D, w + t0 * H, k, n, t0, H, D, T, sc, T, nullptr);
-          topk_from_scores(sc, T, pos + t0, n, K, sel + t0 * K, nullptr);
-        }
-      },
-      3);
+  // hist null: topk_from_scores after each block's scores; else the scores' histograms and topk_from_hist
+  auto in_blocks = [&](uint32_t* hist) {
+    for (int64_t t0 = 0; t0 < T; t0 += block) {
+      const int64_t n = std::min<int64_t>(block, T - t0);
+      indexer_scores_wgmma(q + t0 * H * D, w + t0 * H, k, n, t0, H, D, T, sc, T, nullptr, hist);
+      if (hist) topk_from_hist(sc, T, hist, pos + t0, n, K, sel + t0 * K, nullptr);
+      else topk_from_scores(sc, T, pos + t0, n, K, sel + t0 * K, nullptr);
+    }
+  };
+  const double both = median_ms([&] { in_blocks(nullptr); }, 3);
   // with the histograms (H 32 / 64): scores + histograms, then topk_from_hist, in the same blocks
   double both_hist = 0, tk_hist = 0;
   if (H != 16) {
     auto* hist = benchrand::alloc<uint32_t>(size_t(T) * 512);
     indexer_scores_wgmma(q, w, k, T, 0, H, D, T, sc, T, nullptr, hist);
     tk_hist = median_ms([&] { topk_from_hist(sc, T, hist, pos, T, K, sel, nullptr); }, 3);
-    both_hist = median_ms(
-        [&] {
-          for (int64_t t0 = 0; t0 < T; t0 += block) {
-            const int64_t n = std::min<int64_t>(block, T - t0);
-            indexer_scores_wgmma(q + t0 * H * D, w + t0 * H, k, n, t0, H, D, T, sc, T, nullptr, hist);
-            topk_from_hist(sc, T, hist, pos + t0, n, K, sel + t0 * K, nullptr);
-          }
-        },
-        3);
+    both_hist = median_ms([&] { in_blocks(hist); }, 3);
     cudaFree(hist);
   }
   std::printf("  with histograms: Top-K from them %.3f ms; scores + histograms + Top-K in blocks %.3f ms (%.2fx "
