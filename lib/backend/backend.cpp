@@ -123,6 +123,40 @@ int64_t Backend::check_gather_rows(int group_size, int rank, const DTensor& mine
   return total;
 }
 
+int64_t Backend::check_alltoall_rows(int group_size, const DTensor& send, const std::vector<int64_t>& send_rows,
+                                     const std::vector<int64_t>& recv_rows) {
+  DZ_CHECK(int64_t(send_rows.size()) == group_size && int64_t(recv_rows.size()) == group_size, "alltoall_rows: ",
+           send_rows.size(), " / ", recv_rows.size(), " row counts for a group of ", group_size);
+  int64_t ns = 0, nr = 0;
+  for (int r = 0; r < group_size; ++r) {
+    DZ_CHECK(send_rows[size_t(r)] >= 0 && recv_rows[size_t(r)] >= 0, "alltoall_rows: a negative row count");
+    ns += send_rows[size_t(r)], nr += recv_rows[size_t(r)];
+  }
+  DZ_CHECK(send.defined() && send.rows() == ns, "alltoall_rows: ", shape_str(send.shape), " to send, the counts say ",
+           ns, " rows");
+  return nr;
+}
+
+std::vector<char> Backend::alltoall_rows_host(const Collectives& comm, const char* send, size_t row_bytes,
+                                              const std::vector<int64_t>& send_rows,
+                                              const std::vector<int64_t>& recv_rows) {
+  std::vector<std::vector<char>> parts(size_t(comm.size()));
+  size_t at = 0;
+  for (size_t r = 0; r < parts.size(); ++r) {
+    const size_t n = size_t(send_rows[r]) * row_bytes;
+    parts[r].assign(send + at, send + at + n);
+    at += n;
+  }
+  const std::vector<std::vector<char>> got = comm.alltoallv_bytes(parts);
+  std::vector<char> out;
+  for (size_t r = 0; r < got.size(); ++r) {
+    DZ_CHECK(got[r].size() == size_t(recv_rows[r]) * row_bytes, "alltoall_rows: rank ", r, " sent ", got[r].size(),
+             " bytes, ", recv_rows[r], " rows expected");
+    out.insert(out.end(), got[r].begin(), got[r].end());
+  }
+  return out;
+}
+
 void Backend::check_moe_route(const MoeWeights& w, int64_t T, int64_t k, const DTensor& idx, const DTensor& wt) {
   DZ_CHECK(idx.dtype == DType::I32 && idx.numel() == T * k && wt.dtype == DType::F32 && wt.numel() == T * k,
            "moe_route: idx ", shape_str(idx.shape), " wt ", shape_str(wt.shape), " for ", T, " rows of ", k);

@@ -252,6 +252,20 @@ class Backend {
                                                             const std::vector<int64_t>& rows_of);
   // The checks of allgather_rows (every backend and transport): returns the gathered row count.
   static int64_t check_gather_rows(int group_size, int rank, const DTensor& mine, const std::vector<int64_t>& rows_of);
+  // send [Σ send_rows, W]: its first send_rows[0] rows go to rank 0, the next send_rows[1] to rank 1,
+  // ...; returns the rows every rank sent here, in rank order, [Σ recv_rows, W] (recv_rows[r]: the
+  // count rank r sends here, known to this rank). Bytes are moved: exact in every dtype. nullptr or a
+  // group of one: a copy of send (send_rows == recv_rows).
+  virtual DTensor alltoall_rows(const Collectives* comm, const DTensor& send, const std::vector<int64_t>& send_rows,
+                                const std::vector<int64_t>& recv_rows) = 0;
+  // The checks of alltoall_rows: returns the received row count.
+  static int64_t check_alltoall_rows(int group_size, const DTensor& send, const std::vector<int64_t>& send_rows,
+                                     const std::vector<int64_t>& recv_rows);
+  // alltoall_rows through host memory: the bytes of send's rows (row_bytes each) by MPI; returns
+  // the received bytes in rank order (checked against recv_rows).
+  static std::vector<char> alltoall_rows_host(const Collectives& comm, const char* send, size_t row_bytes,
+                                              const std::vector<int64_t>& send_rows,
+                                              const std::vector<int64_t>& recv_rows);
 
   // ---- ops ----
   // out [T, D] F32 = table[ids[t], :]; ids [T] I32 on this device (validated by the caller).

@@ -21,6 +21,10 @@ class MpiDeviceComm final : public DeviceComm {
                                                     const std::vector<int64_t>& rows_of) const override {
     return be_->allgather_rows_start(c_, mine, rows_of);
   }
+  DTensor alltoall_rows(const DTensor& send, const std::vector<int64_t>& send_rows,
+                        const std::vector<int64_t>& recv_rows) const override {
+    return be_->alltoall_rows(c_, send, send_rows, recv_rows);
+  }
   std::string kind() const override { return be_->device() == Device::Host ? "mpi" : "mpi (staged)"; }
 
  private:

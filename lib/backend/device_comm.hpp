@@ -29,6 +29,9 @@ class DeviceComm {
                                                             const std::vector<int64_t>& rows_of) const {
     return std::make_unique<ReadyRows>(allgather_rows(mine, rows_of));
   }
+  // Backend::alltoall_rows over this group (the expert-parallel dispatch and return of rows).
+  virtual DTensor alltoall_rows(const DTensor& send, const std::vector<int64_t>& send_rows,
+                                const std::vector<int64_t>& recv_rows) const = 0;
   virtual std::string kind() const = 0;  // "mpi", "mpi (staged)", "nccl"
 };
 

@@ -268,6 +268,7 @@ int run_job(const RunOptions& opt) {
   // Expert parallelism (docs/expert_parallel.md): EP groups of opt.ep / T consecutive CP ranks; the
   // peers of a rank are its group's ranks of the same TP index.
   Comm ep_peers;  // (every rank has the same opt.ep: the split is collective only when it runs)
+  std::unique_ptr<DeviceComm> ep_dev;
   if (opt.ep > 1) {
     const int M = opt.ep / T;  // CP members of an EP group
     ep_peers = world.split((grid.dp_rank() * (C / M) + grid.cp_rank() / M) * T + grid.tp_rank(), grid.cp_rank() % M);
@@ -275,7 +276,10 @@ int run_job(const RunOptions& opt) {
     tp.ep.members = M;
     tp.ep.member = grid.cp_rank() % M;
     tp.ep.peers = &ep_peers;
-    log_root(str("expert parallelism over ", opt.ep, " ranks (", M, " CP x ", T, " TP)"));
+    if (M > 1) agree(world, [&] { ep_dev = make_device_comm(*be, ep_peers); });  // the all-to-all's transport
+    tp.ep.dev = ep_dev.get();
+    log_root(str("expert parallelism over ", opt.ep, " ranks (", M, " CP x ", T, " TP)",
+                 M > 1 ? str(", all-to-all over ", ep_dev->kind()) : std::string()));
   }
   // The input is checked against config.json before the weights load (minutes for a large model).
   std::unique_ptr<InputFile> input;

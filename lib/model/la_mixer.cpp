@@ -216,8 +216,8 @@ void LinearAttnMixer::forward_packed(const DTensor& x, const std::vector<int64_t
 }
 
 // The two-stage scan of DESIGN §4 on the backend (docs/parallel_linear_attention.md): the conv
-// halo (W-1 rows a segment) crosses ranks through the host (Collectives), the transitions on the
-// backend's buffers (cp_allgather_rows: NCCL between distinct GPUs), everything else is ops.
+// halo and the transitions cross ranks on the backend's buffers (cp_allgather_rows: NCCL between
+// distinct GPUs), everything else is ops.
 void LinearAttnMixer::forward_cp(const DTensor& x, const CpCtx& ctx, MixerState& base, const DTensor& out) const {
   LaState& st = state_of(base);
   DZ_CHECK(ctx.cp && ctx.lay, name_, " forward_cp: CpCtx needs a CP communicator and a layout");
@@ -253,19 +253,42 @@ void LinearAttnMixer::forward_cp(const DTensor& x, const CpCtx& ctx, MixerState&
   {
     auto timer = ctx.time("la_stage1");
     tk = project(x);
-    // Conv halo (ops/short_conv.hpp ConvHalo): every rank shares the last min(W-1, n_j) pre-conv
-    // rows of each of its segments; a segment's conv state is the W-1 inputs before it.
-    std::vector<float> tails;
-    for (size_t i = 0; i < mine.size(); ++i) {
-      const int64_t m = ConvHalo::tail_rows(lay, P, mine[i]);
-      if (m == 0) continue;
-      const std::vector<float> t = be.to_host(tk.pre.slab(off[i + 1] - m, off[i + 1]));
-      tails.insert(tails.end(), t.begin(), t.end());
+    // Conv halo (ops/short_conv.hpp ConvHalo, here on the backend's buffers): every rank shares
+    // the last min(W-1, n_j) pre-conv rows of each of its segments; a segment's conv state is the
+    // W-1 inputs before it (zeros before the document).
+    DTensor pre = tk.pre;
+    if (pre.dtype != be.act_dtype()) {
+      pre = be.act({R, CD});
+      be.convert(tk.pre, pre);
     }
-    const ConvHalo halo(lay, P, CD, comm.allgatherv(tails));
-    auto halo_before = [&](int j) {  // inputs are act values: the round trip is exact
-      const std::vector<float> h = halo.before(j);
-      return be.upload(h.data(), {P, CD}, be.act_dtype());
+    std::vector<int64_t> rows_of(size_t(comm.size()), 0), tail_at(size_t(lay.n_seg()), 0);
+    int64_t at = 0;
+    for (int r = 0; r < comm.size(); ++r)
+      for (int j : lay.segments_of(r)) {
+        tail_at[size_t(j)] = at;  // rank order, each rank's segments in layout order: the gather's
+        at += ConvHalo::tail_rows(lay, P, j);
+        rows_of[size_t(r)] += ConvHalo::tail_rows(lay, P, j);
+      }
+    std::vector<Backend::RowCopy> pick;
+    DTensor tails = be.act({rows_of[size_t(lay.cp_rank)], CD});
+    for (size_t i = 0, t = 0; i < mine.size(); ++i) {
+      const int64_t m = ConvHalo::tail_rows(lay, P, mine[i]);
+      if (m > 0) pick.push_back({pre, off[i + 1] - m, tails, int64_t(t), m});
+      t += size_t(m);
+    }
+    be.copy_rows_many(pick);
+    const DTensor all_tails = cp_allgather_rows(be, ctx, tails, rows_of);
+    auto halo_before = [&](int j) {  // ConvHalo::before on the gathered rows
+      DTensor h = be.zeros({P, CD}, be.act_dtype());
+      std::vector<Backend::RowCopy> mv;
+      int64_t need = P;  // rows of h still to fill, from the bottom (row P-1) up
+      for (int s = j - 1; s >= 0 && need > 0; --s) {
+        const int64_t tr = ConvHalo::tail_rows(lay, P, s), m = std::min(need, tr);
+        if (m > 0) mv.push_back({all_tails, tail_at[size_t(s)] + tr - m, h, need - m, m});
+        need -= m;
+      }
+      be.copy_rows_many(mv);
+      return h;
     };
     for (size_t i = 0; i < mine.size(); ++i) {
       const int64_t r0 = off[i], r1 = off[i + 1];

@@ -160,38 +160,54 @@ class MoeFfn : public Ffn {
     if (T > 0) be.moe_route(rc_, w, xe, idx, wt);
     w.fixed = idx, w.fixed_wt = wt;
     be.moe(rc_, w, xe, out);  // this rank's experts (+ its shared-expert shard) on its rows
-    // The pairs (row, expert) whose expert another member's rank of this TP index holds.
+    // The pairs (row, expert) whose expert another member's rank of this TP index holds: their
+    // expert ids and weights through the host (8 bytes a pair), their rows on the backend's buffers.
     std::vector<int32_t> ids(static_cast<size_t>(T * k));
-    std::vector<float> wts(static_cast<size_t>(T * k)), xh(static_cast<size_t>(T * DX));
-    if (T > 0) be.download_i32(idx, ids.data()), be.download(wt, wts.data()), be.download(xe, xh.data());
-    const size_t rec = sizeof(int32_t) + sizeof(float) + size_t(DX) * sizeof(float);  // expert, weight, row
-    std::vector<std::vector<char>> send(size_t(ep.members));
-    std::vector<std::vector<int64_t>> rows_to(size_t(ep.members));  // which row each record was
+    std::vector<float> wts(static_cast<size_t>(T * k));
+    if (T > 0) be.download_i32(idx, ids.data()), be.download(wt, wts.data());
+    const size_t M = size_t(ep.members);
+    std::vector<std::vector<char>> meta(M);          // per member: (expert, weight) of each pair sent
+    std::vector<std::vector<int64_t>> rows_to(M);    // which local row each pair sent there was
     for (int64_t a = 0; a < T * k; ++a) {
       const int owner = ids[size_t(a)] / int(per), m = owner / tp_.size;
       if (owner % tp_.size != tp_.rank || m == ep.member) continue;  // computed where the row is already
-      std::vector<char>& b = send[size_t(m)];
+      std::vector<char>& b = meta[size_t(m)];
       const size_t o = b.size();
-      b.resize(o + rec);
+      b.resize(o + 8);
       std::memcpy(&b[o], &ids[size_t(a)], 4);
       std::memcpy(&b[o + 4], &wts[size_t(a)], 4);
-      std::memcpy(&b[o + 8], xh.data() + (a / k) * DX, size_t(DX) * 4);
       rows_to[size_t(m)].push_back(a / k);
     }
-    const std::vector<std::vector<char>> got = ep.peers->alltoallv_bytes(send);
+    const std::vector<std::vector<char>> got = ep.peers->alltoallv_bytes(meta);
+    std::vector<int64_t> send_rows(M), recv_rows(M);
+    std::vector<Backend::RowCopy> pick;  // the rows to send, member by member
+    int64_t ns = 0, n = 0;
+    for (size_t m = 0; m < M; ++m) {
+      send_rows[m] = int64_t(rows_to[m].size());
+      recv_rows[m] = int64_t(got[m].size() / 8);
+      n += recv_rows[m];
+      for (int64_t r : rows_to[m]) pick.push_back({xe, r, DTensor{}, ns++, 1});
+    }
+    DTensor xa = xe;  // the rows as the experts take them (act)
+    if (xe.dtype != be.act_dtype()) {
+      xa = be.act({T, DX});
+      be.convert(xe, xa);
+    }
+    DTensor xs = be.act({ns, DX});
+    for (Backend::RowCopy& c : pick) c.src = xa, c.dst = xs;
+    be.copy_rows_many(pick);
+    const DTensor rx = exchange(xs, send_rows, recv_rows);  // [n, DX] the pairs for this rank's experts
     // Their pairs for this rank's experts, weighted here (top_k 1 per record).
-    int64_t n = 0;
-    for (const auto& g : got) n += int64_t(g.size() / rec);
-    std::vector<int32_t> rid(static_cast<size_t>(n));
-    std::vector<float> rw(static_cast<size_t>(n)), rx(static_cast<size_t>(n * DX)), ry(static_cast<size_t>(n * DX));
-    int64_t i = 0;
-    for (const auto& g : got)
-      for (size_t o = 0; o < g.size(); o += rec, ++i) {
-        std::memcpy(&rid[size_t(i)], &g[o], 4);
-        std::memcpy(&rw[size_t(i)], &g[o + 4], 4);
-        std::memcpy(rx.data() + i * DX, &g[o + 8], size_t(DX) * 4);
-      }
+    DTensor yr = be.act({n, DX});
     if (n > 0) {
+      std::vector<int32_t> rid(static_cast<size_t>(n));
+      std::vector<float> rw(static_cast<size_t>(n));
+      int64_t i = 0;
+      for (const auto& g : got)
+        for (size_t o = 0; o < g.size(); o += 8, ++i) {
+          std::memcpy(&rid[size_t(i)], &g[o], 4);
+          std::memcpy(&rw[size_t(i)], &g[o + 4], 4);
+        }
       MoeWeights wr = w_;
       wr.has_shared = false;
       wr.route_x = DTensor{};
@@ -199,28 +215,35 @@ class MoeFfn : public Ffn {
       wr.fixed_wt = be.upload(rw.data(), {n, 1}, DType::F32);
       RouterConfig r1 = rc_;
       r1.top_k = 1;
-      const DTensor yr = be.act({n, DX});
-      be.moe(r1, wr, be.upload(rx.data(), {n, DX}, be.act_dtype()), yr);
-      be.download(yr, ry.data());
+      be.moe(r1, wr, rx, yr);
     }
-    std::vector<std::vector<char>> reply(size_t(ep.members));
-    i = 0;
-    for (size_t m = 0; m < got.size(); ++m) {
-      const int64_t c = int64_t(got[m].size() / rec);
-      reply[m].resize(size_t(c * DX) * 4);
-      if (c) std::memcpy(reply[m].data(), ry.data() + i * DX, size_t(c * DX) * 4);
-      i += c;
+    const DTensor back = exchange(yr, recv_rows, send_rows);  // [ns, DX]: the results of the pairs sent
+    // out += the other members' results, summed per row in fp32 in member order, then pair order:
+    // round j adds each row's j-th result (rows with fewer add zeros, which changes no sum).
+    std::vector<std::vector<int64_t>> of_row(static_cast<size_t>(T));
+    int64_t at = 0;
+    for (size_t m = 0; m < M; ++m)
+      for (int64_t r : rows_to[m]) of_row[size_t(r)].push_back(at++);
+    size_t rounds = 0;
+    for (const auto& v : of_row) rounds = std::max(rounds, v.size());
+    if (rounds == 0) return;
+    DTensor acc = be.zeros({T, DX}, DType::F32), g = be.act({T, DX});
+    for (size_t j = 0; j < rounds; ++j) {
+      be.fill_zero(g);
+      std::vector<Backend::RowCopy> put;
+      for (int64_t t = 0; t < T; ++t)
+        if (of_row[size_t(t)].size() > j) put.push_back({back, of_row[size_t(t)][j], g, t, 1});
+      be.copy_rows_many(put);
+      be.add(acc, g);
     }
-    const std::vector<std::vector<char>> back = ep.peers->alltoallv_bytes(reply);
-    std::vector<float> acc(static_cast<size_t>(T * DX), 0.f);  // [T, DX] the other members' results
-    for (size_t m = 0; m < back.size(); ++m) {
-      DZ_CHECK(back[m].size() == rows_to[m].size() * size_t(DX) * 4, "MoE expert parallelism: member ", m, " returned ",
-               back[m].size(), " bytes for ", rows_to[m].size(), " rows");
-      const float* y = reinterpret_cast<const float*>(back[m].data());
-      for (size_t r = 0; r < rows_to[m].size(); ++r)
-        for (int64_t d = 0; d < DX; ++d) acc[size_t(rows_to[m][r] * DX + d)] += y[int64_t(r) * DX + d];
-    }
-    if (T > 0) be.add(out, be.upload(acc.data(), {T, DX}, DType::F32));
+    be.add(out, acc);
+  }
+  // Backend::alltoall_rows over the EP peers: their DeviceComm when the job made one.
+  DTensor exchange(const DTensor& send, const std::vector<int64_t>& send_rows,
+                   const std::vector<int64_t>& recv_rows) const {
+    const EpShard& ep = tp_.ep;
+    if (ep.dev) return ep.dev->alltoall_rows(send, send_rows, recv_rows);
+    return be_->alltoall_rows(ep.peers, send, send_rows, recv_rows);
   }
   // The latent MoE. Under TP the experts' width shards give partial sums of u, all-reduced before
   // the norm (it needs the whole of u); up then takes this rank's latent columns [l0, l1), so

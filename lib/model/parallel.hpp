@@ -30,6 +30,8 @@ struct EpShard {
   int size = 1;                       // E (1: no expert parallelism, experts width-sharded over TP)
   int member = 0, members = 1;        // this rank's CP member in the EP group, E / tp of them
   const Collectives* peers = nullptr; // the members' ranks of this TP index, in member order
+  const DeviceComm* dev = nullptr;    // peers on the backend's buffers (the job makes it); null: the
+                                      // backend's transport over peers (Backend::alltoall_rows)
 };
 
 struct TpShard {

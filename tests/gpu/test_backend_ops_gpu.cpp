@@ -1386,8 +1386,17 @@ TEST_CASE("backend comms: NCCL at world size 1 and the staged MPI path keep a te
     for (size_t i = 0; i < iv.size(); ++i) iv[i] = int32_t(i * 2654435761u);
     const auto v = rnd(size_t(R * W), 92);
     DTensor t = dt == DType::I32 ? b.gpu->upload_i32(iv.data(), {R, W}) : b.gpu->upload(v.data(), {R, W}, dt);
-    for (int path = 0; path < 2; ++path) {
-      const DTensor g = path == 0 ? picked->allgather_rows(t, {R}) : b.gpu->allgather_rows(&self, t, {R});
+    // 0, 1: NCCL and staged; 2: NCCL started on its own stream; 3, 4: two NCCL exchanges in flight,
+    // waited in reverse order, with a third dropped unwaited between them
+    auto p1 = picked->allgather_rows_start(t, {R});
+    auto p2 = picked->allgather_rows_start(t, {R});
+    picked->allgather_rows_start(t, {R});
+    for (int path = 0; path < 5; ++path) {
+      const DTensor g = path == 0   ? picked->allgather_rows(t, {R})
+                        : path == 1 ? b.gpu->allgather_rows(&self, t, {R})
+                        : path == 2 ? picked->allgather_rows_start(t, {R})->wait()
+                        : path == 3 ? p2->wait()
+                                    : p1->wait();
       REQUIRE(g.rows() == R);
       REQUIRE(g.cols() == W);
       REQUIRE(g.dtype == dt);
@@ -1401,7 +1410,20 @@ TEST_CASE("backend comms: NCCL at world size 1 and the staged MPI path keep a te
     }
     CHECK_THROWS_WITH(picked->allgather_rows(t, {R + 1}), Catch::Contains("its count says"));
   }
-  std::printf("  nccl (world size 1) and staged all-gather of rows: identity, f32, bf16 and i32\n");
+  std::printf("  nccl (world size 1) and staged all-gather of rows, nccl also started on its stream: identity, f32, "
+              "bf16 and i32\n");
+  // all-to-all of rows (the expert-parallel dispatch): to itself, bytes as they were; 0 rows too
+  for (int64_t R : {int64_t(0), int64_t(5)}) {
+    const auto v = rnd(size_t(std::max<int64_t>(R, 1) * 40), 93);
+    DTensor t = b.gpu->upload(v.data(), {R, 40}, DType::BF16);
+    for (int path = 0; path < 2; ++path) {
+      const DTensor g = path == 0 ? picked->alltoall_rows(t, {R}, {R}) : b.gpu->alltoall_rows(&self, t, {R}, {R});
+      REQUIRE(g.rows() == R);
+      if (R > 0) CHECK(b.gpu->to_host(g) == std::vector<float>(v.begin(), v.begin() + R * 40));
+    }
+    CHECK_THROWS_WITH(picked->alltoall_rows(t, {R + 1}, {R + 1}), Catch::Contains("the counts say"));
+  }
+  std::printf("  nccl (world size 1) and staged all-to-all of rows: identity, 0 and 5 rows\n");
 }
 
 // A group of one (the segments' moves are then in order): the composition on cuda; the reordering

@@ -60,6 +60,10 @@ class CountingBackend final : public Backend {
   DTensor allgather_rows(const Collectives* comm, const DTensor& mine, const std::vector<int64_t>& rows_of) override {
     return be.allgather_rows(comm, mine, rows_of);
   }
+  DTensor alltoall_rows(const Collectives* comm, const DTensor& send, const std::vector<int64_t>& send_rows,
+                        const std::vector<int64_t>& recv_rows) override {
+    return be.alltoall_rows(comm, send, send_rows, recv_rows);
+  }
   void embed(const DTensor& table, const DTensor& ids, const DTensor& out) override { be.embed(table, ids, out); }
   void rmsnorm(const DTensor& x, const DTensor& w, const DTensor& y, float eps, bool zc) override {
     be.rmsnorm(x, w, y, eps, zc);

@@ -298,22 +298,70 @@ class CudaBackend final : public Backend {
     if (t.dtype != DType::F32) cuda::convert(f.data, Dt::F32, t.data, dt_of(t), n, st());
     host_wait();  // the pinned buffer is reused by the next call
   }
+  // Staged through host memory (allgather_rows_start, waited at once); a group of one: a copy.
   DTensor allgather_rows(const Collectives* comm, const DTensor& mine, const std::vector<int64_t>& rows_of) override {
-    const int n = comm ? comm->size() : 1, me = comm ? comm->rank() : 0;
-    const int64_t total = check_gather_rows(n, me, mine, rows_of), W = mine.cols();
-    DTensor out = alloc({total, W}, mine.dtype);
+    const int n = comm ? comm->size() : 1;
+    if (n > 1) return allgather_rows_start(comm, mine, rows_of)->wait();
+    const int64_t total = check_gather_rows(n, 0, mine, rows_of);
+    DTensor out = alloc({total, mine.cols()}, mine.dtype);
+    if (out.bytes()) CUDA_CHECK(cudaMemcpyAsync(out.data, mine.data, out.bytes(), cudaMemcpyDeviceToDevice, st()));
+    return out;
+  }
+  // Staged and started: mine goes to the host now (after the kernels that make it), MPI_Iallgatherv
+  // runs while the caller queues more kernels, the rows go up at wait() (which then waits for the
+  // device: the host buffer goes with the pending). The GPU computes while the host exchanges.
+  std::unique_ptr<PendingRows> allgather_rows_start(const Collectives* comm, const DTensor& mine,
+                                                    const std::vector<int64_t>& rows_of) override {
+    const int n = comm ? comm->size() : 1;
+    if (n == 1) return Backend::allgather_rows_start(comm, mine, rows_of);
+    const int64_t total = check_gather_rows(n, comm->rank(), mine, rows_of), W = mine.cols();
+    struct Pending final : PendingRows {
+      CudaBackend* be = nullptr;
+      DTensor out;
+      std::vector<char> send, recv;
+      std::unique_ptr<CommRequest> req;  // last: completed first when destroyed unwaited
+      bool up = false;
+      DTensor wait() override {
+        if (!up) {
+          req->wait();
+          if (!recv.empty())
+            CUDA_CHECK(cudaMemcpyAsync(out.data, recv.data(), recv.size(), cudaMemcpyHostToDevice, be->st()));
+          be->host_wait();  // recv goes with this object
+          up = true;
+        }
+        return out;
+      }
+    };
+    auto p = std::make_unique<Pending>();
+    p->be = this;
+    p->out = alloc({total, W}, mine.dtype);
+    p->send.resize(mine.bytes());
+    p->recv.resize(p->out.bytes());
+    if (!p->send.empty())
+      CUDA_CHECK(cudaMemcpyAsync(p->send.data(), mine.data, p->send.size(), cudaMemcpyDeviceToHost, st()));
+    host_wait();
+    std::vector<size_t> counts(static_cast<size_t>(n));
+    for (int r = 0; r < n; ++r) counts[size_t(r)] = size_t(rows_of[size_t(r)] * W) * dtype_size(mine.dtype);
+    p->req = comm->iallgatherv_into(p->send.data(), p->recv.data(), counts);
+    return p;
+  }
+  DTensor alltoall_rows(const Collectives* comm, const DTensor& send, const std::vector<int64_t>& send_rows,
+                        const std::vector<int64_t>& recv_rows) override {
+    const int n = comm ? comm->size() : 1;
+    const int64_t total = check_alltoall_rows(n, send, send_rows, recv_rows), W = send.cols();
+    DTensor out = alloc({total, W}, send.dtype);
     if (n == 1) {
-      if (out.bytes()) CUDA_CHECK(cudaMemcpyAsync(out.data, mine.data, out.bytes(), cudaMemcpyDeviceToDevice, st()));
+      DZ_CHECK(total == send.rows(), "alltoall_rows: a group of one receives what it sends");
+      if (out.bytes()) CUDA_CHECK(cudaMemcpyAsync(out.data, send.data, out.bytes(), cudaMemcpyDeviceToDevice, st()));
       return out;
     }
-    std::vector<char> send(mine.bytes());  // staged: device -> host, MPI, host -> device
-    if (!send.empty()) CUDA_CHECK(cudaMemcpyAsync(send.data(), mine.data, send.size(), cudaMemcpyDeviceToHost, st()));
+    std::vector<char> h(send.bytes());  // staged: device -> host, MPI, host -> device
+    if (!h.empty()) CUDA_CHECK(cudaMemcpyAsync(h.data(), send.data, h.size(), cudaMemcpyDeviceToHost, st()));
     host_wait();
-    const std::vector<char> all = comm->allgatherv_bytes(send);
-    DZ_CHECK(all.size() == out.bytes(), "allgather_rows: ", all.size(), " bytes arrived for ", total, " rows of ", W,
-             " ", to_string(mine.dtype), " (a rank's count differs from what it holds)");
-    if (!all.empty()) CUDA_CHECK(cudaMemcpyAsync(out.data, all.data(), all.size(), cudaMemcpyHostToDevice, st()));
-    host_wait();  // `all` goes when this returns
+    const std::vector<char> got =
+        alltoall_rows_host(*comm, h.data(), size_t(W) * dtype_size(send.dtype), send_rows, recv_rows);
+    if (!got.empty()) CUDA_CHECK(cudaMemcpyAsync(out.data, got.data(), got.size(), cudaMemcpyHostToDevice, st()));
+    host_wait();  // `got` goes when this returns
     return out;
   }
 

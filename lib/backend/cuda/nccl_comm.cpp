@@ -1,5 +1,6 @@
 // NCCL communicator for a group whose ranks each have their own GPU (backend/device_comm.hpp).
-// The unique id comes from the group's root over MPI; collectives run on the backend's stream.
+// The unique id comes from the group's root over MPI; collectives run on the backend's stream, the
+// started all-gathers (allgather_rows_start) on the communicator's own stream.
 #include "backend/device_comm.hpp"
 
 #ifdef DAYZERO_HAVE_NCCL
@@ -28,8 +29,13 @@ class NcclComm final : public DeviceComm {
     group.bcast_bytes(&id, sizeof id, 0);
     NCCL_CHECK(ncclCommInitRank(&comm_, group.size(), id, group.rank()));
     size_ = group.size(), rank_ = group.rank();
+    CUDA_CHECK(cudaStreamCreateWithFlags(&side_, cudaStreamNonBlocking));
   }
-  ~NcclComm() override { ncclCommDestroy(comm_); }
+  ~NcclComm() override {
+    cudaStreamSynchronize(side_);
+    cudaStreamDestroy(side_);
+    ncclCommDestroy(comm_);
+  }
   // Sums in fp32 whatever the tensor's dtype (bf16 partial sums are widened first, as the staged
   // MPI path does), so the result does not depend on the transport's reduction order in bf16.
   void allreduce_sum(const DTensor& t) const override {
@@ -49,10 +55,70 @@ class NcclComm final : public DeviceComm {
   // Variable counts: one broadcast per rank (root r sends its rows into their place in the
   // result), grouped into one NCCL operation.
   DTensor allgather_rows(const DTensor& mine, const std::vector<int64_t>& rows_of) const override {
-    const int64_t total = Backend::check_gather_rows(size_, rank_, mine, rows_of), W = mine.cols();
-    DTensor out = be_->alloc({total, W}, mine.dtype);
-    const size_t row_bytes = size_t(W) * dtype_size(mine.dtype);
+    const int64_t total = Backend::check_gather_rows(size_, rank_, mine, rows_of);
+    DTensor out = be_->alloc({total, mine.cols()}, mine.dtype);
+    broadcast_rows(mine, rows_of, out, static_cast<cudaStream_t>(be_->native_stream()));
+    return out;
+  }
+  // Started on the communicator's own stream after what the backend's stream has queued (the
+  // kernels that make mine); wait() makes the backend's stream wait for it, so the kernels queued
+  // in between run beside the exchange.
+  std::unique_ptr<PendingRows> allgather_rows_start(const DTensor& mine,
+                                                    const std::vector<int64_t>& rows_of) const override {
+    const int64_t total = Backend::check_gather_rows(size_, rank_, mine, rows_of);
+    auto p = std::make_unique<Pending>();
+    p->s = static_cast<cudaStream_t>(be_->native_stream());
+    p->in = mine;  // held until the backend's stream is behind the exchange: no reuse before it reads
+    p->out = be_->alloc({total, mine.cols()}, mine.dtype);
+    cudaEvent_t ready;
+    CUDA_CHECK(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming));
+    CUDA_CHECK(cudaEventRecord(ready, p->s));
+    CUDA_CHECK(cudaStreamWaitEvent(side_, ready, 0));
+    CUDA_CHECK(cudaEventDestroy(ready));  // released once it has completed
+    broadcast_rows(mine, rows_of, p->out, side_);
+    CUDA_CHECK(cudaEventCreateWithFlags(&p->done, cudaEventDisableTiming));
+    CUDA_CHECK(cudaEventRecord(p->done, side_));
+    return p;
+  }
+  // One grouped send / receive per peer (itself included).
+  DTensor alltoall_rows(const DTensor& send, const std::vector<int64_t>& send_rows,
+                        const std::vector<int64_t>& recv_rows) const override {
+    const int64_t total = Backend::check_alltoall_rows(size_, send, send_rows, recv_rows), W = send.cols();
+    DTensor out = be_->alloc({total, W}, send.dtype);
+    const size_t row_bytes = size_t(W) * dtype_size(send.dtype);
     auto s = static_cast<cudaStream_t>(be_->native_stream());
+    NCCL_CHECK(ncclGroupStart());
+    size_t so = 0, ro = 0;
+    for (int r = 0; r < size_; ++r) {
+      const size_t ns = size_t(send_rows[size_t(r)]) * row_bytes, nr = size_t(recv_rows[size_t(r)]) * row_bytes;
+      if (ns > 0) NCCL_CHECK(ncclSend(static_cast<const char*>(send.data) + so, ns, ncclUint8, r, comm_, s));
+      if (nr > 0) NCCL_CHECK(ncclRecv(static_cast<char*>(out.data) + ro, nr, ncclUint8, r, comm_, s));
+      so += ns, ro += nr;
+    }
+    NCCL_CHECK(ncclGroupEnd());
+    return out;
+  }
+  std::string kind() const override { return "nccl"; }
+
+ private:
+  struct Pending final : PendingRows {
+    cudaStream_t s = nullptr;
+    cudaEvent_t done = nullptr;
+    DTensor in, out;
+    bool joined = false;
+    DTensor wait() override {
+      if (!joined) CUDA_CHECK(cudaStreamWaitEvent(s, done, 0));
+      joined = true;
+      return out;
+    }
+    ~Pending() override {  // unwaited: the backend's stream still must not reuse in / out before it
+      if (!joined && done) cudaStreamWaitEvent(s, done, 0);
+      if (done) cudaEventDestroy(done);
+    }
+  };
+  void broadcast_rows(const DTensor& mine, const std::vector<int64_t>& rows_of, const DTensor& out,
+                      cudaStream_t s) const {
+    const size_t row_bytes = size_t(mine.cols()) * dtype_size(mine.dtype);
     NCCL_CHECK(ncclGroupStart());
     size_t at = 0;
     for (int r = 0; r < size_; ++r) {
@@ -62,13 +128,11 @@ class NcclComm final : public DeviceComm {
       at += n;
     }
     NCCL_CHECK(ncclGroupEnd());
-    return out;
   }
-  std::string kind() const override { return "nccl"; }
 
- private:
   Backend* be_;
   ncclComm_t comm_ = nullptr;
+  cudaStream_t side_ = nullptr;  // the started all-gathers' stream (allgather_rows_start)
   int size_ = 1, rank_ = 0;
 };
 
