@@ -6,8 +6,8 @@
 //   prep (chunk, head), parallel: gates, norms, pair products L and Aqk — off-diagonal 16-row
 //        blocks on tensor cores with a reference row r between the blocks, so both factors
 //        e^(G_i - G_r) and e^(G_r - G_j) are <= 1; diagonal blocks exact per element (KDA) —,
-//        (I + L)^-1 by forward substitution, W = Ainv (β k e^G) and U = Ainv (β v) on tensor
-//        cores; bf16 records.
+//        (I + L)^-1 in 16-row blocks (forward substitution, then 3xTF32 block products),
+//        W = Ainv (β k e^G) and U = Ainv (β v) on tensor cores; bf16 records.
 //   rec  (value head, column block, sequence), sequential over chunks: S in fp32 mma accumulators;
 //        per chunk U' = U - W S and S = e^(G_last) S + Kdᵀ U'; stores the bf16 state entering
 //        each chunk and U' for
@@ -21,12 +21,14 @@
 #include "common.cuh"
 #include "linear_attn_common.cuh"
 #include "linear_attn_impl.cuh"
+#include "mma_sm80.cuh"
 
 namespace dz::cuda::la {
 
 namespace {
 
 constexpr int BT = kMmaBT, NT = 256, AP = BT + 8;  // AP: padded bf16 row of 64 (conflict-free fragments)
+constexpr int FS = BT + 4;  // fp32 row of the solve's blocks: A-fragment reads (rows gq, columns tq) conflict-free
 // Outputs inside the recurrence: -1 automatic, 0 off, 1 on (LaPrefill::fused_output). H200, T=64K:
 // fused 6.28 vs 6.40 ms at H=32 (128 recurrence CTAs), but 2.67 vs 2.08 ms at H=4 (32 CTAs,
 // where the longer sequential step is the whole cost); the scan's last pass: 1.30 vs 1.37 ms.
@@ -84,6 +86,35 @@ __device__ __forceinline__ void mma_rows(float (*c)[4], const bf16* A, int lda, 
   }
 }
 
+// c += A · B for A a 16 x 16 fp32 block (row-major, stride lda) and B 16 x 8 (row-major, stride
+// ldb), both in shared memory, as 3xTF32 on tensor cores (m16n8k8; the solve's blocks are far too
+// small for load efficiency to matter: scalar fragment loads).
+__device__ __forceinline__ void mma_16x8x16_3xtf32(float (&c)[4], const float* A, int lda, const float* B, int ldb,
+                                                   int lane) {
+  const int gq = lane >> 2, tq = lane & 3;
+#pragma unroll
+  for (int k0 = 0; k0 < 16; k0 += 8) {
+    uint32_t ah[4], al[4], bh0, bl0, bh1, bl1;
+    split_tf32(A[gq * lda + k0 + tq], ah[0], al[0]);
+    split_tf32(A[(gq + 8) * lda + k0 + tq], ah[1], al[1]);
+    split_tf32(A[gq * lda + k0 + tq + 4], ah[2], al[2]);
+    split_tf32(A[(gq + 8) * lda + k0 + tq + 4], ah[3], al[3]);
+    split_tf32(B[(k0 + tq) * ldb + gq], bh0, bl0);
+    split_tf32(B[(k0 + tq + 4) * ldb + gq], bh1, bl1);
+    mma_tf32(c, al, bh0, bh1);
+    mma_tf32(c, ah, bl0, bl1);
+    mma_tf32(c, ah, bh0, bh1);
+  }
+}
+// A 16 x 8 accumulator tile (mma layout) times s into a row-major fp32 matrix at D (stride ld).
+__device__ __forceinline__ void tile_store(float* D, int ld, const float c[4], int lane, float s) {
+  const int gq = lane >> 2, tq = lane & 3;
+  D[gq * ld + 2 * tq] = s * c[0];
+  D[gq * ld + 2 * tq + 1] = s * c[1];
+  D[(gq + 8) * ld + 2 * tq] = s * c[2];
+  D[(gq + 8) * ld + 2 * tq + 1] = s * c[3];
+}
+
 __device__ __forceinline__ void ldsm_x4_trans(uint32_t r[4], const bf16* p) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
@@ -125,7 +156,9 @@ constexpr float kSpanMax = 80.f;  // diagonal blocks factor e^(G_i - G_j) throug
 template <int K, bool KDA>
 constexpr size_t prep_smem_bytes() {
   constexpr int KP = K + 8;
-  return size_t(2 * BT * KP) * 2 + size_t(BT * (KDA ? K : 1)) * 4 + size_t(BT * (BT + 1)) * 4 + size_t(112 * KP) * 2;
+  // X: the pair operands [112][KP] bf16, later (I+L)^-1 as bf16 [BT][AP] and its fp32 blocks [BT][FS]
+  constexpr size_t xb = std::max(size_t(112 * KP) * 2, size_t(BT * AP) * 2 + size_t(BT * FS) * 4);
+  return size_t(2 * BT * KP) * 2 + size_t(BT * (KDA ? K : 1)) * 4 + size_t(BT * (BT + 1)) * 4 + xb;
 }
 
 __device__ __forceinline__ void unpack8(const uint4 u, float f[8]) {
@@ -443,25 +476,85 @@ __global__ void __launch_bounds__(NTP, 2) mma_prep_kernel(const LaPrefill p, con
       *reinterpret_cast<uint4*>(Vs + j * KP + y0) = make_uint4(0, 0, 0, 0);
   }
   __pipeline_commit();
-  // (I + L)^-1 by forward substitution: 8 threads per column c, thread r owns rows 8m + r; the
-  // finished x_j is shuffled from its owner. Column c is then scaled by beta_c (W = Ainv diag(beta) K e^G).
-  bf16* Ai = X;  // [BT][AP]
+  // (I + L)^-1 in 16-row blocks (fla's solve_tril shape): the four diagonal blocks' inverses D_b by
+  // forward substitution (15 steps, all four at once), then the blocks below them on tensor cores
+  // (3xTF32, ~fp32's accuracy): Ai_ij = -D_i X_ij, X_ij = sum_{j<=k<i} L_ik Ai_kj, in dependency
+  // order over five barrier-separated phases. Ai's column c is scaled by beta_c as it is stored
+  // (W = Ainv diag(beta) K e^G). fp32 blocks that later products read stay in F.
+  // (Before: forward substitution over all 63 steps, one scalar L load per FMA, ~250 a thread.)
+  bf16* Ai = X;                                         // [BT][AP] bf16, the product operand
+  float* F = reinterpret_cast<float*>(X + BT * AP);     // [BT][FS] fp32 D_b, X_ij scratch, Ai_ij
+  auto Lb = [&](int bi, int bk) { return L + 16 * bi * LS + 16 * bk; };
+  auto Fb = [&](int bi, int bk) { return F + 16 * bi * FS + 16 * bk; };
+  // Ai block (bi, bj) columns 8t + 2tq, +1 from a tile c (16 x 8, mma layout), negated and scaled.
+  auto store_ai = [&](const float c[4], int bi, int bj, int t, bool keep_fp32) {
+    const int i = 16 * bi + gq, j = 16 * bj + 8 * t + 2 * tq;
+    const float b0 = betas[j], b1 = betas[j + 1];
+    *reinterpret_cast<uint32_t*>(Ai + i * AP + j) = pack2(-c[0] * b0, -c[1] * b1);
+    *reinterpret_cast<uint32_t*>(Ai + (i + 8) * AP + j) = pack2(-c[2] * b0, -c[3] * b1);
+    if (keep_fp32) tile_store(Fb(bi, bj) + 8 * t, FS, c, lane, -1.f);
+  };
   {
-    const int c = tid >> 3, r = tid & 7;
-    float xs[8];
+    const int b = tid >> 7, c = (tid >> 3) & 15, r = tid & 7;  // block, column, owner of rows r, r + 8
+    const float* Ld = Lb(b, b);
+    float x0 = r == c ? 1.f : 0.f, x1 = 8 + r == c ? 1.f : 0.f;
 #pragma unroll
-    for (int m = 0; m < 8; ++m) xs[m] = 8 * m + r == c ? 1.f : 0.f;
-#pragma unroll
-    for (int j = 0; j < BT - 1; ++j) {
-      if (j < 4 * warp) continue;  // x_j = 0 in all four columns of this warp (c > j): nothing to do
-      const float xj = __shfl_sync(0xffffffffu, xs[j >> 3], (lane & ~7) | (j & 7));
-#pragma unroll
-      for (int m = j >> 3; m < 8; ++m)
-        if (m > (j >> 3) || r > (j & 7)) xs[m] -= L[(8 * m + r) * LS + j] * xj;
+    for (int j = 0; j < 15; ++j) {
+      const float xj = __shfl_sync(0xffffffffu, j < 8 ? x0 : x1, (lane & ~7) | (j & 7));
+      if (r > j) x0 -= Ld[r * LS + j] * xj;
+      if (8 + r > j) x1 -= Ld[(8 + r) * LS + j] * xj;
     }
-    const float bc = betas[c];
-#pragma unroll
-    for (int m = 0; m < 8; ++m) Ai[(8 * m + r) * AP + c] = __float2bfloat16(xs[m] * bc);
+    const int i = 16 * b + r, j = 16 * b + c;
+    F[i * FS + j] = x0;
+    F[(i + 8) * FS + j] = x1;
+    Ai[i * AP + j] = __float2bfloat16(x0 * betas[j]);
+    Ai[(i + 8) * AP + j] = __float2bfloat16(x1 * betas[j]);
+    for (int e = tid; e < 6 * 128; e += NTP) {  // the blocks above the diagonal: zeros
+      const int pr = e >> 7, bi = pr < 3 ? 0 : (pr < 5 ? 1 : 2), bj = pr < 3 ? pr + 1 : (pr < 5 ? pr - 1 : 3);
+      *reinterpret_cast<uint32_t*>(Ai + (16 * bi + ((e >> 3) & 15)) * AP + 16 * bj + 2 * (e & 7)) = 0u;
+    }
+  }
+  __syncthreads();
+  {
+    // warps 0-5: (b + 1, b) for b = w / 2; 6-7: (2, 0); 8-9: (3, 1); 10-11: (3, 0); t = w % 2 the
+    // 8-column tile of the 16-column block
+    const int t = warp & 1, b = warp >> 1;
+    float P[4] = {0.f, 0.f, 0.f, 0.f};
+    if (warp < 6) {  // X_{b+1,b} = L_{b+1,b} D_b into F as scratch, then Ai_{b+1,b} = -D_{b+1} X
+      mma_16x8x16_3xtf32(P, Lb(b + 1, b), LS, Fb(b, b) + 8 * t, FS, lane);
+      tile_store(Fb(b + 1, b) + 8 * t, FS, P, lane, 1.f);
+    } else if (warp < 12) {
+      const int bi = warp < 10 ? b - 1 : 3, bk = warp < 8 ? 0 : (warp < 10 ? 1 : 0);  // L_20 D_0, L_31 D_1, L_30 D_0
+      mma_16x8x16_3xtf32(P, Lb(bi, bk), LS, Fb(bk, bk) + 8 * t, FS, lane);
+    }
+    __syncthreads();
+    if (warp < 6) {  // in place: this warp alone reads and writes these 8 columns
+      float c[4] = {0.f, 0.f, 0.f, 0.f};
+      mma_16x8x16_3xtf32(c, Fb(b + 1, b + 1), FS, Fb(b + 1, b) + 8 * t, FS, lane);
+      store_ai(c, b + 1, b, t, b < 2);  // Ai_10, Ai_21 are read below
+    }
+    __syncthreads();
+    if (warp >= 6 && warp < 12) {  // + L_21 Ai_10 = X_20; + L_32 Ai_21 = X_31; + L_31 Ai_10 (of X_30)
+      const int bi = warp < 8 ? 2 : 3, bk = warp < 8 ? 1 : (warp < 10 ? 2 : 1), bj = bk - 1;
+      mma_16x8x16_3xtf32(P, Lb(bi, bk), LS, Fb(bk, bj) + 8 * t, FS, lane);
+      if (warp < 10) tile_store(Fb(bi, bj) + 8 * t, FS, P, lane, 1.f);
+    }
+    __syncthreads();
+    if (warp >= 6 && warp < 10) {  // Ai_20 = -D_2 X_20 (read below), Ai_31 = -D_3 X_31
+      const int bi = warp < 8 ? 2 : 3, bj = bi - 2;
+      float c[4] = {0.f, 0.f, 0.f, 0.f};
+      mma_16x8x16_3xtf32(c, Fb(bi, bi), FS, Fb(bi, bj) + 8 * t, FS, lane);
+      store_ai(c, bi, bj, t, bi == 2);
+    }
+    __syncthreads();
+    if (warp >= 10 && warp < 12) {  // X_30 = ... + L_32 Ai_20; Ai_30 = -D_3 X_30
+      mma_16x8x16_3xtf32(P, Lb(3, 2), LS, Fb(2, 0) + 8 * t, FS, lane);
+      tile_store(Fb(3, 0) + 8 * t, FS, P, lane, 1.f);
+      __syncwarp();
+      float c[4] = {0.f, 0.f, 0.f, 0.f};
+      mma_16x8x16_3xtf32(c, Fb(3, 3), FS, Fb(3, 0) + 8 * t, FS, lane);
+      store_ai(c, 3, 0, t, false);
+    }
   }
   __syncthreads();
   // W = Ai (k e^G), U = Ai v: [BT][K] each; warp: row tile mt, K/32 column tiles from nt0.
