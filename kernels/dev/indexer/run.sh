@@ -1,7 +1,7 @@
 #!/bin/bash
 # Device-machine driver of the wgmma indexer experiment (run from the repository root):
 #   bash kernels/dev/indexer/run.sh
-# builds test_indexer_wgmma.cu with kernels/dev/indexer/indexer_wgmma.cu and production's
+# builds test_indexer_wgmma.cu with kernels/indexer_wgmma.cu and production's
 # kernels/indexer.cu, runs the test (every score against fp64, the Top-K selections), then the
 # bench beside production (~2 min on an H100 / H200 with 16 cores).
 O=${OUT:-/tmp/idx_out}
@@ -11,7 +11,7 @@ NV="nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -Ikernels -Ilib"
 B=/tmp/idx_build
 mkdir -p $B
 t0=$(date +%s)
-for s in kernels/dev/indexer/test_indexer_wgmma.cu kernels/dev/indexer/indexer_wgmma.cu kernels/indexer.cu; do
+for s in kernels/dev/indexer/test_indexer_wgmma.cu kernels/indexer_wgmma.cu kernels/indexer.cu; do
   $NV -Xptxas -v -c $s -o $B/$(basename $s).o >$B/$(basename $s).log 2>&1 &
 done
 wait

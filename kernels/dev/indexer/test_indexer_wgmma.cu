@@ -23,7 +23,7 @@
 #include "common.cuh"
 #include "core/bf16.hpp"
 #include "dev/host_util.hpp"
-#include "dev/indexer/indexer_wgmma.cuh"
+#include "indexer_wgmma.cuh"
 #include "indexer.cuh"
 
 using namespace dz::cuda;

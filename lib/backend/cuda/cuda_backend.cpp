@@ -26,6 +26,7 @@
 #include "core/fp8.hpp"
 #include "core/parallel.hpp"
 #include "indexer.cuh"
+#include "indexer_wgmma.cuh"
 #include "dsv4_attention.cuh"
 #include "indexer_kpool.cuh"
 #include "linear_attn.cuh"
@@ -1063,10 +1064,11 @@ class CudaBackend final : public Backend {
     const int64_t D = w.numel();
     cuda::layer_norm(x.data, dt_of(x), optf(w), optf(b), y.data, dt_of(y), x.numel() / D, D, eps, st());
   }
-  // D in {64, 128}, H <= 64: the fused indexer of kernels/indexer.cu on the key rows as a paged
-  // cache (row_pages: pages of 64 consecutive rows, identity block table); other head dims:
-  // indexer_scores_any + the same Top-K. Query rows go in blocks so the scratch score rows stay
-  // under ~1 GiB.
+  // H in {16, 32, 64} with D in {64, 128}: the wgmma scores (kernels/indexer_wgmma.cuh), then
+  // topk_from_scores; other H <= 64 with D in {64, 128}: the fused indexer of kernels/indexer.cu on
+  // the key rows as a paged cache (row_pages: pages of 64 consecutive rows, identity block table);
+  // other head dims: indexer_scores_any + the same Top-K. Query rows go in blocks so the scratch
+  // score rows stay under ~1 GiB.
   void indexer_topk(const DTensor& q, const DTensor& w, float wscale, const DTensor& keys, int64_t pos0, int64_t H,
                     int64_t K, const DTensor& sel) override {
     const int64_t T = w.rows(), D = keys.cols(), S = pos0 + T;
@@ -1077,7 +1079,10 @@ class CudaBackend final : public Backend {
     const DTensor dpos = positions(pos0, T);
     const int64_t block = std::max<int64_t>(1, std::min<int64_t>(T, (int64_t(1) << 28) / S));
     DTensor scratch = alloc({block, S}, DType::F32);
-    const bool fused = (D == 64 || D == 128) && H <= 64;
+    // H 16 / 32 / 64 with D 64 / 128 (DeepSeek-V3.2, GLM-5): the wgmma scores over the contiguous
+    // key rows (kernels/indexer_wgmma.cuh) into the scratch, then the Top-K of each row
+    const bool wg = cuda::indexer_scores_wgmma_takes(int(H), int(D), q.data, keys.data);
+    const bool fused = !wg && (D == 64 || D == 128) && H <= 64;
     RowPages pg;
     cuda::IndexKeyCache kc;
     if (fused) {
@@ -1095,8 +1100,12 @@ class CudaBackend final : public Backend {
         cuda::indexer_topk(qb, ws.ptr<float>() + t0 * H, pg.seq.ptr<int32_t>(), dpos.ptr<int32_t>() + t0, n,
                            int32_t(H), pos0 + t0 + n, pg.bt, kc, int32_t(K), out, scratch.ptr<float>(), st());
       } else {
-        cuda::indexer_scores_any(qb, ws.ptr<float>() + t0 * H, b16(keys), n, pos0 + t0, int(H), int(D),
-                                 scratch.ptr<float>(), S, st());
+        if (wg)
+          cuda::indexer_scores_wgmma(qb, ws.ptr<float>() + t0 * H, b16(keys), n, pos0 + t0, int(H), int(D),
+                                     keys.rows(), scratch.ptr<float>(), S, st());
+        else
+          cuda::indexer_scores_any(qb, ws.ptr<float>() + t0 * H, b16(keys), n, pos0 + t0, int(H), int(D),
+                                   scratch.ptr<float>(), S, st());
         cuda::topk_from_scores(scratch.ptr<float>(), S, dpos.ptr<int32_t>() + t0, n, int32_t(K), out, st());
       }
     }

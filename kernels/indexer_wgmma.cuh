@@ -1,4 +1,5 @@
-// DSA lightning-indexer scores on Hopper wgmma (experiment; test and bench: kernels/dev/indexer/run.sh):
+// DSA lightning-indexer scores on Hopper wgmma (the prefill path of CudaBackend::indexer_topk;
+// test and bench beside kernels/indexer.cu: kernels/dev/indexer/run.sh):
 //
 //   scores[i, s] = sum_h w[i, h] * relu(q[i, h] · k[s]),   i < n, s <= pos0 + i
 //

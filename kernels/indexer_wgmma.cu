@@ -14,7 +14,7 @@
 // setmaxnreg.dec 24), warpgroups 1 and 2 the consumers of one query tile each (setmaxnreg.inc
 // 240: 128 accumulators + 64 head weights per thread). Both consumers read every key tile; while
 // one runs its ReLU / weight / sum epilogue the other's products run on the tensor cores.
-#include "dev/indexer/indexer_wgmma.cuh"
+#include "indexer_wgmma.cuh"
 
 #include "common.cuh"
 #include "indexer_topk_device.cuh"
