@@ -1,46 +1,25 @@
 #!/usr/bin/env bash
-# The queued GPU work in three device commands of <= 600 s each (docs/perf/README.md lists what is
-# queued and why). From the repository root on the GPU node, with .dev/ from scripts/device-bundle.sh
-# carried; logs under $OUT. Each stage hands its verdicts to the next through /tmp on the same warm
-# machine (a fresh machine has none: the next stage then applies nothing queued):
-#   bash scripts/device-queue.sh experiments   the KDA / GDN prep's block inverse A/B
-#                                              (kernels/dev/linear_attn/ab.sh, ab_summary.py --wins)
-#                                              with the project's GPU build beside its compiles, then
-#                                              the wgmma indexer's test and bench (kernels/dev/indexer)
+# The GPU work of a session in device commands of <= 600 s each (docs/perf/README.md says what was
+# run when). From the repository root on the GPU node, with .dev/ from scripts/device-bundle.sh
+# carried; logs under $OUT (the device tool returns at most 8 files):
+#   DZ_COMMIT=<hash> bash scripts/device-queue.sh benches
+#                                              the project's GPU build, tests/mpi/ep_equal.sh on cuda,
+#                                              scripts/bench-kernels-gpu.sh (dayzero's linear / sparse /
+#                                              dense attention benches beside PyTorch's SDPA and naive
+#                                              indexer; fla with DZ_BENCH_FLA=1), then the crash
+#                                              scripts on cuda in the time left
 #   DZ_COMMIT=<hash> bash scripts/device-queue.sh tests
 #                                              the GPU tests (Catch binary, then the CLI part in what is
-#                                              left) with kernels/dev/queued/device_exchanges.patch and
-#                                              each experiment's production patch that passed / won
-#                                              (la_prep_blockinv.patch, indexer_wgmma_prod.patch)
-#   DZ_COMMIT=<hash> bash scripts/device-queue.sh combined
-#                                              when one command is all the budget allows: the indexer
-#                                              test first (its patch taken if it passes), the build
-#                                              with device_exchanges, the indexer bench, then the
-#                                              Catch binary and the CLI part in what is left
+#                                              left; builds what is missing)
 #   DZ_COMMIT=<hash> bash scripts/device-queue.sh e2e-glm
 #                                              GLM-5.3-Flash 4 layers at T = 8192: dayzero (median of 7),
 #                                              the transformers 5.23 + fla anchor, dayzero again
-# The tree's own changes are not touched: the patches are applied to the device's copy only.
+# On one warm machine `benches` then `tests` (within its 30 s idle release) share the build.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit
 O=${OUT:?set OUT}
 T0=$(date +%s)
 left() { echo $((${DZ_STAGE_BUDGET:-575} - ($(date +%s) - T0))); }
-# git apply --check first: a patch that is already in (or does not apply) is said, not forced
-take() {
-  if command -v git >/dev/null; then
-    if git apply --check "$1" 2>/dev/null; then git apply "$1" && echo "$(basename "$1") applied"; return; fi
-  elif patch -p1 -N -s --dry-run <"$1" >/dev/null 2>&1; then
-    patch -p1 -N -s <"$1" && echo "$(basename "$1") applied"; return
-  fi
-  echo "$(basename "$1") does not apply here (already in?)"
-}
-# the verdicts a stage leaves for the next: the indexer test's (DIR/test.txt) and the prep A/B's
-idx_passed() { grep -q "^0 of [0-9]* cases failed" "$1/test.txt" 2>/dev/null; }
-prep_won() {
-  [[ -f $1/test_var.txt ]] && tail -1 "$1/test_var.txt" | grep -q "^passed" &&
-    python3 kernels/dev/linear_attn/ab_summary.py "$1/bench.txt" --wins >/dev/null
-}
 build_project() {  # $1: the log
   DZ_TARGETS="dayzero dz_gpu_tests" bash scripts/offline-prefix.sh build "$PREFIX" build-gpu >"$1" 2>&1
   echo "build rc $? at $(($(date +%s) - T0)) s" >>"$1"
@@ -64,46 +43,33 @@ gpu_tests() {
 }
 # shellcheck disable=SC1091
 source scripts/device-unpack.sh >/dev/null
-case ${1:?stage: experiments, tests, combined or e2e-glm} in
-  experiments)
-    rm -f /tmp/built
-    (build_project "$O/build.log"; touch /tmp/built) &
-    AB_WAIT_FILE=/tmp/built bash kernels/dev/run_queued.sh laprep
-    wait
-    tail -2 "$O/build.log"
-    cat "$O"/laprep/ptxas_*.txt
-    python3 kernels/dev/linear_attn/ab_summary.py "$O/laprep/bench.txt" --wins
-    rm -rf /tmp/laprep_result && cp -r "$O/laprep" /tmp/laprep_result
+case ${1:?stage: benches, tests or e2e-glm} in
+  benches)
+    export DZ_COMMIT=${DZ_COMMIT:?}
+    build_project /tmp/build.log
+    tail -1 /tmp/build.log
+    eval "$(bash scripts/offline-prefix.sh env "$PREFIX")"
+    DZ_TEST_BACKEND=cuda timeout 150 bash tests/mpi/ep_equal.sh build-gpu/dayzero . >"$O/ep_equal_cuda.log" 2>&1
+    echo "ep_equal on cuda rc $? at $(($(date +%s) - T0)) s"
+    grep -E "FAIL|worst|ok$|PASS" "$O/ep_equal_cuda.log" | tail -8
+    parts="linear sparse dense torch"
+    [[ ${DZ_BENCH_FLA:-0} == 1 ]] && parts="$parts fla"
+    # shellcheck disable=SC2086
+    timeout "$(left)" bash scripts/bench-kernels-gpu.sh "$PREFIX" build-gpu /tmp/kernels "$FLA" $parts
+    echo "kernel benches rc $? at $(($(date +%s) - T0)) s"
+    # back: the JSON and the table (the logs stay in /tmp: 8 files at most)
+    mkdir -p "$O/kernels" && cp /tmp/kernels/*.json /tmp/kernels/kernel_table.md "$O/kernels/"
     L=$(left)
-    echo "idx with $L s left"
+    echo "crash scripts with $L s left"
     if [[ $L -gt 60 ]]; then
-      OUT=$O/idx TEST_TIMEOUT=120 timeout "$L" bash kernels/dev/indexer/run.sh
-      rm -rf /tmp/idx_result && cp -r "$O/idx" /tmp/idx_result
+      DZ_GPU_CRASH_ONLY=1 timeout "$L" bash scripts/gpu-tests.sh "$PREFIX" build-gpu /tmp/crashlogs >/tmp/crash.out 2>&1
+      echo "crash scripts rc $? at $(($(date +%s) - T0)) s"
+      cp /tmp/crashlogs/crash.log "$O/crash.log" 2>/dev/null
+      grep -E "PASS|FAIL" /tmp/crashlogs/crash.log
     fi
     ;;
   tests)
     export DZ_COMMIT=${DZ_COMMIT:?}
-    take kernels/dev/queued/device_exchanges.patch
-    if prep_won /tmp/laprep_result; then
-      take kernels/dev/queued/la_prep_blockinv.patch
-    else
-      echo "la_prep_blockinv.patch not applied (no passing, winning A/B on this machine)"
-    fi
-    if idx_passed /tmp/idx_result; then
-      take kernels/dev/queued/indexer_wgmma_prod.patch
-    else
-      echo "indexer_wgmma_prod.patch not applied (no passing indexer test on this machine)"
-    fi
-    gpu_tests
-    ;;
-  combined)
-    export DZ_COMMIT=${DZ_COMMIT:?}
-    OUT=$O/idx TEST_TIMEOUT=90 SKIP_BENCH=1 timeout 150 bash kernels/dev/indexer/run.sh
-    idx_passed "$O/idx" && take kernels/dev/queued/indexer_wgmma_prod.patch
-    take kernels/dev/queued/device_exchanges.patch
-    build_project /tmp/build.log
-    tail -3 /tmp/build.log
-    timeout 90 /tmp/idx_build/idx --bench 2>&1 | tee "$O/idx/bench.txt"
     gpu_tests
     ;;
   e2e-glm)

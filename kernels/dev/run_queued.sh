@@ -1,7 +1,7 @@
 #!/bin/bash
 # The queued kernel experiments in one device command (each builds with nvcc alone: no prefix
 # needed), logs under $OUT/<name>/:
-#   bash kernels/dev/run_queued.sh [smla] [smlaprof] [moe] [laprof] [laprep] [conv] [hc] [idx]      (default: all)
+#   bash kernels/dev/run_queued.sh [smla] [smlaprof] [moe] [laprof] [laab] [conv] [hc] [idx]      (default: all)
 #   smla:  production's sparse MLA (kernels/dev/sparse_mla/run.sh: tested against fp64, benched) and
 #          the variant file SMLA_VARIANT (none queued) built in its place and run the same way,
 #          outputs compared bitwise (a variant with other arithmetic differs: the fp64 tests
@@ -14,8 +14,8 @@
 #          T = 8192 (rows_*.txt)
 #   laprof: kernels/dev/linear_attn/profile.sh: ncu of the KDA prep kernel (mma_prep_kernel) with its
 #          stall samples per source line (the next step on KDA: docs/perf/README.md, eighth session)
-#   laprep: kernels/dev/linear_attn/ab.sh with kernels/dev/queued/la_prep_blockinv.patch (the prep's
-#          (I + L)^-1 in 16-row blocks, 3xTF32 products): production's prefill and the patched one in
+#   laab:  kernels/dev/linear_attn/ab.sh with the patch file LA_PATCH (none queued; the prep's block
+#          inverse, its last one, landed 2026-12-06): production's prefill and the patched one in
 #          the dev harness, each tested against the CPU reference, benched twice alternately
 #   conv:  kernels/dev/short_conv/run.sh: short-conv prefill variants (more bytes in flight: deeper
 #          register prefetch, cp.async row blocks in shared memory) bitwise against production, then
@@ -23,14 +23,14 @@
 #   hc:    kernels/dev/hyper/run.sh: production's hc_post_coeff (its projection on tensor cores as
 #          3xTF32 since 2026-12-05: 0.381 ms a call, 7 a forward) and the variant file HC_VARIANT
 #          (none queued), each against the CPU reference, then timed at GLM-5.3-Flash's shape
-#   idx:   kernels/dev/indexer/run.sh: the DSA indexer's scores on wgmma (kernels/dev/indexer/
-#          indexer_wgmma.cu: 64-key tiles by TMA past 2 x 256 / H resident queries, the head sum
-#          along N) tested against fp64 with its Top-K, then benched beside production's indexer
+#   idx:   kernels/dev/indexer/run.sh: production's wgmma indexer scores (kernels/indexer_wgmma.cu,
+#          since 2026-12-06) tested against fp64 with both Top-Ks, then benched beside the mma.sync
+#          indexer of kernels/indexer.cu
 # (Lost and gone: the up GEMM with the activation in its epilogue and hc_post_coeff double-buffered
 # by cp.async, docs/perf/experiments_2026-12-03e.txt; the SwiGLU GEMM on the swap-AB kernel,
 # docs/perf/experiments_2026-12-04.txt.)
 O=${OUT:-/tmp/exp}
-parts=${*:-smla smlaprof moe laprof laprep conv hc idx}
+parts=${*:-smla smlaprof moe laprof conv hc idx}
 for p in $parts; do
   mkdir -p "$O/$p"
   t0=$(date +%s)
@@ -47,7 +47,7 @@ for p in $parts; do
           grep -E "rows per|grouped_gemm_tc|swiglu|clusters|spot" | sed "s/^/$b: /"
       done | tee $O/moe/bench_rows.txt ;;
     laprof) OUT=$O/laprof timeout 420 bash kernels/dev/linear_attn/profile.sh ;;
-    laprep) OUT=$O/laprep timeout 480 bash kernels/dev/linear_attn/ab.sh kernels/dev/queued/la_prep_blockinv.patch ;;
+    laab) OUT=$O/laab timeout 480 bash kernels/dev/linear_attn/ab.sh ${LA_PATCH:?LA_PATCH: a patch of kernels/linear_attn_mma.cu} ;;
     conv) OUT=$O/conv timeout 200 bash kernels/dev/short_conv/run.sh ;;
     idx) OUT=$O/idx timeout 330 bash kernels/dev/indexer/run.sh ;;
     hc) OUT=$O/hc timeout 400 bash kernels/dev/hyper/run.sh $HC_VARIANT ;;
