@@ -6,8 +6,8 @@
 #                                              the project's GPU build, scripts/bench-kernels-gpu.sh
 #                                              (dayzero's linear / sparse / dense attention benches
 #                                              beside PyTorch's SDPA and naive indexer; fla with
-#                                              DZ_BENCH_FLA=1), tests/mpi/ep_equal.sh on cuda (~4 min
-#                                              for its 41 layouts), then the crash scripts on cuda
+#                                              DZ_BENCH_FLA=1), tests/mpi/ep_equal.sh on cuda (~3 min
+#                                              for its 35 layouts), then the crash scripts on cuda
 #                                              (~4 min) in the time left
 #   DZ_COMMIT=<hash> bash scripts/device-queue.sh tests
 #                                              the GPU tests (Catch binary, then the CLI part in what is
