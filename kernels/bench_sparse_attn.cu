@@ -90,9 +90,9 @@ std::string bench_indexer(bool mx) {
   // contiguous rows in query blocks of <= 2^28 scratch floats, each block's Top-K after it (from the
   // score histograms for H 32 / 64 with rows < 65536 keys, as the backend does)
   double ms_wg = 0, ms_wg_sc = 0;
+  const bool use_hist = !mx && H != 16 && T < 65536;
   if (!mx) {
     const int64_t block = std::max<int64_t>(1, std::min<int64_t>(T, (int64_t(1) << 28) / T));
-    const bool use_hist = H != 16 && T < 65536;
     uint32_t* hist = use_hist ? benchrand::alloc<uint32_t>(size_t(block) * 512) : nullptr;
     ms_wg = median_ms(
         [&] {
@@ -134,7 +134,7 @@ std::string bench_indexer(bool mx) {
   std::ostringstream os;
   os << "{\"op\": \"indexer_prefill\", \"T\": " << T << ", \"heads\": " << H << ", \"head_dim\": " << D
      << ", \"topk\": " << K << ", \"keys\": \"" << (mx ? "mxfp8" : "bf16") << "\", \"ms\": " << ms
-     << ", \"path\": \"" << (mx ? "fused" : "wgmma scores + topk_from_scores") << "\", \"fused_ms\": " << ms_fused
+     << ", \"path\": \"" << (mx ? "fused" : use_hist ? "wgmma scores + topk_from_hist" : "wgmma scores + topk_from_scores") << "\", \"fused_ms\": " << ms_fused
      << ", \"wgmma_scores_ms\": " << ms_wg_sc
      << ", \"tflops_scores\": " << flop / ms * 1e-9 << ", \"split_scores_ms\": " << ms_sc
      << ", \"split_topk_ms\": " << ms_tk << ", \"variant_q_in_smem_ms\": " << ms_var[0] << ", \"variant_q_in_registers_ms\": " << ms_var[1]
