@@ -12,6 +12,11 @@
 #   DZ_COMMIT=<hash> bash scripts/device-queue.sh tests
 #                                              the GPU tests (Catch binary, then the CLI part in what is
 #                                              left; builds what is missing)
+#   DZ_COMMIT=<hash> bash scripts/device-queue.sh fa-mla
+#                                              kernels/dev/queued/fa_wgmma_mla.patch (wgmma flash
+#                                              attention for q.k 192 / v 128): the harness's test and
+#                                              bench before and after it, then with it the GPU tests'
+#                                              attention cases, the presets, and kimi_linear's CLI runs
 #   DZ_COMMIT=<hash> bash scripts/device-queue.sh e2e-glm
 #                                              GLM-5.3-Flash 4 layers at T = 8192: dayzero (median of 7),
 #                                              the transformers 5.23 + fla anchor, dayzero again
@@ -53,7 +58,7 @@ gpu_tests() {
 }
 # shellcheck disable=SC1091
 source scripts/device-unpack.sh >/dev/null
-case ${1:?stage: benches, tests or e2e-glm} in
+case ${1:?stage: benches, tests, fa-mla or e2e-glm} in
   benches)
     export DZ_COMMIT=${DZ_COMMIT:?}
     build_project /tmp/build.log
@@ -87,6 +92,37 @@ case ${1:?stage: benches, tests or e2e-glm} in
   tests)
     export DZ_COMMIT=${DZ_COMMIT:?}
     gpu_tests
+    ;;
+  fa-mla)
+    # back (8 files at most): fa_bench_before.txt, fa_{build,test,bench}.txt, gpu_tests.log, cli.log
+    export DZ_COMMIT=${DZ_COMMIT:?}
+    P=kernels/dev/queued/fa_wgmma_mla.patch
+    (build_project /tmp/build_before.log) &  # the project's objects, most of which the patch leaves
+    OUT=/tmp/fa_before TEST_TIMEOUT=90 timeout 200 bash kernels/dev/flash_attn/run_gpu.sh >/tmp/fa_before.log 2>&1
+    wait
+    grep "^bench" /tmp/fa_before/bench.txt | sed 's/^/before: /' | tee "$O/fa_bench_before.txt"
+    git apply "$P" 2>/dev/null || patch -p1 -s <"$P" || { echo "$P does not apply"; exit 1; }
+    echo "$P applied"
+    OUT=/tmp/fa TEST_TIMEOUT=90 timeout 200 bash kernels/dev/flash_attn/run_gpu.sh
+    reap
+    for f in build test bench; do cp "/tmp/fa/$f.txt" "$O/fa_$f.txt"; done
+    build_project /tmp/build.log
+    tail -1 /tmp/build.log
+    L=$(left)
+    [[ $L -gt 150 ]] && L=150
+    DZ_GPU_PART=catch timeout "$L" bash scripts/gpu-tests.sh "$PREFIX" build-gpu /tmp/logs \
+      "*attention*,*presets*" >/tmp/catch.out 2>&1
+    echo "catch rc $? at $(($(date +%s) - T0)) s"
+    reap
+    cp /tmp/logs/gpu_tests.log "$O/"
+    grep -h -E "^All tests|^test cases|FAILED" /tmp/logs/gpu_tests.log | head
+    DZ_GPU_PART=cli DZ_GPU_CLI=families DZ_GPU_FAMILIES=kimi_linear timeout "$(left)" \
+      bash scripts/gpu-tests.sh "$PREFIX" build-gpu /tmp/logs >/tmp/cli.out 2>&1
+    echo "cli kimi_linear rc $? at $(($(date +%s) - T0)) s"
+    reap
+    cp /tmp/logs/cli.log "$O/"
+    echo "$(grep -c " ok" /tmp/logs/cli.log) ok lines"
+    grep -E "FAIL" /tmp/logs/cli.log | head
     ;;
   e2e-glm)
     export DZ_COMMIT=${DZ_COMMIT:?}
