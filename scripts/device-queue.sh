@@ -12,11 +12,13 @@
 #   DZ_COMMIT=<hash> bash scripts/device-queue.sh tests
 #                                              the GPU tests (Catch binary, then the CLI part in what is
 #                                              left; builds what is missing)
-#   DZ_COMMIT=<hash> bash scripts/device-queue.sh fa-mla
-#                                              kernels/dev/queued/fa_wgmma_mla.patch (wgmma flash
-#                                              attention for q.k 192 / v 128): the harness's test and
-#                                              bench before and after it, then with it the GPU tests'
-#                                              attention cases, the presets, and kimi_linear's CLI runs
+#   DZ_COMMIT=<hash> bash scripts/device-queue.sh fa-mla | topk
+#                                              a queued patch (kernels/dev/queued/): fa_wgmma_mla.patch
+#                                              (wgmma flash attention for q.k 192 / v 128) or
+#                                              topk_loads_in_flight.patch (the indexer Top-K's passes):
+#                                              its harness's test and bench before and after it, then
+#                                              with it the GPU tests' cases of what it touches and the
+#                                              CLI runs of the families that use it
 #   DZ_COMMIT=<hash> bash scripts/device-queue.sh e2e-glm
 #                                              GLM-5.3-Flash 4 layers at T = 8192: dayzero (median of 7),
 #                                              the transformers 5.23 + fla anchor, dayzero again
@@ -56,9 +58,41 @@ gpu_tests() {
   grep -E "FAILED|rror" "$O/logs/cli.log" | head
   tail -3 /tmp/cli.out
 }
+# A queued patch ($1) and its harness ($2: OUT=<dir> bash $2 writes test.txt / bench.txt there, and
+# build.txt for some): the harness before the patch, the patch applied, the harness again; then the
+# project built with it, the GPU test cases $3 (Catch spec) and the CLI runs of the families $4.
+# Back (8 files at most): bench_before.txt, {build,test,bench}.txt, gpu_tests.log, cli.log.
+queued_ab() {
+  local P=$1 H=$2 L f
+  (build_project /tmp/build_before.log) &  # the project's objects, most of which the patch leaves
+  OUT=/tmp/h_before TEST_TIMEOUT=90 timeout 200 bash "$H" >/tmp/h_before.log 2>&1
+  wait
+  cp /tmp/h_before/bench.txt "$O/bench_before.txt"
+  git apply "$P" 2>/dev/null || patch -p1 -s <"$P" || { echo "$P does not apply"; return 1; }
+  echo "$P applied"
+  OUT=/tmp/h TEST_TIMEOUT=90 timeout 200 bash "$H"
+  reap
+  for f in build test bench; do [[ -f /tmp/h/$f.txt ]] && cp "/tmp/h/$f.txt" "$O/"; done
+  build_project /tmp/build.log
+  tail -1 /tmp/build.log
+  L=$(left)
+  [[ $L -gt 150 ]] && L=150
+  DZ_GPU_PART=catch timeout "$L" bash scripts/gpu-tests.sh "$PREFIX" build-gpu /tmp/logs "$3" >/tmp/catch.out 2>&1
+  echo "catch rc $? at $(($(date +%s) - T0)) s"
+  reap
+  cp /tmp/logs/gpu_tests.log "$O/"
+  grep -h -E "^All tests|^test cases|FAILED" /tmp/logs/gpu_tests.log | head
+  DZ_GPU_PART=cli DZ_GPU_CLI=families DZ_GPU_FAMILIES=$4 timeout "$(left)" \
+    bash scripts/gpu-tests.sh "$PREFIX" build-gpu /tmp/logs >/tmp/cli.out 2>&1
+  echo "cli ($4) rc $? at $(($(date +%s) - T0)) s"
+  reap
+  cp /tmp/logs/cli.log "$O/"
+  echo "$(grep -c " ok" /tmp/logs/cli.log) ok lines"
+  grep -E "FAIL" /tmp/logs/cli.log | head
+}
 # shellcheck disable=SC1091
 source scripts/device-unpack.sh >/dev/null
-case ${1:?stage: benches, tests, fa-mla or e2e-glm} in
+case ${1:?stage: benches, tests, fa-mla, topk or e2e-glm} in
   benches)
     export DZ_COMMIT=${DZ_COMMIT:?}
     build_project /tmp/build.log
@@ -94,35 +128,14 @@ case ${1:?stage: benches, tests, fa-mla or e2e-glm} in
     gpu_tests
     ;;
   fa-mla)
-    # back (8 files at most): fa_bench_before.txt, fa_{build,test,bench}.txt, gpu_tests.log, cli.log
     export DZ_COMMIT=${DZ_COMMIT:?}
-    P=kernels/dev/queued/fa_wgmma_mla.patch
-    (build_project /tmp/build_before.log) &  # the project's objects, most of which the patch leaves
-    OUT=/tmp/fa_before TEST_TIMEOUT=90 timeout 200 bash kernels/dev/flash_attn/run_gpu.sh >/tmp/fa_before.log 2>&1
-    wait
-    grep "^bench" /tmp/fa_before/bench.txt | sed 's/^/before: /' | tee "$O/fa_bench_before.txt"
-    git apply "$P" 2>/dev/null || patch -p1 -s <"$P" || { echo "$P does not apply"; exit 1; }
-    echo "$P applied"
-    OUT=/tmp/fa TEST_TIMEOUT=90 timeout 200 bash kernels/dev/flash_attn/run_gpu.sh
-    reap
-    for f in build test bench; do cp "/tmp/fa/$f.txt" "$O/fa_$f.txt"; done
-    build_project /tmp/build.log
-    tail -1 /tmp/build.log
-    L=$(left)
-    [[ $L -gt 150 ]] && L=150
-    DZ_GPU_PART=catch timeout "$L" bash scripts/gpu-tests.sh "$PREFIX" build-gpu /tmp/logs \
-      "*attention*,*presets*" >/tmp/catch.out 2>&1
-    echo "catch rc $? at $(($(date +%s) - T0)) s"
-    reap
-    cp /tmp/logs/gpu_tests.log "$O/"
-    grep -h -E "^All tests|^test cases|FAILED" /tmp/logs/gpu_tests.log | head
-    DZ_GPU_PART=cli DZ_GPU_CLI=families DZ_GPU_FAMILIES=kimi_linear timeout "$(left)" \
-      bash scripts/gpu-tests.sh "$PREFIX" build-gpu /tmp/logs >/tmp/cli.out 2>&1
-    echo "cli kimi_linear rc $? at $(($(date +%s) - T0)) s"
-    reap
-    cp /tmp/logs/cli.log "$O/"
-    echo "$(grep -c " ok" /tmp/logs/cli.log) ok lines"
-    grep -E "FAIL" /tmp/logs/cli.log | head
+    queued_ab kernels/dev/queued/fa_wgmma_mla.patch kernels/dev/flash_attn/run_gpu.sh "*attention*,*presets*" \
+      kimi_linear
+    ;;
+  topk)
+    export DZ_COMMIT=${DZ_COMMIT:?}
+    queued_ab kernels/dev/queued/topk_loads_in_flight.patch kernels/dev/indexer/run.sh \
+      "*indexer*,*k-pool*,*sparse*,*Top-K*,*presets*" "deepseek_v32 glm_moe_dsa glm5_next deepseek_v4"
     ;;
   e2e-glm)
     export DZ_COMMIT=${DZ_COMMIT:?}
