@@ -39,23 +39,26 @@ reap() {
   pkill -f mpirun 2>/dev/null
   sleep 2
 }
-# the GPU tests' Catch binary, then the CLI part in what is left of the stage
+# The GPU tests without the crash scripts, logs in $1: the Catch binary (the cases $2 when given),
+# then the CLI part in what is left of the stage (only the families $3 when given).
 gpu_tests() {
-  # (the device tool returns at most 8 files: the scripts' own output stays in /tmp)
-  local L
+  local D=$1 spec=${2:-} fams=${3:-} L
   L=$(left)
   [[ $L -gt 300 ]] && L=300
-  DZ_GPU_SKIP_CRASH=1 DZ_GPU_PART=catch timeout "$L" bash scripts/gpu-tests.sh "$PREFIX" build-gpu "$O/logs" >/tmp/catch.out 2>&1
+  DZ_GPU_SKIP_CRASH=1 DZ_GPU_PART=catch timeout "$L" bash scripts/gpu-tests.sh "$PREFIX" build-gpu "$D" \
+    ${spec:+"$spec"} >/tmp/catch.out 2>&1
   echo "catch rc $? at $(($(date +%s) - T0)) s"
   reap
   tail -3 /tmp/catch.out
-  grep -h -E "^test cases|FAILED" "$O"/logs/gpu_tests*.log | head -20
+  grep -h -E "^All tests|^test cases|FAILED" "$D"/gpu_tests*.log | head -20
   L=$(left)
-  echo "cli with $L s left"
-  DZ_GPU_SKIP_CRASH=1 DZ_GPU_PART=cli timeout "$L" bash scripts/gpu-tests.sh "$PREFIX" build-gpu "$O/logs" >/tmp/cli.out 2>&1
+  echo "cli ${fams:-(all)} with $L s left"
+  env DZ_GPU_SKIP_CRASH=1 DZ_GPU_PART=cli ${fams:+DZ_GPU_CLI=families "DZ_GPU_FAMILIES=$fams"} timeout "$L" \
+    bash scripts/gpu-tests.sh "$PREFIX" build-gpu "$D" >/tmp/cli.out 2>&1
   echo "cli rc $? at $(($(date +%s) - T0)) s"
   reap
-  grep -E "FAILED|rror" "$O/logs/cli.log" | head
+  echo "$(grep -c " ok" "$D/cli.log") ok lines"
+  grep -E "FAILED|rror" "$D/cli.log" | head
   tail -3 /tmp/cli.out
 }
 # A queued patch ($1) and its harness ($2: OUT=<dir> bash $2 writes test.txt / bench.txt there, and
@@ -63,7 +66,7 @@ gpu_tests() {
 # project built with it, the GPU test cases $3 (Catch spec) and the CLI runs of the families $4.
 # Back (8 files at most): bench_before.txt, {build,test,bench}.txt, gpu_tests.log, cli.log.
 queued_ab() {
-  local P=$1 H=$2 L f
+  local P=$1 H=$2 f
   (build_project /tmp/build_before.log) &  # the project's objects, most of which the patch leaves
   OUT=/tmp/h_before TEST_TIMEOUT=90 timeout 200 bash "$H" >/tmp/h_before.log 2>&1
   wait
@@ -75,20 +78,8 @@ queued_ab() {
   for f in build test bench; do [[ -f /tmp/h/$f.txt ]] && cp "/tmp/h/$f.txt" "$O/"; done
   build_project /tmp/build.log
   tail -1 /tmp/build.log
-  L=$(left)
-  [[ $L -gt 150 ]] && L=150
-  DZ_GPU_PART=catch timeout "$L" bash scripts/gpu-tests.sh "$PREFIX" build-gpu /tmp/logs "$3" >/tmp/catch.out 2>&1
-  echo "catch rc $? at $(($(date +%s) - T0)) s"
-  reap
-  cp /tmp/logs/gpu_tests.log "$O/"
-  grep -h -E "^All tests|^test cases|FAILED" /tmp/logs/gpu_tests.log | head
-  DZ_GPU_PART=cli DZ_GPU_CLI=families DZ_GPU_FAMILIES=$4 timeout "$(left)" \
-    bash scripts/gpu-tests.sh "$PREFIX" build-gpu /tmp/logs >/tmp/cli.out 2>&1
-  echo "cli ($4) rc $? at $(($(date +%s) - T0)) s"
-  reap
-  cp /tmp/logs/cli.log "$O/"
-  echo "$(grep -c " ok" /tmp/logs/cli.log) ok lines"
-  grep -E "FAIL" /tmp/logs/cli.log | head
+  gpu_tests /tmp/logs "$3" "$4"
+  cp /tmp/logs/gpu_tests.log /tmp/logs/cli.log "$O/"
 }
 # shellcheck disable=SC1091
 source scripts/device-unpack.sh >/dev/null
@@ -125,7 +116,7 @@ case ${1:?stage: benches, tests, fa-mla, topk or e2e-glm} in
     ;;
   tests)
     export DZ_COMMIT=${DZ_COMMIT:?}
-    gpu_tests
+    gpu_tests "$O/logs"
     ;;
   fa-mla)
     export DZ_COMMIT=${DZ_COMMIT:?}
