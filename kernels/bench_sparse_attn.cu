@@ -90,7 +90,7 @@ std::string bench_indexer(bool mx) {
   // contiguous rows in query blocks of <= 2^28 scratch floats, each block's Top-K after it (from the
   // score histograms for H 32 / 64 with rows < 65536 keys, as the backend does)
   double ms_wg = 0, ms_wg_sc = 0;
-  const bool use_hist = !mx && H != 16 && T < 65536;
+  const bool use_hist = !mx && indexer_hist_takes(H, T);
   if (!mx) {
     const int64_t block = std::max<int64_t>(1, std::min<int64_t>(T, (int64_t(1) << 28) / T));
     uint32_t* hist = use_hist ? benchrand::alloc<uint32_t>(size_t(block) * 512) : nullptr;

@@ -335,7 +335,7 @@ void indexer_scores_wgmma(const bf16* q, const float* w, const bf16* keys, int64
            " (H 16 / 32 / 64, D 64 / 128, 16-byte aligned rows) not supported");
   DZ_CHECK(pos0 >= 0 && S >= pos0 + n && S < (int64_t(1) << 31) && n * H < (int64_t(1) << 31) && ld >= pos0 + n,
            "indexer_scores_wgmma: ", n, " queries at ", pos0, " over ", S, " key rows, ld ", ld);
-  DZ_CHECK(!hist || (H != 16 && ld < 65536), "indexer_scores_wgmma: histograms need H 32 / 64 and rows < 65536 keys");
+  DZ_CHECK(!hist || indexer_hist_takes(H, ld), "indexer_scores_wgmma: histograms need H 32 / 64 and rows < 65536 keys");
 #define DZ_IDXW(d, h)                                                                              \
   if (D == d && H == h) {                                                                          \
     if (hist) return launch<d, h, h != 16>(q, w, keys, n, pos0, S, scores, ld, hist, stream);       \

@@ -20,8 +20,12 @@ namespace dz::cuda {
 // heads, fill one m64n256 product), q / keys 16-byte aligned.
 bool indexer_scores_wgmma_takes(int H, int D, const void* q, const void* keys);
 
+// Whether the histograms (and so topk_from_hist) apply: H 32 / 64, rows of fewer than 65536 keys
+// (16-bit bin counts).
+inline bool indexer_hist_takes(int H, int64_t ld) { return (H == 32 || H == 64) && ld < 65536; }
+
 // hist: null, or [n, 512] words that receive each query's histogram of its scores (1024 bins of
-// the order key's top 10 bits, 16-bit counts two to a word; H 32 / 64 and ld < 65536 only) for
+// the order key's top 10 bits, 16-bit counts two to a word; indexer_hist_takes(H, ld) only) for
 // topk_from_hist.
 void indexer_scores_wgmma(const __nv_bfloat16* q, const float* w, const __nv_bfloat16* keys, int64_t n, int64_t pos0,
                           int H, int D, int64_t S, float* scores, int64_t ld, cudaStream_t stream,

@@ -108,7 +108,7 @@ int run_case(const Case& c) {
   // the scores again with their histograms (H 32 / 64), then topk_from_hist: the same scores
   // (bitwise) and the same selections
   int64_t bad_hist = 0;
-  if (c.H != 16) {
+  if (indexer_hist_takes(c.H, ld)) {
     auto* dsc2 = benchrand::alloc<float>(size_t(c.n) * ld);
     auto* dh = benchrand::alloc<uint32_t>(size_t(c.n) * 512);
     CUDA_CHECK(cudaMemcpy(dsc2, nanfill.data(), nanfill.size() * 4, cudaMemcpyHostToDevice));
@@ -247,7 +247,7 @@ void bench(int H, int D, int T, int K) {
   // with the histograms (H 32 / 64): scores + histograms, then topk_from_hist, in the same blocks
   double both_hist = 0, tk_hist = 0, both_ovl = 0;
   const char* ovl_same = "-";
-  if (H != 16) {
+  if (indexer_hist_takes(H, T)) {
     auto* hist = benchrand::alloc<uint32_t>(size_t(T) * 512);
     indexer_scores_wgmma(q, w, k, T, 0, H, D, T, sc, T, nullptr, hist);
     tk_hist = median_ms([&] { topk_from_hist(sc, T, hist, pos, T, K, sel, nullptr); }, 3);

@@ -1086,7 +1086,7 @@ class CudaBackend final : public Backend {
     // H 32 / 64 with rows under 65536 keys: the scorer also counts each query's histogram of its
     // score bins, and topk_from_hist reads a row twice instead of topk_from_scores' five times
     // (the same selections: kernels/dev/indexer's test; H = 64, T = 32768 on an H100: 18.2 ms vs 20.1)
-    const bool hist = wg && H != 16 && S < 65536;
+    const bool hist = wg && cuda::indexer_hist_takes(int(H), S);
     DTensor hists = hist ? alloc({block, 512}, DType::I32) : DTensor{};
     RowPages pg;
     cuda::IndexKeyCache kc;
