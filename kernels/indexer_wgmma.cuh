@@ -36,6 +36,25 @@ void indexer_scores_wgmma(const __nv_bfloat16* q, const float* w, const __nv_bfl
 void topk_from_hist(const float* scores, int64_t ld, const uint32_t* hist, const int32_t* pos, int64_t nq, int32_t K,
                     int32_t* sel, cudaStream_t stream);
 
+// A second stream for indexer_topk_wgmma's overlap and two pairs of events on it (the caller's;
+// cudaEventDisableTiming).
+struct TopkSide {
+  cudaStream_t stream = nullptr;
+  cudaEvent_t scored[2] = {nullptr, nullptr}, freed[2] = {nullptr, nullptr};
+};
+
+// The prefill indexer over one sequence's contiguous key rows [S, D] (S >= pos0 + T) as the backend
+// runs it: the wgmma scores of `block` queries at a time into scratch rows of ld = pos0 + T, then
+// that block's Top-K (topk_from_hist from the scores' histograms where indexer_hist_takes(H, ld),
+// hist [block, 512]; else topk_from_scores, hist null). pos [T]: the queries' positions.
+// side null: all on `stream`, scratch [block, ld]. side given: each block's Top-K runs on
+// side->stream beside the next block's scores, two scratch (and histogram) blocks in turn:
+// scratch [2, block, ld], hist [2, block, 512]. Either way `stream` has waited for every Top-K
+// when this returns, so what follows on it (the scratch's release included) comes after.
+void indexer_topk_wgmma(const __nv_bfloat16* q, const float* w, const __nv_bfloat16* keys, int64_t S, int64_t T,
+                        int64_t pos0, int H, int D, const int32_t* pos, int32_t K, int32_t* sel, int64_t block,
+                        float* scratch, uint32_t* hist, cudaStream_t stream, const TopkSide* side = nullptr);
+
 // Top-K of rows already in memory (as kernels/indexer.cuh's topk_from_scores), each row first
 // copied into shared memory (16-byte loads) so that block_topk's five passes (three radix
 // histograms, two compaction scans) read shared memory instead of L2. Rows of up to 51200 keys.

@@ -18,7 +18,8 @@
 #                                              topk_loads_in_flight.patch (the indexer Top-K's passes):
 #                                              its harness's test and bench before and after it, then
 #                                              with it the GPU tests' cases of what it touches and the
-#                                              CLI runs of the families that use it
+#                                              CLI runs of the families that use it (topk: then
+#                                              `bench sparse-attn` in the time left)
 #   DZ_COMMIT=<hash> bash scripts/device-queue.sh e2e-glm
 #                                              GLM-5.3-Flash 4 layers at T = 8192: dayzero (median of 7),
 #                                              the transformers 5.23 + fla anchor, dayzero again
@@ -127,6 +128,14 @@ case ${1:?stage: benches, tests, fa-mla, topk or e2e-glm} in
     export DZ_COMMIT=${DZ_COMMIT:?}
     queued_ab kernels/dev/queued/topk_loads_in_flight.patch kernels/dev/indexer/run.sh \
       "*indexer*,*k-pool*,*sparse*,*Top-K*,*presets*" "deepseek_v32 glm_moe_dsa glm5_next deepseek_v4"
+    # then the backend's indexer as `bench sparse-attn` times it (the Top-K beside the next block's
+    # scores, and serially), with the patch applied
+    if [[ $(left) -gt 70 ]]; then
+      eval "$(bash scripts/offline-prefix.sh env "$PREFIX")"
+      timeout $(($(left) - 5)) build-gpu/dayzero bench sparse-attn --json "$O/sparse_attn_dayzero.json" >"$O/sparse_attn.log" 2>&1
+      echo "bench sparse-attn rc $? at $(($(date +%s) - T0)) s"
+      grep -A1 "^indexer prefill" "$O/sparse_attn.log"
+    fi
     ;;
   e2e-glm)
     export DZ_COMMIT=${DZ_COMMIT:?}

@@ -17,6 +17,7 @@
 #include "core/bf16.hpp"
 #include "core/fp8.hpp"
 #include "indexer.cuh"
+#include "indexer_wgmma.cuh"
 #include "ops/attention.hpp"
 #include "ops/indexer.hpp"
 #include "paged_cache.cuh"
@@ -472,4 +473,60 @@ TEST_CASE("gpu sparse-attn: sparse MLA equals the CPU reference within bf16 tole
   run_mla_case(512, 16, 5000, true, {5000}, {1}, rng, true, true);  // 79 parts of 64 entries
   run_mla_case(512, 128, 3000, false, {3000, 700}, {1, 1}, rng, true, true);
   run_mla_case(128, 70, 400, true, {400, 20}, {2, 1}, rng, true, true);
+}
+
+// The backend's blocked prefill indexer (indexer_topk_wgmma): with each block's Top-K on a second
+// stream beside the next block's scores (two scratch blocks in turn, events between the streams),
+// the selections equal the serial loop's bit for bit: the same kernels on the same data, so any
+// difference is a race (a block's scores overwritten before its Top-K read them). Blocks of 509
+// queries over 3000 keys: six blocks, so scratch blocks are reused (the wait on block i - 2). With
+// the histogram Top-K (H 32, D 128) and with topk_from_scores (H 16, D 64); pos0 > 0 for one.
+TEST_CASE("gpu sparse-attn: the indexer's Top-K on a second stream selects what the serial loop selects", "[gpu]") {
+  std::mt19937 rng(11);
+  struct Case {
+    int H, D, K;
+    int64_t pos0, T;
+  };
+  for (const Case c : {Case{32, 128, 512, 0, 3000}, Case{16, 64, 256, 700, 2300}}) {
+    const int64_t S = c.pos0 + c.T, block = 509;
+    const bool hist = dz::cuda::indexer_hist_takes(c.H, S);
+    REQUIRE(hist == (c.H == 32));
+    auto w = randn(size_t(c.T) * c.H, rng);
+    for (float& v : w) v *= float(1.0 / std::sqrt(double(c.H) * c.D));
+    std::vector<int32_t> pos(static_cast<size_t>(c.T));
+    std::iota(pos.begin(), pos.end(), int32_t(c.pos0));
+    Dev<__nv_bfloat16> dq(to_bf16(randn(size_t(c.T) * c.H * c.D, rng))), dk(to_bf16(randn(size_t(S) * c.D, rng)));
+    Dev<float> dw(w), scratch(size_t(2 * block * S));
+    Dev<uint32_t> dh(hist ? size_t(2 * block * 512) : 1);
+    Dev<int32_t> dpos(pos), serial(size_t(c.T * c.K)), side_sel(size_t(c.T * c.K));
+    cudaStream_t main_st;
+    CUDA_CHECK(cudaStreamCreateWithFlags(&main_st, cudaStreamNonBlocking));
+    dz::cuda::TopkSide side;
+    CUDA_CHECK(cudaStreamCreateWithFlags(&side.stream, cudaStreamNonBlocking));
+    for (cudaEvent_t* e : {&side.scored[0], &side.scored[1], &side.freed[0], &side.freed[1]})
+      CUDA_CHECK(cudaEventCreateWithFlags(e, cudaEventDisableTiming));
+    uint32_t* hp = hist ? dh.p : nullptr;
+    dz::cuda::indexer_topk_wgmma(dq.p, dw.p, dk.p, S, c.T, c.pos0, c.H, c.D, dpos.p, c.K, serial.p, block, scratch.p,
+                                 hp, main_st);
+    for (int rep = 0; rep < 3; ++rep) {  // a race need not show the first time
+      CUDA_CHECK(cudaMemsetAsync(side_sel.p, 0xff, side_sel.n * 4, main_st));
+      dz::cuda::indexer_topk_wgmma(dq.p, dw.p, dk.p, S, c.T, c.pos0, c.H, c.D, dpos.p, c.K, side_sel.p, block,
+                                   scratch.p, hp, main_st, &side);
+      CUDA_CHECK(cudaStreamSynchronize(main_st));  // only the main stream: the join must cover the side
+      CHECK(side_sel.down() == serial.down());
+    }
+    // the serial selections are valid ones: ascending, inside the causal range, -1 only as padding
+    const auto g = serial.down();
+    bool ok = true;
+    for (int64_t t = 0; t < c.T; ++t)
+      for (int j = 0; j < c.K; ++j) {
+        const int32_t v = g[size_t(t * c.K + j)];
+        const bool valid = j < std::min<int64_t>(c.K, c.pos0 + t + 1);
+        ok &= valid ? (v >= 0 && v <= c.pos0 + t && (j == 0 || v > g[size_t(t * c.K + j - 1)])) : v == -1;
+      }
+    CHECK(ok);
+    for (cudaEvent_t e : {side.scored[0], side.scored[1], side.freed[0], side.freed[1]}) cudaEventDestroy(e);
+    cudaStreamDestroy(side.stream);
+    cudaStreamDestroy(main_st);
+  }
 }

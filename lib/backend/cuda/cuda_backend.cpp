@@ -137,6 +137,9 @@ class CudaBackend final : public Backend {
     for (auto& e : ring_done_)
       if (e) cudaEventDestroy(e);
     if (pinned_) cudaFreeHost(pinned_);
+    for (cudaEvent_t e : {side_.scored[0], side_.scored[1], side_.freed[0], side_.freed[1]})
+      if (e) cudaEventDestroy(e);
+    if (side_.stream) cudaStreamDestroy(side_.stream);  // joined into stream_ by each indexer_topk
     for (auto& kv : fp8_plans_) kv.second.destroy();
     if (lt_) cublasLtDestroy(lt_);
     if (blas_) cublasDestroy(blas_);
@@ -1064,11 +1067,6 @@ class CudaBackend final : public Backend {
     const int64_t D = w.numel();
     cuda::layer_norm(x.data, dt_of(x), optf(w), optf(b), y.data, dt_of(y), x.numel() / D, D, eps, st());
   }
-  // H in {16, 32, 64} with D in {64, 128}: the wgmma scores (kernels/indexer_wgmma.cuh), then
-  // topk_from_hist (H 32 / 64, rows < 65536 keys) or topk_from_scores; other H <= 64 with D in {64, 128}: the fused indexer of kernels/indexer.cu on
-  // the key rows as a paged cache (row_pages: pages of 64 consecutive rows, identity block table);
-  // other head dims: indexer_scores_any + the same Top-K. Query rows go in blocks so the scratch
-  // score rows stay under ~1 GiB.
   void indexer_topk(const DTensor& q, const DTensor& w, float wscale, const DTensor& keys, int64_t pos0, int64_t H,
                     int64_t K, const DTensor& sel) override {
     const int64_t T = w.rows(), D = keys.cols(), S = pos0 + T;
@@ -1077,17 +1075,30 @@ class CudaBackend final : public Backend {
     CUDA_CHECK(cudaMemcpyAsync(ws.data, w.data, size_t(T * H) * 4, cudaMemcpyDeviceToDevice, st()));
     cuda::scale(ws.ptr<float>(), wscale, T * H, st());
     const DTensor dpos = positions(pos0, T);
+    // H 16 / 32 / 64 with D 64 / 128 (DeepSeek-V3.2, GLM-5): the wgmma scores over the contiguous
+    // key rows (kernels/indexer_wgmma.cuh) into scratch score rows, then each query block's Top-K
+    // (from the scores' histograms for H 32 / 64 with rows under 65536 keys: two reads of a row
+    // instead of topk_from_scores' five). A prompt longer than one block of <= 2^27 scratch floats
+    // runs each block's Top-K on a second stream beside the next block's scores (two blocks of
+    // scratch in turn; the selections are the serial loop's: kernels/dev/indexer's test).
+    if (cuda::indexer_scores_wgmma_takes(int(H), int(D), q.data, keys.data)) {
+      const int64_t half = std::max<int64_t>(1, (int64_t(1) << 27) / S);
+      const bool overlap = T > half;
+      const int64_t block = overlap ? half : T, nbuf = overlap ? 2 : 1;
+      const DTensor scratch = alloc({nbuf * block, S}, DType::F32);
+      const bool hist = cuda::indexer_hist_takes(int(H), S);
+      const DTensor hists = hist ? alloc({nbuf * block, 512}, DType::I32) : DTensor{};
+      cuda::indexer_topk_wgmma(b16(q), ws.ptr<float>(), b16(keys), keys.rows(), T, pos0, int(H), int(D),
+                               dpos.ptr<int32_t>(), int32_t(K), sel.ptr<int32_t>(), block, scratch.ptr<float>(),
+                               hist ? reinterpret_cast<uint32_t*>(hists.ptr<int32_t>()) : nullptr, st(),
+                               overlap ? &topk_side() : nullptr);
+      return;
+    }
+    // other H <= 64 with D 64 / 128: the fused paged indexer; other head dims: the generic scores,
+    // then topk_from_scores, in query blocks of <= 2^28 scratch floats
     const int64_t block = std::max<int64_t>(1, std::min<int64_t>(T, (int64_t(1) << 28) / S));
     DTensor scratch = alloc({block, S}, DType::F32);
-    // H 16 / 32 / 64 with D 64 / 128 (DeepSeek-V3.2, GLM-5): the wgmma scores over the contiguous
-    // key rows (kernels/indexer_wgmma.cuh) into the scratch, then the Top-K of each row
-    const bool wg = cuda::indexer_scores_wgmma_takes(int(H), int(D), q.data, keys.data);
-    const bool fused = !wg && (D == 64 || D == 128) && H <= 64;
-    // H 32 / 64 with rows under 65536 keys: the scorer also counts each query's histogram of its
-    // score bins, and topk_from_hist reads a row twice instead of topk_from_scores' five times
-    // (the same selections: kernels/dev/indexer's test; H = 64, T = 32768 on an H100: 18.2 ms vs 20.1)
-    const bool hist = wg && cuda::indexer_hist_takes(int(H), S);
-    DTensor hists = hist ? alloc({block, 512}, DType::I32) : DTensor{};
+    const bool fused = (D == 64 || D == 128) && H <= 64;
     RowPages pg;
     cuda::IndexKeyCache kc;
     if (fused) {
@@ -1105,17 +1116,9 @@ class CudaBackend final : public Backend {
         cuda::indexer_topk(qb, ws.ptr<float>() + t0 * H, pg.seq.ptr<int32_t>(), dpos.ptr<int32_t>() + t0, n,
                            int32_t(H), pos0 + t0 + n, pg.bt, kc, int32_t(K), out, scratch.ptr<float>(), st());
       } else {
-        uint32_t* hb = hist ? reinterpret_cast<uint32_t*>(hists.ptr<int32_t>()) : nullptr;  // [n, 512]
-        if (wg)
-          cuda::indexer_scores_wgmma(qb, ws.ptr<float>() + t0 * H, b16(keys), n, pos0 + t0, int(H), int(D),
-                                     keys.rows(), scratch.ptr<float>(), S, st(), hb);
-        else
-          cuda::indexer_scores_any(qb, ws.ptr<float>() + t0 * H, b16(keys), n, pos0 + t0, int(H), int(D),
-                                   scratch.ptr<float>(), S, st());
-        if (hist)
-          cuda::topk_from_hist(scratch.ptr<float>(), S, hb, dpos.ptr<int32_t>() + t0, n, int32_t(K), out, st());
-        else
-          cuda::topk_from_scores(scratch.ptr<float>(), S, dpos.ptr<int32_t>() + t0, n, int32_t(K), out, st());
+        cuda::indexer_scores_any(qb, ws.ptr<float>() + t0 * H, b16(keys), n, pos0 + t0, int(H), int(D),
+                                 scratch.ptr<float>(), S, st());
+        cuda::topk_from_scores(scratch.ptr<float>(), S, dpos.ptr<int32_t>() + t0, n, int32_t(K), out, st());
       }
     }
   }
@@ -1531,6 +1534,16 @@ class CudaBackend final : public Backend {
   int64_t mx_kept_ = 0;  // MXFP4 expert stacks kept 4-bit
   int32_t* route_bad_ = nullptr;       // [1] device: set by moe_select on a non-finite score
   int32_t* route_bad_host_ = nullptr;  // [1] pinned: its copy at each host_wait
+  cuda::TopkSide side_;                // indexer_topk's second stream (made at its first use)
+
+  const cuda::TopkSide& topk_side() {
+    if (!side_.stream) {
+      CUDA_CHECK(cudaStreamCreateWithFlags(&side_.stream, cudaStreamNonBlocking));
+      for (cudaEvent_t* e : {&side_.scored[0], &side_.scored[1], &side_.freed[0], &side_.freed[1]})
+        CUDA_CHECK(cudaEventCreateWithFlags(e, cudaEventDisableTiming));
+    }
+    return side_;
+  }
 };
 
 }  // namespace
