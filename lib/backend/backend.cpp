@@ -123,6 +123,12 @@ int64_t Backend::check_gather_rows(int group_size, int rank, const DTensor& mine
   return total;
 }
 
+DTensor Backend::copy_of_rows(const DTensor& src) {
+  DTensor out = alloc({src.rows(), src.cols()}, src.dtype);
+  copy_rows(src, 0, out, 0, src.rows());
+  return out;
+}
+
 int64_t Backend::check_alltoall_rows(int group_size, const DTensor& send, const std::vector<int64_t>& send_rows,
                                      const std::vector<int64_t>& recv_rows) {
   DZ_CHECK(int64_t(send_rows.size()) == group_size && int64_t(recv_rows.size()) == group_size, "alltoall_rows: ",

@@ -258,6 +258,9 @@ class Backend {
   // group of one: a copy of send (send_rows == recv_rows).
   virtual DTensor alltoall_rows(const Collectives* comm, const DTensor& send, const std::vector<int64_t>& send_rows,
                                 const std::vector<int64_t>& recv_rows) = 0;
+  // allgather_rows / alltoall_rows in a group of one (after their checks): a new [rows, W] copy of
+  // src through copy_rows.
+  DTensor copy_of_rows(const DTensor& src);
   // The checks of alltoall_rows: returns the received row count.
   static int64_t check_alltoall_rows(int group_size, const DTensor& send, const std::vector<int64_t>& send_rows,
                                      const std::vector<int64_t>& recv_rows);

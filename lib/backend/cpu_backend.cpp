@@ -128,21 +128,18 @@ class CpuBackend final : public Backend {
   DTensor allgather_rows(const Collectives* comm, const DTensor& mine, const std::vector<int64_t>& rows_of) override {
     const int n = comm ? comm->size() : 1;
     if (n > 1) return allgather_rows_start(comm, mine, rows_of)->wait();
-    const int64_t total = check_gather_rows(n, 0, mine, rows_of);
-    DTensor out = alloc({total, mine.cols()}, mine.dtype);
-    if (out.bytes()) std::memcpy(out.data, mine.data, out.bytes());
-    return out;
+    check_gather_rows(n, 0, mine, rows_of);
+    return copy_of_rows(mine);
   }
   DTensor alltoall_rows(const Collectives* comm, const DTensor& send, const std::vector<int64_t>& send_rows,
                         const std::vector<int64_t>& recv_rows) override {
     const int n = comm ? comm->size() : 1;
     const int64_t total = check_alltoall_rows(n, send, send_rows, recv_rows), W = send.cols();
-    DTensor out = alloc({total, W}, send.dtype);
     if (n == 1) {
       DZ_CHECK(total == send.rows(), "alltoall_rows: a group of one receives what it sends");
-      if (out.bytes()) std::memcpy(out.data, send.data, out.bytes());
-      return out;
+      return copy_of_rows(send);
     }
+    DTensor out = alloc({total, W}, send.dtype);
     const std::vector<char> got = alltoall_rows_host(*comm, static_cast<const char*>(send.data),
                                                      size_t(W) * dtype_size(send.dtype), send_rows, recv_rows);
     if (!got.empty()) std::memcpy(out.data, got.data(), got.size());

@@ -306,10 +306,8 @@ class CudaBackend final : public Backend {
   DTensor allgather_rows(const Collectives* comm, const DTensor& mine, const std::vector<int64_t>& rows_of) override {
     const int n = comm ? comm->size() : 1;
     if (n > 1) return allgather_rows_start(comm, mine, rows_of)->wait();
-    const int64_t total = check_gather_rows(n, 0, mine, rows_of);
-    DTensor out = alloc({total, mine.cols()}, mine.dtype);
-    if (out.bytes()) CUDA_CHECK(cudaMemcpyAsync(out.data, mine.data, out.bytes(), cudaMemcpyDeviceToDevice, st()));
-    return out;
+    check_gather_rows(n, 0, mine, rows_of);
+    return copy_of_rows(mine);
   }
   // Staged and started: mine goes to the host now (after the kernels that make it), MPI_Iallgatherv
   // runs while the caller queues more kernels, the rows go up at wait() (which then waits for the
@@ -353,12 +351,11 @@ class CudaBackend final : public Backend {
                         const std::vector<int64_t>& recv_rows) override {
     const int n = comm ? comm->size() : 1;
     const int64_t total = check_alltoall_rows(n, send, send_rows, recv_rows), W = send.cols();
-    DTensor out = alloc({total, W}, send.dtype);
     if (n == 1) {
       DZ_CHECK(total == send.rows(), "alltoall_rows: a group of one receives what it sends");
-      if (out.bytes()) CUDA_CHECK(cudaMemcpyAsync(out.data, send.data, out.bytes(), cudaMemcpyDeviceToDevice, st()));
-      return out;
+      return copy_of_rows(send);
     }
+    DTensor out = alloc({total, W}, send.dtype);
     std::vector<char> h(send.bytes());  // staged: device -> host, MPI, host -> device
     if (!h.empty()) CUDA_CHECK(cudaMemcpyAsync(h.data(), send.data, h.size(), cudaMemcpyDeviceToHost, st()));
     host_wait();
