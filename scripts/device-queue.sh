@@ -127,7 +127,7 @@ case ${1:?stage: benches, tests, fa-mla, topk or e2e-glm} in
   topk)
     export DZ_COMMIT=${DZ_COMMIT:?}
     queued_ab kernels/dev/queued/topk_loads_in_flight.patch kernels/dev/indexer/run.sh \
-      "*indexer*,*k-pool*,*sparse*,*Top-K*,*presets*" "deepseek_v32 glm_moe_dsa glm5_next deepseek_v4"
+      "*indexer*,*k-pool*,*sparse*,*Top-K*,*presets*,backend comms*" "deepseek_v32 glm_moe_dsa glm5_next deepseek_v4"
     # then the backend's indexer as `bench sparse-attn` times it (the Top-K beside the next block's
     # scores, and serially), with the patch applied
     if [[ $(left) -gt 70 ]]; then
