@@ -1,18 +1,18 @@
 // Causal flash-attention forward on Hopper wgmma for Dk = Dv = 128 and 256 (the softmax layers of
-// Qwen3.5 / Qwen3-Next (256) and of the 128-wide GQA models); flash_attention() in
-// flash_attention.cu takes this kernel for those dims when q, k, v are 16-byte and out 4-byte
-// aligned, the mma.sync kernel otherwise. Same semantics and numerics as that kernel (bf16
+// Qwen3.5 / Qwen3-Next (256) and of the 128-wide GQA models) and Dk = 192, Dv = 128 (MLA without an
+// indexer: Kimi-Linear); flash_attention() in flash_attention.cu takes this kernel for those dims
+// when q, k, v are 16-byte and out 4-byte aligned, the mma.sync kernel otherwise. Same semantics and numerics as that kernel (bf16
 // operands, fp32 softmax and accumulation, P rounded to bf16 as the P V operand).
 //
 // Warp specialised, FlashAttention-3 style. Block = 128 query rows of one (sequence, query head),
 // heaviest tiles first, 3 warpgroups:
 //   - warpgroup 0 the producer: one thread loads Q once and K, V blocks of BN keys (128 for
-//     D = 128, 64 for D = 256) by TMA (3-D maps over [rows, heads, D], boxes of 64 d x 1 head x
+//     Dk = 128 / 192, 64 for Dk = 256) by TMA (3-D maps over [rows, heads, D], boxes of 64 d x 1 head x
 //     rows, 128-byte swizzle: the layout the wgmma descriptors read) into two stages each, full /
 //     empty mbarriers per stage; its registers are given away (setmaxnreg.dec 24);
 //   - warpgroups 1 and 2 the consumers of 64 query rows each (setmaxnreg.inc 240):
 //       S = Q K^T   wgmma m64nBNk16, Q and K K-major from shared memory;
-//       O += P V    wgmma m64nDk16, P the register A operand (the S accumulator re-packed to bf16:
+//       O += P V    wgmma m64nDvk16, P the register A operand (the S accumulator re-packed to bf16:
 //                   accumulator and A-fragment layouts coincide), V N-major from shared memory;
 //     step j issues S_j and P_{j-1} V_{j-1} together and runs the online softmax of S_j while P V
 //     is on the tensor cores (intra-warpgroup overlap); a consumer releases a stage per warp
@@ -48,12 +48,16 @@ using bf16 = __nv_bfloat16;
 
 constexpr int kBM = 128, kThreads = 384;  // 3 warpgroups
 
-template <int D>
+// DK: the q / k head dim, DV: v's (and the output's). DK = 192, DV = 128 is MLA without an indexer
+// (Kimi-Linear's q.k over 128 + 64 RoPE dims): the 128 / 128 kernel's key block and registers, Q
+// and K three 64-wide column blocks, 208 KB of shared memory.
+template <int DK, int DV>
 struct Shape {
-  static constexpr int BN = D == 128 ? 128 : 64;
-  static constexpr int Q_BYTES = kBM * D * 2, KV_BYTES = BN * D * 2;
+  static constexpr int BN = DK == 256 ? 64 : 128;
+  static constexpr int Q_BYTES = kBM * DK * 2, K_BYTES = BN * DK * 2, V_BYTES = BN * DV * 2;
   // alignment slack, Q, K x 2, V x 2, then 9 mbarriers
-  static constexpr int SMEM = 1024 + Q_BYTES + 4 * KV_BYTES + 128;
+  static constexpr int SMEM = 1024 + Q_BYTES + 2 * K_BYTES + 2 * V_BYTES + 128;
+  static_assert(SMEM <= 227 * 1024, "flash_attention (wgmma): shared memory");
 };
 
 struct Maps {
@@ -74,15 +78,16 @@ __device__ __forceinline__ void named_arrive_if(int id, int go) {
   asm volatile("{\n .reg .pred p;\n setp.ne.u32 p, %1, 0;\n @p bar.arrive %0, 256;\n}\n" ::"r"(id), "r"(go) : "memory");
 }
 
-template <int D>
+template <int DK, int DV>
 __global__ void __launch_bounds__(kThreads, 1) fa_wgmma_kernel(const __grid_constant__ Maps maps, const FlashAttnArgs a,
                                                             float sl2e) {
-  using S = Shape<D>;
-  constexpr int BN = S::BN, NS = BN / 2, NO = D / 2, NCB = D / 64;  // NCB: 64-wide column blocks
+  using S = Shape<DK, DV>;
+  // NCK / NCV: 64-wide column blocks of Q and K / of V
+  constexpr int BN = S::BN, NS = BN / 2, NO = DV / 2, NCK = DK / 64, NCV = DV / 64;
   extern __shared__ uint8_t smem_raw[];
   const uint32_t sbase0 = smem_u32(smem_raw);
-  const uint32_t sQ = sbase0 + ((1024u - (sbase0 & 1023u)) & 1023u), sK = sQ + S::Q_BYTES, sV = sK + 2 * S::KV_BYTES;
-  const uint32_t bQ = sV + 2 * S::KV_BYTES;  // mbarriers: Q, full K[2], full V[2], empty K[2], empty V[2]
+  const uint32_t sQ = sbase0 + ((1024u - (sbase0 & 1023u)) & 1023u), sK = sQ + S::Q_BYTES, sV = sK + 2 * S::K_BYTES;
+  const uint32_t bQ = sV + 2 * S::V_BYTES;  // mbarriers: Q, full K[2], full V[2], empty K[2], empty V[2]
   auto fullK = [&](int s) { return bQ + 8 * (1 + s); };
   auto fullV = [&](int s) { return bQ + 8 * (3 + s); };
   auto emptyK = [&](int s) { return bQ + 8 * (5 + s); };
@@ -114,18 +119,18 @@ __global__ void __launch_bounds__(kThreads, 1) fa_wgmma_kernel(const __grid_cons
     asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n" ::: "memory");
     if (tid == 0) {
       mbar_expect_tx(bQ, S::Q_BYTES);
-      for (int c = 0; c < NCB; ++c) tma_load_3d(sQ + c * kBM * 128, &maps.q, c * 64, h, q_beg + q0, bQ);
+      for (int c = 0; c < NCK; ++c) tma_load_3d(sQ + c * kBM * 128, &maps.q, c * 64, h, q_beg + q0, bQ);
       for (int j = 0; j < n_blk; ++j) {
         const int s = j & 1;
         // stage s last held block j - 2: wait for the consumers' release of it (empty phase (j >> 1) - 1)
         if (j >= 2) mbar_wait(emptyK(s), ((j >> 1) - 1) & 1);
-        mbar_expect_tx(fullK(s), S::KV_BYTES);
-        for (int c = 0; c < NCB; ++c)
-          tma_load_3d(sK + s * S::KV_BYTES + c * BN * 128, &maps.k, c * 64, hk, k_beg + j * BN, fullK(s));
+        mbar_expect_tx(fullK(s), S::K_BYTES);
+        for (int c = 0; c < NCK; ++c)
+          tma_load_3d(sK + s * S::K_BYTES + c * BN * 128, &maps.k, c * 64, hk, k_beg + j * BN, fullK(s));
         if (j >= 2) mbar_wait(emptyV(s), ((j >> 1) - 1) & 1);
-        mbar_expect_tx(fullV(s), S::KV_BYTES);
-        for (int c = 0; c < NCB; ++c)
-          tma_load_3d(sV + s * S::KV_BYTES + c * BN * 128, &maps.v, c * 64, hk, k_beg + j * BN, fullV(s));
+        mbar_expect_tx(fullV(s), S::V_BYTES);
+        for (int c = 0; c < NCV; ++c)
+          tma_load_3d(sV + s * S::V_BYTES + c * BN * 128, &maps.v, c * 64, hk, k_beg + j * BN, fullV(s));
       }
     }
     return;
@@ -157,9 +162,9 @@ __global__ void __launch_bounds__(kThreads, 1) fa_wgmma_kernel(const __grid_cons
     wgmma_fence_regs(o);
     wgmma_fence();
     if constexpr (DO_S) {
-      const uint32_t kt = sK + (j & 1) * S::KV_BYTES;
+      const uint32_t kt = sK + (j & 1) * S::K_BYTES;
 #pragma unroll
-      for (int kk = 0; kk < D / 16; ++kk) {
+      for (int kk = 0; kk < DK / 16; ++kk) {
         const uint32_t blk = kk >> 2, in = (kk & 3) * 32;
         wgmma_ss<BN>(s, wgmma_desc_sw128(sQ + blk * kBM * 128 + wm * 64 * 128 + in),
                      wgmma_desc_sw128(kt + blk * BN * 128 + in), kk > 0);
@@ -167,10 +172,10 @@ __global__ void __launch_bounds__(kThreads, 1) fa_wgmma_kernel(const __grid_cons
       wgmma_commit();
     }
     if constexpr (DO_PV) {
-      const uint32_t vt = sV + ((j - 1) & 1) * S::KV_BYTES;
+      const uint32_t vt = sV + ((j - 1) & 1) * S::V_BYTES;
 #pragma unroll
       for (int kk = 0; kk < BN / 16; ++kk)
-        wgmma_rs_tb<D>(o, pin[kk], wgmma_desc_nmajor_sw128(vt + kk * 16 * 128, BN * 128), 1);
+        wgmma_rs_tb<DV>(o, pin[kk], wgmma_desc_nmajor_sw128(vt + kk * 16 * 128, BN * 128), 1);
       wgmma_commit();
     }
     named_arrive_if(other_bar, !last);
@@ -216,7 +221,7 @@ __global__ void __launch_bounds__(kThreads, 1) fa_wgmma_kernel(const __grid_cons
       }
       wgmma_fence_regs(o);
 #pragma unroll
-      for (int j8 = 0; j8 < D / 8; ++j8)
+      for (int j8 = 0; j8 < DV / 8; ++j8)
 #pragma unroll
         for (int q = 0; q < 4; ++q) o[4 * j8 + q] *= alpha[q >> 1];
     } else {
@@ -255,9 +260,9 @@ __global__ void __launch_bounds__(kThreads, 1) fa_wgmma_kernel(const __grid_cons
     const float inv = lt > 0.f ? 1.f / lt : 0.f;
     const int qi = wrow + g + 8 * hf;
     if (qi >= Lq) continue;
-    bf16* orow = a.out + (int64_t(q_beg) + qi) * a.Hq * D + int64_t(h) * D + 2 * t;
+    bf16* orow = a.out + (int64_t(q_beg) + qi) * a.Hq * DV + int64_t(h) * DV + 2 * t;
 #pragma unroll
-    for (int j8 = 0; j8 < D / 8; ++j8)
+    for (int j8 = 0; j8 < DV / 8; ++j8)
       *reinterpret_cast<__nv_bfloat162*>(orow + 8 * j8) =
           __floats2bfloat162_rn(o[4 * j8 + 2 * hf] * inv, o[4 * j8 + 2 * hf + 1] * inv);
   }
@@ -275,20 +280,21 @@ void encode3(PFN_cuTensorMapEncodeTiled_v12000 enc, CUtensorMap* m, const bf16* 
            "flash_attention (wgmma): tensor map of [", T, ", ", H, ", ", D, "]");
 }
 
-template <int D>
+template <int DK, int DV>
 void launch(const FlashAttnArgs& a, int64_t T_q, int64_t T_k, cudaStream_t s) {
+  using S = Shape<DK, DV>;
   const PFN_cuTensorMapEncodeTiled_v12000 enc = tensor_map_encoder();
   DZ_CHECK(enc, "flash_attention (wgmma): the driver has no cuTensorMapEncodeTiled");
   Maps maps;
-  encode3(enc, &maps.q, a.q, T_q, a.Hq, D, kBM);
-  encode3(enc, &maps.k, a.k, T_k, a.Hkv, D, Shape<D>::BN);
-  encode3(enc, &maps.v, a.v, T_k, a.Hkv, D, Shape<D>::BN);
-  auto kern = fa_wgmma_kernel<D>;
-  CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, Shape<D>::SMEM));
+  encode3(enc, &maps.q, a.q, T_q, a.Hq, DK, kBM);
+  encode3(enc, &maps.k, a.k, T_k, a.Hkv, DK, S::BN);
+  encode3(enc, &maps.v, a.v, T_k, a.Hkv, DV, S::BN);
+  auto kern = fa_wgmma_kernel<DK, DV>;
+  CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, S::SMEM));
   const int64_t tiles = (a.max_q + kBM - 1) / kBM;
   DZ_CHECK(tiles < (int64_t(1) << 31) && a.Hq <= 65535 && a.B <= 65535, "flash_attention (wgmma): grid ", tiles,
            " x ", a.Hq, " x ", a.B);
-  kern<<<dim3(unsigned(tiles), unsigned(a.Hq), unsigned(a.B)), kThreads, Shape<D>::SMEM, s>>>(
+  kern<<<dim3(unsigned(tiles), unsigned(a.Hq), unsigned(a.B)), kThreads, S::SMEM, s>>>(
       maps, a, a.scale * 1.4426950408889634f);
   CUDA_CHECK_LAUNCH();
 }
@@ -296,7 +302,8 @@ void launch(const FlashAttnArgs& a, int64_t T_q, int64_t T_k, cudaStream_t s) {
 }  // namespace
 
 bool flash_attention_wgmma_takes(const FlashAttnArgs& a) {
-  return a.Dk == a.Dv && (a.Dk == 128 || a.Dk == 256) && aligned16(a.q) && aligned16(a.k) && aligned16(a.v) &&
+  const bool dims = (a.Dk == a.Dv && (a.Dk == 128 || a.Dk == 256)) || (a.Dk == 192 && a.Dv == 128);
+  return dims && aligned16(a.q) && aligned16(a.k) && aligned16(a.v) &&
          (reinterpret_cast<uintptr_t>(a.out) & 3) == 0;
 }
 
@@ -308,9 +315,11 @@ void flash_attention_wgmma(const FlashAttnArgs& a, cudaStream_t s) {
   DZ_CHECK(a.rows_q >= 1 && a.rows_k >= 1 && a.rows_q < (int64_t(1) << 31) && a.rows_k < (int64_t(1) << 31),
            "flash_attention (wgmma): rows_q ", a.rows_q, " / rows_k ", a.rows_k, " (the q and k / v row counts)");
   if (a.Dk == 128)
-    launch<128>(a, a.rows_q, a.rows_k, s);
+    launch<128, 128>(a, a.rows_q, a.rows_k, s);
+  else if (a.Dk == 192)
+    launch<192, 128>(a, a.rows_q, a.rows_k, s);
   else
-    launch<256>(a, a.rows_q, a.rows_k, s);
+    launch<256, 256>(a, a.rows_q, a.rows_k, s);
 }
 
 }  // namespace dz::cuda

@@ -5,6 +5,9 @@
 
 namespace dz::cuda::dev {
 
+// Keys each thread loads before it uses any, in the passes over a row below.
+constexpr int kU = 4;
+
 // Higher score -> larger key; -0 == +0; NaN -> 0 (lowest; no number maps to 0).
 __device__ __forceinline__ uint32_t order_key(float s) {
   if (isnan(s)) return 0u;
@@ -61,9 +64,15 @@ __device__ inline void block_radix_pass(KeyAt key, int n, int shift, int bits, u
   const uint32_t nb = 1u << bits;
   for (uint32_t i = threadIdx.x; i < nb; i += NT) hist[i] = 0;
   __syncthreads();
-  for (int i = threadIdx.x; i < n; i += NT) {
-    const uint32_t k = key(i);
-    if ((k & mask) == prefix) atomicAdd(&hist[(k >> shift) & (nb - 1)], 1u);
+  // kU keys loaded before any is counted: kU loads in flight a thread (one at a time left a row in
+  // global memory at ~1 TB/s, latency-bound)
+  for (int i0 = threadIdx.x; i0 < n; i0 += NT * kU) {
+    uint32_t k[kU];
+#pragma unroll
+    for (int u = 0; u < kU; ++u) k[u] = i0 + u * NT < n ? key(i0 + u * NT) : 0u;
+#pragma unroll
+    for (int u = 0; u < kU; ++u)
+      if (i0 + u * NT < n && (k[u] & mask) == prefix) atomicAdd(&hist[(k[u] >> shift) & (nb - 1)], 1u);
   }
   __syncthreads();
   block_find_bin<NT>(hist, int(nb), remaining, part, s_bin_rem);
@@ -102,11 +111,17 @@ __device__ inline void block_compact(const float* sc, int n, uint32_t thr, uint3
   const int span = (n + NW - 1) / NW;
   const int b = min(n, warp * span), e = min(n, b + span);
   uint32_t n_gt = 0, n_eq = 0;
-  for (int i0 = b; i0 < e; i0 += 32) {
-    const int i = i0 + lane;
-    const uint32_t k = i < e ? order_key(sc[i]) : 0u;
-    n_gt += __popc(__ballot_sync(0xffffffffu, i < e && k > thr));
-    n_eq += __popc(__ballot_sync(0xffffffffu, i < e && k == thr));
+  // both passes load kU x 32 keys a warp before their ballots (in position order, as one at a time)
+  for (int i0 = b; i0 < e; i0 += 32 * kU) {
+    uint32_t k[kU];
+#pragma unroll
+    for (int u = 0; u < kU; ++u) k[u] = i0 + 32 * u + lane < e ? order_key(sc[i0 + 32 * u + lane]) : 0u;
+#pragma unroll
+    for (int u = 0; u < kU; ++u) {
+      const bool in = i0 + 32 * u + lane < e;
+      n_gt += __popc(__ballot_sync(0xffffffffu, in && k[u] > thr));
+      n_eq += __popc(__ballot_sync(0xffffffffu, in && k[u] == thr));
+    }
   }
   __shared__ uint32_t s_gt[NW], s_eq[NW];
   if (lane == 0) {
@@ -123,16 +138,21 @@ __device__ inline void block_compact(const float* sc, int n, uint32_t thr, uint3
     eq_before += s_eq[w2];
   }
   const uint32_t lt = (1u << lane) - 1u;
-  for (int i0 = b; i0 < e; i0 += 32) {
-    const int i = i0 + lane;
-    const uint32_t k = i < e ? order_key(sc[i]) : 0u;
-    const bool gt = i < e && k > thr, eq = i < e && k == thr;
-    const uint32_t eqm = __ballot_sync(0xffffffffu, eq);
-    const bool take = gt || (eq && eq_before + __popc(eqm & lt) < remaining);
-    const uint32_t tm = __ballot_sync(0xffffffffu, take);
-    if (take) out[out_pos + __popc(tm & lt)] = i;
-    out_pos += __popc(tm);
-    eq_before += __popc(eqm);
+  for (int i0 = b; i0 < e; i0 += 32 * kU) {
+    uint32_t k[kU];
+#pragma unroll
+    for (int u = 0; u < kU; ++u) k[u] = i0 + 32 * u + lane < e ? order_key(sc[i0 + 32 * u + lane]) : 0u;
+#pragma unroll
+    for (int u = 0; u < kU; ++u) {
+      const int i = i0 + 32 * u + lane;
+      const bool gt = i < e && k[u] > thr, eq = i < e && k[u] == thr;
+      const uint32_t eqm = __ballot_sync(0xffffffffu, eq);
+      const bool take = gt || (eq && eq_before + __popc(eqm & lt) < remaining);
+      const uint32_t tm = __ballot_sync(0xffffffffu, take);
+      if (take) out[out_pos + __popc(tm & lt)] = i;
+      out_pos += __popc(tm);
+      eq_before += __popc(eqm);
+    }
   }
 }
 

@@ -291,9 +291,16 @@ __global__ void __launch_bounds__(kTopkThreads) topk_hist_kernel(const float* __
     return;
   }
   __syncthreads();
-  for (int i = tid; i < n; i += kTopkThreads) {
-    const uint32_t k = dev::order_key(__ldg(row + i));
-    if ((k >> 22) == bstar) cand[atomicAdd(&s_nc, 1u)] = k;
+  for (int i0 = tid; i0 < n; i0 += kTopkThreads * dev::kU) {  // kU loads in flight a thread
+    uint32_t k[dev::kU];
+#pragma unroll
+    for (int u = 0; u < dev::kU; ++u) {
+      const int i = i0 + u * kTopkThreads;
+      k[u] = i < n ? dev::order_key(__ldg(row + i)) : 0u;
+    }
+#pragma unroll
+    for (int u = 0; u < dev::kU; ++u)
+      if (i0 + u * kTopkThreads < n && (k[u] >> 22) == bstar) cand[atomicAdd(&s_nc, 1u)] = k[u];
   }
   __syncthreads();
   const int nc = int(s_nc);

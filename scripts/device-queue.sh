@@ -12,14 +12,14 @@
 #   DZ_COMMIT=<hash> bash scripts/device-queue.sh tests
 #                                              the GPU tests (Catch binary, then the CLI part in what is
 #                                              left; builds what is missing)
-#   DZ_COMMIT=<hash> bash scripts/device-queue.sh fa-mla | topk
-#                                              a queued patch (kernels/dev/queued/): fa_wgmma_mla.patch
-#                                              (wgmma flash attention for q.k 192 / v 128) or
-#                                              topk_loads_in_flight.patch (the indexer Top-K's passes):
-#                                              its harness's test and bench before and after it, then
-#                                              with it the GPU tests' cases of what it touches and the
-#                                              CLI runs of the families that use it (topk: then
-#                                              `bench sparse-attn` in the time left)
+#   DZ_COMMIT=<hash> DZ_PATCH=<file> DZ_HARNESS=<script> [DZ_SPEC=<Catch spec>] [DZ_FAMILIES="<fam> ..."] \
+#     bash scripts/device-queue.sh patch
+#                                              a queued patch (kernels/dev/queued/<name>.patch): its
+#                                              harness's test and bench before and after it (OUT=<dir>
+#                                              bash <script> writes test.txt / bench.txt there), then
+#                                              with it the GPU tests' cases DZ_SPEC and the CLI runs of
+#                                              the families DZ_FAMILIES; DZ_BENCH_SPARSE=1: then
+#                                              `bench sparse-attn` in the time left
 #   DZ_COMMIT=<hash> bash scripts/device-queue.sh e2e-glm
 #                                              GLM-5.3-Flash 4 layers at T = 8192: dayzero (median of 7),
 #                                              the transformers 5.23 + fla anchor, dayzero again
@@ -35,6 +35,8 @@ build_project() {  # $1: the log
 }
 # `timeout` ends the script, not the mpirun and ranks it started: end them before the GPU is used
 # again (2026-12-06: an ep_equal.sh cut off at its limit went on beside the kernel benches)
+# (the patterns match any command line: a device command typed inline that names build-gpu/dayzero
+# kills itself here, as one did on 2026-12-06, losing its logs; run this script instead)
 reap() {
   pkill -f "build-gpu/dayzero" 2>/dev/null
   pkill -f mpirun 2>/dev/null
@@ -84,7 +86,7 @@ queued_ab() {
 }
 # shellcheck disable=SC1091
 source scripts/device-unpack.sh >/dev/null
-case ${1:?stage: benches, tests, fa-mla, topk or e2e-glm} in
+case ${1:?stage: benches, tests, patch or e2e-glm} in
   benches)
     export DZ_COMMIT=${DZ_COMMIT:?}
     build_project /tmp/build.log
@@ -119,18 +121,10 @@ case ${1:?stage: benches, tests, fa-mla, topk or e2e-glm} in
     export DZ_COMMIT=${DZ_COMMIT:?}
     gpu_tests "$O/logs"
     ;;
-  fa-mla)
+  patch)
     export DZ_COMMIT=${DZ_COMMIT:?}
-    queued_ab kernels/dev/queued/fa_wgmma_mla.patch kernels/dev/flash_attn/run_gpu.sh "*attention*,*presets*" \
-      kimi_linear
-    ;;
-  topk)
-    export DZ_COMMIT=${DZ_COMMIT:?}
-    queued_ab kernels/dev/queued/topk_loads_in_flight.patch kernels/dev/indexer/run.sh \
-      "*indexer*,*k-pool*,*sparse*,*Top-K*,*presets*,backend comms*" "deepseek_v32 glm_moe_dsa glm5_next deepseek_v4"
-    # then the backend's indexer as `bench sparse-attn` times it (the Top-K beside the next block's
-    # scores, and serially), with the patch applied
-    if [[ $(left) -gt 70 ]]; then
+    queued_ab "${DZ_PATCH:?}" "${DZ_HARNESS:?}" "${DZ_SPEC:-}" "${DZ_FAMILIES:-}"
+    if [[ ${DZ_BENCH_SPARSE:-0} == 1 && $(left) -gt 70 ]]; then
       eval "$(bash scripts/offline-prefix.sh env "$PREFIX")"
       timeout $(($(left) - 5)) build-gpu/dayzero bench sparse-attn --json "$O/sparse_attn_dayzero.json" >"$O/sparse_attn.log" 2>&1
       echo "bench sparse-attn rc $? at $(($(date +%s) - T0)) s"
