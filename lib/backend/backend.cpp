@@ -123,6 +123,12 @@ int64_t Backend::check_gather_rows(int group_size, int rank, const DTensor& mine
   return total;
 }
 
+std::unique_ptr<PendingRows> Backend::alltoall_rows_start(const Collectives* comm, const DTensor& send,
+                                                          const std::vector<int64_t>& send_rows,
+                                                          const std::vector<int64_t>& recv_rows) {
+  return std::make_unique<ReadyRows>(alltoall_rows(comm, send, send_rows, recv_rows));
+}
+
 DTensor Backend::copy_of_rows(const DTensor& src) {
   DTensor out = alloc({src.rows(), src.cols()}, src.dtype);
   copy_rows(src, 0, out, 0, src.rows());

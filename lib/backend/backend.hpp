@@ -258,6 +258,13 @@ class Backend {
   // group of one: a copy of send (send_rows == recv_rows).
   virtual DTensor alltoall_rows(const Collectives* comm, const DTensor& send, const std::vector<int64_t>& send_rows,
                                 const std::vector<int64_t>& recv_rows) = 0;
+  // alltoall_rows started, not finished (the expert-parallel dispatch, beside this rank's own
+  // experts): wait() returns what alltoall_rows returns, once; send must not change until then.
+  // This base exchanges at once (the CUDA backend's staged transport for now); the CPU backend
+  // posts MPI_Ialltoallv on the buffers.
+  virtual std::unique_ptr<PendingRows> alltoall_rows_start(const Collectives* comm, const DTensor& send,
+                                                           const std::vector<int64_t>& send_rows,
+                                                           const std::vector<int64_t>& recv_rows);
   // allgather_rows / alltoall_rows in a group of one (after their checks): a new [rows, W] copy of
   // src through copy_rows.
   DTensor copy_of_rows(const DTensor& src);

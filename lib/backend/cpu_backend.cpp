@@ -51,6 +51,18 @@ SwigluView view(const SwigluWeights& w, int64_t e = -1) {
   return v;
 }
 
+// An MPI exchange between tensors in flight (allgather_rows_start, alltoall_rows_start): holds the
+// buffers until it completes (the request, declared last, is completed first when it is destroyed
+// unwaited).
+struct HeldRows final : PendingRows {
+  DTensor in, out;
+  std::unique_ptr<CommRequest> req;
+  DTensor wait() override {
+    req->wait();
+    return out;
+  }
+};
+
 class CpuBackend final : public Backend {
  public:
   std::string name() const override { return "cpu"; }
@@ -131,19 +143,29 @@ class CpuBackend final : public Backend {
     check_gather_rows(n, 0, mine, rows_of);
     return copy_of_rows(mine);
   }
+  // MPI on the buffers themselves (alltoall_rows_start, waited at once); a group of one: a copy.
   DTensor alltoall_rows(const Collectives* comm, const DTensor& send, const std::vector<int64_t>& send_rows,
                         const std::vector<int64_t>& recv_rows) override {
     const int n = comm ? comm->size() : 1;
-    const int64_t total = check_alltoall_rows(n, send, send_rows, recv_rows), W = send.cols();
-    if (n == 1) {
-      DZ_CHECK(total == send.rows(), "alltoall_rows: a group of one receives what it sends");
-      return copy_of_rows(send);
-    }
-    DTensor out = alloc({total, W}, send.dtype);
-    const std::vector<char> got = alltoall_rows_host(*comm, static_cast<const char*>(send.data),
-                                                     size_t(W) * dtype_size(send.dtype), send_rows, recv_rows);
-    if (!got.empty()) std::memcpy(out.data, got.data(), got.size());
-    return out;
+    if (n > 1) return alltoall_rows_start(comm, send, send_rows, recv_rows)->wait();
+    DZ_CHECK(check_alltoall_rows(n, send, send_rows, recv_rows) == send.rows(),
+             "alltoall_rows: a group of one receives what it sends");
+    return copy_of_rows(send);
+  }
+  std::unique_ptr<PendingRows> alltoall_rows_start(const Collectives* comm, const DTensor& send,
+                                                   const std::vector<int64_t>& send_rows,
+                                                   const std::vector<int64_t>& recv_rows) override {
+    const int n = comm ? comm->size() : 1;
+    if (n == 1) return Backend::alltoall_rows_start(comm, send, send_rows, recv_rows);
+    const int64_t total = check_alltoall_rows(n, send, send_rows, recv_rows);
+    const size_t row = size_t(send.cols()) * dtype_size(send.dtype);
+    std::vector<size_t> sc(static_cast<size_t>(n)), rc(static_cast<size_t>(n));
+    for (int r = 0; r < n; ++r) sc[size_t(r)] = size_t(send_rows[size_t(r)]) * row, rc[size_t(r)] = size_t(recv_rows[size_t(r)]) * row;
+    auto p = std::make_unique<HeldRows>();
+    p->in = send;
+    p->out = alloc({total, send.cols()}, send.dtype);
+    p->req = comm->ialltoallv_into(send.data, sc, p->out.data, rc);
+    return p;
   }
 
   std::unique_ptr<PendingRows> allgather_rows_start(const Collectives* comm, const DTensor& mine,
@@ -154,17 +176,7 @@ class CpuBackend final : public Backend {
     DTensor out = alloc({total, W}, mine.dtype);
     std::vector<size_t> counts(static_cast<size_t>(n));
     for (int r = 0; r < n; ++r) counts[size_t(r)] = size_t(rows_of[size_t(r)] * W) * dtype_size(mine.dtype);
-    // MPI between the buffers themselves; the pending holds both (the request, declared last, is
-    // completed first when it is destroyed unwaited)
-    struct Pending final : PendingRows {
-      DTensor in, out;
-      std::unique_ptr<CommRequest> req;
-      DTensor wait() override {
-        req->wait();
-        return out;
-      }
-    };
-    auto p = std::make_unique<Pending>();
+    auto p = std::make_unique<HeldRows>();
     p->in = mine;
     p->out = out;
     p->req = comm->iallgatherv_into(mine.data, out.data, counts);

@@ -25,6 +25,10 @@ class MpiDeviceComm final : public DeviceComm {
                         const std::vector<int64_t>& recv_rows) const override {
     return be_->alltoall_rows(c_, send, send_rows, recv_rows);
   }
+  std::unique_ptr<PendingRows> alltoall_rows_start(const DTensor& send, const std::vector<int64_t>& send_rows,
+                                                   const std::vector<int64_t>& recv_rows) const override {
+    return be_->alltoall_rows_start(c_, send, send_rows, recv_rows);
+  }
   std::string kind() const override { return be_->device() == Device::Host ? "mpi" : "mpi (staged)"; }
 
  private:

@@ -32,6 +32,12 @@ class DeviceComm {
   // Backend::alltoall_rows over this group (the expert-parallel dispatch and return of rows).
   virtual DTensor alltoall_rows(const DTensor& send, const std::vector<int64_t>& send_rows,
                                 const std::vector<int64_t>& recv_rows) const = 0;
+  // The same started, not finished (Backend::alltoall_rows_start's contract): MPI through the
+  // backend's; this base (NCCL for now) exchanges at once.
+  virtual std::unique_ptr<PendingRows> alltoall_rows_start(const DTensor& send, const std::vector<int64_t>& send_rows,
+                                                           const std::vector<int64_t>& recv_rows) const {
+    return std::make_unique<ReadyRows>(alltoall_rows(send, send_rows, recv_rows));
+  }
   virtual std::string kind() const = 0;  // "mpi", "mpi (staged)", "nccl"
 };
 

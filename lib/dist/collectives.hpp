@@ -41,6 +41,13 @@ class Collectives {
                                                         const std::vector<size_t>& counts) const;
   // send[r] goes to rank r (send.size() == size()); returns what each rank r sent to this one.
   virtual std::vector<std::vector<char>> alltoallv_bytes(const std::vector<std::vector<char>>& send) const = 0;
+  // alltoallv between buffers with every byte count known to both sides, started and not finished:
+  // the send_counts[r] bytes of send (rank order) go to rank r, the recv_counts[r] bytes from rank r
+  // land in recv (rank order) by wait(), so the caller can compute meanwhile. This base runs
+  // alltoallv_bytes at once (checking what arrives against recv_counts) and returns a finished
+  // request; Comm posts MPI_Ialltoallv.
+  virtual std::unique_ptr<CommRequest> ialltoallv_into(const void* send, const std::vector<size_t>& send_counts,
+                                                       void* recv, const std::vector<size_t>& recv_counts) const;
 
   // Typed conveniences over the calls above.
   template <class T>

@@ -120,7 +120,7 @@ size_t byte_layout(const std::vector<size_t>& counts, std::vector<int>& cnt, std
   disp.assign(counts.size(), 0);
   size_t off = 0;
   for (size_t i = 0; i < counts.size(); ++i) {
-    DZ_CHECK(off + counts[i] < (size_t(1) << 31), "an all-gather of more than ", off + counts[i],
+    DZ_CHECK(off + counts[i] < (size_t(1) << 31), "an exchange of more than ", off + counts[i],
              " bytes is too large for one MPI call");
     cnt[i] = int(counts[i]);
     disp[i] = int(off);
@@ -143,17 +143,19 @@ std::vector<char> Comm::allgatherv_bytes(const std::vector<char>& send) const {
 }
 
 namespace {
-// MPI_Iallgatherv in flight: the count and displacement arrays must stay valid until it completes.
+// MPI_Iallgatherv / MPI_Ialltoallv in flight: the count and displacement arrays must stay valid
+// until it completes.
 class MpiRequest final : public CommRequest {
  public:
-  MpiRequest(std::vector<int> cnt, std::vector<int> disp) : cnt_(std::move(cnt)), disp_(std::move(disp)) {}
+  MpiRequest(std::vector<int> cnt, std::vector<int> disp, std::vector<int> rcnt = {}, std::vector<int> rdisp = {})
+      : cnt_(std::move(cnt)), disp_(std::move(disp)), rcnt_(std::move(rcnt)), rdisp_(std::move(rdisp)) {}
   ~MpiRequest() override {
     if (req_ != MPI_REQUEST_NULL) MPI_Wait(&req_, MPI_STATUS_IGNORE);  // no throw from a destructor
   }
   void wait() override {
     if (req_ != MPI_REQUEST_NULL) MPI_CHECK(MPI_Wait(&req_, MPI_STATUS_IGNORE));
   }
-  std::vector<int> cnt_, disp_;
+  std::vector<int> cnt_, disp_, rcnt_, rdisp_;  // rcnt_ / rdisp_: the receive side of an all-to-all
   MPI_Request req_ = MPI_REQUEST_NULL;
 };
 }  // namespace
@@ -166,6 +168,20 @@ std::unique_ptr<CommRequest> Comm::iallgatherv_into(const void* send, void* recv
   auto r = std::make_unique<MpiRequest>(std::move(cnt), std::move(disp));
   MPI_CHECK(MPI_Iallgatherv(send, r->cnt_[size_t(rank_)], MPI_BYTE, recv, r->cnt_.data(), r->disp_.data(), MPI_BYTE,
                             comm_, &r->req_));
+  return r;
+}
+
+std::unique_ptr<CommRequest> Comm::ialltoallv_into(const void* send, const std::vector<size_t>& send_counts, void* recv,
+                                                   const std::vector<size_t>& recv_counts) const {
+  if (size_ == 1) return Collectives::ialltoallv_into(send, send_counts, recv, recv_counts);
+  DZ_CHECK(int(send_counts.size()) == size_ && int(recv_counts.size()) == size_, "ialltoallv: ", send_counts.size(),
+           " / ", recv_counts.size(), " counts for a group of ", size_);
+  std::vector<int> sc, sd, rc, rd;
+  byte_layout(send_counts, sc, sd);
+  byte_layout(recv_counts, rc, rd);
+  auto r = std::make_unique<MpiRequest>(std::move(sc), std::move(sd), std::move(rc), std::move(rd));
+  MPI_CHECK(MPI_Ialltoallv(send, r->cnt_.data(), r->disp_.data(), MPI_BYTE, recv, r->rcnt_.data(), r->rdisp_.data(),
+                           MPI_BYTE, comm_, &r->req_));
   return r;
 }
 

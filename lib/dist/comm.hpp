@@ -58,6 +58,8 @@ class Comm : public Collectives {
   std::unique_ptr<CommRequest> iallgatherv_into(const void* send, void* recv,
                                                 const std::vector<size_t>& counts) const override;
   std::vector<std::vector<char>> alltoallv_bytes(const std::vector<std::vector<char>>& send) const override;
+  std::unique_ptr<CommRequest> ialltoallv_into(const void* send, const std::vector<size_t>& send_counts, void* recv,
+                                               const std::vector<size_t>& recv_counts) const override;
 
  private:
   MPI_Comm comm_ = MPI_COMM_NULL;

@@ -159,9 +159,9 @@ class MoeFfn : public Ffn {
     DTensor idx = be.alloc({T, k}, DType::I32), wt = be.alloc({T, k}, DType::F32);
     if (T > 0) be.moe_route(rc_, w, xe, idx, wt);
     w.fixed = idx, w.fixed_wt = wt;
-    be.moe(rc_, w, xe, out);  // this rank's experts (+ its shared-expert shard) on its rows
     // The pairs (row, expert) whose expert another member's rank of this TP index holds: their
-    // expert ids and weights through the host (8 bytes a pair), their rows on the backend's buffers.
+    // expert ids and weights through the host (8 bytes a pair), their rows on the backend's buffers,
+    // started before this rank's own experts run so that the dispatch travels beside them.
     std::vector<int32_t> ids(static_cast<size_t>(T * k));
     std::vector<float> wts(static_cast<size_t>(T * k));
     if (T > 0) be.download_i32(idx, ids.data()), be.download(wt, wts.data());
@@ -196,7 +196,9 @@ class MoeFfn : public Ffn {
     DTensor xs = be.act({ns, DX});
     for (Backend::RowCopy& c : pick) c.src = xa, c.dst = xs;
     be.copy_rows_many(pick);
-    const DTensor rx = exchange(xs, send_rows, recv_rows);  // [n, DX] the pairs for this rank's experts
+    std::unique_ptr<PendingRows> dispatch = exchange_start(xs, send_rows, recv_rows);
+    be.moe(rc_, w, xe, out);  // this rank's experts (+ its shared-expert shard) on its rows
+    const DTensor rx = dispatch->wait();  // [n, DX] the pairs for this rank's experts
     // Their pairs for this rank's experts, weighted here (top_k 1 per record).
     DTensor yr = be.act({n, DX});
     if (n > 0) {
@@ -244,6 +246,13 @@ class MoeFfn : public Ffn {
     const EpShard& ep = tp_.ep;
     if (ep.dev) return ep.dev->alltoall_rows(send, send_rows, recv_rows);
     return be_->alltoall_rows(ep.peers, send, send_rows, recv_rows);
+  }
+  // The same started (Backend::alltoall_rows_start): send must stay unchanged until wait().
+  std::unique_ptr<PendingRows> exchange_start(const DTensor& send, const std::vector<int64_t>& send_rows,
+                                              const std::vector<int64_t>& recv_rows) const {
+    const EpShard& ep = tp_.ep;
+    if (ep.dev) return ep.dev->alltoall_rows_start(send, send_rows, recv_rows);
+    return be_->alltoall_rows_start(ep.peers, send, send_rows, recv_rows);
   }
   // The latent MoE. Under TP the experts' width shards give partial sums of u, all-reduced before
   // the norm (it needs the whole of u); up then takes this rank's latent columns [l0, l1), so

@@ -179,3 +179,41 @@ TEST_CASE("comm: alltoall_rows delivers each rank's rows for every other rank, i
   wrong[0] += 1;  // more rows than the tensor holds: refused before anything moves
   CHECK_THROWS_WITH(be.alltoall_rows(&world, t, wrong, recv_rows), Catch::Contains("the counts say"));
 }
+
+// Backend::alltoall_rows_start (the EP dispatch beside this rank's own experts): two exchanges in
+// flight at once, waited in the other order, equal the blocking alltoall_rows; one destroyed unwaited
+// completes (the next collective on the group still matches across ranks); a group of one copies.
+TEST_CASE("comm: alltoall_rows_start leaves exchanges in flight that equal alltoall_rows", "[mpi]") {
+  dz::Comm world = dz::Comm::world();
+  dz::Backend& be = dz::cpu_backend();
+  const int P = world.size(), me = world.rank();
+  auto count = [](int from, int to, int salt) { return int64_t((from + 2 * to + salt) % 4); };
+  const int64_t W = 5;
+  auto make = [&](int salt, std::vector<int64_t>& sr, std::vector<int64_t>& rr) {
+    sr.assign(size_t(P), 0), rr.assign(size_t(P), 0);
+    std::vector<float> v;
+    for (int d = 0; d < P; ++d) {
+      sr[size_t(d)] = count(me, d, salt), rr[size_t(d)] = count(d, me, salt);
+      for (int64_t i = 0; i < sr[size_t(d)] * W; ++i) v.push_back(float(salt * 100000 + me * 1000 + d * 100 + i));
+    }
+    return be.upload(v.data(), {int64_t(v.size()) / W, W}, dz::DType::F32);
+  };
+  std::vector<int64_t> sa, ra, sb, rb, sc, rc;
+  const dz::DTensor a = make(1, sa, ra), b = make(2, sb, rb), c = make(3, sc, rc);
+  const std::vector<float> want_a = be.to_host(be.alltoall_rows(&world, a, sa, ra));
+  const std::vector<float> want_b = be.to_host(be.alltoall_rows(&world, b, sb, rb));
+  auto pa = be.alltoall_rows_start(&world, a, sa, ra);
+  auto pb = be.alltoall_rows_start(&world, b, sb, rb);
+  { auto pc = be.alltoall_rows_start(&world, c, sc, rc); }  // destroyed unwaited: it completes
+  CHECK(be.to_host(pb->wait()) == want_b);
+  CHECK(be.to_host(pa->wait()) == want_a);
+  CHECK(be.to_host(pa->wait()) == want_a);  // a second wait returns the same rows
+  const std::vector<float> again = be.to_host(be.alltoall_rows(&world, a, sa, ra));
+  CHECK(again == want_a);
+  dz::Comm solo = world.split(me, 0);
+  std::vector<float> v = {1.f, 2.f, 3.f, 4.f};
+  const dz::DTensor t = be.upload(v.data(), {2, 2}, dz::DType::F32);
+  CHECK(be.to_host(be.alltoall_rows_start(&solo, t, {2}, {2})->wait()) == v);
+  CHECK_THROWS_WITH(be.alltoall_rows_start(&world, a, std::vector<int64_t>(size_t(P), 99), ra),
+                    Catch::Contains("the counts say"));
+}
