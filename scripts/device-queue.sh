@@ -16,7 +16,8 @@
 #     bash scripts/device-queue.sh patch
 #                                              a queued patch (kernels/dev/queued/<name>.patch): its
 #                                              harness's test and bench before and after it (OUT=<dir>
-#                                              bash <script> writes test.txt / bench.txt there), then
+#                                              bash <script> writes test.txt / bench.txt there; "-":
+#                                              none, for a patch outside the kernels), then
 #                                              with it the GPU tests' cases DZ_SPEC and the CLI runs of
 #                                              the families DZ_FAMILIES; DZ_BENCH_SPARSE=1: then
 #                                              `bench sparse-attn` in the time left
@@ -71,14 +72,16 @@ gpu_tests() {
 queued_ab() {
   local P=$1 H=$2 f
   (build_project /tmp/build_before.log) &  # the project's objects, most of which the patch leaves
-  OUT=/tmp/h_before TEST_TIMEOUT=90 timeout 200 bash "$H" >/tmp/h_before.log 2>&1
+  [[ $H == - ]] || OUT=/tmp/h_before TEST_TIMEOUT=90 timeout 200 bash "$H" >/tmp/h_before.log 2>&1
   wait
-  cp /tmp/h_before/bench.txt "$O/bench_before.txt"
+  [[ $H == - ]] || cp /tmp/h_before/bench.txt "$O/bench_before.txt"
   git apply "$P" 2>/dev/null || patch -p1 -s <"$P" || { echo "$P does not apply"; return 1; }
   echo "$P applied"
-  OUT=/tmp/h TEST_TIMEOUT=90 timeout 200 bash "$H"
-  reap
-  for f in build test bench; do [[ -f /tmp/h/$f.txt ]] && cp "/tmp/h/$f.txt" "$O/"; done
+  if [[ $H != - ]]; then
+    OUT=/tmp/h TEST_TIMEOUT=90 timeout 200 bash "$H"
+    reap
+    for f in build test bench; do [[ -f /tmp/h/$f.txt ]] && cp "/tmp/h/$f.txt" "$O/"; done
+  fi
   build_project /tmp/build.log
   tail -1 /tmp/build.log
   gpu_tests /tmp/logs "$3" "$4"
