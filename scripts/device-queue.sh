@@ -19,8 +19,9 @@
 #                                              bash <script> writes test.txt / bench.txt there; "-":
 #                                              none, for a patch outside the kernels), then
 #                                              with it the GPU tests' cases DZ_SPEC and the CLI runs of
-#                                              the families DZ_FAMILIES; DZ_BENCH_SPARSE=1: then
-#                                              `bench sparse-attn` in the time left
+#                                              the families DZ_FAMILIES; DZ_BENCH_SPARSE=1: also
+#                                              `bench sparse-attn` before the patch and after the tests
+#                                              (DZ_BENCH_ONLY=<substring>: only those cases)
 #   DZ_COMMIT=<hash> bash scripts/device-queue.sh e2e-glm
 #                                              GLM-5.3-Flash 4 layers at T = 8192: dayzero (median of 7),
 #                                              the transformers 5.23 + fla anchor, dayzero again
@@ -44,7 +45,7 @@ reap() {
   sleep 2
 }
 # The GPU tests without the crash scripts, logs in $1: the Catch binary (the cases $2 when given),
-# then the CLI part in what is left of the stage (only the families $3 when given).
+# then the CLI part in what is left of the stage (only the families $3 when given; "-": none).
 gpu_tests() {
   local D=$1 spec=${2:-} fams=${3:-} L
   L=$(left)
@@ -55,6 +56,7 @@ gpu_tests() {
   reap
   tail -3 /tmp/catch.out
   grep -h -E "^All tests|^test cases|FAILED" "$D"/gpu_tests*.log | head -20
+  [[ $fams == - ]] && { echo "cli skipped (families -)"; return 0; }
   L=$(left)
   echo "cli ${fams:-(all)} with $L s left"
   env DZ_GPU_SKIP_CRASH=1 DZ_GPU_PART=cli ${fams:+DZ_GPU_CLI=families "DZ_GPU_FAMILIES=$fams"} timeout "$L" \
@@ -75,6 +77,11 @@ queued_ab() {
   [[ $H == - ]] || OUT=/tmp/h_before TEST_TIMEOUT=90 timeout 200 bash "$H" >/tmp/h_before.log 2>&1
   wait
   [[ $H == - ]] || cp /tmp/h_before/bench.txt "$O/bench_before.txt"
+  if [[ ${DZ_BENCH_SPARSE:-0} == 1 ]]; then  # the production build's `bench sparse-attn` before the patch
+    (eval "$(bash scripts/offline-prefix.sh env "$PREFIX")"
+     timeout 150 build-gpu/dayzero bench sparse-attn --json /tmp/sparse_before.json >"$O/sparse_attn_before.log" 2>&1)
+    echo "bench sparse-attn before the patch: rc $? at $(($(date +%s) - T0)) s"
+  fi
   git apply "$P" 2>/dev/null || patch -p1 -s <"$P" || { echo "$P does not apply"; return 1; }
   echo "$P applied"
   if [[ $H != - ]]; then
@@ -85,7 +92,8 @@ queued_ab() {
   build_project /tmp/build.log
   tail -1 /tmp/build.log
   gpu_tests /tmp/logs "$3" "$4"
-  cp /tmp/logs/gpu_tests.log /tmp/logs/cli.log "$O/"
+  cp /tmp/logs/gpu_tests.log "$O/"
+  [[ -f /tmp/logs/cli.log ]] && cp /tmp/logs/cli.log "$O/"
 }
 # shellcheck disable=SC1091
 source scripts/device-unpack.sh >/dev/null
