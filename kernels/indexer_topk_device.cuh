@@ -102,6 +102,13 @@ __device__ inline void block_topk(const float* sc, int n, int K, int32_t* __rest
   block_compact<NT>(sc, n, prefix, remaining, out);  // prefix: the K-th best key
 }
 
+// The order keys of positions i0 + 32 u + lane (u < kU) below e, 0 past it: a warp's kU x 32 keys
+// loaded before any is used (block_compact's two passes).
+__device__ __forceinline__ void warp_keys(const float* sc, int i0, int e, int lane, uint32_t (&k)[kU]) {
+#pragma unroll
+  for (int u = 0; u < kU; ++u) k[u] = i0 + 32 * u + lane < e ? order_key(sc[i0 + 32 * u + lane]) : 0u;
+}
+
 // out[] = the positions i < n (ascending) whose key beats thr, and the first `remaining` (by
 // position) whose key equals it. Warp w scans the contiguous range [w*span, (w+1)*span).
 template <int NT>
@@ -114,8 +121,7 @@ __device__ inline void block_compact(const float* sc, int n, uint32_t thr, uint3
   // both passes load kU x 32 keys a warp before their ballots (in position order, as one at a time)
   for (int i0 = b; i0 < e; i0 += 32 * kU) {
     uint32_t k[kU];
-#pragma unroll
-    for (int u = 0; u < kU; ++u) k[u] = i0 + 32 * u + lane < e ? order_key(sc[i0 + 32 * u + lane]) : 0u;
+    warp_keys(sc, i0, e, lane, k);
 #pragma unroll
     for (int u = 0; u < kU; ++u) {
       const bool in = i0 + 32 * u + lane < e;
@@ -140,8 +146,7 @@ __device__ inline void block_compact(const float* sc, int n, uint32_t thr, uint3
   const uint32_t lt = (1u << lane) - 1u;
   for (int i0 = b; i0 < e; i0 += 32 * kU) {
     uint32_t k[kU];
-#pragma unroll
-    for (int u = 0; u < kU; ++u) k[u] = i0 + 32 * u + lane < e ? order_key(sc[i0 + 32 * u + lane]) : 0u;
+    warp_keys(sc, i0, e, lane, k);
 #pragma unroll
     for (int u = 0; u < kU; ++u) {
       const int i = i0 + 32 * u + lane;
