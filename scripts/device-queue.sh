@@ -36,12 +36,13 @@ build_project() {  # $1: the log
   echo "build rc $? at $(($(date +%s) - T0)) s" >>"$1"
 }
 # `timeout` ends the script, not the mpirun and ranks it started: end them before the GPU is used
-# again (2026-12-06: an ep_equal.sh cut off at its limit went on beside the kernel benches)
-# (the patterns match any command line: a device command typed inline that names build-gpu/dayzero
-# kills itself here, as one did on 2026-12-06, losing its logs; run this script instead)
+# again (2026-12-06: an ep_equal.sh cut off at its limit went on beside the kernel benches). By
+# process name, not command line: `pkill -f build-gpu/dayzero` also matched a device command that
+# named that path and ended it, losing its logs (2026-12-06, nineteenth session).
 reap() {
-  pkill -f "build-gpu/dayzero" 2>/dev/null
-  pkill -f mpirun 2>/dev/null
+  pkill -x dayzero 2>/dev/null
+  pkill -x mpirun 2>/dev/null
+  pkill -x prterun 2>/dev/null  # Open MPI 5's launcher
   sleep 2
 }
 # The GPU tests without the crash scripts, logs in $1: the Catch binary (the cases $2 when given),
