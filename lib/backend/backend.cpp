@@ -149,23 +149,22 @@ int64_t Backend::check_alltoall_rows(int group_size, const DTensor& send, const 
   return nr;
 }
 
+std::vector<size_t> Backend::row_bytes_of(const std::vector<int64_t>& rows, size_t row_bytes) {
+  std::vector<size_t> b(rows.size());
+  for (size_t r = 0; r < rows.size(); ++r) b[r] = size_t(rows[r]) * row_bytes;
+  return b;
+}
+
+// One exchange between the host buffers (Collectives::ialltoallv_into, waited at once: it checks
+// every sender's count against recv_rows).
 std::vector<char> Backend::alltoall_rows_host(const Collectives& comm, const char* send, size_t row_bytes,
                                               const std::vector<int64_t>& send_rows,
                                               const std::vector<int64_t>& recv_rows) {
-  std::vector<std::vector<char>> parts(size_t(comm.size()));
-  size_t at = 0;
-  for (size_t r = 0; r < parts.size(); ++r) {
-    const size_t n = size_t(send_rows[r]) * row_bytes;
-    parts[r].assign(send + at, send + at + n);
-    at += n;
-  }
-  const std::vector<std::vector<char>> got = comm.alltoallv_bytes(parts);
-  std::vector<char> out;
-  for (size_t r = 0; r < got.size(); ++r) {
-    DZ_CHECK(got[r].size() == size_t(recv_rows[r]) * row_bytes, "alltoall_rows: rank ", r, " sent ", got[r].size(),
-             " bytes, ", recv_rows[r], " rows expected");
-    out.insert(out.end(), got[r].begin(), got[r].end());
-  }
+  const std::vector<size_t> rc = row_bytes_of(recv_rows, row_bytes);
+  size_t total = 0;
+  for (size_t c : rc) total += c;
+  std::vector<char> out(total);
+  comm.ialltoallv_into(send, row_bytes_of(send_rows, row_bytes), out.data(), rc)->wait();
   return out;
 }
 

@@ -276,6 +276,8 @@ class Backend {
   static std::vector<char> alltoall_rows_host(const Collectives& comm, const char* send, size_t row_bytes,
                                               const std::vector<int64_t>& send_rows,
                                               const std::vector<int64_t>& recv_rows);
+  // Byte counts of row counts (rank order) for the Collectives' exchanges.
+  static std::vector<size_t> row_bytes_of(const std::vector<int64_t>& rows, size_t row_bytes);
 
   // ---- ops ----
   // out [T, D] F32 = table[ids[t], :]; ids [T] I32 on this device (validated by the caller).

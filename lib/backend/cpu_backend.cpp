@@ -159,12 +159,10 @@ class CpuBackend final : public Backend {
     if (n == 1) return Backend::alltoall_rows_start(comm, send, send_rows, recv_rows);
     const int64_t total = check_alltoall_rows(n, send, send_rows, recv_rows);
     const size_t row = size_t(send.cols()) * dtype_size(send.dtype);
-    std::vector<size_t> sc(static_cast<size_t>(n)), rc(static_cast<size_t>(n));
-    for (int r = 0; r < n; ++r) sc[size_t(r)] = size_t(send_rows[size_t(r)]) * row, rc[size_t(r)] = size_t(recv_rows[size_t(r)]) * row;
     auto p = std::make_unique<HeldRows>();
     p->in = send;
     p->out = alloc({total, send.cols()}, send.dtype);
-    p->req = comm->ialltoallv_into(send.data, sc, p->out.data, rc);
+    p->req = comm->ialltoallv_into(send.data, row_bytes_of(send_rows, row), p->out.data, row_bytes_of(recv_rows, row));
     return p;
   }
 
@@ -174,8 +172,7 @@ class CpuBackend final : public Backend {
     if (n == 1) return Backend::allgather_rows_start(comm, mine, rows_of);
     const int64_t total = check_gather_rows(n, comm->rank(), mine, rows_of), W = mine.cols();
     DTensor out = alloc({total, W}, mine.dtype);
-    std::vector<size_t> counts(static_cast<size_t>(n));
-    for (int r = 0; r < n; ++r) counts[size_t(r)] = size_t(rows_of[size_t(r)] * W) * dtype_size(mine.dtype);
+    const std::vector<size_t> counts = row_bytes_of(rows_of, size_t(W) * dtype_size(mine.dtype));
     auto p = std::make_unique<HeldRows>();
     p->in = mine;
     p->out = out;

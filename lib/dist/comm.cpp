@@ -176,6 +176,15 @@ std::unique_ptr<CommRequest> Comm::ialltoallv_into(const void* send, const std::
   if (size_ == 1) return Collectives::ialltoallv_into(send, send_counts, recv, recv_counts);
   DZ_CHECK(int(send_counts.size()) == size_ && int(recv_counts.size()) == size_, "ialltoallv: ", send_counts.size(),
            " / ", recv_counts.size(), " counts for a group of ", size_);
+  // every sender's count for this rank against the count it expects (as alltoallv_bytes exchanges
+  // them): a mismatch is the callers' error, refused here rather than left to MPI (which need not
+  // notice a short message)
+  const std::vector<int64_t> mine(send_counts.begin(), send_counts.end());
+  std::vector<int64_t> sent(static_cast<size_t>(size_));
+  MPI_CHECK(MPI_Alltoall(mine.data(), 1, MPI_INT64_T, sent.data(), 1, MPI_INT64_T, comm_));
+  for (int r = 0; r < size_; ++r)
+    DZ_CHECK(size_t(sent[size_t(r)]) == recv_counts[size_t(r)], "ialltoallv: rank ", r, " sends ", sent[size_t(r)],
+             " bytes where ", recv_counts[size_t(r)], " were expected");
   std::vector<int> sc, sd, rc, rd;
   byte_layout(send_counts, sc, sd);
   byte_layout(recv_counts, rc, rd);

@@ -219,7 +219,7 @@ class MoeFfn : public Ffn {
       r1.top_k = 1;
       be.moe(r1, wr, rx, yr);
     }
-    const DTensor back = exchange(yr, recv_rows, send_rows);  // [ns, DX]: the results of the pairs sent
+    const DTensor back = exchange_start(yr, recv_rows, send_rows)->wait();  // [ns, DX]: the results of the pairs sent
     // out += the other members' results, summed per row in fp32 in member order, then pair order:
     // round j adds each row's j-th result (rows with fewer add zeros, which changes no sum).
     std::vector<std::vector<int64_t>> of_row(static_cast<size_t>(T));
@@ -240,14 +240,8 @@ class MoeFfn : public Ffn {
     }
     be.add(out, acc);
   }
-  // Backend::alltoall_rows over the EP peers: their DeviceComm when the job made one.
-  DTensor exchange(const DTensor& send, const std::vector<int64_t>& send_rows,
-                   const std::vector<int64_t>& recv_rows) const {
-    const EpShard& ep = tp_.ep;
-    if (ep.dev) return ep.dev->alltoall_rows(send, send_rows, recv_rows);
-    return be_->alltoall_rows(ep.peers, send, send_rows, recv_rows);
-  }
-  // The same started (Backend::alltoall_rows_start): send must stay unchanged until wait().
+  // Backend::alltoall_rows_start over the EP peers (their DeviceComm when the job made one): send
+  // must stay unchanged until wait().
   std::unique_ptr<PendingRows> exchange_start(const DTensor& send, const std::vector<int64_t>& send_rows,
                                               const std::vector<int64_t>& recv_rows) const {
     const EpShard& ep = tp_.ep;
