@@ -68,6 +68,14 @@ gpu_tests() {
   grep -E "FAILED|rror" "$D/cli.log" | head
   tail -3 /tmp/cli.out
 }
+# `bench sparse-attn` of the project's build within $1 s: JSON $2, log $3 (DZ_BENCH_ONLY=<substring>:
+# only those cases); prints its indexer and sparse-MLA lines.
+bench_sparse() {
+  (eval "$(bash scripts/offline-prefix.sh env "$PREFIX")"
+   timeout "$1" build-gpu/dayzero bench sparse-attn --json "$2" >"$3" 2>&1)
+  echo "bench sparse-attn rc $? at $(($(date +%s) - T0)) s"
+  grep -E -A1 "^indexer prefill|^sparse MLA" "$3"
+}
 # A queued patch ($1) and its harness ($2: OUT=<dir> bash $2 writes test.txt / bench.txt there, and
 # build.txt for some): the harness before the patch, the patch applied, the harness again; then the
 # project built with it, the GPU test cases $3 (Catch spec) and the CLI runs of the families $4.
@@ -78,11 +86,8 @@ queued_ab() {
   [[ $H == - ]] || OUT=/tmp/h_before TEST_TIMEOUT=90 timeout 200 bash "$H" >/tmp/h_before.log 2>&1
   wait
   [[ $H == - ]] || cp /tmp/h_before/bench.txt "$O/bench_before.txt"
-  if [[ ${DZ_BENCH_SPARSE:-0} == 1 ]]; then  # the production build's `bench sparse-attn` before the patch
-    (eval "$(bash scripts/offline-prefix.sh env "$PREFIX")"
-     timeout 150 build-gpu/dayzero bench sparse-attn --json /tmp/sparse_before.json >"$O/sparse_attn_before.log" 2>&1)
-    echo "bench sparse-attn before the patch: rc $? at $(($(date +%s) - T0)) s"
-  fi
+  # the production build's `bench sparse-attn` before the patch
+  [[ ${DZ_BENCH_SPARSE:-0} == 1 ]] && bench_sparse 150 /tmp/sparse_before.json "$O/sparse_attn_before.log"
   git apply "$P" 2>/dev/null || patch -p1 -s <"$P" || { echo "$P does not apply"; return 1; }
   echo "$P applied"
   if [[ $H != - ]]; then
@@ -137,10 +142,7 @@ case ${1:?stage: benches, tests, patch or e2e-glm} in
     export DZ_COMMIT=${DZ_COMMIT:?}
     queued_ab "${DZ_PATCH:?}" "${DZ_HARNESS:?}" "${DZ_SPEC:-}" "${DZ_FAMILIES:-}"
     if [[ ${DZ_BENCH_SPARSE:-0} == 1 && $(left) -gt 70 ]]; then
-      eval "$(bash scripts/offline-prefix.sh env "$PREFIX")"
-      timeout $(($(left) - 5)) build-gpu/dayzero bench sparse-attn --json "$O/sparse_attn_dayzero.json" >"$O/sparse_attn.log" 2>&1
-      echo "bench sparse-attn rc $? at $(($(date +%s) - T0)) s"
-      grep -A1 "^indexer prefill" "$O/sparse_attn.log"
+      bench_sparse $(($(left) - 5)) "$O/sparse_attn_dayzero.json" "$O/sparse_attn.log"
     fi
     ;;
   e2e-glm)
