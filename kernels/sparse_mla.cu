@@ -437,7 +437,7 @@ void sparse_mla(const __nv_bfloat16* q, const int32_t* sel, int32_t K, const int
         break;
       }
   }
-  // Prefill and large decode batches on the BF16 cache: the wgmma kernel (sparse_mla_wgmma.cu).
+  // Prefill and large decode batches at R = 512: the wgmma kernel (sparse_mla_wgmma.cu).
   if (sparse_mla_wgmma_takes(cache, nq, nsplit))
     return sparse_mla_wgmma(q, sel, K, seq, pos, nq, H, bt, cache, scale, out, stream);
   if (cache.R == 512 && cache.DR == 64) {

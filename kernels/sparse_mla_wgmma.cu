@@ -1,7 +1,9 @@
 // Sparse MLA core on Hopper wgmma for the BF16 latent cache with (R, DR) = (512, 0) (GLM-5.3-Flash)
-// and (512, 64) (DeepSeek-V3.2 / GLM-5) when the call does not split the entries (prefill, large
-// decode batches); sparse_mla() (sparse_mla.cu) routes there, to the mma.sync kernel otherwise
-// (split-KV, FP8 cache, R = 128). Same semantics as sparse_mla.cuh; P is rounded to bf16 for P V.
+// and (512, 64) (DeepSeek-V3.2 / GLM-5), and the FP8 cache at (512, 64), when the call does not split
+// the entries (prefill, large decode batches); sparse_mla() (sparse_mla.cu) routes there, to the
+// mma.sync kernel otherwise (split-KV, R = 128). Same semantics as sparse_mla.cuh; P is rounded to
+// bf16 for P V; FP8 entries are dequantized to bf16 (code x tile scale, rounded) as the mma.sync
+// kernel does, by the producer into the same tiles (setmaxnreg 80 / 208 there instead of 72 / 216).
 //
 // Block = one query x 64 heads (one m64 tile), 384 threads, warp specialised:
 //   warpgroup 2 (producer) gathers key block 2i into buffer 0 and 2i + 1 into buffer 1 by cp.async
@@ -35,6 +37,7 @@
 
 #include "common.cuh"
 #include "mma_sm80.cuh"
+#include "quant_device.cuh"
 #include "sparse_mla_wgmma.cuh"
 #include "tma.cuh"
 #include "wgmma.cuh"
@@ -88,13 +91,16 @@ __device__ __forceinline__ void cp_async_mbar_arrive(uint32_t bar) {
   asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
 }
 
-template <int DR>
+// FP8: the cache's E4M3 codes (a fp32 scale per 128 dims) and bf16 RoPE rows, dequantized by the
+// producer into the same bf16 tiles the consumers read (DR = 64 only).
+template <int DR, bool FP8>
 __global__ void __launch_bounds__(kThreads, 1)
     sparse_mla_wgmma_kernel(const __nv_bfloat16* __restrict__ q, const int32_t* __restrict__ sel, int K,
                             const int32_t* __restrict__ seq, const int32_t* __restrict__ pos, int H, BlockTable bt,
-                            const __nv_bfloat16* __restrict__ cache, float scale_log2,
-                            __nv_bfloat16* __restrict__ out) {
+                            const LatentCache cache_, float scale_log2, __nv_bfloat16* __restrict__ out) {
+  static_assert(!FP8 || DR == 64, "sparse MLA (wgmma): the FP8 cache has a 64-dim RoPE part");
   using G = Geo<DR>;
+  const __nv_bfloat16* __restrict__ cache = cache_.bf16;
   constexpr int DK = G::DK, DKC = G::DKC, NCB = G::NCB;
   extern __shared__ uint8_t smem_raw[];
   const uint32_t sraw = smem_u32(smem_raw);
@@ -150,7 +156,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int niter = (cend + 1) / 2;  // block pairs; a pair's second block past cend is all masked
 
   if (wg == 2) {  // ---------------- producer ----------------
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 72;\n" ::: "memory");
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(FP8 ? 80 : 72) : "memory");  // FP8: its codes in registers
     // thread -> key row pt / 2 of both blocks of a pair, 16-byte chunks pt % 2 + 2 j
     const int pt = tid - 256, sub = pt & 1, row = pt >> 1;
     int idx[2];
@@ -187,6 +193,87 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
       cp_async_mbar_arrive(full(b, h));
     };
+    if constexpr (FP8) {
+      // Thread (row, sub) dequantizes 16 whole chunks a half (one 128-dim scale tile): half 0 dims
+      // 128 sub .. +127, half 1 dims 256 + 128 sub .. +127 and RoPE chunks 64 + 4 sub .. +3. The
+      // codes are loaded before the wait for the buffer (their latency under it), then converted,
+      // stored, made visible to the async proxy and the arrival given (128 a half, + 64 flags).
+      // Rows not selected (or past the query) are zeros, as cp.async's zero fill gives the bf16 path.
+      uint4 rc[8];
+      float rs = 0.f;
+      bool rv = false;
+      int64_t rslot = 0;
+      auto load_half = [&](int b, int h) {
+        const int v = idx[b];
+        rv = v >= 0 && v <= p;
+        const int64_t slot = rv ? int64_t(pg[b]) * bt.page_size + v % bt.page_size : 0;
+        const int tile = 2 * h + sub;
+        if (rv) {
+          const uint4* cs = reinterpret_cast<const uint4*>(cache_.codes + slot * R + tile * 128);
+#pragma unroll
+          for (int j = 0; j < 8; ++j) rc[j] = __ldg(cs + j);
+          rs = __ldg(cache_.scales + slot * (R / 128) + tile);
+        }
+        rslot = slot;
+      };
+      auto store_half = [&](int b, int h) {
+        uint8_t* dst = smem + G::K_OFF + b * G::KBUF;
+        const int c0 = 16 * (2 * h + sub);  // this thread's first value chunk
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {  // 16 codes -> chunks c0 + 2 j, c0 + 2 j + 1
+          uint4 lo = make_uint4(0, 0, 0, 0), hi = lo;
+          if (rv) {
+            const uint32_t w4[4] = {rc[j].x, rc[j].y, rc[j].z, rc[j].w};
+            uint32_t o8[8];
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+              const float2 a = dev::e4m3x2_to_f2(uint16_t(w4[e] & 0xFFFFu));
+              const float2 c = dev::e4m3x2_to_f2(uint16_t(w4[e] >> 16));
+              o8[2 * e] = pack_bf16(a.x * rs, a.y * rs);
+              o8[2 * e + 1] = pack_bf16(c.x * rs, c.y * rs);
+            }
+            lo = make_uint4(o8[0], o8[1], o8[2], o8[3]);
+            hi = make_uint4(o8[4], o8[5], o8[6], o8[7]);
+          }
+          *reinterpret_cast<uint4*>(dst + G::off(row, c0 + 2 * j)) = lo;
+          *reinterpret_cast<uint4*>(dst + G::off(row, c0 + 2 * j + 1)) = hi;
+        }
+        if (h == 1) {  // the RoPE chunks, loaded only now (with the codes they would not fit 72 registers)
+          uint4 rr[4];
+          const uint4* rp = reinterpret_cast<const uint4*>(cache_.rope + rslot * DR) + 4 * sub;
+#pragma unroll
+          for (int j = 0; j < 4; ++j) rr[j] = rv ? __ldg(rp + j) : make_uint4(0, 0, 0, 0);
+#pragma unroll
+          for (int j = 0; j < 4; ++j) *reinterpret_cast<uint4*>(dst + G::off(row, 64 + 4 * sub + j)) = rr[j];
+        } else if (sub == 0) {
+          sFlag[b * NK + row] = rv;
+          mbar_arrive(full(b, 0));
+        }
+        fence_proxy_async();  // the generic-proxy stores -> the consumers' wgmma (async proxy)
+        mbar_arrive(full(b, h));
+      };
+      if (niter > 0) fetch(0, idx, pg);
+      for (int it = 0; it < niter; ++it) {
+        const uint32_t par = uint32_t(it - 1) & 1u;
+        load_half(0, 0);
+        if (it) mbar_wait(empty(0, 0), par);
+        store_half(0, 0);
+        load_half(1, 1);
+        if (it) mbar_wait(empty(1, 1), par);
+        store_half(1, 1);
+        int nidx[2];
+        int32_t npg[2];
+        if (it + 1 < niter) fetch(it + 1, nidx, npg);
+        load_half(0, 1);
+        if (it) mbar_wait(empty(0, 1), par);
+        store_half(0, 1);
+        load_half(1, 0);
+        if (it) mbar_wait(empty(1, 0), par);
+        store_half(1, 0);
+        if (it + 1 < niter) idx[0] = nidx[0], idx[1] = nidx[1], pg[0] = npg[0], pg[1] = npg[1];
+      }
+      return;
+    }
     if (niter > 0) fetch(0, idx, pg);
     for (int it = 0; it < niter; ++it) {
       const uint32_t par = uint32_t(it - 1) & 1u;  // the empty phases of the previous pair
@@ -207,7 +294,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
 
   // ---------------- consumers: warpgroup w = wg owns key block 2 i + w and O[:, 256 w ..] ----------------
-  asm volatile("setmaxnreg.inc.sync.aligned.u32 216;\n" ::: "memory");
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(FP8 ? 208 : 216) : "memory");
   const int ct = tid, wq = warp & 3, g = lane >> 2, t = lane & 3;
   // Q tile (rows past H are zeros), in the wgmma layout.
   for (int i = ct; i < HB * DKC; i += 256) {
@@ -435,22 +522,22 @@ __global__ void __launch_bounds__(kThreads, 1)
     consume(std::integral_constant<int, 1>{});
 }
 
-template <int DR>
+template <int DR, bool FP8>
 void launch(const __nv_bfloat16* q, const int32_t* sel, int K, const int32_t* seq, const int32_t* pos, int64_t nq,
             int H, const BlockTable& bt, const LatentCache& cache, float scale, __nv_bfloat16* out,
             cudaStream_t stream) {
   constexpr int smem = Geo<DR>::SMEM;
-  auto kern = sparse_mla_wgmma_kernel<DR>;
+  auto kern = sparse_mla_wgmma_kernel<DR, FP8>;
   CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   const dim3 grid(unsigned((H + HB - 1) / HB), unsigned(nq));
-  kern<<<grid, kThreads, smem, stream>>>(q, sel, K, seq, pos, H, bt, cache.bf16, scale * 1.4426950408889634f, out);
+  kern<<<grid, kThreads, smem, stream>>>(q, sel, K, seq, pos, H, bt, cache, scale * 1.4426950408889634f, out);
   CUDA_CHECK_LAUNCH();
 }
 
 }  // namespace
 
 bool sparse_mla_wgmma_takes(const LatentCache& cache, int64_t nq, int nsplit) {
-  return !cache.fp8 && cache.R == 512 && (cache.DR == 0 || cache.DR == 64) && nq > 0 && nq < 65536 && nsplit == 1;
+  return cache.R == 512 && (cache.DR == 64 || (cache.DR == 0 && !cache.fp8)) && nq > 0 && nq < 65536 && nsplit == 1;
 }
 
 void sparse_mla_wgmma(const __nv_bfloat16* q, const int32_t* sel, int32_t K, const int32_t* seq, const int32_t* pos,
@@ -459,9 +546,11 @@ void sparse_mla_wgmma(const __nv_bfloat16* q, const int32_t* sel, int32_t K, con
   DZ_CHECK(sparse_mla_wgmma_takes(cache, nq, 1) && K >= 1 && H >= 1, "sparse_mla_wgmma: cache (", cache.R, ", ",
            cache.DR, cache.fp8 ? ", fp8" : "", "), ", nq, " queries, K ", K, ", H ", H);
   if (cache.DR == 0)
-    launch<0>(q, sel, K, seq, pos, nq, H, bt, cache, scale, out, stream);
+    launch<0, false>(q, sel, K, seq, pos, nq, H, bt, cache, scale, out, stream);
+  else if (cache.fp8)
+    launch<64, true>(q, sel, K, seq, pos, nq, H, bt, cache, scale, out, stream);
   else
-    launch<64>(q, sel, K, seq, pos, nq, H, bt, cache, scale, out, stream);
+    launch<64, false>(q, sel, K, seq, pos, nq, H, bt, cache, scale, out, stream);
 }
 
 }  // namespace dz::cuda

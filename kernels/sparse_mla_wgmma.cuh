@@ -1,11 +1,11 @@
-// The Hopper (wgmma) sparse MLA kernel for the BF16 latent cache with R = 512; sparse_mla() (the
-// public entry, sparse_mla.cuh) routes to it. Internal to kernels/.
+// The Hopper (wgmma) sparse MLA kernel for the latent cache with R = 512 (BF16 at DR 0 / 64, FP8 at
+// DR 64); sparse_mla() (the public entry, sparse_mla.cuh) routes to it. Internal to kernels/.
 #pragma once
 #include "sparse_mla.cuh"
 
 namespace dz::cuda {
 
-// True when the wgmma kernel handles the call: BF16 cache, (R, DR) = (512, 0) / (512, 64), one part
+// True when the wgmma kernel handles the call: (R, DR) = (512, 0) BF16 / (512, 64) BF16 or FP8, one part
 // per (query, head block) (nsplit == 1: no split-KV), 0 < nq < 65536.
 bool sparse_mla_wgmma_takes(const LatentCache& cache, int64_t nq, int nsplit);
 // Requires sparse_mla_wgmma_takes(cache, nq, 1); K >= 1, H >= 1.

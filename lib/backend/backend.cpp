@@ -155,19 +155,6 @@ std::vector<size_t> Backend::row_bytes_of(const std::vector<int64_t>& rows, size
   return b;
 }
 
-// One exchange between the host buffers (Collectives::ialltoallv_into, waited at once: it checks
-// every sender's count against recv_rows).
-std::vector<char> Backend::alltoall_rows_host(const Collectives& comm, const char* send, size_t row_bytes,
-                                              const std::vector<int64_t>& send_rows,
-                                              const std::vector<int64_t>& recv_rows) {
-  const std::vector<size_t> rc = row_bytes_of(recv_rows, row_bytes);
-  size_t total = 0;
-  for (size_t c : rc) total += c;
-  std::vector<char> out(total);
-  comm.ialltoallv_into(send, row_bytes_of(send_rows, row_bytes), out.data(), rc)->wait();
-  return out;
-}
-
 void Backend::check_moe_route(const MoeWeights& w, int64_t T, int64_t k, const DTensor& idx, const DTensor& wt) {
   DZ_CHECK(idx.dtype == DType::I32 && idx.numel() == T * k && wt.dtype == DType::F32 && wt.numel() == T * k,
            "moe_route: idx ", shape_str(idx.shape), " wt ", shape_str(wt.shape), " for ", T, " rows of ", k);

@@ -271,11 +271,6 @@ class Backend {
   // The checks of alltoall_rows: returns the received row count.
   static int64_t check_alltoall_rows(int group_size, const DTensor& send, const std::vector<int64_t>& send_rows,
                                      const std::vector<int64_t>& recv_rows);
-  // alltoall_rows through host memory: the bytes of send's rows (row_bytes each) by MPI; returns
-  // the received bytes in rank order (checked against recv_rows).
-  static std::vector<char> alltoall_rows_host(const Collectives& comm, const char* send, size_t row_bytes,
-                                              const std::vector<int64_t>& send_rows,
-                                              const std::vector<int64_t>& recv_rows);
   // Byte counts of row counts (rank order) for the Collectives' exchanges.
   static std::vector<size_t> row_bytes_of(const std::vector<int64_t>& rows, size_t row_bytes);
 

@@ -1418,14 +1418,24 @@ TEST_CASE("backend comms: NCCL at world size 1 and the staged MPI path keep a te
   for (int64_t R : {int64_t(0), int64_t(5)}) {
     const auto v = rnd(size_t(std::max<int64_t>(R, 1) * 40), 93);
     DTensor t = b.gpu->upload(v.data(), {R, 40}, DType::BF16);
-    for (int path = 0; path < 2; ++path) {
-      const DTensor g = path == 0 ? picked->alltoall_rows(t, {R}, {R}) : b.gpu->alltoall_rows(&self, t, {R}, {R});
+    // 0, 1: NCCL and staged; 2: NCCL started on its own stream; 3, 4: two started, waited in
+    // reverse order, a third dropped unwaited between them; 5: the staged path started
+    auto p1 = picked->alltoall_rows_start(t, {R}, {R});
+    auto p2 = picked->alltoall_rows_start(t, {R}, {R});
+    picked->alltoall_rows_start(t, {R}, {R});
+    for (int path = 0; path < 6; ++path) {
+      const DTensor g = path == 0   ? picked->alltoall_rows(t, {R}, {R})
+                        : path == 1 ? b.gpu->alltoall_rows(&self, t, {R}, {R})
+                        : path == 2 ? picked->alltoall_rows_start(t, {R}, {R})->wait()
+                        : path == 3 ? p2->wait()
+                        : path == 4 ? p1->wait()
+                                    : b.gpu->alltoall_rows_start(&self, t, {R}, {R})->wait();
       REQUIRE(g.rows() == R);
       if (R > 0) CHECK(b.gpu->to_host(g) == std::vector<float>(v.begin(), v.begin() + R * 40));
     }
     CHECK_THROWS_WITH(picked->alltoall_rows(t, {R + 1}, {R + 1}), Catch::Contains("the counts say"));
   }
-  std::printf("  nccl (world size 1) and staged all-to-all of rows: identity, 0 and 5 rows\n");
+  std::printf("  nccl (world size 1) and staged all-to-all of rows, both also started: identity, 0 and 5 rows\n");
 }
 
 // A group of one (the segments' moves are then in order): the composition on cuda; the reordering

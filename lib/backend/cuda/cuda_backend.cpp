@@ -317,53 +317,31 @@ class CudaBackend final : public Backend {
     const int n = comm ? comm->size() : 1;
     if (n == 1) return Backend::allgather_rows_start(comm, mine, rows_of);
     const int64_t total = check_gather_rows(n, comm->rank(), mine, rows_of), W = mine.cols();
-    struct Pending final : PendingRows {
-      CudaBackend* be = nullptr;
-      DTensor out;
-      std::vector<char> send, recv;
-      std::unique_ptr<CommRequest> req;  // last: completed first when destroyed unwaited
-      bool up = false;
-      DTensor wait() override {
-        if (!up) {
-          req->wait();
-          if (!recv.empty())
-            CUDA_CHECK(cudaMemcpyAsync(out.data, recv.data(), recv.size(), cudaMemcpyHostToDevice, be->st()));
-          be->host_wait();  // recv goes with this object
-          up = true;
-        }
-        return out;
-      }
-    };
-    auto p = std::make_unique<Pending>();
-    p->be = this;
-    p->out = alloc({total, W}, mine.dtype);
-    p->send.resize(mine.bytes());
-    p->recv.resize(p->out.bytes());
-    if (!p->send.empty())
-      CUDA_CHECK(cudaMemcpyAsync(p->send.data(), mine.data, p->send.size(), cudaMemcpyDeviceToHost, st()));
-    host_wait();
-    std::vector<size_t> counts(static_cast<size_t>(n));
-    for (int r = 0; r < n; ++r) counts[size_t(r)] = size_t(rows_of[size_t(r)] * W) * dtype_size(mine.dtype);
-    p->req = comm->iallgatherv_into(p->send.data(), p->recv.data(), counts);
+    auto p = staged(mine, {total, W});
+    p->req = comm->iallgatherv_into(p->send.data(), p->recv.data(), row_bytes_of(rows_of, size_t(W) * dtype_size(mine.dtype)));
     return p;
   }
+  // Staged through host memory (alltoall_rows_start, waited at once); a group of one: a copy.
   DTensor alltoall_rows(const Collectives* comm, const DTensor& send, const std::vector<int64_t>& send_rows,
                         const std::vector<int64_t>& recv_rows) override {
     const int n = comm ? comm->size() : 1;
+    if (n > 1) return alltoall_rows_start(comm, send, send_rows, recv_rows)->wait();
+    DZ_CHECK(check_alltoall_rows(n, send, send_rows, recv_rows) == send.rows(),
+             "alltoall_rows: a group of one receives what it sends");
+    return copy_of_rows(send);
+  }
+  // Staged and started as allgather_rows_start: the EP dispatch's MPI_Ialltoallv runs on the host
+  // while this rank's own experts run on the GPU.
+  std::unique_ptr<PendingRows> alltoall_rows_start(const Collectives* comm, const DTensor& send,
+                                                   const std::vector<int64_t>& send_rows,
+                                                   const std::vector<int64_t>& recv_rows) override {
+    const int n = comm ? comm->size() : 1;
+    if (n == 1) return Backend::alltoall_rows_start(comm, send, send_rows, recv_rows);
     const int64_t total = check_alltoall_rows(n, send, send_rows, recv_rows), W = send.cols();
-    if (n == 1) {
-      DZ_CHECK(total == send.rows(), "alltoall_rows: a group of one receives what it sends");
-      return copy_of_rows(send);
-    }
-    DTensor out = alloc({total, W}, send.dtype);
-    std::vector<char> h(send.bytes());  // staged: device -> host, MPI, host -> device
-    if (!h.empty()) CUDA_CHECK(cudaMemcpyAsync(h.data(), send.data, h.size(), cudaMemcpyDeviceToHost, st()));
-    host_wait();
-    const std::vector<char> got =
-        alltoall_rows_host(*comm, h.data(), size_t(W) * dtype_size(send.dtype), send_rows, recv_rows);
-    if (!got.empty()) CUDA_CHECK(cudaMemcpyAsync(out.data, got.data(), got.size(), cudaMemcpyHostToDevice, st()));
-    host_wait();  // `got` goes when this returns
-    return out;
+    auto p = staged(send, {total, W});
+    const size_t row = size_t(W) * dtype_size(send.dtype);
+    p->req = comm->ialltoallv_into(p->send.data(), row_bytes_of(send_rows, row), p->recv.data(), row_bytes_of(recv_rows, row));
+    return p;
   }
 
   void embed(const DTensor& table, const DTensor& ids, const DTensor& out) override {
@@ -1532,6 +1510,39 @@ class CudaBackend final : public Backend {
   int32_t* route_bad_ = nullptr;       // [1] device: set by moe_select on a non-finite score
   int32_t* route_bad_host_ = nullptr;  // [1] pinned: its copy at each host_wait
   cuda::TopkSide side_;                // indexer_topk's second stream (made at its first use)
+
+  // An exchange staged through host memory (allgather_rows_start, alltoall_rows_start): wait()
+  // completes the MPI request, uploads what arrived and waits for the device (recv goes with
+  // this object).
+  struct StagedRows final : PendingRows {
+    CudaBackend* be = nullptr;
+    DTensor out;
+    std::vector<char> send, recv;
+    std::unique_ptr<CommRequest> req;  // last: completed first when destroyed unwaited
+    bool up = false;
+    DTensor wait() override {
+      if (!up) {
+        req->wait();
+        if (!recv.empty())
+          CUDA_CHECK(cudaMemcpyAsync(out.data, recv.data(), recv.size(), cudaMemcpyHostToDevice, be->st()));
+        be->host_wait();
+        up = true;
+      }
+      return out;
+    }
+  };
+  // src's bytes on the host (after the kernels that make it), an output of `shape` allocated.
+  std::unique_ptr<StagedRows> staged(const DTensor& src, const Shape& shape) {
+    auto p = std::make_unique<StagedRows>();
+    p->be = this;
+    p->out = alloc(shape, src.dtype);
+    p->send.resize(src.bytes());
+    p->recv.resize(p->out.bytes());
+    if (!p->send.empty())
+      CUDA_CHECK(cudaMemcpyAsync(p->send.data(), src.data, p->send.size(), cudaMemcpyDeviceToHost, st()));
+    host_wait();
+    return p;
+  }
 
   const cuda::TopkSide& topk_side() {
     if (!side_.stream) {

@@ -1,6 +1,6 @@
 // NCCL communicator for a group whose ranks each have their own GPU (backend/device_comm.hpp).
 // The unique id comes from the group's root over MPI; collectives run on the backend's stream, the
-// started all-gathers (allgather_rows_start) on the communicator's own stream.
+// started exchanges (allgather_rows_start, alltoall_rows_start) on the communicator's own stream.
 #include "backend/device_comm.hpp"
 
 #ifdef DAYZERO_HAVE_NCCL
@@ -66,15 +66,7 @@ class NcclComm final : public DeviceComm {
   std::unique_ptr<PendingRows> allgather_rows_start(const DTensor& mine,
                                                     const std::vector<int64_t>& rows_of) const override {
     const int64_t total = Backend::check_gather_rows(size_, rank_, mine, rows_of);
-    auto p = std::make_unique<Pending>();
-    p->s = static_cast<cudaStream_t>(be_->native_stream());
-    p->in = mine;  // held until the backend's stream is behind the exchange: no reuse before it reads
-    p->out = be_->alloc({total, mine.cols()}, mine.dtype);
-    cudaEvent_t ready;
-    CUDA_CHECK(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming));
-    CUDA_CHECK(cudaEventRecord(ready, p->s));
-    CUDA_CHECK(cudaStreamWaitEvent(side_, ready, 0));
-    CUDA_CHECK(cudaEventDestroy(ready));  // released once it has completed
+    auto p = started(mine, {total, mine.cols()});
     broadcast_rows(mine, rows_of, p->out, side_);
     CUDA_CHECK(cudaEventCreateWithFlags(&p->done, cudaEventDisableTiming));
     CUDA_CHECK(cudaEventRecord(p->done, side_));
@@ -83,10 +75,28 @@ class NcclComm final : public DeviceComm {
   // One grouped send / receive per peer (itself included).
   DTensor alltoall_rows(const DTensor& send, const std::vector<int64_t>& send_rows,
                         const std::vector<int64_t>& recv_rows) const override {
-    const int64_t total = Backend::check_alltoall_rows(size_, send, send_rows, recv_rows), W = send.cols();
-    DTensor out = be_->alloc({total, W}, send.dtype);
-    const size_t row_bytes = size_t(W) * dtype_size(send.dtype);
-    auto s = static_cast<cudaStream_t>(be_->native_stream());
+    const int64_t total = Backend::check_alltoall_rows(size_, send, send_rows, recv_rows);
+    DTensor out = be_->alloc({total, send.cols()}, send.dtype);
+    send_recv(send, send_rows, recv_rows, out, static_cast<cudaStream_t>(be_->native_stream()));
+    return out;
+  }
+  // Started on the communicator's own stream as allgather_rows_start: this rank's own experts run
+  // on the backend's stream beside the dispatch.
+  std::unique_ptr<PendingRows> alltoall_rows_start(const DTensor& send, const std::vector<int64_t>& send_rows,
+                                                   const std::vector<int64_t>& recv_rows) const override {
+    const int64_t total = Backend::check_alltoall_rows(size_, send, send_rows, recv_rows);
+    auto p = started(send, {total, send.cols()});
+    send_recv(send, send_rows, recv_rows, p->out, side_);
+    CUDA_CHECK(cudaEventCreateWithFlags(&p->done, cudaEventDisableTiming));
+    CUDA_CHECK(cudaEventRecord(p->done, side_));
+    return p;
+  }
+  std::string kind() const override { return "nccl"; }
+
+ private:
+  void send_recv(const DTensor& send, const std::vector<int64_t>& send_rows, const std::vector<int64_t>& recv_rows,
+                 const DTensor& out, cudaStream_t s) const {
+    const size_t row_bytes = size_t(send.cols()) * dtype_size(send.dtype);
     NCCL_CHECK(ncclGroupStart());
     size_t so = 0, ro = 0;
     for (int r = 0; r < size_; ++r) {
@@ -96,11 +106,7 @@ class NcclComm final : public DeviceComm {
       so += ns, ro += nr;
     }
     NCCL_CHECK(ncclGroupEnd());
-    return out;
   }
-  std::string kind() const override { return "nccl"; }
-
- private:
   struct Pending final : PendingRows {
     cudaStream_t s = nullptr;
     cudaEvent_t done = nullptr;
@@ -116,6 +122,20 @@ class NcclComm final : public DeviceComm {
       if (done) cudaEventDestroy(done);
     }
   };
+  // A started exchange from `in` into a new tensor of `shape`: the communicator's stream waits for
+  // what the backend's stream has queued (the kernels that make `in`).
+  std::unique_ptr<Pending> started(const DTensor& in, const Shape& shape) const {
+    auto p = std::make_unique<Pending>();
+    p->s = static_cast<cudaStream_t>(be_->native_stream());
+    p->in = in;  // held until the backend's stream is behind the exchange: no reuse before it reads
+    p->out = be_->alloc(shape, in.dtype);
+    cudaEvent_t ready;
+    CUDA_CHECK(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming));
+    CUDA_CHECK(cudaEventRecord(ready, p->s));
+    CUDA_CHECK(cudaStreamWaitEvent(side_, ready, 0));
+    CUDA_CHECK(cudaEventDestroy(ready));  // released once it has completed
+    return p;
+  }
   void broadcast_rows(const DTensor& mine, const std::vector<int64_t>& rows_of, const DTensor& out,
                       cudaStream_t s) const {
     const size_t row_bytes = size_t(mine.cols()) * dtype_size(mine.dtype);
@@ -132,7 +152,7 @@ class NcclComm final : public DeviceComm {
 
   Backend* be_;
   ncclComm_t comm_ = nullptr;
-  cudaStream_t side_ = nullptr;  // the started all-gathers' stream (allgather_rows_start)
+  cudaStream_t side_ = nullptr;  // the started exchanges' stream
   int size_ = 1, rank_ = 0;
 };
 
