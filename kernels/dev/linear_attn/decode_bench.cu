@@ -19,10 +19,12 @@ using benchrand::rand_f32;
 namespace dec {
 
 template <bool HINT>
-__global__ void pass_kernel(float4* x, size_t n4) {  // x *= 1: one read and one write of each byte
+// x *= s with s = 1 from the host: one read and one write of each byte. A literal 1.f let nvcc drop
+// the unhinted pass whole (x * 1 == x, then a store of the loaded value): 0.007 ms for 537 MB.
+__global__ void pass_kernel(float4* x, size_t n4, float s) {
   for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n4; i += size_t(gridDim.x) * blockDim.x) {
     float4 v = HINT ? __ldcs(x + i) : x[i];
-    v.x *= 1.f, v.y *= 1.f, v.z *= 1.f, v.w *= 1.f;
+    v.x *= s, v.y *= s, v.z *= s, v.w *= s;
     if (HINT) __stcs(x + i, v);
     else x[i] = v;
   }
@@ -77,8 +79,8 @@ int main(int argc, char** argv) {
   for (int hint = 0; hint < 2; ++hint) {
     const double ms = median_ms(
         [&] {
-          if (hint) dec::pass_kernel<true><<<blocks, 512>>>(reinterpret_cast<float4*>(st), ns / 4);
-          else dec::pass_kernel<false><<<blocks, 512>>>(reinterpret_cast<float4*>(st), ns / 4);
+          if (hint) dec::pass_kernel<true><<<blocks, 512>>>(reinterpret_cast<float4*>(st), ns / 4, 1.f);
+          else dec::pass_kernel<false><<<blocks, 512>>>(reinterpret_cast<float4*>(st), ns / 4, 1.f);
         },
         20, 3);
     std::printf("in-place float4 pass over the same bytes%s: %.4f ms, %.0f GB/s\n", hint ? " (__ldcs / __stcs)" : "", ms,
