@@ -6,6 +6,9 @@
 # (production's --quick; the patch's whole, QUICK=1: --quick), then the bench of each twice,
 # alternately (v4 rows only; the v3 rows are the same code in both). ~5 min on an H100 / H200 with 16
 # cores: one device command with nothing else.   bash kernels/dev/linear_attn/ab.sh PATCH
+# AB_VAR_ENVS="A=1 A=2": the patched build benched once per assignment in each repeat (rows
+# "var[A=1]#1: ..."), for a patch with a run-time choice; AB_REPS: repeats (2); AB_SKIP_BASE_TEST=1:
+# no test of production (its cases run in the GPU tests), for a short device command.
 P=${1:?patch of kernels/linear_attn_mma.cu}
 O=${OUT:-/tmp/la_ab}
 B=${BUILD_DIR:-/tmp/la_ab_build}
@@ -43,6 +46,7 @@ if [[ -n ${AB_WAIT_FILE:-} ]]; then
   echo "waited for $AB_WAIT_FILE: $(($(date +%s) - t0)) s after the builds began"
 fi
 for v in base var; do  # production's own cases ran in its GPU tests: --quick for it, all for the patch
+  [[ $v == base && ${AB_SKIP_BASE_TEST:-0} == 1 ]] && continue
   t0=$(date +%s)
   q=${QUICK:+--quick}
   [[ $v == base ]] && q=--quick
@@ -50,8 +54,11 @@ for v in base var; do  # production's own cases ran in its GPU tests: --quick fo
   echo "$v test rc $? in $(($(date +%s) - t0)) s: $(tail -1 "$O/test_$v.txt")"
   grep FAIL "$O/test_$v.txt" | head -10
 done
-for rep in 1 2; do
-  for v in base var; do
-    timeout ${BENCH_TIMEOUT:-50} "$B/$v/la" --bench 2>&1 | grep -E "v4|H100|H200" | sed "s/^/$v#$rep: /" | tee -a "$O/bench.txt"
+for rep in $(seq "${AB_REPS:-2}"); do
+  timeout ${BENCH_TIMEOUT:-50} "$B/base/la" --bench 2>&1 | grep -E "v4|H100|H200" | sed "s/^/base#$rep: /" | tee -a "$O/bench.txt"
+  for e in ${AB_VAR_ENVS:--}; do
+    if [[ $e == - ]]; then side=var; else side="var[$e]"; fi
+    env ${e#-} timeout ${BENCH_TIMEOUT:-50} "$B/var/la" --bench 2>&1 | grep -E "v4|H100|H200" |
+      sed "s/^/$side#$rep: /" | tee -a "$O/bench.txt"
   done
 done
