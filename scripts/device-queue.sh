@@ -38,7 +38,9 @@ build_project() {  # $1: the log
 # `timeout` ends the script, not the mpirun and ranks it started: end them before the GPU is used
 # again (2026-12-06: an ep_equal.sh cut off at its limit went on beside the kernel benches). By
 # process name, not command line: `pkill -f build-gpu/dayzero` also matched a device command that
-# named that path and ended it, losing its logs (2026-12-06, nineteenth session).
+# named that path and ended it, losing its logs (2026-12-06, nineteenth session); `pgrep -f` in a
+# wait loop likewise matches the device command itself and waits out its limit (twentieth session):
+# wait on the background job's pid instead.
 reap() {
   pkill -x dayzero 2>/dev/null
   pkill -x mpirun 2>/dev/null

@@ -5,17 +5,22 @@
 # over the first mma_prep_kernel launch of its bench (KDA, H = 32, T = 65536: GLM's per-layer work x 4):
 # speed of light, occupancy, warp states, and the stall samples per CUDA source line, summarised; the raw
 # reports stay under $OUT.   bash kernels/dev/linear_attn/profile.sh
+# LA_PROF_KERNEL / LA_PROF_SKIP: another kernel and how many of its launches to skip first, e.g. the
+# recurrence at production's H = 32 instance (BV = 32, outputs fused; the bench's 9th launch of it):
+#   LA_PROF_KERNEL=mma_rec_kernel LA_PROF_SKIP=8 bash kernels/dev/linear_attn/profile.sh
 O=${OUT:-/tmp/la_prof}
 B=${BUILD_DIR:-/tmp/la_build}
 mkdir -p "$O"
 EXTRA_NVFLAGS=-lineinfo BUILD_ONLY=1 OUT=$O BUILD_DIR=$B bash kernels/dev/linear_attn/run_gpu.sh || exit 1
-timeout 300 ncu --kernel-name regex:mma_prep_kernel --launch-count 1 --import-source yes \
+KN=${LA_PROF_KERNEL:-mma_prep_kernel}
+timeout 300 ncu --kernel-name "regex:$KN" --launch-skip "${LA_PROF_SKIP:-0}" --launch-count 1 --import-source yes \
   --section SpeedOfLight --section Occupancy --section WarpStateStats --section SchedulerStats \
-  --section MemoryWorkloadAnalysis --section SourceCounters -o "$O/prep" -f "$B/la" --bench > "$O/ncu_run.txt" 2>&1
+  --section MemoryWorkloadAnalysis --section SourceCounters -o "$O/prof" -f "$B/la" --bench > "$O/ncu_run.txt" 2>&1
 echo "ncu rc $?"
-ncu -i "$O/prep.ncu-rep" --page details > "$O/details.txt" 2>&1
+ncu -i "$O/prof.ncu-rep" --page details > "$O/details.txt" 2>&1
+grep -m1 -E "$KN" "$O/details.txt"
 grep -E "Duration|Achieved Occupancy|Registers Per|Theoretical Occ|Compute \(SM\) Throughput|Memory Throughput|Issue Slots Busy|No Eligible|Warp Cycles Per Issued" "$O/details.txt" | head -20
-ncu -i "$O/prep.ncu-rep" --page source --csv --print-source cuda > "$O/source.csv" 2> "$O/source_err.txt" ||
+ncu -i "$O/prof.ncu-rep" --page source --csv --print-source cuda > "$O/source.csv" 2> "$O/source_err.txt" ||
   { echo "per-line export failed:"; head -3 "$O/source_err.txt"; }
 python3 - "$O/source.csv" <<'PY'
 import csv, sys
