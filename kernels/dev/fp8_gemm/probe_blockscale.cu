@@ -3,7 +3,7 @@
 // fp32 scale per 1x128 row block), judged against a host reference of the same quantised values.
 // The cuBLAS documentation names the modes (BLK128x128_32F, VEC128_32F) but the layouts of their
 // scale tensors are easiest settled by measurement; lib/backend/cuda uses what this prints.
-//   nvcc -O2 -std=c++17 -arch=sm_90a -Ilib kernels/dev/fp8_gemm/probe_blockscale.cu lib/core/fp8.cpp -lcublasLt -o /tmp/p
+//   nvcc -O2 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -Ilib kernels/dev/fp8_gemm/probe_blockscale.cu lib/core/fp8.cpp -lcublasLt -o /tmp/p
 #include <cublasLt.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>

@@ -8,7 +8,7 @@ O=${OUT:-/tmp/hc_out}
 V=${1:-}
 mkdir -p "$O"
 rm -f /tmp/hc_prod /tmp/hc_var
-NV="nvcc -O3 -std=c++17 -arch=sm_90a -Ikernels -Ilib $EXTRA_NVFLAGS"
+NV="nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -Ikernels -Ilib $EXTRA_NVFLAGS"
 REF="lib/ops/hyper.cpp lib/core/linalg.cpp"
 t0=$(date +%s)
 $NV -Xptxas -v kernels/dev/hyper/test_hc_post.cu kernels/hyper.cu $REF -o /tmp/hc_prod > "$O/build_prod.txt" 2>&1 &

@@ -17,7 +17,7 @@ cp kernels/linear_attn_mma.cu "$B/var/linear_attn_mma.cu"
 (cd "$B/var" && patch -s linear_attn_mma.cu) < <(sed -n '/^--- a\/kernels\/linear_attn_mma.cu/,$p' "$P") ||
   { echo "ab: $P does not apply to kernels/linear_attn_mma.cu"; exit 1; }
 D=kernels/dev/linear_attn
-NV="nvcc -O3 -std=c++17 -arch=sm_90a -Ikernels -Ilib"
+NV="nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -Ikernels -Ilib"
 build() {  # $1 = name, $2 = the prefill source
   local d=$B/$1 objs=
   mkdir -p "$d"

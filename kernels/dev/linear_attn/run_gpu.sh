@@ -12,7 +12,7 @@ B=${BUILD_DIR:-/tmp/la_build}
 mkdir -p "$O" "$B"
 rm -f "$B/la"  # no stale binary after a failed build
 D=kernels/dev/linear_attn
-NV="nvcc -O3 -std=c++17 -arch=sm_90a -Ikernels -Ilib $EXTRA_NVFLAGS"  # EXTRA_NVFLAGS: e.g. -lineinfo (profile.sh)
+NV="nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -Ikernels -Ilib $EXTRA_NVFLAGS"  # EXTRA_NVFLAGS: e.g. -lineinfo (profile.sh)
 SRC="$D/test_linear_attn.cu $D/linear_attn_fp32.cu $D/linear_attn_split.cu kernels/linear_attn.cu
      kernels/linear_attn_tiled.cu kernels/linear_attn_mma.cu lib/ops/linear_attn.cpp lib/ops/norm.cpp lib/core/linalg.cpp"
 [ -n "$BUILD_ONLY" ] || nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm --format=csv,noheader

@@ -3,7 +3,7 @@
 // side precomputed) and of their parallel scans, against the CPU reference and the production
 // version 4 (la_chunk_prefill / la_parallel_prefill).
 //   bash kernels/dev/linear_attn/run_gpu.sh   (builds, tests, benches; logs under $OUT), or
-//   nvcc -O3 -std=c++17 -arch=sm_90a -Ikernels -Ilib kernels/dev/linear_attn/test_linear_attn.cu
+//   nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -Ikernels -Ilib kernels/dev/linear_attn/test_linear_attn.cu
 //        kernels/dev/linear_attn/linear_attn_fp32.cu kernels/dev/linear_attn/linear_attn_split.cu
 //        kernels/linear_attn.cu kernels/linear_attn_tiled.cu kernels/linear_attn_mma.cu
 //        lib/ops/linear_attn.cpp lib/ops/norm.cpp lib/core/linalg.cpp -o /tmp/la && /tmp/la && /tmp/la --bench

@@ -1,5 +1,5 @@
 // Standalone test + bench of kernels/moe_gemm.cu (grouped_gemm_tc, grouped_gemm_swiglu_tc).
-//   nvcc -O3 -std=c++17 -arch=sm_90a -Ikernels -Ilib kernels/dev/moe_gemm/test_moe_gemm.cu
+//   nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -Ikernels -Ilib kernels/dev/moe_gemm/test_moe_gemm.cu
 //        kernels/moe_gemm.cu -lcublas -o /tmp/mg && /tmp/mg && /tmp/mg --bench
 // Test: offsets / tile_off built on the host as moe_dispatch defines them, bf16 data from a hash,
 // reference in fp64 over the same bf16 values (all rows for small shapes; first, last and one

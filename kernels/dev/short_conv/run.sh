@@ -6,7 +6,7 @@
 O=${OUT:-/tmp/conv_out}
 mkdir -p "$O"
 rm -f /tmp/conv_variants
-NV="nvcc -O3 -std=c++17 -arch=sm_90a -Ikernels -Ilib $EXTRA_NVFLAGS"
+NV="nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -Ikernels -Ilib $EXTRA_NVFLAGS"
 t0=$(date +%s)
 $NV -Xptxas -v kernels/dev/short_conv/conv_variants.cu kernels/short_conv.cu -o /tmp/conv_variants > "$O/build.txt" 2>&1
 echo "build: $(($(date +%s) - t0)) s"
