@@ -37,6 +37,7 @@
 #include "core/linalg.hpp"
 #include "linear_attn.cuh"
 #include "linear_attn_dev.cuh"
+#include "linear_attn_impl.cuh"
 #include "../../../tests/gpu/la_gpu_fixtures.hpp"
 #include "ops/linear_attn.hpp"
 #include "ops/norm.hpp"
@@ -245,6 +246,18 @@ int run_bench() {
           }
       p.value_block = 0;
       p.fused_output = -1;  // the default
+      {  // v4's stages apart at the default configuration: the key side (prep), then the recurrence
+         // with its outputs from its records (what the recurrence patches of kernels/dev/queued change)
+        p.workspace = pws;
+        const int bv = la::pick_bv(p, H, V, true);
+        const la::ChunkArgs ca{p, true, false};
+        const double prep = median_ms([&] { la::mma_prefill(ca, bv, la::kPrep, nullptr); }, 3, 1);
+        const double rec = median_ms([&] { la::mma_prefill(ca, bv, la::kRecur | la::kOutput, nullptr); }, 3, 1);
+        std::snprintf(extra, sizeof extra, "v4 BV=%d key side alone", bv);
+        row(kda ? "kda_stage_prep" : "gdn_stage_prep", shape, prep, extra);
+        std::snprintf(extra, sizeof extra, "v4 BV=%d recurrence + outputs alone", bv);
+        row(kda ? "kda_stage_recurrence" : "gdn_stage_recurrence", shape, rec, extra);
+      }
       p.workspace = nullptr;
       for (int ver : {3, 4}) {
         par[ver] = median_ms([&] { parallel_version(ver, p, T, segs, ws); }, 5, 1);
