@@ -246,8 +246,9 @@ class Backend {
   virtual DTensor allgather_rows(const Collectives* comm, const DTensor& mine, const std::vector<int64_t>& rows_of) = 0;
   // allgather_rows started, not finished: this rank computes meanwhile and takes the rows with
   // wait(); `mine` must not change until then. Exchanges started on one group complete in the order
-  // every rank started them. This base gathers at once (allgather_rows: no overlap; the CUDA
-  // backend's staged transport for now); the CPU backend posts MPI_Iallgatherv on the buffers.
+  // every rank started them. This base gathers at once (allgather_rows: no overlap), which both
+  // backends use for a group of one; otherwise the CPU backend posts MPI_Iallgatherv on the buffers
+  // and the CUDA backend the same on host copies of them.
   virtual std::unique_ptr<PendingRows> allgather_rows_start(const Collectives* comm, const DTensor& mine,
                                                             const std::vector<int64_t>& rows_of);
   // The checks of allgather_rows (every backend and transport): returns the gathered row count.
@@ -260,8 +261,8 @@ class Backend {
                                 const std::vector<int64_t>& recv_rows) = 0;
   // alltoall_rows started, not finished (the expert-parallel dispatch, beside this rank's own
   // experts): wait() returns what alltoall_rows returns, once; send must not change until then.
-  // This base exchanges at once (the CUDA backend's staged transport for now); the CPU backend
-  // posts MPI_Ialltoallv on the buffers.
+  // This base exchanges at once, which both backends use for a group of one; otherwise the CPU
+  // backend posts MPI_Ialltoallv on the buffers and the CUDA backend the same on host copies.
   virtual std::unique_ptr<PendingRows> alltoall_rows_start(const Collectives* comm, const DTensor& send,
                                                            const std::vector<int64_t>& send_rows,
                                                            const std::vector<int64_t>& recv_rows);

@@ -24,7 +24,7 @@ class DeviceComm {
   // transitions). Bytes are moved: exact in every dtype.
   virtual DTensor allgather_rows(const DTensor& mine, const std::vector<int64_t>& rows_of) const = 0;
   // The same started, not finished (Backend::allgather_rows_start's contract): MPI through the
-  // backend's; this base (NCCL for now) gathers at once.
+  // backend's, NCCL on the communicator's own stream; this base gathers at once.
   virtual std::unique_ptr<PendingRows> allgather_rows_start(const DTensor& mine,
                                                             const std::vector<int64_t>& rows_of) const {
     return std::make_unique<ReadyRows>(allgather_rows(mine, rows_of));
@@ -33,7 +33,7 @@ class DeviceComm {
   virtual DTensor alltoall_rows(const DTensor& send, const std::vector<int64_t>& send_rows,
                                 const std::vector<int64_t>& recv_rows) const = 0;
   // The same started, not finished (Backend::alltoall_rows_start's contract): MPI through the
-  // backend's; this base (NCCL for now) exchanges at once.
+  // backend's, NCCL on the communicator's own stream; this base exchanges at once.
   virtual std::unique_ptr<PendingRows> alltoall_rows_start(const DTensor& send, const std::vector<int64_t>& send_rows,
                                                            const std::vector<int64_t>& recv_rows) const {
     return std::make_unique<ReadyRows>(alltoall_rows(send, send_rows, recv_rows));
