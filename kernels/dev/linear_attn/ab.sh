@@ -5,17 +5,20 @@
 # $B/var, the includes resolved through -Ikernels), runs each one's test against the CPU reference
 # (production's --quick; the patch's whole, QUICK=1: --quick), then the bench of each twice,
 # alternately (v4 rows only; the v3 rows are the same code in both). ~5 min on an H100 / H200 with 16
-# cores: one device command with nothing else.   bash kernels/dev/linear_attn/ab.sh PATCH
+# cores: one device command with nothing else.   bash kernels/dev/linear_attn/ab.sh PATCH [PATCH ...]
+# (several: applied in order, each on the one before: a follow-up kept as its own delta)
 # AB_VAR_ENVS="A=1 A=2": the patched build benched once per assignment in each repeat (rows
 # "var[A=1]#1: ..."), for a patch with a run-time choice; AB_REPS: repeats (2); AB_SKIP_BASE_TEST=1:
 # no test of production (its cases run in the GPU tests), for a short device command.
-P=${1:?patch of kernels/linear_attn_mma.cu}
+[[ $# -ge 1 ]] || { echo "ab: a patch of kernels/linear_attn_mma.cu (or several, in order)"; exit 2; }
 O=${OUT:-/tmp/la_ab}
 B=${BUILD_DIR:-/tmp/la_ab_build}
 mkdir -p "$O" "$B/var"
 cp kernels/linear_attn_mma.cu "$B/var/linear_attn_mma.cu"
-(cd "$B/var" && patch -s linear_attn_mma.cu) < <(sed -n '/^--- a\/kernels\/linear_attn_mma.cu/,$p' "$P") ||
-  { echo "ab: $P does not apply to kernels/linear_attn_mma.cu"; exit 1; }
+for P in "$@"; do
+  (cd "$B/var" && patch -s linear_attn_mma.cu) < <(sed -n '/^--- a\/kernels\/linear_attn_mma.cu/,$p' "$P") ||
+    { echo "ab: $P does not apply to kernels/linear_attn_mma.cu (after the patches before it)"; exit 1; }
+done
 D=kernels/dev/linear_attn
 NV="nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -Ikernels -Ilib"
 build() {  # $1 = name, $2 = the prefill source
