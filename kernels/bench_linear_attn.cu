@@ -62,22 +62,18 @@ int bench_linear_attn(const std::string& json_out) {
       const double gb = (bytes + (kda ? double(TH) * K * 2 : 0.0)) / 1e9;
       std::snprintf(buf, sizeof buf, "B=1 T=%d H=%d K=%d V=%d", T, H, K, V);
       // serial scan: the key side of all chunks in parallel, then one sequence of chunks per
-      // (head, column block), outputs inside the recurrence or in a pass after it; the earlier
-      // versions: docs/perf/ and (v3 against v4) kernels/dev/linear_attn/.
+      // (head, 64 state columns: the wgmma recurrence at K = 128), outputs inside the recurrence or
+      // in a pass after it; the earlier versions: docs/perf/ and kernels/dev/linear_attn/.
       double ms_s = 1e30;
-      for (int bv : {128, 64, 32, 16})
-        for (int fused : {1, 0}) {
-          if (bv == 128 && H > 8) continue;
-          p.value_block = bv;
-          p.fused_output = fused;
-          p.workspace = pws;
-          const double ms = median_ms([&] { la_chunk_prefill(p, nullptr); }, 3, 1);
-          ms_s = std::min(ms_s, ms);
-          std::snprintf(buf + 128, 128, "v4 BV=%d%s (%d CTAs), %.0f GB/s", bv, fused ? " fused" : " out-pass",
-                        H * (V / bv), gb / (ms * 1e-3));
-          add(kda ? "kda_chunk_serial" : "gdn_chunk_serial", buf, ms, buf + 128);
-        }
-      p.value_block = 0;
+      for (int fused : {1, 0}) {
+        p.fused_output = fused;
+        p.workspace = pws;
+        const double ms = median_ms([&] { la_chunk_prefill(p, nullptr); }, 3, 1);
+        ms_s = std::min(ms_s, ms);
+        std::snprintf(buf + 128, 128, "v4 wgmma%s (%d CTAs), %.0f GB/s", fused ? " fused" : " out-pass",
+                      H * (V / 64), gb / (ms * 1e-3));
+        add(kda ? "kda_chunk_serial" : "gdn_chunk_serial", buf, ms, buf + 128);
+      }
       p.fused_output = -1;  // the default
       p.workspace = nullptr;
       const double ms_p = median_ms([&] { la_parallel_prefill(p, T, segs, ws, nullptr); }, 5, 1);

@@ -46,8 +46,9 @@ struct LaPrefill {
   int64_t T_total = 0;
   void* workspace = nullptr;
   // Tuning, per call (no global state). value_block: state columns per CTA (16, 32, 64 or V; 0:
-  // from the CTA count). fused_output: outputs inside the recurrence (1) or in a pass after it
-  // (0); -1: inside when the recurrence has at least half as many CTAs as SMs.
+  // from the CTA count) at K = 64; K = 128 always takes 64 (one warpgroup's wgmma accumulators).
+  // fused_output: outputs inside the recurrence (1) or in a pass after it (0); -1: inside, except
+  // at K = 64 with fewer recurrence CTAs than half the SMs.
   int value_block = 0;
   int fused_output = -1;
 };
@@ -55,7 +56,7 @@ size_t la_prefill_workspace_bytes(int64_t T_total, int N, int HV, int K, int V);
 
 // Chunked (WY / UT) prefill on tensor cores (linear_attn_mma.cu), chunk 64: the key side of all
 // chunks in parallel, then one CTA per (sequence, value head, block of state columns) sequential
-// over chunks, the outputs inside that recurrence or in a parallel pass after it. K = V = 64 or
+// over chunks (wgmma at K = 128, mma.sync at K = 64), the outputs inside that recurrence or in a parallel pass after it. K = V = 64 or
 // 128. The tuning comes from p (see above). Earlier fp32 versions: kernels/dev/linear_attn/.
 void la_chunk_prefill(const LaPrefill& p, cudaStream_t stream);
 

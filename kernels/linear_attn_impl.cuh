@@ -15,7 +15,8 @@ struct ChunkArgs {
 
 // State columns per CTA: p.value_block, else from the CTA count of whole state rows `ctas`. fp32
 // kernels (v4 false): enough CTAs to fill the GPU (about two per SM), else whole rows of S (no
-// recomputation of the key side), at least 32; v4: about half as many CTAs as SMs, at least 16.
+// recomputation of the key side), at least 32; v4: about half as many CTAs as SMs, at least 16
+// (its K = 64 recurrence; K = 128 ignores it).
 int pick_bv(const LaPrefill& p, int ctas, int V, bool v4);
 
 // The register-tiled fp32 chunk kernel (linear_attn_tiled.cu), K = V in {64, 128}, bv in {32, 64,

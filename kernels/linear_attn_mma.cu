@@ -8,10 +8,12 @@
 //        e^(G_i - G_r) and e^(G_r - G_j) are <= 1; diagonal blocks exact per element (KDA) —,
 //        (I + L)^-1 in 16-row blocks (forward substitution, then 3xTF32 block products),
 //        W = Ainv (β k e^G) and U = Ainv (β v) on tensor cores; bf16 records.
-//   rec  (value head, column block, sequence), sequential over chunks: S in fp32 mma accumulators;
-//        per chunk U' = U - W S and S = e^(G_last) S + Kdᵀ U'; stores the bf16 state entering
-//        each chunk and U' for
-//   out  (chunk, head), parallel: o = (q e^G) S + Aqk U'.
+//   rec  (value head, column block, sequence), sequential over chunks: S in fp32 accumulators;
+//        per chunk U' = U - W S and S = e^(G_last) S + Kdᵀ U', and o = (q e^G) S + Aqk U' in the
+//        same step (fused) or, from the bf16 state entering each chunk and U' it stores, in
+//   out  (chunk, head), parallel.
+//        K = 128: wgmma, one warpgroup per 64 columns fed by TMA (rec_wgmma_kernel; H100, T=64K,
+//        H=32: 1.25 ms against the mma.sync kernel's 2.32). K = 64: mma.sync (mma_rec_kernel).
 // The state accumulates in fp32 and is rounded to bf16 only as a product operand (as fla's chunk
 // kernels do); the tests state the tolerance this needs.
 #include <cuda_pipeline.h>
@@ -22,6 +24,8 @@
 #include "linear_attn_common.cuh"
 #include "linear_attn_impl.cuh"
 #include "mma_sm80.cuh"
+#include "tma.cuh"
+#include "wgmma.cuh"
 
 namespace dz::cuda::la {
 
@@ -29,7 +33,8 @@ namespace {
 
 constexpr int BT = kMmaBT, NT = 256, AP = BT + 8;  // AP: padded bf16 row of 64 (conflict-free fragments)
 constexpr int FS = BT + 4;  // fp32 row of the solve's blocks: A-fragment reads (rows gq, columns tq) conflict-free
-// Outputs inside the recurrence: -1 automatic, 0 off, 1 on (LaPrefill::fused_output). H200, T=64K:
+// Outputs inside the mma.sync recurrence (K = 64): -1 automatic, 0 off, 1 on (LaPrefill::fused_output).
+// Measured at K = 128 when that kernel served it, H200, T=64K:
 // fused 6.28 vs 6.40 ms at H=32 (128 recurrence CTAs), but 2.67 vs 2.08 ms at H=4 (32 CTAs,
 // where the longer sequential step is the whole cost); the scan's last pass: 1.30 vs 1.37 ms.
 bool fuse_outputs(int mode, int ctas) {
@@ -786,6 +791,214 @@ __global__ void __launch_bounds__(NT, 1) mma_rec_kernel(const LaPrefill p, const
       }
 }
 
+
+// ---- The recurrence on wgmma (K = V = 128) ----
+// One warpgroup per (value head, 64 state columns, sequence) keeps the state transposed,
+// S^T [64 y][128 x] fp32, in its accumulators for the whole sequence; a producer warp streams the
+// records into 128-byte-swizzled tiles by TMA. Per chunk, with A operands taken from registers:
+//   -U'^T = S^T W^T - U^T            wgmma_rs<64>,       B = W [j][x] (K-major)
+//   o^T   = S^T Qg^T + U'^T Aqk^T    wgmma_rs<64> x 2,   B = Qg [i][x], Aqk [i][j] (FUSE)
+//   S^T   = S^T e^G_last + U'^T Kd   wgmma_rs_tb<128>,   B = Kd [j][x] (N-major)
+// STORE (outputs in the later pass): the bf16 state entering each chunk and U', as the mma.sync
+// kernel stores them for mma_out_kernel.
+// No shared-memory round trip of S or U' and no block barrier in the step: the mma.sync kernel's
+// step is issue-latency bound (ncu 2026-12-06: 8 warps an SM, 0.45 eligible a scheduler). Same
+// roundings as that kernel (S and U' to bf16 as operands, fp32 accumulation).
+namespace rw {
+constexpr int kThreads = 160, kStages = 3, kRows = 288;  // warpgroup + producer warp; 128-wide rows a record
+constexpr uint32_t W = 0, KD = 16384, U = 32768, QG = 40960, AQK = 57344, GL = 65536, STAGE = 66560;
+constexpr uint32_t OST = 48;  // bytes a row of a warp's output staging tile [64 i][16 y] (16 + padding)
+constexpr size_t kSmem = 1024 + size_t(kStages) * STAGE + 4 * 64 * OST + 64;
+struct Maps {
+  CUtensorMap rows, aqk;  // records as [rows of 256 bytes][2 halves][64]: boxes 64 x 1 x 64 / 64 x 2 x 32
+};
+__device__ __forceinline__ void bulk_g2s(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
+               "l"(src), "r"(bytes), "r"(bar)
+               : "memory");
+}
+}  // namespace rw
+
+template <bool FUSE, bool STORE>
+__global__ void __launch_bounds__(rw::kThreads, 1) rec_wgmma_kernel(const __grid_constant__ rw::Maps maps,
+                                                                     const LaPrefill p, const int32_t* __restrict__ base,
+                                                                     const float* __restrict__ gls, bf16* __restrict__ Sg,
+                                                                     bf16* __restrict__ Ug, bool trans_A) {
+  constexpr int K = 128, V = 128;
+  const int h = blockIdx.x >> 1, y0 = (blockIdx.x & 1) * 64, n = blockIdx.y;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int g0 = base[n], nch = base[n + 1] - g0;
+  extern __shared__ uint8_t rw_smem[];
+  const uint32_t sb = smem_u32(rw_smem), s0 = sb + ((1024u - (sb & 1023u)) & 1023u);
+  const uint32_t ostage = s0 + rw::kStages * rw::STAGE;  // 4 warps' output staging tiles
+  const uint32_t bars = ostage + 4 * 64 * rw::OST;       // full[3], empty[3]
+  auto full = [&](int s) { return bars + 8 * s; };
+  auto empty = [&](int s) { return bars + 8 * (rw::kStages + s); };
+  auto stage = [&](int s) { return s0 + s * rw::STAGE; };
+  if (tid == 0) {
+    for (int s = 0; s < rw::kStages; ++s) mbar_init(full(s), 1), mbar_init(empty(s), 4);
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  __syncthreads();
+
+  if (warp == 4) {  // producer
+    if (lane == 0) {
+      // W and Kd, e^G_last, U's 64 columns (not for the transition pass), q e^G and Aqk (FUSE)
+      const uint32_t bytes = 32768u + 512u + (trans_A ? 0u : 8192u) + (FUSE ? 16384u + 8192u : 0u);
+      for (int c = 0; c < nch; ++c) {
+        const int s = c % rw::kStages;
+        if (c >= rw::kStages) mbar_wait(empty(s), ((c / rw::kStages) - 1) & 1);
+        mbar_expect_tx(full(s), bytes);
+        const size_t gh = size_t(g0 + c) * p.HV + h;
+        const int r0 = int(gh * rw::kRows);
+        const uint32_t st = stage(s);
+        for (int hf = 0; hf < 2; ++hf) {
+          tma_load_3d(st + rw::W + 8192 * hf, &maps.rows, 0, hf, r0, full(s));
+          tma_load_3d(st + rw::KD + 8192 * hf, &maps.rows, 0, hf, r0 + 64, full(s));
+          if (FUSE) tma_load_3d(st + rw::QG + 8192 * hf, &maps.rows, 0, hf, r0 + 192, full(s));
+        }
+        if (!trans_A) tma_load_3d(st + rw::U, &maps.rows, 0, y0 >> 6, r0 + 128, full(s));
+        if (FUSE) tma_load_3d(st + rw::AQK, &maps.aqk, 0, 0, r0 + 256, full(s));
+        rw::bulk_g2s(st + rw::GL, gls + gh * K, 512, full(s));
+      }
+    }
+    return;
+  }
+
+  const int w = warp, gq = lane >> 2, tq = lane & 3;
+  const int64_t bos = p.cu_seqlens[n];
+  const int T = int(p.cu_seqlens[n + 1] - bos);
+  const size_t soff = (size_t(n) * p.HV + h) * K * V;
+  // S^T: accS[4 j + q] = S[x][y0 + y], y = 16 w + gq + 8 (q >> 1), x = 8 j + 2 tq + (q & 1)
+  float accS[64];
+#pragma unroll
+  for (int j = 0; j < 16; ++j)
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      const int y = 16 * w + gq + 8 * (q >> 1), x = 8 * j + 2 * tq + (q & 1);
+      accS[4 * j + q] = trans_A ? (x == y0 + y ? 1.f : 0.f) : (p.h0 ? p.h0[soff + size_t(x) * V + y0 + y] : 0.f);
+    }
+  // Per-thread offsets the loop reuses (no address arithmetic in the step): U^T element (y, j) of the
+  // swizzled U tile, j = 8 jj + jq, jq = 2 tq + (q & 1), y = 16 w + gq + 8 (q >> 1), is at
+  // 1024 jj + uoff[q]; the row j & 7 = jq of the XOR is the same for every jj.
+  uint32_t uoff[4];
+#pragma unroll
+  for (int q = 0; q < 4; ++q) {
+    const int jq = 2 * tq + (q & 1), y = 16 * w + gq + 8 * (q >> 1);
+    uoff[q] = uint32_t(jq * 128 + (((y >> 3) ^ jq) << 4) + (y & 7) * 2);
+  }
+  // The warp's outputs o[i][y0 + 16 w + yl] go through its staging tile [64 i][16 yl] (rows OST bytes):
+  // written in the accumulator layout, read back as 16-byte halves of the 32-byte row segments,
+  // lane -> rows (lane >> 1) + 16 k, half lane & 1: whole sectors to global memory.
+  uint8_t* ost = rw_smem + (ostage - sb) + w * 64 * rw::OST;
+  const uint32_t owr = uint32_t((2 * tq) * rw::OST + gq * 2);  // + (8 jj + (q & 1)) OST + 16 (q >> 1)
+  const int64_t orow = int64_t(p.HV) * V;                      // elements between token rows of o
+  bf16* const o_thread = FUSE ? p.o + (bos + (lane >> 1)) * orow + int64_t(h) * V + y0 + 16 * w + 8 * (lane & 1)
+                              : nullptr;
+  for (int c = 0; c < nch; ++c) {
+    const int s = c % rw::kStages;
+    const uint32_t st = stage(s);
+    mbar_wait(full(s), (c / rw::kStages) & 1);
+    uint32_t aS[8][4];  // bf16 S^T as the A operand, k slices of 16 x
+#pragma unroll
+    for (int kk = 0; kk < 8; ++kk)
+#pragma unroll
+      for (int m = 0; m < 4; ++m) aS[kk][m] = pack2(accS[8 * kk + 2 * m], accS[8 * kk + 2 * m + 1]);
+    const size_t gh = size_t(g0 + c) * p.HV + h;
+    if constexpr (STORE) {  // Sg [.., V][K]: row y0 + y holds S[.][y0 + y]; pairs of x are adjacent
+#pragma unroll
+      for (int j = 0; j < 16; ++j)
+#pragma unroll
+        for (int hf = 0; hf < 2; ++hf) {
+          const int y = 16 * w + gq + 8 * hf, x = 8 * j + 2 * tq;
+          *reinterpret_cast<uint32_t*>(Sg + (gh * V + y0 + y) * K + x) = aS[j >> 1][2 * (j & 1) + hf];
+        }
+    }
+    float accU[32], accO[32];  // [64 y][64 j] / [64 y][64 i]: d[4 jj + q], col 8 jj + 2 tq + (q & 1)
+    const uint8_t* Us = rw_smem + (st - sb + rw::U);
+#pragma unroll
+    for (int jj = 0; jj < 8; ++jj)
+#pragma unroll
+      for (int q = 0; q < 4; ++q)
+        accU[4 * jj + q] = trans_A ? 0.f : -bf(*reinterpret_cast<const bf16*>(Us + 1024 * jj + uoff[q]));
+    wgmma_fence_regs(accU);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < 8; ++kk)
+      wgmma_rs<64>(accU, aS[kk], wgmma_desc_sw128(st + rw::W + (kk >> 2) * 8192 + (kk & 3) * 32), 1);
+    if constexpr (FUSE) {
+#pragma unroll
+      for (int kk = 0; kk < 8; ++kk)
+        wgmma_rs<64>(accO, aS[kk], wgmma_desc_sw128(st + rw::QG + (kk >> 2) * 8192 + (kk & 3) * 32), kk > 0);
+    }
+    wgmma_commit();
+    wgmma_wait<0>();
+    wgmma_fence_regs(accU);
+    if constexpr (FUSE) wgmma_fence_regs(accO);
+    uint32_t aU[4][4];  // bf16 U'^T = -accU as the A operand, k slices of 16 j
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk)
+#pragma unroll
+      for (int m = 0; m < 4; ++m) aU[kk][m] = pack2(accU[8 * kk + 2 * m], accU[8 * kk + 2 * m + 1]) ^ 0x80008000u;
+    if constexpr (STORE) {  // Ug [.., V][BT]: row y0 + y holds U'[.][y0 + y]
+#pragma unroll
+      for (int jj = 0; jj < 8; ++jj)
+#pragma unroll
+        for (int hf = 0; hf < 2; ++hf) {
+          const int y = 16 * w + gq + 8 * hf, j = 8 * jj + 2 * tq;
+          *reinterpret_cast<uint32_t*>(Ug + (gh * V + y0 + y) * BT + j) = aU[jj >> 1][2 * (jj & 1) + hf];
+        }
+    }
+    const float* gl = reinterpret_cast<const float*>(rw_smem + (st - sb + rw::GL));
+#pragma unroll
+    for (int j = 0; j < 16; ++j) {
+      const float2 d = *reinterpret_cast<const float2*>(gl + 8 * j + 2 * tq);
+      accS[4 * j] *= d.x, accS[4 * j + 1] *= d.y, accS[4 * j + 2] *= d.x, accS[4 * j + 3] *= d.y;
+    }
+    wgmma_fence_regs(accS);
+    wgmma_fence();
+    if constexpr (FUSE) {
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk) wgmma_rs<64>(accO, aU[kk], wgmma_desc_sw128(st + rw::AQK + kk * 32), 1);
+    }
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk)
+      wgmma_rs_tb<128>(accS, aU[kk], wgmma_desc_nmajor_sw128(st + rw::KD + kk * 16 * 128, 8192), 1);
+    wgmma_commit();
+    wgmma_wait<0>();
+    wgmma_fence_regs(accS);
+    if constexpr (FUSE) wgmma_fence_regs(accO);
+    __syncwarp();
+    if (lane == 0) mbar_arrive(empty(s));  // this warp is done with the stage
+    if constexpr (FUSE) {
+#pragma unroll
+      for (int jj = 0; jj < 8; ++jj)
+#pragma unroll
+        for (int q = 0; q < 4; ++q)
+          *reinterpret_cast<bf16*>(ost + owr + (8 * jj + (q & 1)) * rw::OST + 16 * (q >> 1)) =
+              __float2bfloat16(accO[4 * jj + q]);
+      __syncwarp();
+      const int C = min(64, T - c * 64);
+      bf16* const oc = o_thread + int64_t(c) * 64 * orow;
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        const int i = (lane >> 1) + 16 * k;
+        const uint4 v = *reinterpret_cast<const uint4*>(ost + i * rw::OST + 16 * (lane & 1));
+        if (i < C) *reinterpret_cast<uint4*>(oc + int64_t(16 * k) * orow) = v;
+      }
+      __syncwarp();  // the tile is rewritten next chunk
+    }
+  }
+  if (p.ht)
+#pragma unroll
+    for (int j = 0; j < 16; ++j)
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        const int y = 16 * w + gq + 8 * (q >> 1), x = 8 * j + 2 * tq + (q & 1);
+        p.ht[soff + size_t(x) * V + y0 + y] = accS[4 * j + q];
+      }
+}
+
 template <int K>
 constexpr size_t out_smem_bytes() {
   return (size_t(BT) * (K + 8) + size_t(K) * (K + 8) + size_t(BT) * AP + size_t(K) * AP) * 2;
@@ -890,6 +1103,32 @@ void launch_rec(const LaPrefill& p, const Ws4& w, bool trans_A, bool out, bool f
   CUDA_CHECK_LAUNCH();
 }
 
+
+// fuse_out: outputs in the loop; store: the per-chunk states and U' for mma_out_kernel instead.
+void launch_rec_wgmma(const LaPrefill& p, const Ws4& w, bool trans_A, bool fuse_out, bool store, cudaStream_t stream) {
+  const PFN_cuTensorMapEncodeTiled_v12000 enc = tensor_map_encoder();
+  DZ_CHECK(enc, "linear attention (wgmma recurrence): the driver has no cuTensorMapEncodeTiled");
+  const size_t G = size_t((p.T_total + BT - 1) / BT + p.N);
+  const size_t rows = G * size_t(p.HV) * rw::kRows;
+  DZ_CHECK(rows < (size_t(1) << 31), "linear attention (wgmma recurrence): ", rows, " record rows");
+  rw::Maps maps;
+  const cuuint64_t dims[3] = {64, 2, cuuint64_t(rows)};
+  const cuuint64_t strides[2] = {128, 256};
+  const cuuint32_t estr[3] = {1, 1, 1};
+  const cuuint32_t box_rows[3] = {64, 1, 64}, box_aqk[3] = {64, 2, 32};
+  for (int m = 0; m < 2; ++m)
+    DZ_CHECK(enc(m ? &maps.aqk : &maps.rows, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, w.records, dims, strides,
+                 m ? box_aqk : box_rows, estr, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                 CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS,
+             "linear attention (wgmma recurrence): tensor map of the records");
+  const auto kern = fuse_out ? rec_wgmma_kernel<true, false> : (store ? rec_wgmma_kernel<false, true>
+                                                                      : rec_wgmma_kernel<false, false>);
+  CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, int(rw::kSmem)));
+  kern<<<dim3(unsigned(p.HV * 2), unsigned(p.N)), rw::kThreads, rw::kSmem, stream>>>(maps, p, w.base, w.gls, w.Sg,
+                                                                                      w.Ug, trans_A);
+  CUDA_CHECK_LAUNCH();
+}
+
 template <int K>
 void launch_out(const LaPrefill& p, size_t G, const Ws4& w, cudaStream_t stream) {
   constexpr size_t smem = out_smem_bytes<K>();
@@ -922,18 +1161,15 @@ void mma_prefill(const ChunkArgs& a, int bv, unsigned stages, cudaStream_t strea
     }
   }
   const bool out = a.write_o && p.o && p.T_total > 0;
-  const bool fuse = fuse_outputs(p.fused_output, p.HV * p.N * (p.K / std::max(bv, 16)));
+  // K = 128: the wgmma recurrence, its outputs fused unless p.fused_output == 0 (H100, T=64K, KDA H=8:
+  // 1.25 ms fused, 1.73 with the later pass; 1.25 at H=32 too, the step's latency the whole cost).
+  const bool fuse =
+      p.K == 128 ? p.fused_output != 0 : fuse_outputs(p.fused_output, p.HV * p.N * (p.K / std::max(bv, 16)));
   if (stages & kRecur) {
-    if (p.K == 64) {
-      if (bv == 16) launch_rec<64, 16>(p, w, a.trans_A, out, fuse, stream);
-      else if (bv == 32) launch_rec<64, 32>(p, w, a.trans_A, out, fuse, stream);
-      else launch_rec<64, 64>(p, w, a.trans_A, out, fuse, stream);
-    } else {
-      if (bv == 16) launch_rec<128, 16>(p, w, a.trans_A, out, fuse, stream);
-      else if (bv == 32) launch_rec<128, 32>(p, w, a.trans_A, out, fuse, stream);
-      else if (bv == 64) launch_rec<128, 64>(p, w, a.trans_A, out, fuse, stream);
-      else launch_rec<128, 128>(p, w, a.trans_A, out, fuse, stream);
-    }
+    if (p.K == 128) launch_rec_wgmma(p, w, a.trans_A, out && fuse, out && !fuse, stream);
+    else if (bv == 16) launch_rec<64, 16>(p, w, a.trans_A, out, fuse, stream);
+    else if (bv == 32) launch_rec<64, 32>(p, w, a.trans_A, out, fuse, stream);
+    else launch_rec<64, 64>(p, w, a.trans_A, out, fuse, stream);
   }
   if ((stages & kOutput) && out && !fuse)
     p.K == 64 ? launch_out<64>(p, G, w, stream) : launch_out<128>(p, G, w, stream);

@@ -9,9 +9,10 @@
 #                                              DZ_BENCH_FLA=1), tests/mpi/ep_equal.sh on cuda (~3 min
 #                                              for its 35 layouts), then the crash scripts on cuda
 #                                              (~4 min) in the time left
-#   DZ_COMMIT=<hash> bash scripts/device-queue.sh tests
+#   DZ_COMMIT=<hash> [DZ_SPEC=<Catch spec>] [DZ_FAMILIES="<fam> ..."] bash scripts/device-queue.sh tests
 #                                              the GPU tests (Catch binary, then the CLI part in what is
-#                                              left; builds what is missing)
+#                                              left; builds what is missing), or only the cases DZ_SPEC
+#                                              and the CLI runs of the families DZ_FAMILIES
 #   DZ_COMMIT=<hash> DZ_PATCH=<file> DZ_HARNESS=<script> [DZ_SPEC=<Catch spec>] [DZ_FAMILIES="<fam> ..."] \
 #     bash scripts/device-queue.sh patch
 #                                              a queued patch (kernels/dev/queued/<name>.patch): its
@@ -138,7 +139,7 @@ case ${1:?stage: benches, tests, patch or e2e-glm} in
     ;;
   tests)
     export DZ_COMMIT=${DZ_COMMIT:?}
-    gpu_tests "$O/logs"
+    gpu_tests "$O/logs" "${DZ_SPEC:-}" "${DZ_FAMILIES:-}"
     ;;
   patch)
     export DZ_COMMIT=${DZ_COMMIT:?}
