@@ -105,9 +105,16 @@ void Backend::la_scan_states_slots(const LaScanArgs& a, const DTensor& pool, con
   }
 }
 
+DTensor Backend::allgather_rows(const Collectives* comm, const DTensor& mine, const std::vector<int64_t>& rows_of) {
+  return allgather_rows_start(comm, mine, rows_of)->wait();
+}
+
 std::unique_ptr<PendingRows> Backend::allgather_rows_start(const Collectives* comm, const DTensor& mine,
                                                            const std::vector<int64_t>& rows_of) {
-  return std::make_unique<ReadyRows>(allgather_rows(comm, mine, rows_of));
+  const int n = comm ? comm->size() : 1;
+  const int64_t total = check_gather_rows(n, n > 1 ? comm->rank() : 0, mine, rows_of);
+  if (n == 1) return std::make_unique<ReadyRows>(copy_of_rows(mine));
+  return start_allgather_rows(*comm, mine, rows_of, total);
 }
 
 int64_t Backend::check_gather_rows(int group_size, int rank, const DTensor& mine, const std::vector<int64_t>& rows_of) {
@@ -123,10 +130,19 @@ int64_t Backend::check_gather_rows(int group_size, int rank, const DTensor& mine
   return total;
 }
 
+DTensor Backend::alltoall_rows(const Collectives* comm, const DTensor& send, const std::vector<int64_t>& send_rows,
+                               const std::vector<int64_t>& recv_rows) {
+  return alltoall_rows_start(comm, send, send_rows, recv_rows)->wait();
+}
+
 std::unique_ptr<PendingRows> Backend::alltoall_rows_start(const Collectives* comm, const DTensor& send,
                                                           const std::vector<int64_t>& send_rows,
                                                           const std::vector<int64_t>& recv_rows) {
-  return std::make_unique<ReadyRows>(alltoall_rows(comm, send, send_rows, recv_rows));
+  const int n = comm ? comm->size() : 1;
+  const int64_t total = check_alltoall_rows(n, send, send_rows, recv_rows);
+  if (n > 1) return start_alltoall_rows(*comm, send, send_rows, recv_rows, total);
+  DZ_CHECK(total == send.rows(), "alltoall_rows: a group of one receives what it sends");
+  return std::make_unique<ReadyRows>(copy_of_rows(send));
 }
 
 DTensor Backend::copy_of_rows(const DTensor& src) {

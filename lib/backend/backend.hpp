@@ -242,39 +242,48 @@ class Backend {
   // Every rank's rows [rows_of[rank], W] of `mine` (dtype and W the same on every rank), concatenated
   // in rank order into a new [Σ rows_of, W] tensor on this backend; rows_of (one count per rank) is
   // known to every rank. nullptr or a group of one: a copy of mine. Bytes are moved: exact in every
-  // dtype (CPU: MPI on the buffer; CUDA: staged through host memory).
-  virtual DTensor allgather_rows(const Collectives* comm, const DTensor& mine, const std::vector<int64_t>& rows_of) = 0;
+  // dtype (CPU: MPI on the buffer; CUDA: staged through host memory). allgather_rows_start(...)->wait().
+  DTensor allgather_rows(const Collectives* comm, const DTensor& mine, const std::vector<int64_t>& rows_of);
   // allgather_rows started, not finished: this rank computes meanwhile and takes the rows with
   // wait(); `mine` must not change until then. Exchanges started on one group complete in the order
-  // every rank started them. This base gathers at once (allgather_rows: no overlap), which both
-  // backends use for a group of one; otherwise the CPU backend posts MPI_Iallgatherv on the buffers
-  // and the CUDA backend the same on host copies of them.
-  virtual std::unique_ptr<PendingRows> allgather_rows_start(const Collectives* comm, const DTensor& mine,
-                                                            const std::vector<int64_t>& rows_of);
+  // every rank started them. Checks the counts, serves nullptr and a group of one with a copy, and
+  // otherwise starts the backend's exchange (start_allgather_rows).
+  std::unique_ptr<PendingRows> allgather_rows_start(const Collectives* comm, const DTensor& mine,
+                                                    const std::vector<int64_t>& rows_of);
   // The checks of allgather_rows (every backend and transport): returns the gathered row count.
   static int64_t check_gather_rows(int group_size, int rank, const DTensor& mine, const std::vector<int64_t>& rows_of);
   // send [Σ send_rows, W]: its first send_rows[0] rows go to rank 0, the next send_rows[1] to rank 1,
   // ...; returns the rows every rank sent here, in rank order, [Σ recv_rows, W] (recv_rows[r]: the
   // count rank r sends here, known to this rank). Bytes are moved: exact in every dtype. nullptr or a
-  // group of one: a copy of send (send_rows == recv_rows).
-  virtual DTensor alltoall_rows(const Collectives* comm, const DTensor& send, const std::vector<int64_t>& send_rows,
-                                const std::vector<int64_t>& recv_rows) = 0;
+  // group of one: a copy of send (send_rows == recv_rows). alltoall_rows_start(...)->wait().
+  DTensor alltoall_rows(const Collectives* comm, const DTensor& send, const std::vector<int64_t>& send_rows,
+                        const std::vector<int64_t>& recv_rows);
   // alltoall_rows started, not finished (the expert-parallel dispatch, beside this rank's own
   // experts): wait() returns what alltoall_rows returns, once; send must not change until then.
-  // This base exchanges at once, which both backends use for a group of one; otherwise the CPU
-  // backend posts MPI_Ialltoallv on the buffers and the CUDA backend the same on host copies.
-  virtual std::unique_ptr<PendingRows> alltoall_rows_start(const Collectives* comm, const DTensor& send,
-                                                           const std::vector<int64_t>& send_rows,
-                                                           const std::vector<int64_t>& recv_rows);
-  // allgather_rows / alltoall_rows in a group of one (after their checks): a new [rows, W] copy of
-  // src through copy_rows.
-  DTensor copy_of_rows(const DTensor& src);
+  // Checks and serves groups of one as allgather_rows_start; otherwise start_alltoall_rows.
+  std::unique_ptr<PendingRows> alltoall_rows_start(const Collectives* comm, const DTensor& send,
+                                                   const std::vector<int64_t>& send_rows,
+                                                   const std::vector<int64_t>& recv_rows);
   // The checks of alltoall_rows: returns the received row count.
   static int64_t check_alltoall_rows(int group_size, const DTensor& send, const std::vector<int64_t>& send_rows,
                                      const std::vector<int64_t>& recv_rows);
   // Byte counts of row counts (rank order) for the Collectives' exchanges.
   static std::vector<size_t> row_bytes_of(const std::vector<int64_t>& rows, size_t row_bytes);
 
+ protected:
+  // allgather_rows / alltoall_rows in a group of one (after their checks): a new [rows, W] copy of
+  // src through copy_rows.
+  DTensor copy_of_rows(const DTensor& src);
+  // The started exchanges over a group of at least two, after the public forms' checks (`total`: the
+  // rows this rank receives). CPU: MPI_Iallgatherv / MPI_Ialltoallv on the buffers; CUDA: the same on
+  // host copies, the rows going up at wait().
+  virtual std::unique_ptr<PendingRows> start_allgather_rows(const Collectives& comm, const DTensor& mine,
+                                                            const std::vector<int64_t>& rows_of, int64_t total) = 0;
+  virtual std::unique_ptr<PendingRows> start_alltoall_rows(const Collectives& comm, const DTensor& send,
+                                                           const std::vector<int64_t>& send_rows,
+                                                           const std::vector<int64_t>& recv_rows, int64_t total) = 0;
+
+ public:
   // ---- ops ----
   // out [T, D] F32 = table[ids[t], :]; ids [T] I32 on this device (validated by the caller).
   virtual void embed(const DTensor& table, const DTensor& ids, const DTensor& out) = 0;

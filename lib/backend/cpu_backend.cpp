@@ -136,47 +136,24 @@ class CpuBackend final : public Backend {
   void allreduce_sum(const Collectives* comm, const DTensor& t) override {
     if (comm && comm->size() > 1) comm->allreduce_sum(t.f32(), t.numel());
   }
-  // MPI on the buffers themselves (allgather_rows_start, waited at once); a group of one: a copy.
-  DTensor allgather_rows(const Collectives* comm, const DTensor& mine, const std::vector<int64_t>& rows_of) override {
-    const int n = comm ? comm->size() : 1;
-    if (n > 1) return allgather_rows_start(comm, mine, rows_of)->wait();
-    check_gather_rows(n, 0, mine, rows_of);
-    return copy_of_rows(mine);
-  }
-  // MPI on the buffers themselves (alltoall_rows_start, waited at once); a group of one: a copy.
-  DTensor alltoall_rows(const Collectives* comm, const DTensor& send, const std::vector<int64_t>& send_rows,
-                        const std::vector<int64_t>& recv_rows) override {
-    const int n = comm ? comm->size() : 1;
-    if (n > 1) return alltoall_rows_start(comm, send, send_rows, recv_rows)->wait();
-    DZ_CHECK(check_alltoall_rows(n, send, send_rows, recv_rows) == send.rows(),
-             "alltoall_rows: a group of one receives what it sends");
-    return copy_of_rows(send);
-  }
-  std::unique_ptr<PendingRows> alltoall_rows_start(const Collectives* comm, const DTensor& send,
+  // MPI on the buffers themselves.
+  std::unique_ptr<PendingRows> start_alltoall_rows(const Collectives& comm, const DTensor& send,
                                                    const std::vector<int64_t>& send_rows,
-                                                   const std::vector<int64_t>& recv_rows) override {
-    const int n = comm ? comm->size() : 1;
-    if (n == 1) return Backend::alltoall_rows_start(comm, send, send_rows, recv_rows);
-    const int64_t total = check_alltoall_rows(n, send, send_rows, recv_rows);
+                                                   const std::vector<int64_t>& recv_rows, int64_t total) override {
     const size_t row = size_t(send.cols()) * dtype_size(send.dtype);
     auto p = std::make_unique<HeldRows>();
     p->in = send;
     p->out = alloc({total, send.cols()}, send.dtype);
-    p->req = comm->ialltoallv_into(send.data, row_bytes_of(send_rows, row), p->out.data, row_bytes_of(recv_rows, row));
+    p->req = comm.ialltoallv_into(send.data, row_bytes_of(send_rows, row), p->out.data, row_bytes_of(recv_rows, row));
     return p;
   }
-
-  std::unique_ptr<PendingRows> allgather_rows_start(const Collectives* comm, const DTensor& mine,
-                                                    const std::vector<int64_t>& rows_of) override {
-    const int n = comm ? comm->size() : 1;
-    if (n == 1) return Backend::allgather_rows_start(comm, mine, rows_of);
-    const int64_t total = check_gather_rows(n, comm->rank(), mine, rows_of), W = mine.cols();
-    DTensor out = alloc({total, W}, mine.dtype);
-    const std::vector<size_t> counts = row_bytes_of(rows_of, size_t(W) * dtype_size(mine.dtype));
+  std::unique_ptr<PendingRows> start_allgather_rows(const Collectives& comm, const DTensor& mine,
+                                                    const std::vector<int64_t>& rows_of, int64_t total) override {
+    const int64_t W = mine.cols();
     auto p = std::make_unique<HeldRows>();
     p->in = mine;
-    p->out = out;
-    p->req = comm->iallgatherv_into(mine.data, out.data, counts);
+    p->out = alloc({total, W}, mine.dtype);
+    p->req = comm.iallgatherv_into(mine.data, p->out.data, row_bytes_of(rows_of, size_t(W) * dtype_size(mine.dtype)));
     return p;
   }
 

@@ -57,12 +57,14 @@ class CountingBackend final : public Backend {
   }
   void sync() override { be.sync(); }
   void allreduce_sum(const Collectives* comm, const DTensor& t) override { be.allreduce_sum(comm, t); }
-  DTensor allgather_rows(const Collectives* comm, const DTensor& mine, const std::vector<int64_t>& rows_of) override {
-    return be.allgather_rows(comm, mine, rows_of);
+  std::unique_ptr<PendingRows> start_allgather_rows(const Collectives& comm, const DTensor& mine,
+                                                    const std::vector<int64_t>& rows_of, int64_t) override {
+    return be.allgather_rows_start(&comm, mine, rows_of);
   }
-  DTensor alltoall_rows(const Collectives* comm, const DTensor& send, const std::vector<int64_t>& send_rows,
-                        const std::vector<int64_t>& recv_rows) override {
-    return be.alltoall_rows(comm, send, send_rows, recv_rows);
+  std::unique_ptr<PendingRows> start_alltoall_rows(const Collectives& comm, const DTensor& send,
+                                                   const std::vector<int64_t>& send_rows,
+                                                   const std::vector<int64_t>& recv_rows, int64_t) override {
+    return be.alltoall_rows_start(&comm, send, send_rows, recv_rows);
   }
   void embed(const DTensor& table, const DTensor& ids, const DTensor& out) override { be.embed(table, ids, out); }
   void rmsnorm(const DTensor& x, const DTensor& w, const DTensor& y, float eps, bool zc) override {

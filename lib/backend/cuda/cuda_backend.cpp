@@ -302,45 +302,23 @@ class CudaBackend final : public Backend {
     if (t.dtype != DType::F32) cuda::convert(f.data, Dt::F32, t.data, dt_of(t), n, st());
     host_wait();  // the pinned buffer is reused by the next call
   }
-  // Staged through host memory (allgather_rows_start, waited at once); a group of one: a copy.
-  DTensor allgather_rows(const Collectives* comm, const DTensor& mine, const std::vector<int64_t>& rows_of) override {
-    const int n = comm ? comm->size() : 1;
-    if (n > 1) return allgather_rows_start(comm, mine, rows_of)->wait();
-    check_gather_rows(n, 0, mine, rows_of);
-    return copy_of_rows(mine);
-  }
-  // Staged and started: mine goes to the host now (after the kernels that make it), MPI_Iallgatherv
-  // runs while the caller queues more kernels, the rows go up at wait() (which then waits for the
-  // device: the host buffer goes with the pending). The GPU computes while the host exchanges.
-  std::unique_ptr<PendingRows> allgather_rows_start(const Collectives* comm, const DTensor& mine,
-                                                    const std::vector<int64_t>& rows_of) override {
-    const int n = comm ? comm->size() : 1;
-    if (n == 1) return Backend::allgather_rows_start(comm, mine, rows_of);
-    const int64_t total = check_gather_rows(n, comm->rank(), mine, rows_of), W = mine.cols();
+  // Staged and started: the rows go to the host now (after the kernels that make them), MPI runs
+  // while the caller queues more kernels, the rows go up at wait() (which then waits for the device:
+  // the host buffers go with the pending). The GPU computes while the host exchanges: the EP
+  // dispatch's MPI_Ialltoallv beside this rank's own experts, the CP gathers beside the mixers.
+  std::unique_ptr<PendingRows> start_allgather_rows(const Collectives& comm, const DTensor& mine,
+                                                    const std::vector<int64_t>& rows_of, int64_t total) override {
+    const int64_t W = mine.cols();
     auto p = staged(mine, {total, W});
-    p->req = comm->iallgatherv_into(p->send.data(), p->recv.data(), row_bytes_of(rows_of, size_t(W) * dtype_size(mine.dtype)));
+    p->req = comm.iallgatherv_into(p->send.data(), p->recv.data(), row_bytes_of(rows_of, size_t(W) * dtype_size(mine.dtype)));
     return p;
   }
-  // Staged through host memory (alltoall_rows_start, waited at once); a group of one: a copy.
-  DTensor alltoall_rows(const Collectives* comm, const DTensor& send, const std::vector<int64_t>& send_rows,
-                        const std::vector<int64_t>& recv_rows) override {
-    const int n = comm ? comm->size() : 1;
-    if (n > 1) return alltoall_rows_start(comm, send, send_rows, recv_rows)->wait();
-    DZ_CHECK(check_alltoall_rows(n, send, send_rows, recv_rows) == send.rows(),
-             "alltoall_rows: a group of one receives what it sends");
-    return copy_of_rows(send);
-  }
-  // Staged and started as allgather_rows_start: the EP dispatch's MPI_Ialltoallv runs on the host
-  // while this rank's own experts run on the GPU.
-  std::unique_ptr<PendingRows> alltoall_rows_start(const Collectives* comm, const DTensor& send,
+  std::unique_ptr<PendingRows> start_alltoall_rows(const Collectives& comm, const DTensor& send,
                                                    const std::vector<int64_t>& send_rows,
-                                                   const std::vector<int64_t>& recv_rows) override {
-    const int n = comm ? comm->size() : 1;
-    if (n == 1) return Backend::alltoall_rows_start(comm, send, send_rows, recv_rows);
-    const int64_t total = check_alltoall_rows(n, send, send_rows, recv_rows), W = send.cols();
-    auto p = staged(send, {total, W});
-    const size_t row = size_t(W) * dtype_size(send.dtype);
-    p->req = comm->ialltoallv_into(p->send.data(), row_bytes_of(send_rows, row), p->recv.data(), row_bytes_of(recv_rows, row));
+                                                   const std::vector<int64_t>& recv_rows, int64_t total) override {
+    auto p = staged(send, {total, send.cols()});
+    const size_t row = size_t(send.cols()) * dtype_size(send.dtype);
+    p->req = comm.ialltoallv_into(p->send.data(), row_bytes_of(send_rows, row), p->recv.data(), row_bytes_of(recv_rows, row));
     return p;
   }
 
