@@ -6,8 +6,8 @@
 # speed of light, occupancy, warp states, and the stall samples per CUDA source line, summarised; the raw
 # reports stay under $OUT.   bash kernels/dev/linear_attn/profile.sh
 # LA_PROF_KERNEL / LA_PROF_SKIP: another kernel and how many of its launches to skip first, e.g. the
-# recurrence at production's H = 32 instance (BV = 32, outputs fused; the bench's 9th launch of it):
-#   LA_PROF_KERNEL=mma_rec_kernel LA_PROF_SKIP=8 bash kernels/dev/linear_attn/profile.sh
+# wgmma recurrence at H = 32, outputs fused (the bench's first launch of it):
+#   LA_PROF_KERNEL=rec_wgmma_kernel bash kernels/dev/linear_attn/profile.sh
 O=${OUT:-/tmp/la_prof}
 B=${BUILD_DIR:-/tmp/la_build}
 mkdir -p "$O"
