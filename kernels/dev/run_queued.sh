@@ -14,9 +14,10 @@
 #          T = 8192 (rows_*.txt)
 #   laprof: kernels/dev/linear_attn/profile.sh: ncu of the KDA prep kernel (mma_prep_kernel) with its
 #          stall samples per source line (the next step on KDA: docs/perf/README.md, eighth session)
-#   laab:  kernels/dev/linear_attn/ab.sh with the patch file LA_PATCH (none queued; the prep's block
-#          inverse, its last one, landed 2026-12-06): production's prefill and the patched one in
-#          the dev harness, each tested against the CPU reference, benched twice alternately
+#   laab:  kernels/dev/linear_attn/ab.sh with the patch file LA_PATCH (queued: kernels/dev/queued/
+#          la_prep_ex2.patch and la_rec_wgmma_pipe.patch, twenty-first session): production's prefill
+#          and the patched one in the dev harness, each tested against the CPU reference, benched
+#          twice alternately
 #   conv:  kernels/dev/short_conv/run.sh: short-conv prefill variants (more bytes in flight: deeper
 #          register prefetch, cp.async row blocks in shared memory) bitwise against production, then
 #          timed at GLM-5.3-Flash's q|k|v shape (production: ~1.75 TB/s, 0.46 ms a call at 482a8d3)
