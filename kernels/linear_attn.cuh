@@ -56,8 +56,9 @@ size_t la_prefill_workspace_bytes(int64_t T_total, int N, int HV, int K, int V);
 
 // Chunked (WY / UT) prefill on tensor cores (linear_attn_mma.cu), chunk 64: the key side of all
 // chunks in parallel, then one CTA per (sequence, value head, block of state columns) sequential
-// over chunks (wgmma at K = 128, mma.sync at K = 64), the outputs inside that recurrence or in a parallel pass after it. K = V = 64 or
-// 128. The tuning comes from p (see above). Earlier fp32 versions: kernels/dev/linear_attn/.
+// over chunks (wgmma at K = 128, mma.sync at K = 64), the outputs inside that recurrence or in a
+// parallel pass after it. K = V = 64 or 128. The tuning comes from p (see above). Earlier fp32
+// versions: kernels/dev/linear_attn/.
 void la_chunk_prefill(const LaPrefill& p, cudaStream_t stream);
 
 // ---- Segment transitions and the ordered merge (DESIGN §4 stage 1 and 2) ----
