@@ -97,9 +97,7 @@ std::string bench_indexer(bool mx) {
     const int64_t half = std::max<int64_t>(1, (int64_t(1) << 27) / T), whole = std::min<int64_t>(T, 2 * half);
     uint32_t* hist = use_hist ? benchrand::alloc<uint32_t>(size_t(2 * half) * 512) : nullptr;
     TopkSide side;
-    CUDA_CHECK(cudaStreamCreateWithFlags(&side.stream, cudaStreamNonBlocking));
-    for (cudaEvent_t* e : {&side.scored[0], &side.scored[1], &side.freed[0], &side.freed[1]})
-      CUDA_CHECK(cudaEventCreateWithFlags(e, cudaEventDisableTiming));
+    side.create();
     ms_wg = median_ms(
         [&] {
           indexer_topk_wgmma(q, w, k, T, T, 0, H, D, pos, K, sel, half, scores, hist, nullptr,
@@ -108,8 +106,6 @@ std::string bench_indexer(bool mx) {
         5);
     ms_wg_serial = median_ms(
         [&] { indexer_topk_wgmma(q, w, k, T, T, 0, H, D, pos, K, sel, whole, scores, hist, nullptr); }, 5);
-    for (cudaEvent_t e : {side.scored[0], side.scored[1], side.freed[0], side.freed[1]}) cudaEventDestroy(e);
-    cudaStreamDestroy(side.stream);
     if (hist) CUDA_CHECK(cudaFree(hist));
     ms_wg_sc = median_ms([&] { indexer_scores_wgmma(q, w, k, T, 0, H, D, T, scores, T, nullptr); }, 3);
   }

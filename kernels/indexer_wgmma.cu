@@ -90,7 +90,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       mbar_init(full(s), 1);
       mbar_init(empty(s), 8);  // one arrival per consumer warp
     }
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    mbar_init_fence();
   }
   __syncthreads();
 
@@ -353,6 +353,19 @@ void indexer_scores_wgmma(const bf16* q, const float* w, const bf16* keys, int64
   }
   DZ_IDXW(128, 64) DZ_IDXW(128, 32) DZ_IDXW(128, 16) DZ_IDXW(64, 64) DZ_IDXW(64, 32) DZ_IDXW(64, 16)
 #undef DZ_IDXW
+}
+
+TopkSide::~TopkSide() {
+  for (cudaEvent_t e : {scored[0], scored[1], freed[0], freed[1]})
+    if (e) cudaEventDestroy(e);
+  if (stream) cudaStreamDestroy(stream);
+}
+
+void TopkSide::create() {
+  if (stream) return;
+  CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  for (cudaEvent_t* e : {&scored[0], &scored[1], &freed[0], &freed[1]})
+    CUDA_CHECK(cudaEventCreateWithFlags(e, cudaEventDisableTiming));
 }
 
 void indexer_topk_wgmma(const bf16* q, const float* w, const bf16* keys, int64_t S, int64_t T, int64_t pos0, int H,

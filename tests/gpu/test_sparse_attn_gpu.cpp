@@ -502,9 +502,7 @@ TEST_CASE("gpu sparse-attn: the indexer's Top-K on a second stream selects what 
     cudaStream_t main_st;
     CUDA_CHECK(cudaStreamCreateWithFlags(&main_st, cudaStreamNonBlocking));
     dz::cuda::TopkSide side;
-    CUDA_CHECK(cudaStreamCreateWithFlags(&side.stream, cudaStreamNonBlocking));
-    for (cudaEvent_t* e : {&side.scored[0], &side.scored[1], &side.freed[0], &side.freed[1]})
-      CUDA_CHECK(cudaEventCreateWithFlags(e, cudaEventDisableTiming));
+    side.create();
     uint32_t* hp = hist ? dh.p : nullptr;
     dz::cuda::indexer_topk_wgmma(dq.p, dw.p, dk.p, S, c.T, c.pos0, c.H, c.D, dpos.p, c.K, serial.p, block, scratch.p,
                                  hp, main_st);
@@ -525,8 +523,6 @@ TEST_CASE("gpu sparse-attn: the indexer's Top-K on a second stream selects what 
         ok &= valid ? (v >= 0 && v <= c.pos0 + t && (j == 0 || v > g[size_t(t * c.K + j - 1)])) : v == -1;
       }
     CHECK(ok);
-    for (cudaEvent_t e : {side.scored[0], side.scored[1], side.freed[0], side.freed[1]}) cudaEventDestroy(e);
-    cudaStreamDestroy(side.stream);
     cudaStreamDestroy(main_st);
   }
 }

@@ -137,9 +137,6 @@ class CudaBackend final : public Backend {
     for (auto& e : ring_done_)
       if (e) cudaEventDestroy(e);
     if (pinned_) cudaFreeHost(pinned_);
-    for (cudaEvent_t e : {side_.scored[0], side_.scored[1], side_.freed[0], side_.freed[1]})
-      if (e) cudaEventDestroy(e);
-    if (side_.stream) cudaStreamDestroy(side_.stream);  // joined into stream_ by each indexer_topk
     for (auto& kv : fp8_plans_) kv.second.destroy();
     if (lt_) cublasLtDestroy(lt_);
     if (blas_) cublasDestroy(blas_);
@@ -1487,7 +1484,7 @@ class CudaBackend final : public Backend {
   int64_t mx_kept_ = 0;  // MXFP4 expert stacks kept 4-bit
   int32_t* route_bad_ = nullptr;       // [1] device: set by moe_select on a non-finite score
   int32_t* route_bad_host_ = nullptr;  // [1] pinned: its copy at each host_wait
-  cuda::TopkSide side_;                // indexer_topk's second stream (made at its first use)
+  cuda::TopkSide side_;  // indexer_topk's second stream (made at its first use; joined into stream_ by each call)
 
   // An exchange staged through host memory (allgather_rows_start, alltoall_rows_start): wait()
   // completes the MPI request, uploads what arrived and waits for the device (recv goes with
@@ -1523,11 +1520,7 @@ class CudaBackend final : public Backend {
   }
 
   const cuda::TopkSide& topk_side() {
-    if (!side_.stream) {
-      CUDA_CHECK(cudaStreamCreateWithFlags(&side_.stream, cudaStreamNonBlocking));
-      for (cudaEvent_t* e : {&side_.scored[0], &side_.scored[1], &side_.freed[0], &side_.freed[1]})
-        CUDA_CHECK(cudaEventCreateWithFlags(e, cudaEventDisableTiming));
-    }
+    side_.create();
     return side_;
   }
 };
