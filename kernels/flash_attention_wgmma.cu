@@ -111,7 +111,7 @@ __global__ void __launch_bounds__(kThreads, 1) fa_wgmma_kernel(const __grid_cons
       mbar_init(emptyK(s), 8);  // one arrival per consumer warp
       mbar_init(emptyV(s), 8);
     }
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    mbar_init_fence();
   }
   __syncthreads();
 

@@ -837,7 +837,7 @@ __global__ void __launch_bounds__(rw::kThreads, 1) rec_wgmma_kernel(const __grid
   auto stage = [&](int s) { return s0 + s * rw::STAGE; };
   if (tid == 0) {
     for (int s = 0; s < rw::kStages; ++s) mbar_init(full(s), 1), mbar_init(empty(s), 4);
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    mbar_init_fence();
   }
   __syncthreads();
 

@@ -534,7 +534,7 @@ __global__ void __launch_bounds__(kThreadsWs, 1) k_moe_gemm_ws(const __grid_cons
       mbar_init(full(s), a_thr ? 128u : 1u);  // thread 0's expect_tx (+ the other producer threads)
       mbar_init(empty(s), 8);                 // one arrival per consumer warp
     }
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    mbar_init_fence();
   }
   __syncthreads();
 
@@ -801,7 +801,7 @@ __global__ void __launch_bounds__(kThreadsWs, 1) k_moe_gemm_swab(const __grid_co
       mbar_init(full(s), a_thr ? 128u : 1u);  // thread 0's expect_tx (+ the other producer threads)
       mbar_init(empty(s), 8);                 // one arrival per consumer warp
     }
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    mbar_init_fence();
   }
   __syncthreads();
 

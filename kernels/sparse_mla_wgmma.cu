@@ -132,7 +132,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       mbar_init(empty(b, 0), 4);  // one arrival per consumer warp
       mbar_init(empty(b, 1), 4);
     }
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    mbar_init_fence();
   }
   // With a selection, the blocks after the last valid entry (idx in [0, p]) are skipped: a block of
   // masked entries leaves m, l and O as they are, so the outputs are those of the whole loop. The
