@@ -812,11 +812,6 @@ constexpr size_t kSmem = 1024 + size_t(kStages) * STAGE + 4 * 64 * OST + 64;
 struct Maps {
   CUtensorMap rows, aqk;  // records as [rows of 256 bytes][2 halves][64]: boxes 64 x 1 x 64 / 64 x 2 x 32
 };
-__device__ __forceinline__ void bulk_g2s(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
-  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
-               "l"(src), "r"(bytes), "r"(bar)
-               : "memory");
-}
 }  // namespace rw
 
 template <bool FUSE, bool STORE>
@@ -859,7 +854,7 @@ __global__ void __launch_bounds__(rw::kThreads, 1) rec_wgmma_kernel(const __grid
         }
         if (!trans_A) tma_load_3d(st + rw::U, &maps.rows, 0, y0 >> 6, r0 + 128, full(s));
         if (FUSE) tma_load_3d(st + rw::AQK, &maps.aqk, 0, 0, r0 + 256, full(s));
-        rw::bulk_g2s(st + rw::GL, gls + gh * K, 512, full(s));
+        bulk_g2s(st + rw::GL, gls + gh * K, 512, full(s));
       }
     }
     return;

@@ -52,6 +52,14 @@ __device__ __forceinline__ void tma_load_3d(uint32_t dst, const CUtensorMap* map
       : "memory");
 }
 
+// Plain bulk copy global -> shared of `bytes` (a multiple of 16, both addresses 16-byte aligned),
+// completing on bar.
+__device__ __forceinline__ void bulk_g2s(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
+               "l"(src), "r"(bytes), "r"(bar)
+               : "memory");
+}
+
 // The driver's tensor-map encoder through the runtime; null if absent.
 inline PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
   void* fn = nullptr;
