@@ -7,7 +7,8 @@
 //        blocks on tensor cores with a reference row r between the blocks, so both factors
 //        e^(G_i - G_r) and e^(G_r - G_j) are <= 1; diagonal blocks exact per element (KDA) —,
 //        (I + L)^-1 in 16-row blocks (forward substitution, then 3xTF32 block products),
-//        W = Ainv (β k e^G) and U = Ainv (β v) on tensor cores; bf16 records.
+//        W = Ainv (β k e^G) and U = Ainv (β v) on tensor cores; bf16 records. G is kept in log2
+//        units, each factor one ex2.approx.ftz (H100, KDA H=32 T=64K: prep 3.75 -> 3.27 ms).
 //   rec  (value head, column block, sequence), sequential over chunks: S in fp32 accumulators;
 //        per chunk U' = U - W S and S = e^(G_last) S + Kdᵀ U', and o = (q e^G) S + Aqk U' in the
 //        same step (fused) or, from the bf16 state entering each chunk and U' it stores, in
@@ -155,6 +156,7 @@ __device__ __forceinline__ int seq_of(const int32_t* base, int N, int g) {
 }
 
 constexpr int NTP = 512;        // prep threads: 16 warps, two CTAs per SM (their phases overlap)
+constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kSpanMax = 80.f;  // diagonal blocks factor e^(G_i - G_j) through their middle row when
                                   // every channel decays by at most e^-80 across the 16 rows (no overflow)
 
@@ -177,16 +179,19 @@ __device__ __forceinline__ void unpack8(const uint4 u, float f[8]) {
 __device__ __forceinline__ uint4 pack8(const float f[8]) {
   return make_uint4(pack2(f[0], f[1]), pack2(f[2], f[3]), pack2(f[4], f[5]), pack2(f[6], f[7]));
 }
-__device__ __forceinline__ void ld8f(const float* p, float f[8]) {
-  const float4 a = *reinterpret_cast<const float4*>(p), b = *reinterpret_cast<const float4*>(p + 4);
-  f[0] = a.x, f[1] = a.y, f[2] = a.z, f[3] = a.w, f[4] = b.x, f[5] = b.y, f[6] = b.z, f[7] = b.w;
-}
 
+// log2 by the SFU, flushing denormals as ex2 (mma_sm80.cuh) does: one instruction each, where
+// __expf / __logf add a range test and two scalings for denormal results that do not matter here.
+__device__ __forceinline__ float lg2(float x) {
+  float y;
+  asm("lg2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
 // The gate with MUFU exp/log: softplus(z) = log(1 + e^z) to ~1e-7 absolute, e^z below -15 (where
 // 1 + e^z rounds to 1); the log-decay is then within 1e-7 of the CPU's log1pf form per step.
 __device__ __forceinline__ float gate_fast(float z, float a, float lower_bound) {
-  if (lower_bound < 0.f) return lower_bound / (1.f + __expf(-a * z));
-  const float sp = z > 20.f ? z : (z < -15.f ? __expf(z) : __logf(1.f + __expf(z)));
+  if (lower_bound < 0.f) return lower_bound / (1.f + ex2(-a * z * kLog2e));
+  const float sp = z > 20.f ? z : (z < -15.f ? ex2(z * kLog2e) : lg2(1.f + ex2(z * kLog2e)) * (1.f / kLog2e));
   return -a * sp;
 }
 
@@ -206,16 +211,21 @@ __global__ void __launch_bounds__(NTP, 2) mma_prep_kernel(const LaPrefill p, con
   extern __shared__ __align__(16) unsigned char sm4[];
   bf16* Kn = reinterpret_cast<bf16*>(sm4);             // [BT][KP] L2-normalised k; later v
   bf16* Qn = Kn + BT * KP;                             // [BT][KP] L2-normalised q * scale; later k e^G
-  float* Gc = reinterpret_cast<float*>(Qn + BT * KP);  // [BT][GS] cumulative log-decay in the chunk
+  float* Gc = reinterpret_cast<float*>(Qn + BT * KP);  // [BT][GS] cumulative log2-decay in the chunk
   float* L = Gc + BT * GS;                             // [BT][LS] beta_i k_i.k_j e^(G_i - G_j), j < i
   bf16* X = reinterpret_cast<bf16*>(L + BT * LS);      // [112][KP] pair operands; later (I+L)^-1 [BT][AP]
   __shared__ float betas[BT];
   __shared__ int wide[4];  // diagonal block whose decay span is too wide to factor: computed exactly
   bf16* rec = records + (size_t(g) * p.HV + h) * R::size;
-  auto G = [&](int i, int x) -> float { return Gc[i * GS + (KDA ? x : 0)]; };
+  // KDA's rows of Gc hold channels x0 .. x0 + 3 of each 8-channel slot at x0 / 2 and x0 + 4 .. x0 + 7
+  // at K / 2 + x0 / 2: a quarter-warp's 8 slots read 128 contiguous bytes (no bank conflict).
+  auto gp = [](int x) { return KDA ? ((x >> 3) << 2) + (x & 3) + (x & 4 ? K / 2 : 0) : 0; };
+  auto G = [&](int i, int x) -> float { return Gc[i * GS + gp(x)]; };
   auto G8 = [&](int i, int x0, float f[8]) {
     if (KDA) {
-      ld8f(Gc + i * GS + x0, f);
+      const float4 a = *reinterpret_cast<const float4*>(Gc + i * GS + x0 / 2),
+                   b = *reinterpret_cast<const float4*>(Gc + i * GS + K / 2 + x0 / 2);
+      f[0] = a.x, f[1] = a.y, f[2] = a.z, f[3] = a.w, f[4] = b.x, f[5] = b.y, f[6] = b.z, f[7] = b.w;
     } else {
 #pragma unroll
       for (int e = 0; e < 8; ++e) f[e] = Gc[i];
@@ -265,8 +275,8 @@ __global__ void __launch_bounds__(NTP, 2) mma_prep_kernel(const LaPrefill p, con
         unpack8(fr[s], ff);
 #pragma unroll
         for (int e = 0; e < 8; ++e) ff[e] = i < C ? gate_fast(ff[e] + db[e], aexp, lb) : 0.f;
-        *reinterpret_cast<float4*>(Gc + i * GS + x0) = make_float4(ff[0], ff[1], ff[2], ff[3]);
-        *reinterpret_cast<float4*>(Gc + i * GS + x0 + 4) = make_float4(ff[4], ff[5], ff[6], ff[7]);
+        *reinterpret_cast<float4*>(Gc + i * GS + x0 / 2) = make_float4(ff[0], ff[1], ff[2], ff[3]);
+        *reinterpret_cast<float4*>(Gc + i * GS + K / 2 + x0 / 2) = make_float4(ff[4], ff[5], ff[6], ff[7]);
       }
     }
     if (tid < BT) {
@@ -278,24 +288,24 @@ __global__ void __launch_bounds__(NTP, 2) mma_prep_kernel(const LaPrefill p, con
     }
   }
   __syncthreads();
-  if (warp < (4 * GS + 31) / 32) {  // cumulative sum per channel: 4 threads per channel, 16 rows each
-    const int x = tid >> 2, part = tid & 3;
-    const bool act = x < GS;
+  {  // cumulative sum per channel (position q of the row), 16 rows a thread; then to log2 units
+    const int q = tid % GS, part = tid / GS;  // a warp: 32 consecutive positions of one part
+    const bool act = part < 4;
     float v[16];
-#pragma unroll
-    for (int i = 0; i < 16; ++i) v[i] = act ? Gc[(16 * part + i) * GS + x] : 0.f;
-#pragma unroll
-    for (int i = 1; i < 16; ++i) v[i] += v[i - 1];
-    const int l0 = lane & ~3;
-    const float t0 = __shfl_sync(0xffffffffu, v[15], l0), t1 = __shfl_sync(0xffffffffu, v[15], l0 + 1),
-                t2 = __shfl_sync(0xffffffffu, v[15], l0 + 2);
-    const float off = part == 0 ? 0.f : (part == 1 ? t0 : (part == 2 ? t0 + t1 : (t0 + t1) + t2));
-#pragma unroll
-    for (int i = 0; i < 16; ++i) v[i] += off;
     if (act) {
 #pragma unroll
-      for (int i = 0; i < 16; ++i) Gc[(16 * part + i) * GS + x] = v[i];
+      for (int i = 0; i < 16; ++i) v[i] = Gc[(16 * part + i) * GS + q];
+#pragma unroll
+      for (int i = 1; i < 16; ++i) v[i] += v[i - 1];
+      L[part * GS + q] = v[15];  // the 16-row totals, in L's space (unused until the pair products)
       if (KDA && v[0] - v[15] > kSpanMax) wide[part] = 1;
+    }
+    __syncthreads();
+    if (act) {
+      float off = 0.f;
+      for (int pp = 0; pp < part; ++pp) off += L[pp * GS + q];
+#pragma unroll
+      for (int i = 0; i < 16; ++i) Gc[(16 * part + i) * GS + q] = (v[i] + off) * kLog2e;
     }
   }
   __syncthreads();
@@ -309,12 +319,12 @@ __global__ void __launch_bounds__(NTP, 2) mma_prep_kernel(const LaPrefill p, con
     unpack8(*reinterpret_cast<const uint4*>(Qn + i * KP + x0), a);
     unpack8(*reinterpret_cast<const uint4*>(Kn + i * KP + x0), b);
 #pragma unroll
-    for (int e = 0; e < 8; ++e) a[e] *= __expf(gi[e]), b[e] *= __expf(gl[e] - gi[e]);
+    for (int e = 0; e < 8; ++e) a[e] *= ex2(gi[e]), b[e] *= ex2(gl[e] - gi[e]);
     *reinterpret_cast<uint4*>(rec + R::Qg + i * K + x0) = pack8(a);
     *reinterpret_cast<uint4*>(rec + R::Kd + i * K + x0) = pack8(b);
     if (i == 0)
 #pragma unroll
-      for (int e = 0; e < 8; ++e) gls[(size_t(g) * p.HV + h) * K + x0 + e] = __expf(gl[e]);
+      for (int e = 0; e < 8; ++e) gls[(size_t(g) * p.HV + h) * K + x0 + e] = ex2(gl[e]);
   }
   // Aqk above the diagonal blocks: zeros (the inverse never reads L there).
   for (int e = tid; e < 6 * 32; e += NTP) {
@@ -355,7 +365,7 @@ __global__ void __launch_bounds__(NTP, 2) mma_prep_kernel(const LaPrefill p, con
           unpack8(*reinterpret_cast<const uint4*>(Qn + i * KP + x0), qf);
 #pragma unroll
           for (int e = 0; e < 8; ++e) {
-            const float d = __expf(gi[e] - gr[e]);
+            const float d = ex2(gi[e] - gr[e]);
             kf[e] *= d, qf[e] *= d;
           }
           *reinterpret_cast<uint4*>(Ka + (i - 16) * KP + x0) = pack8(kf);
@@ -365,7 +375,7 @@ __global__ void __launch_bounds__(NTP, 2) mma_prep_kernel(const LaPrefill p, con
           G8(j, x0, gi);
           unpack8(*reinterpret_cast<const uint4*>(Kn + j * KP + x0), kf);
 #pragma unroll
-          for (int e = 0; e < 8; ++e) kf[e] *= __expf(gr[e] - gi[e]);
+          for (int e = 0; e < 8; ++e) kf[e] *= ex2(gr[e] - gi[e]);
           *reinterpret_cast<uint4*>(Kb + jr * KP + x0) = pack8(kf);
         }
       }
@@ -397,7 +407,8 @@ __global__ void __launch_bounds__(NTP, 2) mma_prep_kernel(const LaPrefill p, con
         unpack8(*reinterpret_cast<const uint4*>(Qn + i * KP + x0), qf);
 #pragma unroll
         for (int e = 0; e < 8; ++e) {
-          const float d = __expf(fminf(gi[e] - gm[e], kSpanMax)), u = __expf(fminf(gm[e] - gi[e], kSpanMax));
+          const float d = ex2(fminf(gi[e] - gm[e], kSpanMax * kLog2e)),
+                      u = ex2(fminf(gm[e] - gi[e], kSpanMax * kLog2e));
           kb[e] = kf[e] * u, kf[e] *= d, qf[e] *= d;
         }
         *reinterpret_cast<uint4*>(Ad + row * KP + x0) = pack8(kf);
@@ -426,7 +437,7 @@ __global__ void __launch_bounds__(NTP, 2) mma_prep_kernel(const LaPrefill p, con
         if (!wide[b] || j > i) continue;
         float l = 0.f, aq = 0.f;
         for (int x = 0; x < K; ++x) {
-          const float kb = bf(Kn[j * KP + x]) * __expf(G(i, x) - G(j, x));
+          const float kb = bf(Kn[j * KP + x]) * ex2(G(i, x) - G(j, x));
           l += bf(Kn[i * KP + x]) * kb;
           aq += bf(Qn[i * KP + x]) * kb;
         }
@@ -455,7 +466,7 @@ __global__ void __launch_bounds__(NTP, 2) mma_prep_kernel(const LaPrefill p, con
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int ii = i + 8 * (e >> 1), jj = j + (e & 1);
-        c[e] *= jj <= ii ? __expf(Gc[ii] - Gc[jj]) : 0.f;
+        c[e] *= jj <= ii ? ex2(Gc[ii] - Gc[jj]) : 0.f;
       }
       store_pair(isq, c, i, j);
     }
@@ -469,7 +480,7 @@ __global__ void __launch_bounds__(NTP, 2) mma_prep_kernel(const LaPrefill p, con
     G8(i, x0, gi);
     unpack8(*reinterpret_cast<const uint4*>(Kn + i * KP + x0), kf);
 #pragma unroll
-    for (int e = 0; e < 8; ++e) kf[e] *= __expf(gi[e]);
+    for (int e = 0; e < 8; ++e) kf[e] *= ex2(gi[e]);
     *reinterpret_cast<uint4*>(Ke + i * KP + x0) = pack8(kf);
   }
   __syncthreads();

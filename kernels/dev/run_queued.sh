@@ -14,8 +14,8 @@
 #          T = 8192 (rows_*.txt)
 #   laprof: kernels/dev/linear_attn/profile.sh: ncu of the KDA prep kernel (mma_prep_kernel) with its
 #          stall samples per source line (the next step on KDA: docs/perf/README.md, eighth session)
-#   laab:  kernels/dev/linear_attn/ab.sh with the patch file LA_PATCH (queued: kernels/dev/queued/
-#          la_prep_ex2.patch and la_rec_wgmma_pipe.patch, twenty-first session): production's prefill
+#   laab:  kernels/dev/linear_attn/ab.sh with the patch file LA_PATCH (none queued; the last two ran in
+#          the twenty-second session, docs/cuda_linear_attention.md): production's prefill
 #          and the patched one in the dev harness, each tested against the CPU reference, benched
 #          twice alternately
 #   conv:  kernels/dev/short_conv/run.sh: short-conv prefill variants (more bytes in flight: deeper
