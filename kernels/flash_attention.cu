@@ -335,7 +335,7 @@ void launch(const FlashAttnArgs& a, int flags, cudaStream_t s) {
   DZ_CHECK(tiles < (int64_t(1) << 31) && a.Hq <= 65535 && a.B <= 65535, "flash_attention: grid ", tiles, " x ",
            a.Hq, " x ", a.B);
   const dim3 grid(unsigned(tiles), unsigned(a.Hq), unsigned(a.B));
-  kern<<<grid, C::NT, C::SMEM, s>>>(a, a.scale * 1.4426950408889634f, flags);
+  kern<<<grid, C::NT, C::SMEM, s>>>(a, a.scale * kLog2e, flags);
   CUDA_CHECK_LAUNCH();
 }
 

@@ -295,7 +295,7 @@ void launch(const FlashAttnArgs& a, int64_t T_q, int64_t T_k, cudaStream_t s) {
   DZ_CHECK(tiles < (int64_t(1) << 31) && a.Hq <= 65535 && a.B <= 65535, "flash_attention (wgmma): grid ", tiles,
            " x ", a.Hq, " x ", a.B);
   kern<<<dim3(unsigned(tiles), unsigned(a.Hq), unsigned(a.B)), kThreads, S::SMEM, s>>>(
-      maps, a, a.scale * 1.4426950408889634f);
+      maps, a, a.scale * kLog2e);
   CUDA_CHECK_LAUNCH();
 }
 

@@ -156,7 +156,6 @@ __device__ __forceinline__ int seq_of(const int32_t* base, int N, int g) {
 }
 
 constexpr int NTP = 512;        // prep threads: 16 warps, two CTAs per SM (their phases overlap)
-constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kSpanMax = 80.f;  // diagonal blocks factor e^(G_i - G_j) through their middle row when
                                   // every channel decays by at most e^-80 across the 16 rows (no overflow)
 
@@ -180,13 +179,6 @@ __device__ __forceinline__ uint4 pack8(const float f[8]) {
   return make_uint4(pack2(f[0], f[1]), pack2(f[2], f[3]), pack2(f[4], f[5]), pack2(f[6], f[7]));
 }
 
-// log2 by the SFU, flushing denormals as ex2 (mma_sm80.cuh) does: one instruction each, where
-// __expf / __logf add a range test and two scalings for denormal results that do not matter here.
-__device__ __forceinline__ float lg2(float x) {
-  float y;
-  asm("lg2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-  return y;
-}
 // The gate with MUFU exp/log: softplus(z) = log(1 + e^z) to ~1e-7 absolute, e^z below -15 (where
 // 1 + e^z rounds to 1); the log-decay is then within 1e-7 of the CPU's log1pf form per step.
 __device__ __forceinline__ float gate_fast(float z, float a, float lower_bound) {
@@ -223,8 +215,8 @@ __global__ void __launch_bounds__(NTP, 2) mma_prep_kernel(const LaPrefill p, con
   auto G = [&](int i, int x) -> float { return Gc[i * GS + gp(x)]; };
   auto G8 = [&](int i, int x0, float f[8]) {
     if (KDA) {
-      const float4 a = *reinterpret_cast<const float4*>(Gc + i * GS + x0 / 2),
-                   b = *reinterpret_cast<const float4*>(Gc + i * GS + K / 2 + x0 / 2);
+      const float4 a = *reinterpret_cast<const float4*>(Gc + i * GS + gp(x0)),
+                   b = *reinterpret_cast<const float4*>(Gc + i * GS + gp(x0 + 4));
       f[0] = a.x, f[1] = a.y, f[2] = a.z, f[3] = a.w, f[4] = b.x, f[5] = b.y, f[6] = b.z, f[7] = b.w;
     } else {
 #pragma unroll
@@ -275,8 +267,8 @@ __global__ void __launch_bounds__(NTP, 2) mma_prep_kernel(const LaPrefill p, con
         unpack8(fr[s], ff);
 #pragma unroll
         for (int e = 0; e < 8; ++e) ff[e] = i < C ? gate_fast(ff[e] + db[e], aexp, lb) : 0.f;
-        *reinterpret_cast<float4*>(Gc + i * GS + x0 / 2) = make_float4(ff[0], ff[1], ff[2], ff[3]);
-        *reinterpret_cast<float4*>(Gc + i * GS + K / 2 + x0 / 2) = make_float4(ff[4], ff[5], ff[6], ff[7]);
+        *reinterpret_cast<float4*>(Gc + i * GS + gp(x0)) = make_float4(ff[0], ff[1], ff[2], ff[3]);
+        *reinterpret_cast<float4*>(Gc + i * GS + gp(x0 + 4)) = make_float4(ff[4], ff[5], ff[6], ff[7]);
       }
     }
     if (tid < BT) {

@@ -11,10 +11,19 @@
 namespace dz::cuda {
 
 __device__ __forceinline__ uint32_t smem_u32(const void* p) { return uint32_t(__cvta_generic_to_shared(p)); }
+constexpr float kLog2e = 1.4426950408889634f;  // e^x = 2^(x log2 e)
 // 2^x by the SFU (the flash kernels' softmax takes exp2 of log2(e)-scaled logits); ex2(-inf) = 0.
+// One instruction each, where __expf / __logf add a range test and two scalings for denormal
+// results that do not matter here.
 __device__ __forceinline__ float ex2(float x) {
   float y;
   asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+// log2 by the SFU, flushing denormals as ex2 does.
+__device__ __forceinline__ float lg2(float x) {
+  float y;
+  asm("lg2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
   return y;
 }
 __device__ __forceinline__ void ldsm_x4(uint32_t r[4], uint32_t addr) {

@@ -402,7 +402,7 @@ void launch(const __nv_bfloat16* q, const int32_t* sel, int K, const int32_t* se
   const dim3 grid(unsigned((H + HB - 1) / HB), unsigned(nq), unsigned(nsplit));
   float* part_o = nsplit > 1 ? scratch : nullptr;
   float* part_lse = nsplit > 1 ? scratch + int64_t(nsplit) * nq * H * R : nullptr;
-  kern<<<grid, kThreads, smem, stream>>>(q, sel, K, seq, pos, H, bt, cache, scale * 1.4426950408889634f, out, cps,
+  kern<<<grid, kThreads, smem, stream>>>(q, sel, K, seq, pos, H, bt, cache, scale * kLog2e, out, cps,
                                          part_o, part_lse);
   CUDA_CHECK_LAUNCH();
   if (nsplit > 1) {

@@ -530,7 +530,7 @@ void launch(const __nv_bfloat16* q, const int32_t* sel, int K, const int32_t* se
   auto kern = sparse_mla_wgmma_kernel<DR, FP8>;
   CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   const dim3 grid(unsigned((H + HB - 1) / HB), unsigned(nq));
-  kern<<<grid, kThreads, smem, stream>>>(q, sel, K, seq, pos, H, bt, cache, scale * 1.4426950408889634f, out);
+  kern<<<grid, kThreads, smem, stream>>>(q, sel, K, seq, pos, H, bt, cache, scale * kLog2e, out);
   CUDA_CHECK_LAUNCH();
 }
 
