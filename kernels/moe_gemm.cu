@@ -1005,8 +1005,8 @@ __global__ void __launch_bounds__(kThreadsWs, 1) k_moe_gemm_swab(const __grid_co
               if (col + e < N) {
                 uint16_t b = uint16_t(w[e >> 1] >> (16 * (e & 1)));
                 if constexpr (GIN) {
-                  const float u = __bfloat162float(__ushort_as_bfloat16(b));
-                  b = __bfloat16_as_ushort(__float2bfloat16_rn(glu_pass(ld_gin1(a.gin + off + e), u, a.act)));
+                  const bf16 hv = __float2bfloat16_rn(glu_pass(ld_gin1(a.gin + off + e), __bfloat162float(__ushort_as_bfloat16(b)), a.act));
+                  b = __bfloat16_as_ushort(hv);
                 }
                 reinterpret_cast<uint16_t*>(dst)[e] = b;
               }
