@@ -200,10 +200,16 @@ __global__ void k_add_bias(void* y, Dt ydt, const float* bias, int64_t rows, int
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
     stv(y, ydt, i, ldv(y, ydt, i) + bias[i % cols]);
 }
-// glu_pass (glu.cuh): L > 0 the SwiGLU clamp silu(min(g, L)) * clamp(u, -L, L); 0: none (NaNs pass as they are).
+// L > 0: the SwiGLU clamp silu(min(g, L)) * clamp(u, -L, L); 0: none (NaNs pass as they are).
+__device__ __forceinline__ float silu_mul1(float a, float b, const GluAct& act) {
+  if (act.situ_beta > 0.f) return glu_dev(act, a, b);
+  // SwiGLU (and its clamp) with the accurate expf, as before
+  if (act.limit > 0.f) a = fminf(a, act.limit), b = fminf(fmaxf(b, -act.limit), act.limit);
+  return a / (1.f + expf(-a)) * b;
+}
 __global__ void k_silu_mul(const bf16* g, const bf16* u, bf16* h, int64_t n, GluAct act) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
-    h[i] = __float2bfloat16_rn(glu_pass(__bfloat162float(g[i]), __bfloat162float(u[i]), act));
+    h[i] = __float2bfloat16_rn(silu_mul1(__bfloat162float(g[i]), __bfloat162float(u[i]), act));
 }
 // 8 elements a thread with 16-byte loads and stores (the MoE experts' [rows, I] pass is
 // bandwidth-bound); n8 = n / 8 chunks, the tail by k_silu_mul.
@@ -217,7 +223,7 @@ __global__ void k_silu_mul8(const uint4* g, const uint4* u, uint4* h, int64_t n8
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
       const float2 a = __bfloat1622float2(g2[j]), b = __bfloat1622float2(u2[j]);
-      o2[j] = __floats2bfloat162_rn(glu_pass(a.x, b.x, act), glu_pass(a.y, b.y, act));
+      o2[j] = __floats2bfloat162_rn(silu_mul1(a.x, b.x, act), silu_mul1(a.y, b.y, act));
     }
     h[i] = out;
   }

@@ -18,13 +18,4 @@ __device__ __forceinline__ float glu_dev(const GluAct& a, float g, float u) {
   return __fdividef(g, 1.f + __expf(-g)) * u;
 }
 
-// The activation pass over bf16 projections (backend_ops' silu_mul, and the expert GEMM that takes
-// the gate's output in its epilogue, moe_gemm.cuh): SwiGLU and its clamp with the accurate expf, SiTU
-// as above. The two must round alike: their outputs are compared bitwise.
-__device__ __forceinline__ float glu_pass(float g, float u, const GluAct& act) {
-  if (act.situ_beta > 0.f) return glu_dev(act, g, u);
-  if (act.limit > 0.f) g = fminf(g, act.limit), u = fminf(fmaxf(u, -act.limit), act.limit);
-  return g / (1.f + expf(-g)) * u;
-}
-
 }  // namespace dz::cuda

@@ -115,28 +115,6 @@ __device__ __forceinline__ void swiglu_pair(float& g0, float& g1, float u0, floa
   g0 = glu_dev(act, g0, u0);
   g1 = glu_dev(act, g1, u1);
 }
-// The up GEMM with the gate's output g in its epilogue (Args::gin): h = glu_pass(g, u) on u rounded
-// to bf16 first, as the activation pass reads it, so h is bitwise what the pass writes.
-__device__ __forceinline__ float gin_act(float g, float u, const GluAct& act) {
-  return glu_pass(g, __bfloat162float(__float2bfloat16_rn(u)), act);
-}
-// 8 columns: g and u as bf16 in 16-byte chunks (u already rounded), h the same.
-__device__ __forceinline__ uint4 gin_act8(uint4 g, uint4 u, const GluAct& act) {
-  const __nv_bfloat162* g2 = reinterpret_cast<const __nv_bfloat162*>(&g);
-  const __nv_bfloat162* u2 = reinterpret_cast<const __nv_bfloat162*>(&u);
-  uint4 h;
-  __nv_bfloat162* h2 = reinterpret_cast<__nv_bfloat162*>(&h);
-#pragma unroll
-  for (int j = 0; j < 4; ++j) {
-    const float2 a = __bfloat1622float2(g2[j]), b = __bfloat1622float2(u2[j]);
-    h2[j] = __floats2bfloat162_rn(glu_pass(a.x, b.x, act), glu_pass(a.y, b.y, act));
-  }
-  return h;
-}
-// Loads of gin: plain (not .nc) global loads, as gin may be y itself (each element is read by the
-// thread that then writes it).
-__device__ __forceinline__ uint4 ld_gin8(const bf16* p) { return *reinterpret_cast<const uint4*>(p); }
-__device__ __forceinline__ float ld_gin1(const bf16* p) { return __bfloat162float(*p); }
 
 // 8 MXFP4 elements (the nibbles of pk, element j in bits 4j..4j+3) with E8M0 scale code sc -> 8
 // bf16 in a 16-byte chunk (element 0 at the lowest address). Exact: e2m1 * 2^(sc - 127) has one
@@ -170,11 +148,7 @@ struct Args {
   int n_col_tiles;  // column tiles per pair
   int vec_store;    // N even and y 4-byte aligned: bf16x2 stores
   int stage_epi;    // k_moe_gemm_ws: the per-warp epilogue staging tiles fit in shared memory
-  int al16;         // N % 8 == 0 and y (and gin) 16-byte aligned: 16-byte epilogue stores
   GluAct act;       // SwiGLU / clamp / SiTU
-  // plain kernels, the up GEMM of a gated expert: y = glu_pass(gin, bf16(xs . W^T)), gin [*, N] the
-  // gate GEMM's output (may be y); nullptr: y = xs . W^T
-  const bf16* gin;
   // MXFP4 weights (MX4 kernels): packed [E*N, K/2] and scales [E*N, K/32] of W / Wg and of Wu
   const uint8_t *q0, *q1, *s0, *s1;
 };
@@ -283,38 +257,24 @@ __device__ __forceinline__ void mma_stage_half(float (&acc)[kBR / 2], uint32_t s
 
 // Epilogue of one warp straight from its fragments: registers -> y (rows outside the item and
 // columns past N are dropped). wr: the warp's first shared-memory row.
-// GIN: the up GEMM with the gate's output a.gin in the epilogue (gin_act).
-template <bool SWIGLU, int BN, bool GIN = false>
+template <bool SWIGLU, int BN>
 __device__ __forceinline__ void store_fragments(const float (&acc)[kBR / 2], const Args& a, const Item& cur, int wr,
                                                 int lane) {
-  static_assert(!(SWIGLU && GIN), "the SwiGLU kernels take both products themselves");
   const int N = a.N;
   const int sh = cur.r0 - cur.a0;  // shared-memory row of the item's first row
   const int cbase = cur.n0 + (lane & 3) * 2;
   const bool full_cols = a.vec_store && cur.n0 + BN <= N;
   if (full_cols && sh <= wr && wr + 16 <= sh + cur.rows) {
     // all 16 rows and all columns of this warp are inside: no per-element checks
-    const int64_t ow = (int64_t(cur.a0) + wr + (lane >> 2)) * N + cbase;
+    bf16* yw = a.y + (int64_t(cur.a0) + wr + (lane >> 2)) * N + cbase;
 #pragma unroll
     for (int hf = 0; hf < 2; ++hf) {
-      const int64_t orow = ow + int64_t(hf * 8) * N;
-      bf16* yr = a.y + orow;
+      bf16* yr = yw + int64_t(hf * 8) * N;
 #pragma unroll
-      for (int j0 = 0; j0 < BN / 8; j0 += 8) {
-        __nv_bfloat162 gv[8];  // GIN: gin's pairs, eight loads in flight before the stores
-        if constexpr (GIN)
-#pragma unroll
-          for (int j = 0; j < 8; ++j) gv[j] = *reinterpret_cast<const __nv_bfloat162*>(a.gin + orow + (j0 + j) * 8);
-#pragma unroll
-        for (int j = j0; j < j0 + 8; ++j) {
-          float v0 = acc[4 * j + 2 * hf], v1 = acc[4 * j + 2 * hf + 1];
-          if constexpr (SWIGLU) swiglu_pair(v0, v1, acc[4 * (j + 16) + 2 * hf], acc[4 * (j + 16) + 2 * hf + 1], a.act);
-          if constexpr (GIN) {
-            const float2 g = __bfloat1622float2(gv[j - j0]);
-            v0 = gin_act(g.x, v0, a.act), v1 = gin_act(g.y, v1, a.act);
-          }
-          *reinterpret_cast<__nv_bfloat162*>(yr + j * 8) = __floats2bfloat162_rn(v0, v1);
-        }
+      for (int j = 0; j < BN / 8; ++j) {
+        float v0 = acc[4 * j + 2 * hf], v1 = acc[4 * j + 2 * hf + 1];
+        if constexpr (SWIGLU) swiglu_pair(v0, v1, acc[4 * (j + 16) + 2 * hf], acc[4 * (j + 16) + 2 * hf + 1], a.act);
+        *reinterpret_cast<__nv_bfloat162*>(yr + j * 8) = __floats2bfloat162_rn(v0, v1);
       }
     }
   } else {
@@ -322,17 +282,12 @@ __device__ __forceinline__ void store_fragments(const float (&acc)[kBR / 2], con
     for (int hf = 0; hf < 2; ++hf) {
       const int lr = wr + (lane >> 2) + hf * 8;  // shared-memory row
       if (lr < sh || lr >= sh + cur.rows) continue;
-      const int64_t orow = (int64_t(cur.a0) + lr) * N + cbase;
-      bf16* yr = a.y + orow;
+      bf16* yr = a.y + (int64_t(cur.a0) + lr) * N + cbase;
 #pragma unroll
       for (int j = 0; j < BN / 8; ++j) {
         float v0 = acc[4 * j + 2 * hf], v1 = acc[4 * j + 2 * hf + 1];
         if constexpr (SWIGLU) swiglu_pair(v0, v1, acc[4 * (j + 16) + 2 * hf], acc[4 * (j + 16) + 2 * hf + 1], a.act);
         const int col = cbase + j * 8;
-        if constexpr (GIN) {  // (rows at an item's edge: loads one by one)
-          if (col < N) v0 = gin_act(ld_gin1(a.gin + orow + j * 8), v0, a.act);
-          if (col + 1 < N) v1 = gin_act(ld_gin1(a.gin + orow + j * 8 + 1), v1, a.act);
-        }
         if (full_cols) {
           *reinterpret_cast<__nv_bfloat162*>(yr + j * 8) = __floats2bfloat162_rn(v0, v1);
         } else if (a.vec_store) {
@@ -346,7 +301,7 @@ __device__ __forceinline__ void store_fragments(const float (&acc)[kBR / 2], con
   }
 }
 
-template <bool SWIGLU, int MODE, bool MX4 = false, bool GIN = false>
+template <bool SWIGLU, int MODE, bool MX4 = false>
 __global__ void __launch_bounds__(kThreads, 1) k_moe_gemm(const __grid_constant__ Args a) {
   static_assert(!MX4 || MODE == kCpAsync, "MXFP4 weights: A by cp.async, B decoded by the threads");
   constexpr int BN = SWIGLU ? kBR / 2 : kBR;  // output columns per item
@@ -531,7 +486,7 @@ __global__ void __launch_bounds__(kThreads, 1) k_moe_gemm(const __grid_constant_
     stage = stage + 1 == kStages ? 0 : stage + 1;
 
     if (++mm_k == k_iters) {
-      store_fragments<SWIGLU, BN, GIN>(acc, a, cur, wm * 64 + wq * 16, lane);
+      store_fragments<SWIGLU, BN>(acc, a, cur, wm * 64 + wq * 16, lane);
       mm_k = 0;
       if (++mm_q < nq) cur = map_item<BN>(blockIdx.x + mm_q * G, 0, a.n_col_tiles, s_off, s_poff, E, shift_tail, mm_e);
     }
@@ -553,7 +508,7 @@ size_t smem_ws(int E, bool staged) { return 1024 + stg_offset(E) + (staged ? 8 *
 // whose expert has no second pair still loads the weight tile and runs through the stages, without
 // products: the two CTAs then stay on the same item. (Skipping such items instead let the CTAs drift
 // apart: 0.92x / 0.83x of the plain kernel on GLM-5.3-Flash's gate / down, against 1.25x / 1.09x.)
-template <bool SWIGLU, int CL, bool GIN = false>
+template <bool SWIGLU, int CL>
 __global__ void __launch_bounds__(kThreadsWs, 1) k_moe_gemm_ws(const __grid_constant__ Args a,
                                                               const __grid_constant__ Maps maps) {
   constexpr int BN = SWIGLU ? kBR / 2 : kBR;  // output columns per item
@@ -689,7 +644,7 @@ __global__ void __launch_bounds__(kThreadsWs, 1) k_moe_gemm_ws(const __grid_cons
         Item cur = cur0;
         cur.n0 += wm * 128;
         const int wr = half * 64 + wq * 16, sh = cur.r0 - cur.a0;
-        if (cur.n0 < N && wr + 16 > sh && wr < sh + cur.rows) store_fragments<false, 128, GIN>(acc, a, cur, wr, lane);
+        if (cur.n0 < N && wr + 16 > sh && wr < sh + cur.rows) store_fragments<false, 128>(acc, a, cur, wr, lane);
       }
       continue;
     }
@@ -698,21 +653,13 @@ __global__ void __launch_bounds__(kThreadsWs, 1) k_moe_gemm_ws(const __grid_cons
     const int wr = wm * 64 + wq * 16;  // this warp's first shared-memory row
     const bool full_cols = a.vec_store && cur.n0 + BN <= N;
     if (cur.rows == 0 || wr + 16 <= sh || wr >= sh + cur.rows) continue;  // none of this warp's rows is the item's
-    if (a.stage_epi && full_cols && a.al16) {
+    if (a.stage_epi && full_cols && (N & 7) == 0 && (reinterpret_cast<uintptr_t>(a.y) & 15) == 0) {
       // Through the warp's staging tile, 64 columns at a time, so that each row goes out as whole
       // 128-byte lines (the fragments' own stores fill half of each 32-byte sector they touch).
       uint8_t* stg = smem + stg_offset(E) + (warp - 4) * kStgWarpB;
       const int g = lane >> 2, t = lane & 3;
 #pragma unroll
       for (int qd = 0; qd < BN / 64; ++qd) {
-        uint4 gv[4];  // gin's chunks of this lane's four stores, loaded before the staging
-        if constexpr (GIN)
-#pragma unroll
-          for (int i = 0; i < 4; ++i) {
-            const int rl = (lane >> 3) + 4 * i, c = lane & 7, lr = wr + rl;
-            if (lr >= sh && lr < sh + cur.rows)
-              gv[i] = ld_gin8(a.gin + (int64_t(cur.a0) + lr) * N + cur.n0 + qd * 64 + c * 8);
-          }
 #pragma unroll
         for (int jj = 0; jj < 8; ++jj) {
           const int j = qd * 8 + jj;
@@ -728,16 +675,14 @@ __global__ void __launch_bounds__(kThreadsWs, 1) k_moe_gemm_ws(const __grid_cons
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
           const int rl = (lane >> 3) + 4 * i, c = lane & 7, lr = wr + rl;
-          if (lr >= sh && lr < sh + cur.rows) {
-            uint4 v = *reinterpret_cast<const uint4*>(stg + rl * kStgRowB + c * 16);
-            if constexpr (GIN) v = gin_act8(gv[i], v, a.act);
-            *reinterpret_cast<uint4*>(a.y + (int64_t(cur.a0) + lr) * N + cur.n0 + qd * 64 + c * 8) = v;
-          }
+          if (lr >= sh && lr < sh + cur.rows)
+            *reinterpret_cast<uint4*>(a.y + (int64_t(cur.a0) + lr) * N + cur.n0 + qd * 64 + c * 8) =
+                *reinterpret_cast<const uint4*>(stg + rl * kStgRowB + c * 16);
         }
         __syncwarp();
       }
     } else {
-      store_fragments<SWIGLU, BN, GIN>(acc, a, cur, wr, lane);
+      store_fragments<SWIGLU, BN>(acc, a, cur, wr, lane);
     }
   }
 }
@@ -832,7 +777,6 @@ __device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
 
 // Same block, barriers, shared memory and pipeline as k_moe_gemm_ws (plain, CL = 1); see the top of
 // the file for the items and tiles. Stage: [128 weight rows | 256 token rows] x 128 bytes, swizzled.
-template <bool GIN>
 __global__ void __launch_bounds__(kThreadsWs, 1) k_moe_gemm_swab(const __grid_constant__ Args a,
                                                                 const __grid_constant__ Maps maps) {
   extern __shared__ __align__(1024) uint8_t smem_raw[];
@@ -917,7 +861,7 @@ __global__ void __launch_bounds__(kThreadsWs, 1) k_moe_gemm_swab(const __grid_co
   float acc[kBR / 2];  // [64 columns x nw tokens] per warpgroup: acc[0 .. nw / 2 - 1] (d[4 j + q] as wgmma.cuh)
 #pragma unroll
   for (int i = 0; i < kBR / 2; ++i) acc[i] = 0.f;
-  const bool vec16 = a.al16;
+  const bool vec16 = (N & 7) == 0 && (reinterpret_cast<uintptr_t>(a.y) & 15) == 0;
   int e_hint = -1;
   int f = 0;
   for (int q = 0; q < nq; ++q) {
@@ -960,21 +904,9 @@ __global__ void __launch_bounds__(kThreadsWs, 1) k_moe_gemm_swab(const __grid_co
       const uint32_t stg = smem_u32(smem + stg_offset(E) + (warp - 4) * kStgWarpB);
       auto slot = [&](int tl, int h) { return stg + uint32_t(tl * 32 + ((h ^ ((tl >> 2) & 1)) << 4)); };
       const int mi = lane >> 3, ri = lane & 7;
-      // gin's chunks of this lane's four stores of 64-token block p (16-byte stores only), block p + 1's
-      // loaded while block p is staged and stored
-      auto load_gin = [&](int p, uint4 (&gv)[4]) {
-#pragma unroll
-        for (int v = 0; v < 4; ++v) {
-          const int tc = 64 * p + 16 * v + (lane >> 1), col = wc0 + 8 * (lane & 1);
-          if (tc >= c_lo && tc < c_hi && vec16 && col + 8 <= N) gv[v] = ld_gin8(a.gin + (trow0 + tc) * N + col);
-        }
-      };
-      uint4 gv[4], gn[4];
-      if constexpr (GIN) load_gin(0, gv);
 #pragma unroll
       for (int p = 0; p < kSwT / 64; ++p) {
         if (64 * p >= c_hi) break;  // (warp-uniform)
-        if (GIN && 64 * (p + 1) < c_hi && p + 1 < kSwT / 64) load_gin(p + 1, gn);
 #pragma unroll
         for (int c = 0; c < 4; ++c) {
           // matrices (j, columns 0-7), (j, 8-15), (j + 1, 0-7), (j + 1, 8-15); lane 8 m + i: token row i
@@ -994,28 +926,17 @@ __global__ void __launch_bounds__(kThreadsWs, 1) k_moe_gemm_swab(const __grid_co
                        : "r"(slot(tl, h))
                        : "memory");
           const int col = wc0 + 8 * h;
-          const int64_t off = (trow0 + tc) * N + col;
-          bf16* dst = a.y + off;
+          bf16* dst = a.y + (trow0 + tc) * N + col;
           if (vec16 && col + 8 <= N) {
-            *reinterpret_cast<uint4*>(dst) = GIN ? gin_act8(gv[v], val, a.act) : val;
+            *reinterpret_cast<uint4*>(dst) = val;
           } else {  // columns past N dropped; N % 8 != 0 or y not 16-byte aligned: element stores
             const uint32_t w[4] = {val.x, val.y, val.z, val.w};
 #pragma unroll
             for (int e = 0; e < 8; ++e)
-              if (col + e < N) {
-                uint16_t b = uint16_t(w[e >> 1] >> (16 * (e & 1)));
-                if constexpr (GIN) {
-                  const bf16 hv = __float2bfloat16_rn(glu_pass(ld_gin1(a.gin + off + e), __bfloat162float(__ushort_as_bfloat16(b)), a.act));
-                  b = __bfloat16_as_ushort(hv);
-                }
-                reinterpret_cast<uint16_t*>(dst)[e] = b;
-              }
+              if (col + e < N) reinterpret_cast<uint16_t*>(dst)[e] = uint16_t(w[e >> 1] >> (16 * (e & 1)));
           }
         }
         __syncwarp();
-        if constexpr (GIN)
-#pragma unroll
-          for (int v = 0; v < 4; ++v) gv[v] = gn[v];
       }
     } else {
       // no staging tiles (E > ~2000): each value on its own (a register pair is two tokens of one column)
@@ -1026,11 +947,7 @@ __global__ void __launch_bounds__(kThreadsWs, 1) k_moe_gemm_swab(const __grid_co
 #pragma unroll
         for (int qd = 0; qd < 4; ++qd) {
           const int tc = 8 * j + 2 * t + (qd & 1), col = wc0 + g + 8 * (qd >> 1);
-          if (tc >= c_lo && tc < c_hi && col < N) {
-            const int64_t off = (trow0 + tc) * N + col;
-            const float v = acc[4 * j + qd];
-            a.y[off] = __float2bfloat16_rn(GIN ? gin_act(ld_gin1(a.gin + off), v, a.act) : v);
-          }
+          if (tc >= c_lo && tc < c_hi && col < N) a.y[(trow0 + tc) * N + col] = __float2bfloat16_rn(acc[4 * j + qd]);
         }
       }
     }
@@ -1045,23 +962,22 @@ unsigned grid_of(const Args& a, int64_t max_tiles) {
   return unsigned(std::min<int64_t>(sm_count(), max_tiles * a.n_col_tiles));
 }
 
-template <bool SWIGLU, int MODE, bool MX4 = false, bool GIN = false>
+template <bool SWIGLU, int MODE, bool MX4 = false>
 void launch(const Args& a, int64_t max_tiles, cudaStream_t s) {
   static_assert(MODE != kTma, "the TMA loads run in the warp-specialised kernel (launch_ws)");
   const size_t smem = smem_bytes(a.E);
-  const auto kern = k_moe_gemm<SWIGLU, MODE, MX4, GIN>;
-  CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-  kern<<<grid_of(a, max_tiles), kThreads, smem, s>>>(a);
+  CUDA_CHECK(cudaFuncSetAttribute(k_moe_gemm<SWIGLU, MODE, MX4>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+  k_moe_gemm<SWIGLU, MODE, MX4><<<grid_of(a, max_tiles), kThreads, smem, s>>>(a);
   CUDA_CHECK_LAUNCH();
 }
 
 // CL = 2: 2-CTA clusters, as many as can be resident at once (a GPC with an odd number of free
 // SMs leaves one out), at most one per item.
-template <bool SWIGLU, int CL, bool GIN = false>
+template <bool SWIGLU, int CL>
 void launch_ws(Args a, const Maps& m, int64_t max_tiles, cudaStream_t s) {
   a.stage_epi = smem_ws(a.E, true) <= size_t(227) * 1024;  // E <= ~2000
   const size_t smem = smem_ws(a.E, a.stage_epi);
-  const auto kern = k_moe_gemm_ws<SWIGLU, CL, GIN>;
+  const auto kern = k_moe_gemm_ws<SWIGLU, CL>;
   CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
   if constexpr (CL == 1) {
     kern<<<grid_of(a, max_tiles), kThreadsWs, smem, s>>>(a, m);
@@ -1110,14 +1026,12 @@ bool swab_shape(int N, int K) {
 
 // Items: chunks x column tiles of 128 <= max_tiles * column tiles (each chunk holds >= 1 row, so at
 // least one 64-row tile of its expert).
-template <bool GIN>
 void launch_swab(Args a, const Maps& m, int64_t max_tiles, cudaStream_t s) {
   a.n_col_tiles = int((int64_t(a.N) + kSwW - 1) / kSwW);
   a.stage_epi = smem_ws(a.E, true) <= size_t(227) * 1024;  // E <= ~2000
   const size_t smem = smem_ws(a.E, a.stage_epi);
-  const auto kern = k_moe_gemm_swab<GIN>;
-  CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-  kern<<<grid_of(a, max_tiles), kThreadsWs, smem, s>>>(a, m);
+  CUDA_CHECK(cudaFuncSetAttribute(k_moe_gemm_swab, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+  k_moe_gemm_swab<<<grid_of(a, max_tiles), kThreadsWs, smem, s>>>(a, m);
   CUDA_CHECK_LAUNCH();
 }
 
@@ -1135,7 +1049,7 @@ bool encode(PFN_cuTensorMapEncodeTiled_v12000 enc, CUtensorMap* m, const bf16* p
 
 void run(const bf16* xs, const bf16* w0, const bf16* w1, const int32_t* offsets, int E, int64_t max_tiles, int64_t N,
          const GluAct& act, int64_t K, bf16* y, bool swiglu, cudaStream_t s, const char* name,
-         const Mx4Weight* mx0 = nullptr, const Mx4Weight* mx1 = nullptr, const bf16* gin = nullptr) {
+         const Mx4Weight* mx0 = nullptr, const Mx4Weight* mx1 = nullptr) {
   if (max_tiles <= 0 || N <= 0 || E <= 0) return;
   DZ_CHECK(K >= 1 && N < (int64_t(1) << 31) && K < (int64_t(1) << 31) && E <= kMaxE, name, ": N ", N, ", K ", K,
            ", E ", E, " (N, K < 2^31, E <= ", kMaxE, ")");
@@ -1154,11 +1068,7 @@ void run(const bf16* xs, const bf16* w0, const bf16* w1, const int32_t* offsets,
   a.n_col_tiles = int((N + bn - 1) / bn);
   DZ_CHECK(max_tiles * a.n_col_tiles < (int64_t(1) << 31), name, ": ", max_tiles, " row tiles x ", a.n_col_tiles,
            " column tiles (< 2^31 work items)");
-  a.gin = gin;
-  const auto alb = [](const void* p, uintptr_t b) { return (reinterpret_cast<uintptr_t>(p) & (b - 1)) == 0; };
-  a.vec_store = (N % 2 == 0) && alb(y, 4) && (!gin || alb(gin, 4));
-  a.al16 = (N % 8 == 0) && alb(y, 16) && (!gin || alb(gin, 16));
-  DZ_CHECK(!gin || (!swiglu && !mx0), name, ": the gate's output in the epilogue is for the plain BF16 GEMMs");
+  a.vec_store = (N % 2 == 0) && (reinterpret_cast<uintptr_t>(y) & 3) == 0;
   if (mx0) {  // MXFP4 weights: A by cp.async, B decoded by the threads
     DZ_CHECK(K % 32 == 0 && aligned16(xs) && mx0->packed && mx0->scales && (!swiglu || (mx1 && mx1->packed && mx1->scales)),
              name, ": MXFP4 weights need K % 32 == 0 (K ", K, ") and 16-byte aligned activations");
@@ -1197,26 +1107,25 @@ void run(const bf16* xs, const bf16* w0, const bf16* w1, const int32_t* offsets,
     if (!strcmp(f, "elem")) mode = kElem;
     if (!strcmp(f, "cpasync") && al) mode = kCpAsync;
   }
-  const bool g = gin != nullptr;
   if (mode == kTma) {
     if (swiglu)
       launch_ws<true, 1>(a, m, max_tiles, s);
     else if (cl2)
-      g ? launch_ws<false, 2, true>(a, m, max_tiles, s) : launch_ws<false, 2>(a, m, max_tiles, s);
+      launch_ws<false, 2>(a, m, max_tiles, s);
     else if (swab)
-      g ? launch_swab<true>(a, msw, max_tiles, s) : launch_swab<false>(a, msw, max_tiles, s);
+      launch_swab(a, msw, max_tiles, s);
     else
-      g ? launch_ws<false, 1, true>(a, m, max_tiles, s) : launch_ws<false, 1>(a, m, max_tiles, s);
+      launch_ws<false, 1>(a, m, max_tiles, s);
   } else if (mode == kCpAsync) {
     if (swiglu)
       launch<true, kCpAsync>(a, max_tiles, s);
     else
-      g ? launch<false, kCpAsync, false, true>(a, max_tiles, s) : launch<false, kCpAsync>(a, max_tiles, s);
+      launch<false, kCpAsync>(a, max_tiles, s);
   } else {
     if (swiglu)
       launch<true, kElem>(a, max_tiles, s);
     else
-      g ? launch<false, kElem, false, true>(a, max_tiles, s) : launch<false, kElem>(a, max_tiles, s);
+      launch<false, kElem>(a, max_tiles, s);
   }
 }
 
@@ -1226,14 +1135,6 @@ void grouped_gemm_tc(const bf16* xs, const bf16* W, const int32_t* offsets, cons
                      int64_t max_tiles, int64_t N, int64_t K, bf16* y, cudaStream_t s) {
   (void)tile_off;
   run(xs, W, nullptr, offsets, E, max_tiles, N, GluAct{}, K, y, false, s, "grouped_gemm_tc");
-}
-
-void grouped_gemm_gin_tc(const bf16* xs, const bf16* Wu, const int32_t* offsets, const int32_t* tile_off, int E,
-                         int64_t max_tiles, int64_t N, int64_t K, const bf16* g, const GluAct& act, bf16* h,
-                         cudaStream_t s) {
-  (void)tile_off;
-  DZ_CHECK(g != nullptr, "grouped_gemm_gin_tc: no gate output");
-  run(xs, Wu, nullptr, offsets, E, max_tiles, N, act, K, h, false, s, "grouped_gemm_gin_tc", nullptr, nullptr, g);
 }
 
 void grouped_gemm_swiglu_tc(const bf16* xs, const bf16* Wg, const bf16* Wu, const int32_t* offsets,

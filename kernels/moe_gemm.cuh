@@ -29,13 +29,6 @@ void grouped_gemm_tc(const __nv_bfloat16* xs, const __nv_bfloat16* W, const int3
                      const int32_t* tile_off, int E, int64_t max_tiles, int64_t N, int64_t K,
                      __nv_bfloat16* y, cudaStream_t s);
 
-// The up GEMM of a gated expert with the activation in its epilogue: h[r, c] = act(g[r, c],
-// bf16(xs[r] . Wu[e]^T [c])), g the gate GEMM's output (grouped_gemm_tc with Wg). h is bitwise what
-// grouped_gemm_tc into u followed by silu_mul(g, u, h) writes, without u's pass over memory; h may be g.
-void grouped_gemm_gin_tc(const __nv_bfloat16* xs, const __nv_bfloat16* Wu, const int32_t* offsets,
-                         const int32_t* tile_off, int E, int64_t max_tiles, int64_t N, int64_t K,
-                         const __nv_bfloat16* g, const GluAct& act, __nv_bfloat16* h, cudaStream_t s);
-
 // Fused gate/up of a gated expert: h[r, :] = act(xs[r] . Wg[e]^T, xs[r] . Wu[e]^T), both in fp32
 // before the activation (ops/glu.hpp: SwiGLU, its clamp, SiTU), h bf16 [*, N]. (Saves a pass over h
 // and one over xs, yet the H200 runs it 1.2-1.4x slower than two grouped_gemm_tc calls plus the

@@ -598,15 +598,16 @@ class CudaBackend final : public Backend {
       cuda::grouped_gemm_mx4_tc(b16(hg), mx(w.experts.down), offsets.ptr<int32_t>(), int(El), max_tiles, DX, I,
                                 b16w(ys), st());
     } else {
-      // BF16: gate and up as two grouped GEMMs, the up GEMM applying the activation to the gate's
-      // output in its epilogue (bitwise the separate pass, without u written and read back). The
-      // kernel that fuses both products with the activation (MXFP4 above) ran 1.2-1.4x slower than
-      // two GEMMs and the pass on the H200 on every shape measured (docs/perf/experiments_c6788c6.txt;
-      // GLM-5.3-Flash at T = 8192: 6.12 ms fused vs 2 x 2.13 ms + the pass).
+      // BF16: gate and up as two grouped GEMMs, then the activation pass. The kernel that fuses
+      // them with the activation (MXFP4 above) ran 1.2-1.4x slower than these three on the H200
+      // on every shape measured (docs/perf/experiments_c6788c6.txt; GLM-5.3-Flash at T = 8192:
+      // 6.12 ms fused vs 2 x 2.13 ms + the pass).
+      DTensor hu = alloc({n, I}, DType::BF16);
       cuda::grouped_gemm_tc(b16(xs), b16(w.experts.gate), offsets.ptr<int32_t>(), tile_off.ptr<int32_t>(), int(El),
                             max_tiles, I, DX, b16w(hg), st());
-      cuda::grouped_gemm_gin_tc(b16(xs), b16(w.experts.up), offsets.ptr<int32_t>(), tile_off.ptr<int32_t>(), int(El),
-                                max_tiles, I, DX, b16(hg), w.experts.act, b16w(hg), st());
+      cuda::grouped_gemm_tc(b16(xs), b16(w.experts.up), offsets.ptr<int32_t>(), tile_off.ptr<int32_t>(), int(El),
+                            max_tiles, I, DX, b16w(hu), st());
+      cuda::silu_mul(b16(hg), b16(hu), b16w(hg), n * I, w.experts.act, st());
       cuda::grouped_gemm_tc(b16(hg), b16(w.experts.down), offsets.ptr<int32_t>(), tile_off.ptr<int32_t>(), int(El),
                             max_tiles, DX, I, b16w(ys), st());
     }
