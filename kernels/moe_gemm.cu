@@ -65,6 +65,12 @@
 //    Multicasting the weight tile into both CTAs was tried and ran 1.5x slower: each stage then
 //    waits for both CTAs' consumers (docs/perf/experiments_2026-12-03.txt; git history of
 //    kernels/dev/moe_gemm/moe_gemm_mc.cu).
+//    Gathered token rows (grouped_gemm_tc's arow, the dispatch's perm): the producer warpgroup's 128
+//    threads cp.async A's 128 rows of each stage through perm (8 a thread; each row's token index
+//    held by one of its row's eight lanes and shuffled to the others), one
+//    cp.async.mbarrier.arrive.noinc each on the stage's full barrier (129 arrivals with thread 0's
+//    expect_tx for B's TMA); the consumers fence.proxy.async before their wgmmas read it. The
+//    swap-AB kernel does not gather (grouped_gemm_gathers_rows says why).
 //  - k_moe_gemm, 8 warps that all load and all multiply: cp.async (K % 8 == 0 without TMA), element
 //    loads (K % 8 != 0 or unaligned pointers), and MXFP4 weights (MX4: A by cp.async; each thread
 //    loads the 4 packed bytes and the scale of each of its B chunks into registers, and one
@@ -149,12 +155,20 @@ struct Args {
   int vec_store;    // N even and y 4-byte aligned: bf16x2 stores
   int stage_epi;    // k_moe_gemm_ws: the per-warp epilogue staging tiles fit in shared memory
   GluAct act;       // SwiGLU / clamp / SiTU
+  // plain BF16 kernels: A row r is xs[arow[r] / top_k] (xs the tokens [T, K], arow the dispatch's
+  // perm: the gather before the expert GEMMs done by their loaders); nullptr: A row r is xs[r]
+  const int32_t* arow;
+  int top_k;
   // MXFP4 weights (MX4 kernels): packed [E*N, K/2] and scales [E*N, K/32] of W / Wg and of Wu
   const uint8_t *q0, *q1, *s0, *s1;
 };
 struct Maps {  // TMA descriptors of the warp-specialised kernel: xs, W / Wg, Wu
   CUtensorMap a, b0, b1;
 };
+// Row r of the A operand (elements): xs + r K, or the gathered token row xs + (arow[r] / top_k) K.
+__device__ __forceinline__ int64_t a_row_off(const Args& a, int64_t r) {
+  return (a.arow ? int64_t(__ldg(a.arow + r) / a.top_k) : r) * a.K;
+}
 
 struct Item {
   int r0, rows, e, n0;
@@ -380,7 +394,9 @@ __global__ void __launch_bounds__(kThreads, 1) k_moe_gemm(const __grid_constant_
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
         const bool ok = kin && ((rmask >> i) & 1);
-        cp_async16(sA + pdst + i * 32 * kRowB, ok ? pa + i * rstride : a.xs, ok);
+        // (gathered rows: the token row looked up per stage; these loaders are not the fast path)
+        const bf16* src = a.arow ? a.xs + a_row_off(a, ld_it.r0 + prow + 32 * i) + kc : pa + i * rstride;
+        cp_async16(sA + pdst + i * 32 * kRowB, ok ? src : a.xs, ok);
       }
       if constexpr (MX4) {  // 4 packed bytes + the scale of each chunk, stored by the next produce()
         const int64_t qo = int64_t(ld_k) * (kBK / 2), so = int64_t(ld_k) * (kBK / 32);
@@ -412,7 +428,11 @@ __global__ void __launch_bounds__(kThreads, 1) k_moe_gemm(const __grid_constant_
         st_shared16(dst, make_uint4(w[0], w[1], w[2], w[3]));
       };
 #pragma unroll
-      for (int i = 0; i < 4; ++i) fill(sA + pdst + i * 32 * kRowB, pa + i * rstride, (rmask >> i) & 1);
+      for (int i = 0; i < 4; ++i) {
+        const bool rok = (rmask >> i) & 1;
+        const bf16* src = a.arow && rok ? a.xs + a_row_off(a, ld_it.r0 + prow + 32 * i) + kc : pa + i * rstride;
+        fill(sA + pdst + i * 32 * kRowB, src, rok);
+      }
 #pragma unroll
       for (int i = 0; i < 8; ++i)
         fill(sB + pdst + i * 32 * kRowB, (i < 4 ? pb0 : pb1) + (i & 3) * rstride, (rmask >> (4 + i)) & 1);
@@ -527,11 +547,14 @@ __global__ void __launch_bounds__(kThreadsWs, 1) k_moe_gemm_ws(const __grid_cons
   __syncthreads();
   if (warp == 0) scan_pairs<CL>(s_off, s_poff, E, lane);
   const int n_rows = s_off[E];  // (s_off is complete after the first barrier)
-  // TMA: A's box must stay inside rows [0, n); with n < 128 the producer's threads load A.
+  // TMA: A's box must stay inside rows [0, n); with n < 128 the producer's threads load A. Gathered
+  // rows (a.arow): the producer's threads cp.async A's rows of the item (zeros outside it).
+  const bool gat = a.arow != nullptr;
   const bool a_thr = n_rows < kBM;
   if (tid == 0) {
     for (int s = 0; s < kStages; ++s) {
-      mbar_init(full(s), a_thr ? 128u : 1u);  // thread 0's expect_tx (+ the other producer threads)
+      // thread 0's expect_tx (+ the other producer threads; gathered: + each thread's cp.async arrival)
+      mbar_init(full(s), gat ? 129u : a_thr ? 128u : 1u);
       mbar_init(empty(s), 8);                 // one arrival per consumer warp
     }
     mbar_init_fence();
@@ -549,19 +572,38 @@ __global__ void __launch_bounds__(kThreadsWs, 1) k_moe_gemm_ws(const __grid_cons
   if (wg == 0) {
     // ---- producer ----
     asm volatile("setmaxnreg.dec.sync.aligned.u32 56;\n" ::: "memory");
-    if (!a_thr && tid != 0) return;
-    const int prow = tid >> 3, pch = tid & 7;  // a_thr: chunk pch of A rows prow + 16 i
+    if (!a_thr && !gat && tid != 0) return;
+    const int prow = tid >> 3, pch = tid & 7;  // a_thr / gat: chunk pch of A rows prow + 16 i
     int e_hint = -1;
     int f = 0;  // fill index over the block's stages
     for (int q = 0; q < nq; ++q) {
       const Item it = map_item<BN, CL>(slot + q * G, rank, a.n_col_tiles, s_off, s_poff, E, shift_tail, e_hint);
       const int brow = it.e * N + it.n0;
+      // gat: A row prow + 16 i as a token row (-1: outside the item, zeros) is held by lane pch = i of
+      // the eight lanes that load that row's chunks, and shuffled to the others at each stage (eight
+      // indices a thread would not fit the producer's 56 registers)
+      int32_t my_tok = -1;
+      if (gat) {
+        const int sh = it.r0 - it.a0, r = prow + 16 * pch;
+        if (r >= sh && r < sh + it.rows) my_tok = __ldg(a.arow + it.a0 + r) / a.top_k;
+      }
       for (int kk = 0; kk < k_iters; ++kk, ++f) {
         const int s = f % kStages, u = f / kStages;
         if (u > 0) mbar_wait(empty(s), (u - 1) & 1);
         const uint32_t sA = sbase + s * kStageB, sB = sA + kAStage;
         const int k0 = kk * kBK;
-        if (a_thr) {  // n < 128: A rows from the threads (16-byte loads, zero past n and K)
+        if (gat) {  // the item's A rows by cp.async (zero fill past K and outside the item)
+          const bool kin = k0 + pch * 8 < K;
+#pragma unroll
+          for (int i = 0; i < 8; ++i) {
+            const int r = prow + 16 * i;
+            const int tok = __shfl_sync(0xffffffffu, my_tok, (lane & ~7) | i);
+            const bool ok = kin && tok >= 0;
+            cp_async16(sA + uint32_t(r * kRowB + ((pch ^ (r & 7)) << 4)),
+                       ok ? a.xs + int64_t(tok) * K + k0 + pch * 8 : a.xs, ok);
+          }
+          cp_async_mbar_arrive(full(s));
+        } else if (a_thr) {  // n < 128: A rows from the threads (16-byte loads, zero past n and K)
           const int kc = k0 + pch * 8;
 #pragma unroll
           for (int i = 0; i < 8; ++i) {
@@ -575,7 +617,7 @@ __global__ void __launch_bounds__(kThreadsWs, 1) k_moe_gemm_ws(const __grid_cons
           if (tid != 0) mbar_arrive(full(s));
         }
         if (tid == 0) {
-          const bool load_a = !a_thr && it.rows > 0;
+          const bool load_a = !a_thr && !gat && it.rows > 0;
           mbar_expect_tx(full(s), uint32_t(load_a ? kStageB : kBStage));
           if (load_a) tma_load_2d(sA, &maps.a, k0, it.a0, full(s));
           if constexpr (SWIGLU) {
@@ -620,6 +662,7 @@ __global__ void __launch_bounds__(kThreadsWs, 1) k_moe_gemm_ws(const __grid_cons
     for (int kk = 0; kk < k_iters; ++kk, ++f) {
       const int s = f % kStages, u = f / kStages;
       mbar_wait(full(s), u & 1);
+      if (gat) asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // cp.async rows -> wgmma
       if (half >= 0)
         mma_stage_half(acc, sbase + s * kStageB, uint32_t(half * 64 * kRowB), uint32_t(wm * 128 * kRowB), kk != 0);
       else if (busy)
@@ -1049,7 +1092,8 @@ bool encode(PFN_cuTensorMapEncodeTiled_v12000 enc, CUtensorMap* m, const bf16* p
 
 void run(const bf16* xs, const bf16* w0, const bf16* w1, const int32_t* offsets, int E, int64_t max_tiles, int64_t N,
          const GluAct& act, int64_t K, bf16* y, bool swiglu, cudaStream_t s, const char* name,
-         const Mx4Weight* mx0 = nullptr, const Mx4Weight* mx1 = nullptr) {
+         const Mx4Weight* mx0 = nullptr, const Mx4Weight* mx1 = nullptr, const int32_t* arow = nullptr,
+         int top_k = 1) {
   if (max_tiles <= 0 || N <= 0 || E <= 0) return;
   DZ_CHECK(K >= 1 && N < (int64_t(1) << 31) && K < (int64_t(1) << 31) && E <= kMaxE, name, ": N ", N, ", K ", K,
            ", E ", E, " (N, K < 2^31, E <= ", kMaxE, ")");
@@ -1069,6 +1113,10 @@ void run(const bf16* xs, const bf16* w0, const bf16* w1, const int32_t* offsets,
   DZ_CHECK(max_tiles * a.n_col_tiles < (int64_t(1) << 31), name, ": ", max_tiles, " row tiles x ", a.n_col_tiles,
            " column tiles (< 2^31 work items)");
   a.vec_store = (N % 2 == 0) && (reinterpret_cast<uintptr_t>(y) & 3) == 0;
+  a.arow = arow;
+  a.top_k = top_k;
+  DZ_CHECK(!arow || (!swiglu && !mx0 && top_k >= 1), name,
+           ": gathered rows are for the plain BF16 GEMMs (top_k ", top_k, ")");
   if (mx0) {  // MXFP4 weights: A by cp.async, B decoded by the threads
     DZ_CHECK(K % 32 == 0 && aligned16(xs) && mx0->packed && mx0->scales && (!swiglu || (mx1 && mx1->packed && mx1->scales)),
              name, ": MXFP4 weights need K % 32 == 0 (K ", K, ") and 16-byte aligned activations");
@@ -1089,12 +1137,14 @@ void run(const bf16* xs, const bf16* w0, const bf16* w1, const int32_t* offsets,
   // swap AB where production ran k_moe_gemm_ws<false, 1> (items: chunks x ceil(N / 128) < 2^31)
   Maps msw;
   memset(&msw, 0, sizeof(msw));
-  bool swab = !swiglu && !cl2 && swab_shape(N, K) && max_tiles * ((N + kSwW - 1) / kSwW) < (int64_t(1) << 31);
+  // (gathered rows: never swap AB, see grouped_gemm_gathers_rows)
+  bool swab = !swiglu && !cl2 && !arow && swab_shape(N, K) && max_tiles * ((N + kSwW - 1) / kSwW) < (int64_t(1) << 31);
   // TMA coordinates are int32: rows of W (E * N) and of xs (bounded by max_tiles * 64).
   if (al && int64_t(E) * N < (int64_t(1) << 31) && max_tiles * 64 < (int64_t(1) << 31)) {
     if (auto enc = tensor_map_encoder()) {
       const int br = (swiglu || cl2) ? kBR / 2 : kBR;
-      tma = encode(enc, &m.a, xs, max_tiles * 64, K, kBM) && encode(enc, &m.b0, w0, int64_t(E) * N, K, br) &&
+      // (gathered rows: A by the producer's cp.async, no map)
+      tma = (arow || encode(enc, &m.a, xs, max_tiles * 64, K, kBM)) && encode(enc, &m.b0, w0, int64_t(E) * N, K, br) &&
             encode(enc, &m.b1, a.w1, int64_t(E) * N, K, br);
       // swap AB: tokens in boxes of 64 rows, weights in boxes of 128 (b1 unused)
       swab = tma && swab && encode(enc, &msw.a, xs, max_tiles * 64, K, kSwBox) &&
@@ -1131,10 +1181,21 @@ void run(const bf16* xs, const bf16* w0, const bf16* w1, const int32_t* offsets,
 
 }  // namespace
 
+// The swap-AB kernel's token tile is up to 256 rows a stage: gathered by its producer's cp.async it
+// ran GLM-5.3-Flash's gate GEMM (T = 8192, N = 2048, K = 4096) 1.99 -> 3.31 ms on the H100, more than
+// the 0.34 ms gather_rows it saves (kernels/dev/moe_gemm bench, 2026-12-06, docs/perf/README.md);
+// the warp-specialised kernel's 128 rows a stage gathered cost ~nothing (Qwen3.5: 0.325 -> 0.332 ms,
+// saving 0.160). So shapes the swap-AB kernel takes are gathered beforehand.
+bool grouped_gemm_gathers_rows(int64_t N, int64_t K) {
+  return !swab_shape(int(std::min<int64_t>(N, INT32_MAX)), int(std::min<int64_t>(K, INT32_MAX)));
+}
+
 void grouped_gemm_tc(const bf16* xs, const bf16* W, const int32_t* offsets, const int32_t* tile_off, int E,
-                     int64_t max_tiles, int64_t N, int64_t K, bf16* y, cudaStream_t s) {
+                     int64_t max_tiles, int64_t N, int64_t K, bf16* y, cudaStream_t s, const int32_t* arow,
+                     int top_k) {
   (void)tile_off;
-  run(xs, W, nullptr, offsets, E, max_tiles, N, GluAct{}, K, y, false, s, "grouped_gemm_tc");
+  run(xs, W, nullptr, offsets, E, max_tiles, N, GluAct{}, K, y, false, s, "grouped_gemm_tc", nullptr, nullptr, arow,
+      top_k);
 }
 
 void grouped_gemm_swiglu_tc(const bf16* xs, const bf16* Wg, const bf16* Wu, const int32_t* offsets,

@@ -86,10 +86,6 @@ __device__ __forceinline__ void mbar_arrive_lane0(uint32_t bar, int lane) {
 }
 // Hides a value from the optimiser (keeps loop-invariant wgmma descriptors from being hoisted).
 __device__ __forceinline__ void opaque(uint32_t& v) { asm volatile("" : "+r"(v)); }
-// The mbarrier gets one arrival when every cp.async this thread issued before has landed.
-__device__ __forceinline__ void cp_async_mbar_arrive(uint32_t bar) {
-  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
-}
 
 // FP8: the cache's E4M3 codes (a fp32 scale per 128 dims) and bf16 RoPE rows, dequantized by the
 // producer into the same bf16 tiles the consumers read (DR = 64 only).

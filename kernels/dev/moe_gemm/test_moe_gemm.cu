@@ -1,6 +1,7 @@
 // Standalone test + bench of kernels/moe_gemm.cu (grouped_gemm_tc, grouped_gemm_swiglu_tc).
 //   nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -Ikernels -Ilib kernels/dev/moe_gemm/test_moe_gemm.cu
-//        kernels/moe_gemm.cu -lcublas -o /tmp/mg && /tmp/mg && /tmp/mg --bench
+//        kernels/moe_gemm.cu kernels/backend_ops.cu -lcublas -lcuda -o /tmp/mg && /tmp/mg && /tmp/mg --bench
+//   (run_device.sh compiles the three in parallel)
 // Test: offsets / tile_off built on the host as moe_dispatch defines them, bf16 data from a hash,
 // reference in fp64 over the same bf16 values (all rows for small shapes; first, last and one
 // random row of every expert for the large ones). Error = |y - ref| / max_c |ref[row, c]|;
@@ -12,7 +13,8 @@
 // fallbacks for shapes or pointers TMA cannot take).
 // Bench: the real shapes with ~uniform routing, median of 10 (cudaEvents), against cuBLAS
 // cublasGemmEx of one dense GEMM with the same total rows; the plain GEMMs also with the clusters
-// forced off and on, their outputs compared bitwise.
+// forced off and on, their outputs compared bitwise; gather_rows + the gate GEMM against the gate GEMM
+// gathering its rows in its loaders, outputs compared bitwise.
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -28,6 +30,7 @@
 #include <string>
 #include <vector>
 
+#include "backend_ops.cuh"
 #include "core/bf16.hpp"
 #include "moe_gemm.cuh"
 
@@ -451,6 +454,39 @@ static void bench_model(const char* name, int E, int top_k, int64_t D, int64_t I
          (long long)I, (long long)D, t_s, tf(2 * fl_gu, t_s), 2 * t_c1, tf(2 * fl_gu, 2 * t_c1), 2 * t_c1 / t_s);
   printf("  down     grouped_gemm_tc  N=%-5lld K=%-5lld %8.3f ms %7.1f TFLOP/s | cuBLAS dense %8.3f ms %7.1f TFLOP/s | ratio %.2f\n",
          (long long)D, (long long)I, t_d, tf(fl_d, t_d), t_c2, tf(fl_d, t_c2), t_c2 / t_d);
+
+  // gather_rows then the gate GEMM on the gathered copy, against the gate GEMM gathering the token
+  // rows in its loaders (a shuffled perm over T tokens x top_k), outputs compared bitwise
+  float t_gather, t_g2, t_gat;
+  bool gat_eq;
+  {
+    const int64_t T = n / top_k;
+    std::vector<int32_t> perm(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) perm[size_t(i)] = int32_t(i);
+    std::shuffle(perm.begin(), perm.end(), std::mt19937(9));
+    int32_t* d_perm;
+    bf16* x;
+    CK(cudaMalloc(&d_perm, sizeof(int32_t) * n));
+    CK(cudaMalloc(&x, sizeof(bf16) * T * D));
+    CK(cudaMemcpy(d_perm, perm.data(), sizeof(int32_t) * n, cudaMemcpyHostToDevice));
+    fill(x, T * D, 5, 1.f);
+    t_gather = time_ms([&] { dz::cuda::gather_rows(x, d_perm, n, top_k, D, xs, 0); });
+    t_g2 = time_ms([&] { dz::cuda::grouped_gemm_tc(xs, wg, L.d_off, L.d_toff, E, L.max_tiles, I, D, h, 0); });
+    std::vector<uint16_t> ref(size_t(n * I)), got(size_t(n * I));
+    CK(cudaMemcpy(ref.data(), h, ref.size() * 2, cudaMemcpyDeviceToHost));
+    CK(cudaMemset(h, 0, ref.size() * 2));
+    t_gat = time_ms(
+        [&] { dz::cuda::grouped_gemm_tc(x, wg, L.d_off, L.d_toff, E, L.max_tiles, I, D, h, 0, d_perm, top_k); });
+    CK(cudaMemcpy(got.data(), h, got.size() * 2, cudaMemcpyDeviceToHost));
+    gat_eq = ref == got;
+    if (!gat_eq) ++g_fail;
+    CK(cudaFree(d_perm));
+    CK(cudaFree(x));
+  }
+  printf("  gather + gate %.3f + %.3f = %.3f ms | gate gathering its rows %.3f ms (%.3f ms saved); outputs %s; "
+         "production %s\n",
+         t_gather, t_g2, t_gather + t_g2, t_gat, t_gather + t_g2 - t_gat, gat_eq ? "bitwise equal" : "DIFFER (FAIL)",
+         dz::cuda::grouped_gemm_gathers_rows(I, D) ? "gathers in the loaders" : "gathers beforehand");
 
   const bool cl_eq = out_cl[0][0] == out_cl[1][0] && out_cl[0][1] == out_cl[1][1];
   if (!cl_eq) ++g_fail;

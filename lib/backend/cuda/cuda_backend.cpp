@@ -585,14 +585,15 @@ class CudaBackend final : public Backend {
             tile_off = alloc({EB + 1}, DType::I32), perm = alloc({n}, DType::I32), pos_of = alloc({n}, DType::I32);
     cuda::moe_dispatch(idx.ptr<int32_t>(), T, int(k), int(EB), counts.ptr<int32_t>(), offsets.ptr<int32_t>(),
                        tile_off.ptr<int32_t>(), perm.ptr<int32_t>(), pos_of.ptr<int32_t>(), st());
-    DTensor xs = alloc({n, DX}, DType::BF16), hg = alloc({n, I}, DType::BF16), ys = alloc({n, DX}, DType::BF16);
+    DTensor hg = alloc({n, I}, DType::BF16), ys = alloc({n, DX}, DType::BF16);
     if (ep) fill_zero(ys);
-    cuda::gather_rows(b16(x), perm.ptr<int32_t>(), n, int(k), DX, b16w(xs), st());
     // Tensor-core grouped GEMMs over each expert's rows. (At a decode step's few rows a GEMV
     // version ran slower than these: docs/cuda_backend.md.)
     if (w.experts.gate.mx_scales) {  // MXFP4 experts, decoded tile by tile in the GEMMs
       DZ_CHECK(w.experts.up.mx_scales && w.experts.down.mx_scales, "moe: MXFP4 gate without MXFP4 up / down");
       auto mx = [](const DTensor& t) { return cuda::Mx4Weight{t.ptr<uint8_t>(), t.mx_scales->ptr<uint8_t>()}; };
+      DTensor xs = alloc({n, DX}, DType::BF16);  // the rows gathered by expert
+      cuda::gather_rows(b16(x), perm.ptr<int32_t>(), n, int(k), DX, b16w(xs), st());
       cuda::grouped_gemm_glu_mx4_tc(b16(xs), mx(w.experts.gate), mx(w.experts.up), offsets.ptr<int32_t>(), int(El),
                                     max_tiles, I, DX, b16w(hg), st(), w.experts.act);
       cuda::grouped_gemm_mx4_tc(b16(hg), mx(w.experts.down), offsets.ptr<int32_t>(), int(El), max_tiles, DX, I,
@@ -603,10 +604,16 @@ class CudaBackend final : public Backend {
       // on every shape measured (docs/perf/experiments_c6788c6.txt; GLM-5.3-Flash at T = 8192:
       // 6.12 ms fused vs 2 x 2.13 ms + the pass).
       DTensor hu = alloc({n, I}, DType::BF16);
+      // Both read the token rows through perm where the GEMMs' loaders gather them at no cost
+      // (no gathered copy written and read back); else from one gathered copy.
+      const bool in_loader = cuda::grouped_gemm_gathers_rows(I, DX);
+      DTensor xs = in_loader ? x : alloc({n, DX}, DType::BF16);
+      if (!in_loader) cuda::gather_rows(b16(x), perm.ptr<int32_t>(), n, int(k), DX, b16w(xs), st());
+      const int32_t* arow = in_loader ? perm.ptr<int32_t>() : nullptr;
       cuda::grouped_gemm_tc(b16(xs), b16(w.experts.gate), offsets.ptr<int32_t>(), tile_off.ptr<int32_t>(), int(El),
-                            max_tiles, I, DX, b16w(hg), st());
+                            max_tiles, I, DX, b16w(hg), st(), arow, int(k));
       cuda::grouped_gemm_tc(b16(xs), b16(w.experts.up), offsets.ptr<int32_t>(), tile_off.ptr<int32_t>(), int(El),
-                            max_tiles, I, DX, b16w(hu), st());
+                            max_tiles, I, DX, b16w(hu), st(), arow, int(k));
       cuda::silu_mul(b16(hg), b16(hu), b16w(hg), n * I, w.experts.act, st());
       cuda::grouped_gemm_tc(b16(hg), b16(w.experts.down), offsets.ptr<int32_t>(), tile_off.ptr<int32_t>(), int(El),
                             max_tiles, DX, I, b16w(ys), st());
