@@ -26,6 +26,12 @@
 #   DZ_COMMIT=<hash> bash scripts/device-queue.sh e2e-glm
 #                                              GLM-5.3-Flash 4 layers at T = 8192: dayzero (median of 7),
 #                                              the transformers 5.23 + fla anchor, dayzero again
+#   DZ_COMMIT=<hash> [DZ_END=<s>] bash scripts/device-queue.sh final
+#                                              a session's closing check in one command ending by DZ_END
+#                                              s (default 575; less when the budget is short): the
+#                                              project built, the whole Catch binary (its MoE reruns
+#                                              included), GLM-5.3-Flash 4l and Qwen3.5 8l e2e at T = 8192
+#                                              (median of 7, no anchor), the CLI part in what is left
 # On one warm machine `benches` then `tests` (within its 30 s idle release) share the build.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit
@@ -106,7 +112,7 @@ queued_ab() {
 }
 # shellcheck disable=SC1091
 source scripts/device-unpack.sh >/dev/null
-case ${1:?stage: benches, tests, patch or e2e-glm} in
+case ${1:?stage: benches, tests, patch, final or e2e-glm} in
   benches)
     export DZ_COMMIT=${DZ_COMMIT:?}
     build_project /tmp/build.log
@@ -146,6 +152,38 @@ case ${1:?stage: benches, tests, patch or e2e-glm} in
     queued_ab "${DZ_PATCH:?}" "${DZ_HARNESS:?}" "${DZ_SPEC:-}" "${DZ_FAMILIES:-}"
     if [[ ${DZ_BENCH_SPARSE:-0} == 1 && $(left) -gt 70 ]]; then
       bench_sparse $(($(left) - 5)) "$O/sparse_attn_dayzero.json" "$O/sparse_attn.log"
+    fi
+    ;;
+  final)
+    export DZ_COMMIT=${DZ_COMMIT:?}
+    END=${DZ_END:-575}
+    nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm --format=csv,noheader
+    build_project /tmp/build.log
+    tail -1 /tmp/build.log
+    # the Catch binary first (what a session must not end without), 40 s kept for the e2e runs
+    L=$((END - ($(date +%s) - T0) - 40))
+    [[ $L -gt 280 ]] && L=280
+    DZ_GPU_SKIP_CRASH=1 DZ_GPU_PART=catch timeout "$L" bash scripts/gpu-tests.sh "$PREFIX" build-gpu "$O/logs" \
+      >/tmp/catch.out 2>&1
+    echo "catch rc $? at $(($(date +%s) - T0)) s"
+    reap
+    grep -h -E "^All tests|^test cases|FAILED" "$O"/logs/gpu_tests*.log | head -20
+    eval "$(bash scripts/offline-prefix.sh env "$PREFIX")"
+    for m in glm5_3_flash_4l:glm qwen3_5_35b_a3b_8l:qwen; do
+      L=$((END - ($(date +%s) - T0)))
+      [[ $L -gt 15 ]] || break
+      timeout "$L" build-gpu/dayzero bench e2e --model "configs/bench/${m%%:*}" --tokens 8192 --modes last-logits \
+        --repeats 7 --json "$O/e2e_dayzero_2026_${m#*:}_${DZ_COMMIT}.json" 2>&1 | grep -v '^{' | tail -1
+    done
+    reap
+    L=$((END - ($(date +%s) - T0)))
+    echo "cli with $L s left"
+    if [[ $L -gt 20 ]]; then
+      DZ_GPU_SKIP_CRASH=1 DZ_GPU_PART=cli timeout "$L" bash scripts/gpu-tests.sh "$PREFIX" build-gpu "$O/logs" \
+        >/tmp/cli.out 2>&1
+      echo "cli rc $? at $(($(date +%s) - T0)) s: $(grep -c " ok$" "$O/logs/cli.log") ok lines"
+      reap
+      grep -E "FAILED|rror" "$O/logs/cli.log" | head -5
     fi
     ;;
   e2e-glm)
