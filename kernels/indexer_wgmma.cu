@@ -262,8 +262,8 @@ constexpr int kCandMax = 12288;  // keys of the threshold bin kept in shared mem
 
 // Top-K of one row from its scores and its histogram (idx_wgmma_kernel<..., true>): the bin of the
 // K-th best from the histogram, that bin's keys gathered into shared memory in one pass over the
-// row, the exact K-th key by two radix steps over them, then block_topk's in-order compaction (a
-// second pass). More than kCandMax keys in the bin: block_topk over the row instead.
+// row, the exact K-th key by two radix steps over them, then block_topk's in-order compaction (its
+// count and write passes). More than kCandMax keys in the bin: block_topk over the row instead.
 __global__ void __launch_bounds__(kTopkThreads) topk_hist_kernel(const float* __restrict__ scores, int64_t ld,
                                                                   const uint32_t* __restrict__ hist,
                                                                   const int32_t* __restrict__ pos, int K,
