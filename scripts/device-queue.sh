@@ -22,7 +22,9 @@
 #                                              with it the GPU tests' cases DZ_SPEC and the CLI runs of
 #                                              the families DZ_FAMILIES; DZ_BENCH_SPARSE=1: also
 #                                              `bench sparse-attn` before the patch and after the tests
-#                                              (DZ_BENCH_ONLY=<substring>: only those cases)
+#                                              (DZ_BENCH_ONLY=<substring>: only those cases); DZ_PATCH may
+#                                              name several patches (space-separated, applied in order);
+#                                              DZ_BENCH_LA=1: `bench linear-attn` with them at the end
 #   DZ_COMMIT=<hash> bash scripts/device-queue.sh e2e-glm
 #                                              GLM-5.3-Flash 4 layers at T = 8192: dayzero (median of 7),
 #                                              the transformers 5.23 + fla anchor, dayzero again
@@ -97,8 +99,11 @@ queued_ab() {
   [[ $H == - ]] || cp /tmp/h_before/bench.txt "$O/bench_before.txt"
   # the production build's `bench sparse-attn` before the patch
   [[ ${DZ_BENCH_SPARSE:-0} == 1 ]] && bench_sparse 150 /tmp/sparse_before.json "$O/sparse_attn_before.log"
-  git apply "$P" 2>/dev/null || patch -p1 -s <"$P" || { echo "$P does not apply"; return 1; }
-  echo "$P applied"
+  local pf
+  for pf in $P; do  # (several, space-separated: applied in order)
+    git apply "$pf" 2>/dev/null || patch -p1 -s <"$pf" || { echo "$pf does not apply"; return 1; }
+    echo "$pf applied"
+  done
   if [[ $H != - ]]; then
     OUT=/tmp/h TEST_TIMEOUT=90 timeout 200 bash "$H"
     reap
@@ -109,6 +114,12 @@ queued_ab() {
   gpu_tests /tmp/logs "$3" "$4"
   cp /tmp/logs/gpu_tests.log "$O/"
   [[ -f /tmp/logs/cli.log ]] && cp /tmp/logs/cli.log "$O/"
+  if [[ ${DZ_BENCH_LA:-0} == 1 && $(left) -gt 30 ]]; then  # the linear-attention bench with the patches
+    (eval "$(bash scripts/offline-prefix.sh env "$PREFIX")"
+     timeout "$(($(left) - 5))" build-gpu/dayzero bench linear-attn --json "$O/linear_attn_dayzero.json" 2>&1 |
+       grep -E "chunk")
+    echo "bench linear-attn rc $? at $(($(date +%s) - T0)) s"
+  fi
 }
 # shellcheck disable=SC1091
 source scripts/device-unpack.sh >/dev/null
