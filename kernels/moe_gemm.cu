@@ -394,9 +394,10 @@ __global__ void __launch_bounds__(kThreads, 1) k_moe_gemm(const __grid_constant_
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
         const bool ok = kin && ((rmask >> i) & 1);
-        // (gathered rows: the token row looked up per stage; these loaders are not the fast path)
-        const bf16* src = a.arow ? a.xs + a_row_off(a, ld_it.r0 + prow + 32 * i) + kc : pa + i * rstride;
-        cp_async16(sA + pdst + i * 32 * kRowB, ok ? src : a.xs, ok);
+        // (gathered rows: the token row looked up per stage, only for rows inside the item: a row past
+        // the last expert has no perm entry; these loaders are not the fast path)
+        const bf16* src = !ok ? a.xs : a.arow ? a.xs + a_row_off(a, ld_it.r0 + prow + 32 * i) + kc : pa + i * rstride;
+        cp_async16(sA + pdst + i * 32 * kRowB, src, ok);
       }
       if constexpr (MX4) {  // 4 packed bytes + the scale of each chunk, stored by the next produce()
         const int64_t qo = int64_t(ld_k) * (kBK / 2), so = int64_t(ld_k) * (kBK / 32);
