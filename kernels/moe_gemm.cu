@@ -1061,7 +1061,7 @@ bool clusters() {
 // The swap-AB kernel takes the plain TMA GEMMs with N >= 2048 and K >= 2048 (where it was measured
 // faster, see the top); DZ_MOE_GEMM_SWAPAB=1 gives it every such GEMM (the GPU tests run the MoE cases
 // so too), =0 none.
-bool swab_shape(int N, int K) {
+bool swab_shape(int64_t N, int64_t K) {
   const char* f = std::getenv("DZ_MOE_GEMM_SWAPAB");
   if (f && f[0] == '1') return true;
   if (f && f[0] == '0') return false;
@@ -1187,9 +1187,7 @@ void run(const bf16* xs, const bf16* w0, const bf16* w1, const int32_t* offsets,
 // the 0.34 ms gather_rows it saves (kernels/dev/moe_gemm bench, 2026-12-06, docs/perf/README.md);
 // the warp-specialised kernel's 128 rows a stage gathered cost ~nothing (Qwen3.5: 0.325 -> 0.332 ms,
 // saving 0.160). So shapes the swap-AB kernel takes are gathered beforehand.
-bool grouped_gemm_gathers_rows(int64_t N, int64_t K) {
-  return !swab_shape(int(std::min<int64_t>(N, INT32_MAX)), int(std::min<int64_t>(K, INT32_MAX)));
-}
+bool grouped_gemm_gathers_rows(int64_t N, int64_t K) { return !swab_shape(N, K); }
 
 void grouped_gemm_tc(const bf16* xs, const bf16* W, const int32_t* offsets, const int32_t* tile_off, int E,
                      int64_t max_tiles, int64_t N, int64_t K, bf16* y, cudaStream_t s, const int32_t* arow,

@@ -25,14 +25,15 @@
 
 namespace dz::cuda {
 
+// Whether grouped_gemm_tc at this shape gathers the rows in its loaders at no cost to the GEMM;
+// false: gather_rows once and pass the copy (arow = nullptr).
+bool grouped_gemm_gathers_rows(int64_t N, int64_t K);
+
 // arow: the rows gathered by the GEMM's loaders: row r is xs[arow[r] / top_k] with xs the tokens
 // [T, K] and arow moe_dispatch's perm (bitwise gather_rows(xs, arow, ...) then the GEMM, without the
 // gathered copy written and read back); nullptr: row r is xs[r]. Worth it only where
 // grouped_gemm_gathers_rows(N, K) (otherwise the GEMM runs on a kernel slower than the swap-AB one
 // that a gathered copy would get).
-// Whether grouped_gemm_tc at this shape gathers the rows in its loaders at no cost to the GEMM;
-// false: gather_rows once and pass the copy (arow = nullptr).
-bool grouped_gemm_gathers_rows(int64_t N, int64_t K);
 void grouped_gemm_tc(const __nv_bfloat16* xs, const __nv_bfloat16* W, const int32_t* offsets,
                      const int32_t* tile_off, int E, int64_t max_tiles, int64_t N, int64_t K,
                      __nv_bfloat16* y, cudaStream_t s, const int32_t* arow = nullptr, int top_k = 1);

@@ -587,13 +587,18 @@ class CudaBackend final : public Backend {
                        tile_off.ptr<int32_t>(), perm.ptr<int32_t>(), pos_of.ptr<int32_t>(), st());
     DTensor hg = alloc({n, I}, DType::BF16), ys = alloc({n, DX}, DType::BF16);
     if (ep) fill_zero(ys);
+    // The token rows by expert: read through perm by the BF16 gate / up GEMMs' loaders where that
+    // costs them nothing (no gathered copy written and read back), else one gathered copy.
+    const bool mx4 = w.experts.gate.mx_scales != nullptr;
+    const bool in_loader = !mx4 && cuda::grouped_gemm_gathers_rows(I, DX);
+    const DTensor xs = in_loader ? x : alloc({n, DX}, DType::BF16);
+    if (!in_loader) cuda::gather_rows(b16(x), perm.ptr<int32_t>(), n, int(k), DX, b16w(xs), st());
+    const int32_t* arow = in_loader ? perm.ptr<int32_t>() : nullptr;
     // Tensor-core grouped GEMMs over each expert's rows. (At a decode step's few rows a GEMV
     // version ran slower than these: docs/cuda_backend.md.)
-    if (w.experts.gate.mx_scales) {  // MXFP4 experts, decoded tile by tile in the GEMMs
+    if (mx4) {  // MXFP4 experts, decoded tile by tile in the GEMMs
       DZ_CHECK(w.experts.up.mx_scales && w.experts.down.mx_scales, "moe: MXFP4 gate without MXFP4 up / down");
       auto mx = [](const DTensor& t) { return cuda::Mx4Weight{t.ptr<uint8_t>(), t.mx_scales->ptr<uint8_t>()}; };
-      DTensor xs = alloc({n, DX}, DType::BF16);  // the rows gathered by expert
-      cuda::gather_rows(b16(x), perm.ptr<int32_t>(), n, int(k), DX, b16w(xs), st());
       cuda::grouped_gemm_glu_mx4_tc(b16(xs), mx(w.experts.gate), mx(w.experts.up), offsets.ptr<int32_t>(), int(El),
                                     max_tiles, I, DX, b16w(hg), st(), w.experts.act);
       cuda::grouped_gemm_mx4_tc(b16(hg), mx(w.experts.down), offsets.ptr<int32_t>(), int(El), max_tiles, DX, I,
@@ -604,12 +609,6 @@ class CudaBackend final : public Backend {
       // on every shape measured (docs/perf/experiments_c6788c6.txt; GLM-5.3-Flash at T = 8192:
       // 6.12 ms fused vs 2 x 2.13 ms + the pass).
       DTensor hu = alloc({n, I}, DType::BF16);
-      // Both read the token rows through perm where the GEMMs' loaders gather them at no cost
-      // (no gathered copy written and read back); else from one gathered copy.
-      const bool in_loader = cuda::grouped_gemm_gathers_rows(I, DX);
-      DTensor xs = in_loader ? x : alloc({n, DX}, DType::BF16);
-      if (!in_loader) cuda::gather_rows(b16(x), perm.ptr<int32_t>(), n, int(k), DX, b16w(xs), st());
-      const int32_t* arow = in_loader ? perm.ptr<int32_t>() : nullptr;
       cuda::grouped_gemm_tc(b16(xs), b16(w.experts.gate), offsets.ptr<int32_t>(), tile_off.ptr<int32_t>(), int(El),
                             max_tiles, I, DX, b16w(hg), st(), arow, int(k));
       cuda::grouped_gemm_tc(b16(xs), b16(w.experts.up), offsets.ptr<int32_t>(), tile_off.ptr<int32_t>(), int(El),
