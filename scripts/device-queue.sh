@@ -28,9 +28,9 @@
 #   DZ_COMMIT=<hash> bash scripts/device-queue.sh e2e-glm
 #                                              GLM-5.3-Flash 4 layers at T = 8192: dayzero (median of 7),
 #                                              the transformers 5.23 + fla anchor, dayzero again
-#   DZ_COMMIT=<hash> [DZ_END=<s>] bash scripts/device-queue.sh final
-#                                              a session's closing check in one command ending by DZ_END
-#                                              s (default 575; less when the budget is short): the
+#   DZ_COMMIT=<hash> [DZ_STAGE_BUDGET=<s>] bash scripts/device-queue.sh final
+#                                              a session's closing check in one command ending by
+#                                              DZ_STAGE_BUDGET s (default 575; less when the budget is short): the
 #                                              project built, the whole Catch binary (its MoE reruns
 #                                              included), GLM-5.3-Flash 4l and Qwen3.5 8l e2e at T = 8192
 #                                              (median of 7, no anchor), the CLI part in what is left
@@ -56,11 +56,11 @@ reap() {
   pkill -x prterun 2>/dev/null  # Open MPI 5's launcher
   sleep 2
 }
-# The GPU tests without the crash scripts, logs in $1: the Catch binary (the cases $2 when given),
-# then the CLI part in what is left of the stage (only the families $3 when given; "-": none).
-gpu_tests() {
-  local D=$1 spec=${2:-} fams=${3:-} L
-  L=$(left)
+# The Catch binary of the GPU tests (the cases $2 when given), logs in $1, within what is left of the
+# stage less $3 s (kept for what follows), at most 300 s.
+catch_part() {
+  local D=$1 spec=${2:-} L
+  L=$(($(left) - ${3:-0}))
   [[ $L -gt 300 ]] && L=300
   DZ_GPU_SKIP_CRASH=1 DZ_GPU_PART=catch timeout "$L" bash scripts/gpu-tests.sh "$PREFIX" build-gpu "$D" \
     ${spec:+"$spec"} >/tmp/catch.out 2>&1
@@ -68,9 +68,13 @@ gpu_tests() {
   reap
   tail -3 /tmp/catch.out
   grep -h -E "^All tests|^test cases|FAILED" "$D"/gpu_tests*.log | head -20
-  [[ $fams == - ]] && { echo "cli skipped (families -)"; return 0; }
+}
+# The CLI part of the GPU tests (only the families $2 when given), logs in $1, in what is left.
+cli_part() {
+  local D=$1 fams=${2:-} L
   L=$(left)
   echo "cli ${fams:-(all)} with $L s left"
+  [[ $L -gt 20 ]] || return 0
   env DZ_GPU_SKIP_CRASH=1 DZ_GPU_PART=cli ${fams:+DZ_GPU_CLI=families "DZ_GPU_FAMILIES=$fams"} timeout "$L" \
     bash scripts/gpu-tests.sh "$PREFIX" build-gpu "$D" >/tmp/cli.out 2>&1
   echo "cli rc $? at $(($(date +%s) - T0)) s"
@@ -78,6 +82,13 @@ gpu_tests() {
   echo "$(grep -c " ok" "$D/cli.log") ok lines"
   grep -E "FAILED|rror" "$D/cli.log" | head
   tail -3 /tmp/cli.out
+}
+# The GPU tests without the crash scripts, logs in $1: the Catch binary (the cases $2 when given),
+# then the CLI part in what is left of the stage (only the families $3 when given; "-": none).
+gpu_tests() {
+  catch_part "$1" "${2:-}"
+  [[ ${3:-} == - ]] && { echo "cli skipped (families -)"; return 0; }
+  cli_part "$1" "${3:-}"
 }
 # `bench sparse-attn` of the project's build within $1 s: JSON $2, log $3 (DZ_BENCH_ONLY=<substring>:
 # only those cases); prints its indexer and sparse-MLA lines.
@@ -167,35 +178,18 @@ case ${1:?stage: benches, tests, patch, final or e2e-glm} in
     ;;
   final)
     export DZ_COMMIT=${DZ_COMMIT:?}
-    END=${DZ_END:-575}
     nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm --format=csv,noheader
     build_project /tmp/build.log
     tail -1 /tmp/build.log
-    # the Catch binary first (what a session must not end without), 40 s kept for the e2e runs
-    L=$((END - ($(date +%s) - T0) - 40))
-    [[ $L -gt 280 ]] && L=280
-    DZ_GPU_SKIP_CRASH=1 DZ_GPU_PART=catch timeout "$L" bash scripts/gpu-tests.sh "$PREFIX" build-gpu "$O/logs" \
-      >/tmp/catch.out 2>&1
-    echo "catch rc $? at $(($(date +%s) - T0)) s"
-    reap
-    grep -h -E "^All tests|^test cases|FAILED" "$O"/logs/gpu_tests*.log | head -20
+    catch_part "$O/logs" "" 40  # first: what a session must not end without; 40 s kept for the e2e runs
     eval "$(bash scripts/offline-prefix.sh env "$PREFIX")"
     for m in glm5_3_flash_4l:glm qwen3_5_35b_a3b_8l:qwen; do
-      L=$((END - ($(date +%s) - T0)))
-      [[ $L -gt 15 ]] || break
-      timeout "$L" build-gpu/dayzero bench e2e --model "configs/bench/${m%%:*}" --tokens 8192 --modes last-logits \
+      [[ $(left) -gt 15 ]] || break
+      timeout "$(left)" build-gpu/dayzero bench e2e --model "configs/bench/${m%%:*}" --tokens 8192 --modes last-logits \
         --repeats 7 --json "$O/e2e_dayzero_2026_${m#*:}_${DZ_COMMIT}.json" 2>&1 | grep -v '^{' | tail -1
     done
     reap
-    L=$((END - ($(date +%s) - T0)))
-    echo "cli with $L s left"
-    if [[ $L -gt 20 ]]; then
-      DZ_GPU_SKIP_CRASH=1 DZ_GPU_PART=cli timeout "$L" bash scripts/gpu-tests.sh "$PREFIX" build-gpu "$O/logs" \
-        >/tmp/cli.out 2>&1
-      echo "cli rc $? at $(($(date +%s) - T0)) s: $(grep -c " ok$" "$O/logs/cli.log") ok lines"
-      reap
-      grep -E "FAILED|rror" "$O/logs/cli.log" | head -5
-    fi
+    cli_part "$O/logs"
     ;;
   e2e-glm)
     export DZ_COMMIT=${DZ_COMMIT:?}
