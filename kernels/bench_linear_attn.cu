@@ -36,6 +36,12 @@ int bench_linear_attn(const std::string& json_out) {
     std::fflush(stdout);
   };
   char buf[256];
+  // DZ_BENCH_ONLY=<substring> runs only the rows whose "<name> H=<heads>" or "<name> B=<batch>" contains it (for
+  // profilers: scripts/ncu-targets.sh), e.g. "kda_chunk_serial H=32" or "gdn_chunk".
+  const char* only = std::getenv("DZ_BENCH_ONLY");
+  auto want = [&](const char* name, const char* dim, int n) {
+    return !only || (std::string(name) + " " + dim + "=" + std::to_string(n)).find(only) != std::string::npos;
+  };
 
   // ---- chunked prefill, B=1, T=65536, K=V=128: serial (one CTA per head) and the parallel scan ----
   const int T = 65536, K = 128, V = 128;
@@ -57,6 +63,9 @@ int bench_linear_attn(const std::string& json_out) {
     const double bytes = double(TH) * (2 * K + V + 1) * 2 + double(TH) * V * 2;  // inputs + o, bf16
     for (bool kda : {true, false}) {
       if (!kda && H != 32) continue;
+      const bool serial = want(kda ? "kda_chunk_serial" : "gdn_chunk_serial", "H", H);
+      const bool scan = want(kda ? "kda_chunk_parallel_scan" : "gdn_chunk_parallel_scan", "H", H);
+      if (!serial && !scan) continue;
       p.kda = kda;
       p.gate = {kda ? f : fg, A_log, dtb, 0.f};
       const double gb = (bytes + (kda ? double(TH) * K * 2 : 0.0)) / 1e9;
@@ -66,6 +75,7 @@ int bench_linear_attn(const std::string& json_out) {
       // in a pass after it; the earlier versions: docs/perf/ and kernels/dev/linear_attn/.
       double ms_s = 1e30;
       for (int fused : {1, 0}) {
+        if (!serial) break;
         p.fused_output = fused;
         p.workspace = pws;
         const double ms = median_ms([&] { la_chunk_prefill(p, nullptr); }, 3, 1);
@@ -76,9 +86,13 @@ int bench_linear_attn(const std::string& json_out) {
       }
       p.fused_output = -1;  // the default
       p.workspace = nullptr;
+      if (!scan) continue;
       const double ms_p = median_ms([&] { la_parallel_prefill(p, T, segs, ws, nullptr); }, 5, 1);
-      std::snprintf(buf + 128, 128, "v4 segments=%d, %.2fx best serial, %.0f GB/s", segs, ms_s / ms_p,
-                    gb / (ms_p * 1e-3));
+      if (serial)
+        std::snprintf(buf + 128, 128, "v4 segments=%d, %.2fx best serial, %.0f GB/s", segs, ms_s / ms_p,
+                      gb / (ms_p * 1e-3));
+      else
+        std::snprintf(buf + 128, 128, "v4 segments=%d, %.0f GB/s", segs, gb / (ms_p * 1e-3));
       add(kda ? "kda_chunk_parallel_scan" : "gdn_chunk_parallel_scan", buf, ms_p, buf + 128);
     }
     for (void* ptr : {(void*)q, (void*)k, (void*)v, (void*)b, (void*)f, (void*)fg, (void*)o, (void*)A_log,
@@ -88,6 +102,7 @@ int bench_linear_attn(const std::string& json_out) {
 
   // ---- recurrent decode: B=256 (bandwidth on state bytes) and B=1 single layer in a CUDA graph ----
   for (int B : {256, 1}) {
+    if (!want(B == 256 ? "kda_decode" : "kda_decode_step_graph", "B", B)) continue;
     const int H = 32, layers = B == 1 ? 64 : 1;  // B=1: 64 layers' states (128 MB) so L2 does not hold them
     const size_t BH = size_t(B) * H;
     bf16 *q = rand_bf16(BH * K, 11), *k = rand_bf16(BH * K, 12), *v = rand_bf16(BH * V, 13), *b = rand_bf16(BH, 14);

@@ -28,6 +28,11 @@
 #   DZ_COMMIT=<hash> bash scripts/device-queue.sh e2e-glm
 #                                              GLM-5.3-Flash 4 layers at T = 8192: dayzero (median of 7),
 #                                              the transformers 5.23 + fla anchor, dayzero again
+#   DZ_COMMIT=<hash> bash scripts/device-queue.sh ncu
+#                                              Nsight Compute over the issue-12 kernels that miss their
+#                                              targets (scripts/ncu-targets.sh: KDA / GDN prefill, the
+#                                              scan at H = 8, the indexer, sparse MLA prefill and FP8
+#                                              decode), one row per launch (~3-6 min)
 #   DZ_COMMIT=<hash> [DZ_STAGE_BUDGET=<s>] bash scripts/device-queue.sh final
 #                                              a session's closing check in one command ending by
 #                                              DZ_STAGE_BUDGET s (default 575; less when the budget is short): the
@@ -134,7 +139,7 @@ queued_ab() {
 }
 # shellcheck disable=SC1091
 source scripts/device-unpack.sh >/dev/null
-case ${1:?stage: benches, tests, patch, final or e2e-glm} in
+case ${1:?stage: benches, tests, patch, final, e2e-glm or ncu} in
   benches)
     export DZ_COMMIT=${DZ_COMMIT:?}
     build_project /tmp/build.log
@@ -206,6 +211,18 @@ case ${1:?stage: benches, tests, patch, final or e2e-glm} in
     PYTHONPATH=$FLA:$TF523 timeout "$(left)" python3 /tmp/anchor_glm.py "$O/e2e_transformers_2026_glm_${DZ_COMMIT}.json" 2026 2>&1 |
       grep -v Warning | tail -3
     g after
+    ;;
+  ncu)
+    export DZ_COMMIT=${DZ_COMMIT:?}
+    build_project /tmp/build.log
+    tail -1 /tmp/build.log
+    nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm --format=csv,noheader
+    (eval "$(bash scripts/offline-prefix.sh env "$PREFIX")"
+     NCU_BUDGET=$(($(left) - 10)) OUT=/tmp/ncu bash scripts/ncu-targets.sh)
+    # the device tool returns at most 8 files: the summary, and the raw CSVs in one archive
+    cp /tmp/ncu/ncu_targets.json "$O/ncu_targets_${DZ_COMMIT}.json" 2>/dev/null
+    cp /tmp/ncu/ncu_targets.txt "$O/" 2>/dev/null
+    tar cJf "$O/ncu_targets_raw.tar.xz" -C /tmp/ncu . 2>/dev/null
     ;;
   *) echo "unknown stage $1"; exit 2 ;;
 esac
