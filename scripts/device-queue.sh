@@ -130,9 +130,13 @@ queued_ab() {
   gpu_tests /tmp/logs "$3" "$4"
   cp /tmp/logs/gpu_tests.log "$O/"
   [[ -f /tmp/logs/cli.log ]] && cp /tmp/logs/cli.log "$O/"
+  if [[ ${DZ_BENCH_SPARSE:-0} == 1 && $(left) -gt 40 ]]; then  # with DZ_BENCH_ONLY a short one: before LA's
+    bench_sparse $(($(left) - 5)) "$O/sparse_attn_dayzero.json" "$O/sparse_attn.log"
+  fi
   if [[ ${DZ_BENCH_LA:-0} == 1 && $(left) -gt 30 ]]; then  # the linear-attention bench with the patches
     (eval "$(bash scripts/offline-prefix.sh env "$PREFIX")"
-     timeout "$(($(left) - 5))" build-gpu/dayzero bench linear-attn --json "$O/linear_attn_dayzero.json" 2>&1 |
+     # DZ_BENCH_ONLY names sparse-attn cases here: all of the linear-attention rows
+     DZ_BENCH_ONLY="" timeout "$(($(left) - 5))" build-gpu/dayzero bench linear-attn --json "$O/linear_attn_dayzero.json" 2>&1 |
        grep -E "chunk")
     echo "bench linear-attn rc $? at $(($(date +%s) - T0)) s"
   fi
@@ -177,9 +181,6 @@ case ${1:?stage: benches, tests, patch, final, e2e-glm or ncu} in
   patch)
     export DZ_COMMIT=${DZ_COMMIT:?}
     queued_ab "${DZ_PATCH:?}" "${DZ_HARNESS:?}" "${DZ_SPEC:-}" "${DZ_FAMILIES:-}"
-    if [[ ${DZ_BENCH_SPARSE:-0} == 1 && $(left) -gt 70 ]]; then
-      bench_sparse $(($(left) - 5)) "$O/sparse_attn_dayzero.json" "$O/sparse_attn.log"
-    fi
     ;;
   final)
     export DZ_COMMIT=${DZ_COMMIT:?}
