@@ -89,9 +89,10 @@ cli_part() {
   tail -3 /tmp/cli.out
 }
 # The GPU tests without the crash scripts, logs in $1: the Catch binary (the cases $2 when given),
-# then the CLI part in what is left of the stage (only the families $3 when given; "-": none).
+# then the CLI part in what is left of the stage (only the families $3 when given; "-": none); $4 s
+# kept from the Catch binary for what follows.
 gpu_tests() {
-  catch_part "$1" "${2:-}"
+  catch_part "$1" "${2:-}" "${4:-0}"
   [[ ${3:-} == - ]] && { echo "cli skipped (families -)"; return 0; }
   cli_part "$1" "${3:-}"
 }
@@ -127,7 +128,10 @@ queued_ab() {
   fi
   build_project /tmp/build.log
   tail -1 /tmp/build.log
-  gpu_tests /tmp/logs "$3" "$4"
+  local keep=0  # the benches after the tests: ~20 s the short sparse one, ~60 s linear attention
+  [[ ${DZ_BENCH_SPARSE:-0} == 1 ]] && keep=$((keep + 30))
+  [[ ${DZ_BENCH_LA:-0} == 1 ]] && keep=$((keep + 80))
+  gpu_tests /tmp/logs "$3" "$4" "$keep"
   cp /tmp/logs/gpu_tests.log "$O/"
   [[ -f /tmp/logs/cli.log ]] && cp /tmp/logs/cli.log "$O/"
   if [[ ${DZ_BENCH_SPARSE:-0} == 1 && $(left) -gt 40 ]]; then  # with DZ_BENCH_ONLY a short one: before LA's
