@@ -13,12 +13,12 @@ mkdir -p "$O"
 BIN=${DZ_BIN:-build-gpu/dayzero}
 # target | bench | DZ_BENCH_ONLY (the case) | kernels (ncu regex) | launches profiled
 # (ncu serialises and flushes caches between launches, so the first call of a case, its warm-up, is as
-# good as any; the counts cover one call: prep + recurrence for the serial prefill, the scan's passes,
-# the indexer's query blocks)
+# good as any; the counts cover one call: prep + recurrence for the serial prefill, the scan's segment
+# bounds, prep, two transition passes, merge and output pass, the indexer's query blocks)
 TARGETS='kda|linear-attn|kda_chunk_serial H=32|mma_prep_kernel|rec_wgmma_kernel|mma_rec_kernel|mma_out_kernel|2
 gdn|linear-attn|gdn_chunk_serial H=32|mma_prep_kernel|rec_wgmma_kernel|mma_rec_kernel|mma_out_kernel|2
-scan8|linear-attn|kda_chunk_parallel_scan H=8|mma_prep_kernel|mma_rec_kernel|mma_out_kernel|merge_kernel|segment_bounds_kernel|8
-indexer|sparse-attn|indexer_bf16|idx_wgmma_kernel|topk_hist_kernel|topk_smem_kernel|6
+scan8|linear-attn|kda_chunk_parallel_scan H=8|mma_prep_kernel|rec_wgmma_kernel|mma_rec_kernel|mma_out_kernel|merge_kernel|segment_bounds_kernel|6
+indexer|sparse-attn|indexer_bf16|idx_wgmma_kernel|topk_hist_kernel|topk_smem_kernel|8
 mla_prefill|sparse-attn|mla_prefill_bf16|sparse_mla|combine_kernel|2
 mla_decode_fp8|sparse-attn|mla_decode_fp8|sparse_mla|combine_kernel|2'
 # Sections rather than metric names: a metric the device's ncu does not know fails the whole run, a

@@ -16,7 +16,7 @@ import os
 import re
 import sys
 
-TIME_UNITS = {"nsecond": 1e-3, "usecond": 1.0, "msecond": 1e3, "second": 1e6}
+TIME_UNITS = {"ns": 1e-3, "nsecond": 1e-3, "us": 1.0, "usecond": 1.0, "ms": 1e3, "msecond": 1e3, "s": 1e6, "second": 1e6}
 
 
 def num(s):
@@ -27,21 +27,10 @@ def num(s):
 
 
 def short_name(k):
-    """`void la::(anonymous namespace)::mma_prep_kernel<128, true>(LaPrefill, ...)` -> mma_prep_kernel<128, true>"""
-    k = re.sub(r"^void\s+", "", k)
-    depth, cut = 0, len(k)
-    for i, ch in enumerate(k):  # the parameter list: the first '(' outside template brackets
-        if ch == "<":
-            depth += 1
-        elif ch == ">":
-            depth -= 1
-        elif ch == "(" and depth == 0 and not k[i:].startswith("(anonymous"):
-            cut = i
-            break
-    k = k[:cut]
-    base = k.split("<", 1)
-    head = base[0].split("::")[-1]
-    return head + ("<" + base[1] if len(base) > 1 else "")
+    """`void <unnamed>::mma_prep_kernel<128, 0>(LaPrefill, ...)` -> mma_prep_kernel<128, 0>: the first name
+    followed (after its template arguments) by the parameter list"""
+    m = re.search(r"([A-Za-z_]\w*)(<[^()]*>)?\(", k)
+    return m.group(1) + (m.group(2) or "") if m else k
 
 
 def read_raw(path):
@@ -69,11 +58,16 @@ def pick(m, *names):
 def launch_row(m):
     t = m.get("gpu__time_duration.sum")
     us = num(t[0]) * TIME_UNITS.get(t[1], 1.0) if t and num(t[0]) is not None else None
-    tensor = None  # the busiest tensor pipe (hmma: mma.sync, gmma: wgmma) as the sections name it
-    for k, (v, _) in m.items():
-        if "pipe_tensor" in k and "pct_of_peak" in k and num(v) is not None:
-            if tensor is None or num(v) > tensor[1]:
-                tensor = (k.split(".")[0], num(v))
+    # the tensor pipe over all its instruction types (mma.sync, wgmma), else the busiest one named
+    tensor = None
+    all_types = "sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_active"
+    if all_types in m and num(m[all_types][0]) is not None:
+        tensor = (all_types.split(".")[0], num(m[all_types][0]))
+    else:
+        for k, (v, _) in m.items():
+            if "pipe_tensor" in k and k.endswith(".avg.pct_of_peak_sustained_active") and num(v) is not None:
+                if tensor is None or num(v) > tensor[1]:
+                    tensor = (k.split(".")[0], num(v))
     stalls = []
     for k, (v, _) in m.items():
         g = re.match(r"smsp__average_warps?_issue_stalled_(\w+?)_per_issue_active\.ratio$", k)
