@@ -109,8 +109,47 @@ __device__ __forceinline__ void warp_keys(const float* sc, int i0, int e, int la
   for (int u = 0; u < kU; ++u) k[u] = i0 + 32 * u + lane < e ? order_key(sc[i0 + 32 * u + lane]) : 0u;
 }
 
+// The writes of block_compact: out[] = the positions i < n (ascending) whose key beats thr, and the
+// first `remaining` (by position) whose key equals it, given each warp's counts over its span
+// (s_gt[w] above thr, s_eq[w] equal to it; NT / 32 words each). Warp w writes the positions of the
+// contiguous range [w*span, (w+1)*span), span = ceil(n / (NT / 32)): one pass over the row.
+template <int NT>
+__device__ inline void block_compact_write(const float* sc, int n, uint32_t thr, uint32_t remaining,
+                                           const uint32_t* s_gt, const uint32_t* s_eq, int32_t* __restrict__ out) {
+  constexpr int NW = NT / 32;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int span = (n + NW - 1) / NW;
+  const int b = min(n, warp * span), e = min(n, b + span);
+  uint32_t eq_before = 0, out_pos = 0;
+  for (int w2 = 0; w2 < warp; ++w2) {
+    const uint32_t take_eq = s_eq[w2] < (remaining > eq_before ? remaining - eq_before : 0u)
+                                 ? s_eq[w2]
+                                 : (remaining > eq_before ? remaining - eq_before : 0u);
+    out_pos += s_gt[w2] + take_eq;
+    eq_before += s_eq[w2];
+  }
+  const uint32_t lt = (1u << lane) - 1u;
+  // kU x 32 keys a warp loaded before its ballots (in position order, as one at a time)
+  for (int i0 = b; i0 < e; i0 += 32 * kU) {
+    uint32_t k[kU];
+    warp_keys(sc, i0, e, lane, k);
+#pragma unroll
+    for (int u = 0; u < kU; ++u) {
+      const int i = i0 + 32 * u + lane;
+      const bool gt = i < e && k[u] > thr, eq = i < e && k[u] == thr;
+      const uint32_t eqm = __ballot_sync(0xffffffffu, eq);
+      const bool take = gt || (eq && eq_before + __popc(eqm & lt) < remaining);
+      const uint32_t tm = __ballot_sync(0xffffffffu, take);
+      if (take) out[out_pos + __popc(tm & lt)] = i;
+      out_pos += __popc(tm);
+      eq_before += __popc(eqm);
+    }
+  }
+}
+
 // out[] = the positions i < n (ascending) whose key beats thr, and the first `remaining` (by
-// position) whose key equals it. Warp w scans the contiguous range [w*span, (w+1)*span).
+// position) whose key equals it: each warp counts both over its span (one pass), then
+// block_compact_write (a second).
 template <int NT>
 __device__ inline void block_compact(const float* sc, int n, uint32_t thr, uint32_t remaining, int32_t* __restrict__ out) {
   constexpr int NW = NT / 32;
@@ -118,7 +157,6 @@ __device__ inline void block_compact(const float* sc, int n, uint32_t thr, uint3
   const int span = (n + NW - 1) / NW;
   const int b = min(n, warp * span), e = min(n, b + span);
   uint32_t n_gt = 0, n_eq = 0;
-  // both passes load kU x 32 keys a warp before their ballots (in position order, as one at a time)
   for (int i0 = b; i0 < e; i0 += 32 * kU) {
     uint32_t k[kU];
     warp_keys(sc, i0, e, lane, k);
@@ -135,30 +173,7 @@ __device__ inline void block_compact(const float* sc, int n, uint32_t thr, uint3
     s_eq[warp] = n_eq;
   }
   __syncthreads();
-  uint32_t eq_before = 0, out_pos = 0;
-  for (int w2 = 0; w2 < warp; ++w2) {
-    const uint32_t take_eq = s_eq[w2] < (remaining > eq_before ? remaining - eq_before : 0u)
-                                 ? s_eq[w2]
-                                 : (remaining > eq_before ? remaining - eq_before : 0u);
-    out_pos += s_gt[w2] + take_eq;
-    eq_before += s_eq[w2];
-  }
-  const uint32_t lt = (1u << lane) - 1u;
-  for (int i0 = b; i0 < e; i0 += 32 * kU) {
-    uint32_t k[kU];
-    warp_keys(sc, i0, e, lane, k);
-#pragma unroll
-    for (int u = 0; u < kU; ++u) {
-      const int i = i0 + 32 * u + lane;
-      const bool gt = i < e && k[u] > thr, eq = i < e && k[u] == thr;
-      const uint32_t eqm = __ballot_sync(0xffffffffu, eq);
-      const bool take = gt || (eq && eq_before + __popc(eqm & lt) < remaining);
-      const uint32_t tm = __ballot_sync(0xffffffffu, take);
-      if (take) out[out_pos + __popc(tm & lt)] = i;
-      out_pos += __popc(tm);
-      eq_before += __popc(eqm);
-    }
-  }
+  block_compact_write<NT>(sc, n, thr, remaining, s_gt, s_eq, out);
 }
 
 }  // namespace dz::cuda::dev

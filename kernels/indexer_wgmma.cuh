@@ -31,8 +31,8 @@ void indexer_scores_wgmma(const __nv_bfloat16* q, const float* w, const __nv_bfl
                           int H, int D, int64_t S, float* scores, int64_t ld, cudaStream_t stream,
                           uint32_t* hist = nullptr);
 
-// Top-K from the scores and the histograms indexer_scores_wgmma wrote: three passes over each row
-// (the threshold bin's keys gathered, then the in-order compaction's count and write passes)
+// Top-K from the scores and the histograms indexer_scores_wgmma wrote: two passes over each row
+// (the threshold bin's keys kept and each warp's higher keys counted, then the in-order writes)
 // instead of block_topk's five.
 void topk_from_hist(const float* scores, int64_t ld, const uint32_t* hist, const int32_t* pos, int64_t nq, int32_t K,
                     int32_t* sel, cudaStream_t stream);

@@ -526,3 +526,64 @@ TEST_CASE("gpu sparse-attn: the indexer's Top-K on a second stream selects what 
     cudaStreamDestroy(main_st);
   }
 }
+
+// topk_from_hist on score rows made to stress it, against a host Top-K (order keys descending, ties to
+// the lower position, NaN lowest, -0 == +0; positions ascending): many keys equal to the K-th best
+// across every warp's span, NaN / -0 / negative scores, a threshold bin over the kernel's 12288 kept
+// keys (its block_topk path), rows shorter than K, ragged lengths and a padded ld. The histograms are
+// made on the host as indexer_scores_wgmma writes them. Exact: the selections are integers.
+TEST_CASE("gpu sparse-attn: topk_from_hist selects the host Top-K on rows with ties, NaN and a full bin", "[gpu]") {
+  auto okey = [](float s) -> uint32_t {
+    if (std::isnan(s)) return 0u;
+    if (s == 0.f) s = 0.f;
+    uint32_t u;
+    std::memcpy(&u, &s, 4);
+    return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+  };
+  std::mt19937 rng(23);
+  for (const int K : {512, 2048}) {
+    const int64_t nq = 12, ld = 30011;  // odd ld: rows not 16-byte aligned
+    std::vector<float> sc(size_t(nq * ld), std::nanf(""));
+    std::vector<int32_t> pos(static_cast<size_t>(nq));
+    std::uniform_real_distribution<float> u01(0.f, 1.f);
+    for (int64_t q = 0; q < nq; ++q) {
+      const int64_t n = q == 0 ? K / 2 : q == 1 ? K : std::min<int64_t>(ld, 2000 + 2500 * q + int64_t(rng() % 97));
+      pos[size_t(q)] = int32_t(n - 1);
+      float* r = sc.data() + q * ld;
+      for (int64_t i = 0; i < n; ++i) {
+        const float x = u01(rng);
+        switch (q % 5) {
+          case 0: r[i] = x * 4.f - 1.f; break;                                     // plain
+          case 1: r[i] = float(int(x * 6.f)) * 0.25f; break;                      // 6 values: ties everywhere
+          case 2: r[i] = x < 0.1f ? std::nanf("") : x < 0.3f ? -0.f : x < 0.5f ? 0.f : x - 0.75f; break;
+          case 3: r[i] = 1.0f + float(int(x * 3.f)) * 1e-7f; break;             // one bin, few distinct keys
+          default: r[i] = x < 0.95f ? 1.5f : 2.f + x; break;                        // bin of ~all: block_topk
+        }
+      }
+    }
+    std::vector<uint32_t> hist(size_t(nq * 512), 0u);
+    for (int64_t q = 0; q < nq; ++q)
+      for (int64_t i = 0; i <= pos[size_t(q)]; ++i) {
+        const uint32_t b = okey(sc[size_t(q * ld + i)]) >> 22;
+        hist[size_t(q * 512 + b / 2)] += 1u << (16 * (b & 1));
+      }
+    Dev<float> dsc(sc);
+    Dev<uint32_t> dh(hist);
+    Dev<int32_t> dpos(pos), dsel(size_t(nq * K));
+    dz::cuda::topk_from_hist(dsc.p, ld, dh.p, dpos.p, nq, K, dsel.p, nullptr);
+    const auto got = dsel.down();
+    for (int64_t q = 0; q < nq; ++q) {
+      const int64_t n = pos[size_t(q)] + 1;
+      std::vector<int32_t> idx(static_cast<size_t>(n));
+      std::iota(idx.begin(), idx.end(), 0);
+      const float* r = sc.data() + q * ld;
+      std::stable_sort(idx.begin(), idx.end(), [&](int32_t a, int32_t b) { return okey(r[a]) > okey(r[b]); });
+      std::vector<int32_t> want(static_cast<size_t>(K), -1);
+      const int64_t m = std::min<int64_t>(n, K);
+      std::copy(idx.begin(), idx.begin() + m, want.begin());
+      std::sort(want.begin(), want.begin() + m);
+      INFO("K " << K << ", row " << q << " of " << n << " keys");
+      CHECK(std::equal(want.begin(), want.end(), got.begin() + q * K));
+    }
+  }
+}
