@@ -65,7 +65,8 @@ int bench_linear_attn(const std::string& json_out) {
       if (!kda && H != 32) continue;
       const bool serial = want(kda ? "kda_chunk_serial" : "gdn_chunk_serial", "H", H);
       const bool scan = want(kda ? "kda_chunk_parallel_scan" : "gdn_chunk_parallel_scan", "H", H);
-      if (!serial && !scan) continue;
+      const bool piped = want(kda ? "kda_chunk_pipelined" : "gdn_chunk_pipelined", "H", H);
+      if (!serial && !scan && !piped) continue;
       p.kda = kda;
       p.gate = {kda ? f : fg, A_log, dtb, 0.f};
       const double gb = (bytes + (kda ? double(TH) * K * 2 : 0.0)) / 1e9;
@@ -85,6 +86,26 @@ int bench_linear_attn(const std::string& json_out) {
         add(kda ? "kda_chunk_serial" : "gdn_chunk_serial", buf, ms, buf + 128);
       }
       p.fused_output = -1;  // the default
+      // pipelined: a segment's prep beside the previous segment's recurrence on a second stream
+      // (automatic segments, as the backend runs it, and 4); bitwise the serial result
+      if (piped) {
+        LaSide side;
+        side.create();
+        p.side = &side;
+        p.workspace = pws;
+        for (int segs_p : {0, 4}) {
+          p.pipeline_segments = segs_p;
+          const int S = la_pipeline_segments(p);
+          if (S <= 1) continue;
+          const double ms = median_ms([&] { la_chunk_prefill(p, nullptr); }, 5, 1);
+          std::snprintf(buf + 128, 128, "v4 pipelined, %d segments%s, %.2fx best serial, %.0f GB/s", S,
+                        segs_p ? "" : " (automatic)", serial ? ms_s / ms : 0.0, gb / (ms * 1e-3));
+          add(kda ? "kda_chunk_pipelined" : "gdn_chunk_pipelined", buf, ms, buf + 128);
+        }
+        CUDA_CHECK(cudaDeviceSynchronize());
+        p.side = nullptr;
+        p.pipeline_segments = 0;
+      }
       p.workspace = nullptr;
       if (!scan) continue;
       const double ms_p = median_ms([&] { la_parallel_prefill(p, T, segs, ws, nullptr); }, 5, 1);

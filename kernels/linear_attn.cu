@@ -99,15 +99,120 @@ __global__ void segment_bounds_kernel(const int32_t* cu, int S, int L, int T, in
 }  // namespace
 
 
+namespace {
+
+constexpr int kMaxPipe = 64;  // segments of the pipelined prefill, at most
+
+// Rows per segment of T rows in about S segments of whole chunks (the pipelined prefill, the
+// parallel scan).
+int64_t segment_rows(int64_t T, int S) {
+  const int64_t chunks = (T + kMmaBT - 1) / kMmaBT;
+  return (chunks + S - 1) / S * kMmaBT;
+}
+
+// The pipelined prefill's workspace for T rows in about S segments: the segment bounds, two
+// states [HV, K, V] (fp32, in turn) and two segments' prefill workspaces (in turn).
+struct PipeWs {
+  int32_t* seg_cu;
+  float* state[2];
+  void* seg_ws[2];
+  size_t bytes;
+};
+PipeWs pipe_carve(void* base, int64_t T, int S, int HV, int K, int V) {
+  char* c = static_cast<char*>(base);
+  PipeWs w;
+  size_t off = 0;
+  w.seg_cu = reinterpret_cast<int32_t*>(c + off);
+  off += align256(size_t(kMaxPipe + 1) * 4);
+  for (auto& st : w.state) {
+    st = reinterpret_cast<float*>(c + off);
+    off += align256(size_t(HV) * K * V * 4);
+  }
+  const size_t seg = align256(mma_workspace_bytes(segment_rows(T, S), 1, HV, K, V));
+  for (auto& sw : w.seg_ws) {
+    sw = c + off;
+    off += seg;
+  }
+  w.bytes = off;
+  return w;
+}
+
+// Segment s's prep on `stream`, its recurrence (and outputs) on side->stream after the prep and
+// after segment s - 1's recurrence; the prep of segment s + 2 reuses segment s's workspace once
+// that recurrence is done. Segment s starts from segment s - 1's final state (p.h0 for the first)
+// and leaves its own (p.ht for the last): whole chunks on both sides of a boundary and the state in
+// fp32, so the outputs and the final state are bitwise the one-pass prefill's.
+void pipelined_prefill(const LaPrefill& p, int S_req, cudaStream_t stream) {
+  const LaSide& sd = *p.side;
+  DZ_CHECK(sd.stream && sd.start && sd.done && sd.prepped[0] && sd.prepped[1] && sd.recurred[0] && sd.recurred[1],
+           "la_chunk_prefill: a side stream needs its events (LaSide::create)");
+  const int64_t T = p.T_total, L = segment_rows(T, S_req);
+  const int S = int((T + L - 1) / L);
+  const PipeWs w = pipe_carve(p.workspace, T, S_req, p.HV, p.K, p.V);
+  segment_bounds_kernel<<<1, 1024, 0, stream>>>(p.cu_seqlens, S, int(L), int(T), w.seg_cu);
+  CUDA_CHECK_LAUNCH();
+  CUDA_CHECK(cudaEventRecord(sd.start, stream));
+  CUDA_CHECK(cudaStreamWaitEvent(sd.stream, sd.start, 0));
+  const int bv = pick_bv(p, p.HV, p.V, true);
+  for (int s = 0; s < S; ++s) {
+    const int b = s & 1;
+    LaPrefill q = p;
+    q.cu_seqlens = w.seg_cu + s;
+    q.N = 1;
+    q.T_total = std::min<int64_t>(L, T - int64_t(s) * L);
+    q.workspace = w.seg_ws[b];
+    q.h0 = s == 0 ? p.h0 : w.state[b ^ 1];
+    q.ht = s == S - 1 ? p.ht : w.state[b];
+    if (s >= 2) CUDA_CHECK(cudaStreamWaitEvent(stream, sd.recurred[b], 0));  // segment s - 2 read this workspace
+    mma_prefill(ChunkArgs{q, false, false}, bv, kPrep, stream);
+    CUDA_CHECK(cudaEventRecord(sd.prepped[b], stream));
+    CUDA_CHECK(cudaStreamWaitEvent(sd.stream, sd.prepped[b], 0));
+    mma_prefill(ChunkArgs{q, q.o != nullptr, false}, bv, kRecur | kOutput, sd.stream);
+    CUDA_CHECK(cudaEventRecord(sd.recurred[b], sd.stream));
+  }
+  CUDA_CHECK(cudaEventRecord(sd.done, sd.stream));
+  CUDA_CHECK(cudaStreamWaitEvent(stream, sd.done, 0));
+}
+
+}  // namespace
+
+LaSide::~LaSide() {
+  for (cudaEvent_t e : {start, done, prepped[0], prepped[1], recurred[0], recurred[1]})
+    if (e) cudaEventDestroy(e);
+  if (stream) cudaStreamDestroy(stream);
+}
+
+void LaSide::create() {
+  if (stream) return;
+  CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  for (cudaEvent_t* e : {&start, &done, &prepped[0], &prepped[1], &recurred[0], &recurred[1]})
+    CUDA_CHECK(cudaEventCreateWithFlags(e, cudaEventDisableTiming));
+}
+
+int la_pipeline_segments(const LaPrefill& p) {
+  if (!p.side || p.N != 1 || p.pipeline_segments == 1) return 1;
+  const int64_t chunks = (p.T_total + kMmaBT - 1) / kMmaBT;
+  if (p.pipeline_segments > 1) return int(std::min<int64_t>({int64_t(p.pipeline_segments), int64_t(kMaxPipe), chunks}));
+  const int rec_ctas = p.K == 128 ? 2 * p.HV : p.HV * (p.V / pick_bv(p, p.HV, p.V, true));
+  if (p.T_total < 16384 || 2 * rec_ctas > sm_count()) return 1;
+  return int(std::min<int64_t>(8, p.T_total / 8192));
+}
+
 void la_chunk_prefill(const LaPrefill& p, cudaStream_t stream) {
   DZ_CHECK(p.HK > 0 && p.HV % p.HK == 0, "linear attention CUDA: HV=", p.HV, " not a multiple of HK=", p.HK);
   if (p.N == 0 || p.HV == 0) return;
   DZ_CHECK(p.workspace, "linear attention CUDA: the chunked prefill needs a workspace (la_prefill_workspace_bytes)");
+  DZ_CHECK(p.pipeline_segments >= 0, "linear attention CUDA: pipeline_segments ", p.pipeline_segments);
+  const int S = la_pipeline_segments(p);
+  if (S > 1) return pipelined_prefill(p, S, stream);
   mma_prefill(ChunkArgs{p, p.o != nullptr, false}, pick_bv(p, p.HV * p.N, p.V, true), kAllStages, stream);
 }
 
+// One sequence of more than one chunk: also enough for the pipelined form, whose largest need is
+// two segments of about T / 2 (and two states).
 size_t la_prefill_workspace_bytes(int64_t T_total, int N, int HV, int K, int V) {
-  return mma_workspace_bytes(T_total, N, HV, K, V);
+  const size_t one = mma_workspace_bytes(T_total, N, HV, K, V);
+  return N == 1 && T_total > kMmaBT ? std::max(one, pipe_carve(nullptr, T_total, 2, HV, K, V).bytes) : one;
 }
 
 void la_transitions(const LaPrefill& p, const int32_t* seg_cu, int S, float* A, float* B, cudaStream_t stream) {
@@ -149,7 +254,7 @@ void la_parallel_prefill(const LaPrefill& p, int64_t T, int segments, void* work
   DZ_CHECK(p.N == 1, "la_parallel_prefill: one sequence expected, got N=", p.N);
   const int64_t chunks = (T + kMmaBT - 1) / kMmaBT;  // segments of whole chunks of the kernel
   if (segments <= 1 || chunks <= 1) return la_chunk_prefill(p, stream);
-  const int L = int((chunks + segments - 1) / segments) * kMmaBT;  // rows per segment
+  const int L = int(segment_rows(T, segments));
   const int S = int((T + L - 1) / L);
   char* ws = static_cast<char*>(workspace);
   auto* seg_cu = reinterpret_cast<int32_t*>(ws);

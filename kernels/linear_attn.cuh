@@ -27,6 +27,18 @@ struct LaGate {
   float lower_bound = 0.f;        // 0: softplus gate; < 0: lower-bound sigmoid gate
 };
 
+// A second stream and events for la_chunk_prefill's pipelined form (LaPrefill::side): made by
+// create(), released by the destructor; owned by the caller (the backend keeps one).
+struct LaSide {
+  cudaStream_t stream = nullptr;
+  cudaEvent_t start = nullptr, done = nullptr, prepped[2] = {nullptr, nullptr}, recurred[2] = {nullptr, nullptr};
+  LaSide() = default;
+  LaSide(const LaSide&) = delete;
+  LaSide& operator=(const LaSide&) = delete;
+  ~LaSide();
+  void create();  // no-op once made
+};
+
 struct LaPrefill {
   bool kda = true;                // true: per-channel decay (KDA), false: scalar (GDN)
   const bf16* q = nullptr;        // [T, HK, K]
@@ -51,8 +63,19 @@ struct LaPrefill {
   // at K = 64 with fewer recurrence CTAs than half the SMs.
   int value_block = 0;
   int fused_output = -1;
+  // Pipelined prefill of one sequence (N = 1; side given): the sequence in segments of whole chunks,
+  // each segment's key side (prep) on the caller's stream beside the previous segment's recurrence
+  // on side->stream, the state carried from segment to segment in fp32 (bitwise the one-pass
+  // result). The recurrence's CTAs leave SMs idle that the next segment's prep takes.
+  // pipeline_segments: 0 automatic (la_pipeline_segments), 1 off, n > 1 about n segments (<= 64).
+  const LaSide* side = nullptr;
+  int pipeline_segments = 0;
 };
 size_t la_prefill_workspace_bytes(int64_t T_total, int N, int HV, int K, int V);
+// The segments la_chunk_prefill runs p in: 1 (one pass) unless p.side is given and N = 1; then
+// p.pipeline_segments when set, else automatic: min(8, T / 8192) where T >= 16384 and the
+// recurrence keeps at most half the SMs busy (its CTAs: 2 HV at K = 128, HV V / value block at 64).
+int la_pipeline_segments(const LaPrefill& p);
 
 // Chunked (WY / UT) prefill on tensor cores (linear_attn_mma.cu), chunk 64: the key side of all
 // chunks in parallel, then one CTA per (sequence, value head, block of state columns) sequential

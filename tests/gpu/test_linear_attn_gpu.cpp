@@ -15,8 +15,10 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <numeric>
 #include <random>
+#include <utility>
 #include <vector>
 
 #include "bench_linear_attn.cuh"
@@ -105,6 +107,87 @@ TEST_CASE("gpu linear attention chunked prefill and parallel scan equal the CPU 
       CHECK(ps < 1e-2);
     }
   }
+}
+
+// The pipelined prefill (a segment's prep beside the previous segment's recurrence on a second
+// stream, the state carried in fp32) against the one-pass prefill of the same inputs: bitwise, o and
+// the final state. Forced segment counts (a ragged last segment; 53 segments of 3 chunks, so both
+// workspaces and both states turn over many times), the outputs in the recurrence and in the pass
+// after it, K = 64 and 128, with and without h0; then the automatic rule.
+TEST_CASE("gpu linear attention pipelined prefill equals the one-pass prefill bitwise", "[gpu]") {
+  std::mt19937 rng(29);
+  struct PCase {
+    Case c;
+    int segments, fused;
+  };
+  const std::vector<PCase> cases = {
+      {{true, 2, 2, 128, 128, {10000}, true, 0.f, 0, false}, 3, -1},
+      {{true, 2, 2, 128, 128, {10000}, true, 0.f, 0, false}, 64, 0},
+      {{false, 1, 2, 128, 128, {4097}, false, 0.f, 0, false}, 5, -1},
+      {{true, 1, 2, 64, 64, {6000}, true, -5.f, 0, false}, 4, 1},
+      {{false, 2, 4, 64, 64, {3000}, true, 0.f, 0, false}, 2, 0},
+  };
+  dz::cuda::LaSide side;
+  side.create();
+  for (const PCase& pc : cases) {
+    const Case& c = pc.c;
+    Inputs in = make_inputs(c, rng);
+    Dev<bf16> q(in.q.bits), k(in.k.bits), v(in.v.bits), b(in.b.bits), f(in.f.bits);
+    Dev<float> A_log(in.A_log), dt_bias(in.dt_bias), h0(in.h0);
+    Dev<int32_t> cu(in.cu);
+    const size_t no = size_t(in.T) * c.HV * c.V, ns = size_t(c.HV) * c.K * c.V;
+    Dev<bf16> o(no);
+    Dev<float> ht(ns);
+    Dev<char> ws(dz::cuda::la_prefill_workspace_bytes(in.T, 1, c.HV, c.K, c.V));
+    dz::cuda::LaPrefill p;
+    p.kda = c.kda;
+    p.q = q.p, p.k = k.p, p.v = v.p, p.b = b.p;
+    p.gate = {f.p, A_log.p, dt_bias.p, c.lower_bound};
+    p.HK = c.HK, p.HV = c.HV, p.K = c.K, p.V = c.V;
+    p.scale = 1.f / std::sqrt(float(c.K));
+    p.cu_seqlens = cu.p, p.N = 1;
+    p.h0 = c.h0 ? h0.p : nullptr, p.ht = ht.p, p.o = o.p;
+    p.T_total = in.T;
+    p.workspace = ws.p;
+    p.fused_output = pc.fused;
+    auto run = [&](const dz::cuda::LaSide* sd, int segs) {
+      p.side = sd;
+      p.pipeline_segments = segs;
+      CUDA_CHECK(cudaMemset(o.p, 0xff, o.n * 2));  // poison: NaN unless written
+      CUDA_CHECK(cudaMemset(ht.p, 0xff, ht.n * 4));
+      dz::cuda::la_chunk_prefill(p, nullptr);
+      CUDA_CHECK(cudaDeviceSynchronize());
+      return std::make_pair(o.get<uint16_t>(), ht.get<float>());
+    };
+    const auto one = run(nullptr, 0);
+    p.side = &side;
+    p.pipeline_segments = pc.segments;
+    const int S = dz::cuda::la_pipeline_segments(p);
+    const auto piped = run(&side, pc.segments);
+    INFO((c.kda ? "kda" : "gdn") << " K=" << c.K << " HV=" << c.HV << " T=" << in.T << " segments asked "
+                                 << pc.segments << ", run " << S << ", fused_output " << pc.fused);
+    CHECK(S == std::min<int>(pc.segments, int((in.T + 63) / 64)));
+    const auto fo = bf_to_f(one.first);
+    CHECK(std::all_of(fo.begin(), fo.end(), [](float x) { return std::isfinite(x); }));  // all written
+    CHECK(std::memcmp(one.first.data(), piped.first.data(), no * 2) == 0);
+    CHECK(std::memcmp(one.second.data(), piped.second.data(), ns * 4) == 0);
+  }
+  // the automatic rule: one sequence of >= 16384 rows with a side stream, recurrence CTAs <= half the SMs
+  dz::cuda::LaPrefill a;
+  a.HK = a.HV = 2, a.K = a.V = 128, a.N = 1, a.T_total = 65536;
+  CHECK(dz::cuda::la_pipeline_segments(a) == 1);  // no side stream
+  a.side = &side;
+  CHECK(dz::cuda::la_pipeline_segments(a) == 8);
+  a.T_total = 24576;
+  CHECK(dz::cuda::la_pipeline_segments(a) == 3);
+  a.T_total = 16383;
+  CHECK(dz::cuda::la_pipeline_segments(a) == 1);
+  a.T_total = 65536, a.N = 2;
+  CHECK(dz::cuda::la_pipeline_segments(a) == 1);
+  a.N = 1, a.pipeline_segments = 1;
+  CHECK(dz::cuda::la_pipeline_segments(a) == 1);
+  a.pipeline_segments = 0, a.HV = a.HK = 1024;  // 2048 recurrence CTAs: every SM busy already
+  CHECK(dz::cuda::la_pipeline_segments(a) == 1);
 }
 
 TEST_CASE("gpu linear attention transitions and merge equal the CPU LaTransition", "[gpu]") {

@@ -707,6 +707,10 @@ class CudaBackend final : public Backend {
     p.h0 = a.state.ptr<float>();
     p.ht = ht.ptr<float>();
     p.T_total = T;
+    // a long sequence: the next segment's prep beside this one's recurrence (la_pipeline_segments;
+    // the side stream is made only then: short calls, graph-captured ones included, never make it)
+    p.side = &la_side_;
+    if (cuda::la_pipeline_segments(p) > 1) la_side_.create();
     DTensor ws = alloc({int64_t(cuda::la_prefill_workspace_bytes(T, 1, p.HV, p.K, p.V))}, DType::U8);
     p.workspace = ws.data;
     cuda::la_chunk_prefill(p, st());
@@ -1491,6 +1495,7 @@ class CudaBackend final : public Backend {
   int32_t* route_bad_ = nullptr;       // [1] device: set by moe_select on a non-finite score
   int32_t* route_bad_host_ = nullptr;  // [1] pinned: its copy at each host_wait
   cuda::TopkSide side_;  // indexer_topk's second stream (made at its first use; joined into stream_ by each call)
+  cuda::LaSide la_side_;  // the pipelined linear-attention prefill's (the same)
 
   // An exchange staged through host memory (allgather_rows_start, alltoall_rows_start): wait()
   // completes the MPI request, uploads what arrived and waits for the device (recv goes with
