@@ -32,7 +32,9 @@
 #                                              Nsight Compute over the issue-12 kernels that miss their
 #                                              targets (scripts/ncu-targets.sh: KDA / GDN prefill, the
 #                                              scan at H = 8, the indexer, sparse MLA prefill and FP8
-#                                              decode), one row per launch (~3-6 min)
+#                                              decode), one row per launch, and the SASS instructions
+#                                              with the most stall samples for NCU_SOURCE (default:
+#                                              the sparse-MLA FP8 decode and prefill) (~1-3 min)
 #   DZ_COMMIT=<hash> [DZ_STAGE_BUDGET=<s>] bash scripts/device-queue.sh final
 #                                              a session's closing check in one command ending by
 #                                              DZ_STAGE_BUDGET s (default 575; less when the budget is short): the
@@ -223,11 +225,12 @@ case ${1:?stage: benches, tests, patch, final, e2e-glm or ncu} in
     tail -1 /tmp/build.log
     nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm --format=csv,noheader
     (eval "$(bash scripts/offline-prefix.sh env "$PREFIX")"
-     NCU_BUDGET=$(($(left) - 10)) OUT=/tmp/ncu bash scripts/ncu-targets.sh)
+     NCU_SOURCE=${NCU_SOURCE-"mla_decode_fp8 mla_prefill"} NCU_BUDGET=$(($(left) - 10)) OUT=/tmp/ncu \
+       bash scripts/ncu-targets.sh)
     # the device tool returns at most 8 files: the summary, and the raw CSVs in one archive
     cp /tmp/ncu/ncu_targets.json "$O/ncu_targets_${DZ_COMMIT}.json" 2>/dev/null
-    cp /tmp/ncu/ncu_targets.txt "$O/" 2>/dev/null
-    tar cJf "$O/ncu_targets_raw.tar.xz" -C /tmp/ncu . 2>/dev/null
+    cp /tmp/ncu/ncu_targets.txt /tmp/ncu/ncu_source.txt "$O/" 2>/dev/null
+    tar cJf "$O/ncu_targets_raw.tar.xz" -C /tmp/ncu --exclude='*.ncu-rep' . 2>/dev/null
     ;;
   *) echo "unknown stage $1"; exit 2 ;;
 esac

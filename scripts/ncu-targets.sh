@@ -4,8 +4,10 @@
 # per profiled launch its duration, SM / tensor-pipe / L1 / L2 / DRAM throughput, issue activity,
 # occupancy and its largest warp-stall reasons (scripts/ncu_targets.py). On the GPU node, from the
 # repository root, after the project's GPU build (build-gpu/), with the offline prefix's env set:
-#   OUT=<dir> [NCU_ONLY="<target> ..."] [NCU_BUDGET=<s>] bash scripts/ncu-targets.sh
-# writes <dir>/ncu_targets_raw_<target>.csv and <dir>/ncu_targets.json / .txt (commit from DZ_COMMIT).
+#   OUT=<dir> [NCU_ONLY="<target> ..."] [NCU_SOURCE="<target> ..."] [NCU_BUDGET=<s>] bash scripts/ncu-targets.sh
+# writes <dir>/ncu_targets_raw_<target>.csv and <dir>/ncu_targets.json / .txt (commit from DZ_COMMIT);
+# for the targets in NCU_SOURCE also the SASS instructions of the case's first launch with the most
+# warp-stall samples (SourceCounters; scripts/ncu_source_top.py), in <dir>/ncu_source.txt.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit
 O=${OUT:?set OUT}
@@ -46,5 +48,15 @@ while IFS= read -r line; do
     --launch-count "$count" "${SECTIONS[@]}" \
     "$BIN" bench "$bench" >"$O/ncu_targets_raw_$t.csv" 2>"$O/ncu_targets_err_$t.txt"
   echo "ncu $t rc $?"
+  if [[ " ${NCU_SOURCE:-} " == *" $t "* ]] && (($(date +%s) - T0 < BUDGET - 40)); then
+    DZ_BENCH_ONLY=$only timeout 120 ncu --clock-control none --kernel-name "regex:$regex" --launch-count 1 \
+      --section SourceCounters --section WarpStateStats -o "$O/ncu_source_$t" -f "$BIN" bench "$bench" \
+      >"$O/ncu_source_run_$t.txt" 2>&1
+    ncu -i "$O/ncu_source_$t.ncu-rep" --page source --csv --print-source sass >"$O/ncu_source_$t.csv" 2>/dev/null
+    { echo "== $t: $only, first launch of $regex"; python3 scripts/ncu_source_top.py "$O/ncu_source_$t.csv" "sass instruction" 30; } \
+      >>"$O/ncu_source.txt" 2>&1
+    echo "ncu source $t rc $?"
+  fi
 done <<<"$TARGETS"
 python3 scripts/ncu_targets.py "$O" "$O/ncu_targets.json" | tee "$O/ncu_targets.txt"
+[[ -f $O/ncu_source.txt ]] && cat "$O/ncu_source.txt"

@@ -21,39 +21,11 @@ ncu -i "$O/prof.ncu-rep" --page details > "$O/details.txt" 2>&1
 grep -m1 -E "$KN" "$O/details.txt"
 grep -E "Duration|Achieved Occupancy|Registers Per|Theoretical Occ|Compute \(SM\) Throughput|Memory Throughput|Issue Slots Busy|No Eligible|Warp Cycles Per Issued" "$O/details.txt" | head -20
 # Stall samples per CUDA source line; when that view has no metric columns (ncu 2025.3 on the H100,
-# 2026-12-06: only "Line No | Source"), per SASS instruction instead. The CSVs come back xz-compressed.
-summarise() {  # $1: the CSV, $2: what a row is
-python3 - "$1" "$2" <<'PY'
-import csv, sys
-try:
-    rows = list(csv.reader(open(sys.argv[1])))
-except OSError:
-    sys.exit("no " + sys.argv[1])
-hi = next((i for i, r in enumerate(rows) if any(c.strip() in ("Source", "# Source", "Address") for c in r)), None)
-if hi is None:
-    sys.exit("no header in the CSV: " + " | ".join(rows[0][:6]) if rows else "empty CSV")
-h = rows[hi]
-def col(*keys):
-    for i, c in enumerate(h):
-        if all(k.lower() in c.lower() for k in keys): return i
-    return None
-src, samp = col("source"), col("stall", "sampling", "all") or col("sampling", "all") or col("samples")
-line = col("line") or col("address") or 0
-if samp is None:
-    sys.exit("no stall-sampling column: " + " | ".join(h))
-def num(x):
-    try: return float(x.replace(",", ""))
-    except ValueError: return 0.0
-body = [r for r in rows[hi + 1:] if len(r) > max(samp, src or 0)]
-tot = sum(num(r[samp]) for r in body) or 1.0
-print(f"stall samples per {sys.argv[2]} ({h[samp]}), top 40 of {int(tot)}:")
-for r in sorted(body, key=lambda r: -num(r[samp]))[:40]:
-    print(f"  {100 * num(r[samp]) / tot:5.1f} %  {r[line]:>6}  {(r[src] if src is not None else '').strip()[:110]}")
-PY
-}
+# 2026-12-06: only "Line No | Source"), per SASS instruction instead (scripts/ncu_source_top.py). The
+# CSVs come back xz-compressed.
 for view in cuda sass; do
   ncu -i "$O/prof.ncu-rep" --page source --csv --print-source $view > "$O/source_$view.csv" 2> "$O/source_err.txt" ||
     { echo "per-$view export failed:"; head -3 "$O/source_err.txt"; continue; }
-  summarise "$O/source_$view.csv" "$view line" && break
+  python3 scripts/ncu_source_top.py "$O/source_$view.csv" "$view line" && break
 done
 xz -f "$O"/source_*.csv
