@@ -147,6 +147,10 @@ queued_ab() {
     echo "bench linear-attn rc $? at $(($(date +%s) - T0)) s"
   fi
 }
+# DZ_COMMIT names files under $OUT: the device tool does not return a name with other characters than
+# letters, digits, '.', '_' and '-' (a "c03ae4c+2p" JSON was lost, 2026-12-06), so they become '_'. Pass it
+# from the submitting machine: the GPU node's copy of .git can be older than the tree it runs.
+[[ -n ${DZ_COMMIT:-} ]] && DZ_COMMIT=${DZ_COMMIT//[^A-Za-z0-9._-]/_}
 # shellcheck disable=SC1091
 source scripts/device-unpack.sh >/dev/null
 case ${1:?stage: benches, tests, patch, final, e2e-glm or ncu} in
