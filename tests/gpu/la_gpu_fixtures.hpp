@@ -11,6 +11,7 @@
 
 #include "common.cuh"
 #include "core/bf16.hpp"
+#include "linear_attn.cuh"
 #include "ops/linear_attn.hpp"
 #include "ops/norm.hpp"
 
@@ -107,6 +108,29 @@ inline Inputs make_inputs(const Case& c, std::mt19937& rng) {
   if (c.h0) in.h0 = rand_f(rng, c.lens.size() * c.HV * c.K * c.V, 0.3f);
   return in;
 }
+
+// A case's inputs on the device and the chunked prefill's arguments over them (outputs o / ht, the
+// sequence count and the total rows given): what each prefill test sets up the same way.
+struct DevInputs {
+  Dev<__nv_bfloat16> q, k, v, b, f;
+  Dev<float> A_log, dt_bias, h0;
+  Dev<int32_t> cu;
+  explicit DevInputs(const Inputs& in)
+      : q(in.q.bits), k(in.k.bits), v(in.v.bits), b(in.b.bits), f(in.f.bits), A_log(in.A_log),
+        dt_bias(in.dt_bias), h0(in.h0), cu(in.cu) {}
+  dz::cuda::LaPrefill prefill(const Case& c, int N, int64_t T, __nv_bfloat16* o, float* ht) const {
+    dz::cuda::LaPrefill p;
+    p.kda = c.kda;
+    p.q = q.p, p.k = k.p, p.v = v.p, p.b = b.p;
+    p.gate = {f.p, A_log.p, dt_bias.p, c.lower_bound};
+    p.HK = c.HK, p.HV = c.HV, p.K = c.K, p.V = c.V;
+    p.scale = 1.f / std::sqrt(float(c.K));
+    p.cu_seqlens = cu.p, p.N = N;
+    p.h0 = c.h0 ? h0.p : nullptr, p.ht = ht, p.o = o;
+    p.T_total = T;
+    return p;
+  }
+};
 
 // CPU reference: what the mixers do (L2 norm, sigmoid beta, gate), then the recurrent or chunked scan.
 inline void cpu_ref(const Case& c, const Inputs& in, std::vector<float>& o, std::vector<float>& ht) {

@@ -57,21 +57,11 @@ TEST_CASE("gpu linear attention chunked prefill and parallel scan equal the CPU 
     Inputs in = make_inputs(c, rng);
     std::vector<float> o_ref, ht_ref;
     cpu_ref(c, in, o_ref, ht_ref);
-    Dev<bf16> q(in.q.bits), k(in.k.bits), v(in.v.bits), b(in.b.bits), f(in.f.bits);
-    Dev<float> A_log(in.A_log), dt_bias(in.dt_bias), h0(in.h0);
-    Dev<int32_t> cu(in.cu);
+    const DevInputs d(in);
     Dev<bf16> o(o_ref.size());
     Dev<float> ht(ht_ref.size());
-    dz::cuda::LaPrefill p;
-    p.kda = c.kda;
-    p.q = q.p, p.k = k.p, p.v = v.p, p.b = b.p;
-    p.gate = {f.p, A_log.p, dt_bias.p, c.lower_bound};
-    p.HK = c.HK, p.HV = c.HV, p.K = c.K, p.V = c.V;
-    p.scale = 1.f / std::sqrt(float(c.K));
-    p.cu_seqlens = cu.p, p.N = int(c.lens.size());
-    p.h0 = c.h0 ? h0.p : nullptr, p.ht = ht.p, p.o = o.p;
+    dz::cuda::LaPrefill p = d.prefill(c, int(c.lens.size()), in.T, o.p, ht.p);
     Dev<char> pws(dz::cuda::la_prefill_workspace_bytes(in.T, p.N, c.HV, c.K, c.V));
-    p.T_total = in.T;
     p.workspace = pws.p;
     for (int bv : {128, 64, 32, 16})  // state columns per CTA (128: whole rows); K = 128: always 64 (wgmma)
     for (int fused : {1, 0}) {        // outputs inside the recurrence or in a pass after it
@@ -132,22 +122,12 @@ TEST_CASE("gpu linear attention pipelined prefill equals the one-pass prefill bi
   for (const PCase& pc : cases) {
     const Case& c = pc.c;
     Inputs in = make_inputs(c, rng);
-    Dev<bf16> q(in.q.bits), k(in.k.bits), v(in.v.bits), b(in.b.bits), f(in.f.bits);
-    Dev<float> A_log(in.A_log), dt_bias(in.dt_bias), h0(in.h0);
-    Dev<int32_t> cu(in.cu);
+    const DevInputs d(in);
     const size_t no = size_t(in.T) * c.HV * c.V, ns = size_t(c.HV) * c.K * c.V;
     Dev<bf16> o(no);
     Dev<float> ht(ns);
     Dev<char> ws(dz::cuda::la_prefill_workspace_bytes(in.T, 1, c.HV, c.K, c.V));
-    dz::cuda::LaPrefill p;
-    p.kda = c.kda;
-    p.q = q.p, p.k = k.p, p.v = v.p, p.b = b.p;
-    p.gate = {f.p, A_log.p, dt_bias.p, c.lower_bound};
-    p.HK = c.HK, p.HV = c.HV, p.K = c.K, p.V = c.V;
-    p.scale = 1.f / std::sqrt(float(c.K));
-    p.cu_seqlens = cu.p, p.N = 1;
-    p.h0 = c.h0 ? h0.p : nullptr, p.ht = ht.p, p.o = o.p;
-    p.T_total = in.T;
+    dz::cuda::LaPrefill p = d.prefill(c, 1, in.T, o.p, ht.p);
     p.workspace = ws.p;
     p.fused_output = pc.fused;
     auto run = [&](const dz::cuda::LaSide* sd, int segs) {
