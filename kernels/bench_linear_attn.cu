@@ -87,22 +87,28 @@ int bench_linear_attn(const std::string& json_out) {
       }
       p.fused_output = -1;  // the default
       // pipelined: a segment's prep beside the previous segment's recurrence on a second stream
-      // (automatic segments, as the backend runs it, and 4); bitwise the serial result
+      // (automatic segments, as the backend runs it, and 4); bitwise the serial result. The _prio rows:
+      // the same with the recurrence's stream at the greatest priority (not what the backend runs)
       if (piped) {
-        LaSide side;
-        side.create();
-        p.side = &side;
-        p.workspace = pws;
-        for (int segs_p : {0, 4}) {
-          p.pipeline_segments = segs_p;
-          const int S = la_pipeline_segments(p);
-          if (S <= 1) continue;
-          const double ms = median_ms([&] { la_chunk_prefill(p, nullptr); }, 5, 1);
-          std::snprintf(buf + 128, 128, "v4 pipelined, %d segments%s, %.2fx best serial, %.0f GB/s", S,
-                        segs_p ? "" : " (automatic)", serial ? ms_s / ms : 0.0, gb / (ms * 1e-3));
-          add(kda ? "kda_chunk_pipelined" : "gdn_chunk_pipelined", buf, ms, buf + 128);
+        for (bool prio : {false, true}) {
+          LaSide side;
+          side.create(prio);
+          p.side = &side;
+          p.workspace = pws;
+          for (int segs_p : {0, 4}) {
+            p.pipeline_segments = segs_p;
+            const int S = la_pipeline_segments(p);
+            if (S <= 1) continue;
+            const double ms = median_ms([&] { la_chunk_prefill(p, nullptr); }, 5, 1);
+            std::snprintf(buf + 128, 128, "v4 pipelined, %d segments%s%s, %.2fx best serial, %.0f GB/s", S,
+                          segs_p ? "" : " (automatic)", prio ? ", recurrence stream at top priority" : "",
+                          serial ? ms_s / ms : 0.0, gb / (ms * 1e-3));
+            const char* name = kda ? (prio ? "kda_chunk_pipelined_prio" : "kda_chunk_pipelined")
+                                   : (prio ? "gdn_chunk_pipelined_prio" : "gdn_chunk_pipelined");
+            add(name, buf, ms, buf + 128);
+          }
+          CUDA_CHECK(cudaDeviceSynchronize());
         }
-        CUDA_CHECK(cudaDeviceSynchronize());
         p.side = nullptr;
         p.pipeline_segments = 0;
       }

@@ -182,9 +182,11 @@ LaSide::~LaSide() {
   if (stream) cudaStreamDestroy(stream);
 }
 
-void LaSide::create() {
+void LaSide::create(bool high_priority) {
   if (stream) return;
-  CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  int least = 0, greatest = 0;
+  if (high_priority) CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+  CUDA_CHECK(cudaStreamCreateWithPriority(&stream, cudaStreamNonBlocking, high_priority ? greatest : least));
   for (cudaEvent_t* e : {&start, &done, &prepped[0], &prepped[1], &recurred[0], &recurred[1]})
     CUDA_CHECK(cudaEventCreateWithFlags(e, cudaEventDisableTiming));
 }

@@ -36,7 +36,10 @@ struct LaSide {
   LaSide(const LaSide&) = delete;
   LaSide& operator=(const LaSide&) = delete;
   ~LaSide();
-  void create();  // no-op once made
+  // no-op once made; high_priority: the stream at the device's greatest priority, so the recurrence's
+  // CTAs are dispatched before the next segment's prep CTAs as SMs free up (measured by
+  // `bench linear-attn`'s *_pipelined_prio rows; the backend's side stream is a default-priority one)
+  void create(bool high_priority = false);
 };
 
 struct LaPrefill {

@@ -117,8 +117,9 @@ TEST_CASE("gpu linear attention pipelined prefill equals the one-pass prefill bi
       {{true, 1, 2, 64, 64, {6000}, true, -5.f, 0, false}, 4, 1},
       {{false, 2, 4, 64, 64, {3000}, true, 0.f, 0, false}, 2, 0},
   };
-  dz::cuda::LaSide side;
+  dz::cuda::LaSide side, side_prio;
   side.create();
+  side_prio.create(true);
   for (const PCase& pc : cases) {
     const Case& c = pc.c;
     Inputs in = make_inputs(c, rng);
@@ -144,6 +145,7 @@ TEST_CASE("gpu linear attention pipelined prefill equals the one-pass prefill bi
     p.pipeline_segments = pc.segments;
     const int S = dz::cuda::la_pipeline_segments(p);
     const auto piped = run(&side, pc.segments);
+    const auto piped_prio = run(&side_prio, pc.segments);  // the bench's top-priority variant
     INFO((c.kda ? "kda" : "gdn") << " K=" << c.K << " HV=" << c.HV << " T=" << in.T << " segments asked "
                                  << pc.segments << ", run " << S << ", fused_output " << pc.fused);
     CHECK(S == std::min<int>(pc.segments, int((in.T + 63) / 64)));
@@ -151,6 +153,8 @@ TEST_CASE("gpu linear attention pipelined prefill equals the one-pass prefill bi
     CHECK(std::all_of(fo.begin(), fo.end(), [](float x) { return std::isfinite(x); }));  // all written
     CHECK(std::memcmp(one.first.data(), piped.first.data(), no * 2) == 0);
     CHECK(std::memcmp(one.second.data(), piped.second.data(), ns * 4) == 0);
+    CHECK(std::memcmp(one.first.data(), piped_prio.first.data(), no * 2) == 0);
+    CHECK(std::memcmp(one.second.data(), piped_prio.second.data(), ns * 4) == 0);
   }
   // the automatic rule: one sequence of >= 16384 rows with a side stream, recurrence CTAs <= half the SMs
   dz::cuda::LaPrefill a;
