@@ -391,47 +391,33 @@ void indexer_scores_wgmma(const bf16* q, const float* w, const bf16* keys, int64
 #undef DZ_IDXW
 }
 
-TopkSide::~TopkSide() {
-  for (cudaEvent_t e : {scored[0], scored[1], freed[0], freed[1]})
-    if (e) cudaEventDestroy(e);
-  if (stream) cudaStreamDestroy(stream);
-}
-
-void TopkSide::create() {
-  if (stream) return;
-  CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  for (cudaEvent_t* e : {&scored[0], &scored[1], &freed[0], &freed[1]})
-    CUDA_CHECK(cudaEventCreateWithFlags(e, cudaEventDisableTiming));
-}
-
 void indexer_topk_wgmma(const bf16* q, const float* w, const bf16* keys, int64_t S, int64_t T, int64_t pos0, int H,
                         int D, const int32_t* pos, int32_t K, int32_t* sel, int64_t block, float* scratch,
                         uint32_t* hist, cudaStream_t stream, const TopkSide* side) {
   const int64_t ld = pos0 + T;
   DZ_CHECK(block > 0 && scratch && (hist != nullptr) == indexer_hist_takes(H, ld), "indexer_topk_wgmma: block ",
            block, ", histograms ", hist ? "given" : "not given", " for H ", H, " and rows of ", ld, " keys");
-  DZ_CHECK(!side || (side->stream && side->scored[0] && side->scored[1] && side->freed[0] && side->freed[1]),
-           "indexer_topk_wgmma: a side stream needs its two pairs of events");
+  DZ_CHECK(!side || side->made(), "indexer_topk_wgmma: a side stream needs its two pairs of events (TopkSide::create)");
   int64_t i = 0;
   for (int64_t t0 = 0; t0 < T; t0 += block, ++i) {
     const int64_t n = std::min(block, T - t0), b = side ? (i & 1) : 0;
     float* sc = scratch + b * block * ld;  // [n, ld]
     uint32_t* hb = hist ? hist + b * block * 512 : nullptr;
     // block i - 2's Top-K has read this scratch block
-    if (side && i >= 2) CUDA_CHECK(cudaStreamWaitEvent(stream, side->freed[b], 0));
+    if (side && i >= 2) CUDA_CHECK(cudaStreamWaitEvent(stream, side->freed(b), 0));
     indexer_scores_wgmma(q + t0 * H * D, w + t0 * H, keys, n, pos0 + t0, H, D, S, sc, ld, stream, hb);
     cudaStream_t ts = stream;
     if (side) {
-      CUDA_CHECK(cudaEventRecord(side->scored[b], stream));
-      CUDA_CHECK(cudaStreamWaitEvent(side->stream, side->scored[b], 0));
+      CUDA_CHECK(cudaEventRecord(side->scored(b), stream));
+      CUDA_CHECK(cudaStreamWaitEvent(side->stream, side->scored(b), 0));
       ts = side->stream;
     }
     if (hb) topk_from_hist(sc, ld, hb, pos + t0, n, K, sel + t0 * K, ts);
     else topk_from_scores(sc, ld, pos + t0, n, K, sel + t0 * K, ts);
-    if (side) CUDA_CHECK(cudaEventRecord(side->freed[b], side->stream));
+    if (side) CUDA_CHECK(cudaEventRecord(side->freed(b), side->stream));
   }
   // the side stream runs in order: its last event covers every Top-K
-  if (side && i > 0) CUDA_CHECK(cudaStreamWaitEvent(stream, side->freed[(i - 1) & 1], 0));
+  if (side && i > 0) CUDA_CHECK(cudaStreamWaitEvent(stream, side->freed((i - 1) & 1), 0));
 }
 
 }  // namespace dz::cuda

@@ -14,6 +14,8 @@
 
 #include <cstdint>
 
+#include "side_stream.cuh"
+
 namespace dz::cuda {
 
 // D in {64, 128}, H in {16, 32, 64} (the query columns of one warpgroup, 256 / H queries x H
@@ -37,17 +39,12 @@ void indexer_scores_wgmma(const __nv_bfloat16* q, const float* w, const __nv_bfl
 void topk_from_hist(const float* scores, int64_t ld, const uint32_t* hist, const int32_t* pos, int64_t nq, int32_t K,
                     int32_t* sel, cudaStream_t stream);
 
-// A second stream for indexer_topk_wgmma's overlap and two pairs of events on it
-// (cudaEventDisableTiming): made by create(), released by the destructor (the caller joins the
-// stream first: indexer_topk_wgmma's stream has waited for it when that returns).
-struct TopkSide {
-  cudaStream_t stream = nullptr;
-  cudaEvent_t scored[2] = {nullptr, nullptr}, freed[2] = {nullptr, nullptr};
-  TopkSide() = default;
-  TopkSide(const TopkSide&) = delete;
-  TopkSide& operator=(const TopkSide&) = delete;
-  ~TopkSide();
-  void create();  // no-op once made
+// indexer_topk_wgmma's second stream (the caller joins it first: indexer_topk_wgmma's stream has
+// waited for it when that returns): scored(b), block b's scores written to scratch b (on the caller's
+// stream); freed(b), its Top-K done with scratch b (on the side stream).
+struct TopkSide : SideStream<4> {
+  cudaEvent_t scored(int b) const { return ev[b]; }
+  cudaEvent_t freed(int b) const { return ev[2 + b]; }
 };
 
 // The prefill indexer over one sequence's contiguous key rows [S, D] (S >= pos0 + T) as the backend

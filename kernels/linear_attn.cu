@@ -144,15 +144,14 @@ PipeWs pipe_carve(void* base, int64_t T, int S, int HV, int K, int V) {
 // fp32, so the outputs and the final state are bitwise the one-pass prefill's.
 void pipelined_prefill(const LaPrefill& p, int S_req, cudaStream_t stream) {
   const LaSide& sd = *p.side;
-  DZ_CHECK(sd.stream && sd.start && sd.done && sd.prepped[0] && sd.prepped[1] && sd.recurred[0] && sd.recurred[1],
-           "la_chunk_prefill: a side stream needs its events (LaSide::create)");
+  DZ_CHECK(sd.made(), "la_chunk_prefill: a side stream needs its events (LaSide::create)");
   const int64_t T = p.T_total, L = segment_rows(T, S_req);
   const int S = int((T + L - 1) / L);
   const PipeWs w = pipe_carve(p.workspace, T, S_req, p.HV, p.K, p.V);
   segment_bounds_kernel<<<1, 1024, 0, stream>>>(p.cu_seqlens, S, int(L), int(T), w.seg_cu);
   CUDA_CHECK_LAUNCH();
-  CUDA_CHECK(cudaEventRecord(sd.start, stream));
-  CUDA_CHECK(cudaStreamWaitEvent(sd.stream, sd.start, 0));
+  CUDA_CHECK(cudaEventRecord(sd.start(), stream));
+  CUDA_CHECK(cudaStreamWaitEvent(sd.stream, sd.start(), 0));
   const int bv = pick_bv(p, p.HV, p.V, true);
   for (int s = 0; s < S; ++s) {
     const int b = s & 1;
@@ -163,33 +162,18 @@ void pipelined_prefill(const LaPrefill& p, int S_req, cudaStream_t stream) {
     q.workspace = w.seg_ws[b];
     q.h0 = s == 0 ? p.h0 : w.state[b ^ 1];
     q.ht = s == S - 1 ? p.ht : w.state[b];
-    if (s >= 2) CUDA_CHECK(cudaStreamWaitEvent(stream, sd.recurred[b], 0));  // segment s - 2 read this workspace
+    if (s >= 2) CUDA_CHECK(cudaStreamWaitEvent(stream, sd.recurred(b), 0));  // segment s - 2 read this workspace
     mma_prefill(ChunkArgs{q, false, false}, bv, kPrep, stream);
-    CUDA_CHECK(cudaEventRecord(sd.prepped[b], stream));
-    CUDA_CHECK(cudaStreamWaitEvent(sd.stream, sd.prepped[b], 0));
+    CUDA_CHECK(cudaEventRecord(sd.prepped(b), stream));
+    CUDA_CHECK(cudaStreamWaitEvent(sd.stream, sd.prepped(b), 0));
     mma_prefill(ChunkArgs{q, q.o != nullptr, false}, bv, kRecur | kOutput, sd.stream);
-    CUDA_CHECK(cudaEventRecord(sd.recurred[b], sd.stream));
+    CUDA_CHECK(cudaEventRecord(sd.recurred(b), sd.stream));
   }
-  CUDA_CHECK(cudaEventRecord(sd.done, sd.stream));
-  CUDA_CHECK(cudaStreamWaitEvent(stream, sd.done, 0));
+  CUDA_CHECK(cudaEventRecord(sd.done(), sd.stream));
+  CUDA_CHECK(cudaStreamWaitEvent(stream, sd.done(), 0));
 }
 
 }  // namespace
-
-LaSide::~LaSide() {
-  for (cudaEvent_t e : {start, done, prepped[0], prepped[1], recurred[0], recurred[1]})
-    if (e) cudaEventDestroy(e);
-  if (stream) cudaStreamDestroy(stream);
-}
-
-void LaSide::create(bool high_priority) {
-  if (stream) return;
-  int least = 0, greatest = 0;
-  if (high_priority) CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
-  CUDA_CHECK(cudaStreamCreateWithPriority(&stream, cudaStreamNonBlocking, high_priority ? greatest : least));
-  for (cudaEvent_t* e : {&start, &done, &prepped[0], &prepped[1], &recurred[0], &recurred[1]})
-    CUDA_CHECK(cudaEventCreateWithFlags(e, cudaEventDisableTiming));
-}
 
 int la_pipeline_segments(const LaPrefill& p) {
   if (!p.side || p.N != 1 || p.pipeline_segments == 1) return 1;

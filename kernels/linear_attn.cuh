@@ -16,6 +16,8 @@
 
 #include <cstdint>
 
+#include "side_stream.cuh"
+
 namespace dz::cuda {
 
 using bf16 = __nv_bfloat16;
@@ -27,19 +29,16 @@ struct LaGate {
   float lower_bound = 0.f;        // 0: softplus gate; < 0: lower-bound sigmoid gate
 };
 
-// A second stream and events for la_chunk_prefill's pipelined form (LaPrefill::side): made by
-// create(), released by the destructor; owned by the caller (the backend keeps one).
-struct LaSide {
-  cudaStream_t stream = nullptr;
-  cudaEvent_t start = nullptr, done = nullptr, prepped[2] = {nullptr, nullptr}, recurred[2] = {nullptr, nullptr};
-  LaSide() = default;
-  LaSide(const LaSide&) = delete;
-  LaSide& operator=(const LaSide&) = delete;
-  ~LaSide();
-  // no-op once made; high_priority: the stream at the device's greatest priority, so the recurrence's
-  // CTAs are dispatched before the next segment's prep CTAs as SMs free up (measured by
-  // `bench linear-attn`'s *_pipelined_prio rows; the backend's side stream is a default-priority one)
-  void create(bool high_priority = false);
+// la_chunk_prefill's pipelined form's second stream (LaPrefill::side; the backend keeps one):
+// start() and done() join it to the caller's stream at the call's ends; prepped(b), segment workspace
+// b's prep done (caller's stream); recurred(b), the recurrence done with it (side stream). create(true)
+// puts the stream at the greatest priority, measured by `bench linear-attn`'s *_pipelined_prio rows;
+// the backend's is a default-priority one.
+struct LaSide : SideStream<6> {
+  cudaEvent_t start() const { return ev[0]; }
+  cudaEvent_t done() const { return ev[1]; }
+  cudaEvent_t prepped(int b) const { return ev[2 + b]; }
+  cudaEvent_t recurred(int b) const { return ev[4 + b]; }
 };
 
 struct LaPrefill {
