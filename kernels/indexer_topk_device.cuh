@@ -109,17 +109,25 @@ __device__ __forceinline__ void warp_keys(const float* sc, int i0, int e, int la
   for (int u = 0; u < kU; ++u) k[u] = i0 + 32 * u + lane < e ? order_key(sc[i0 + 32 * u + lane]) : 0u;
 }
 
+// The contiguous positions [b, e) of n that warp `warp` of NW scans in block_compact's passes (and
+// topk_hist_kernel's first): span = ceil(n / NW) each, the last ones short or empty.
+template <int NW>
+__device__ __forceinline__ void warp_span(int n, int warp, int& b, int& e) {
+  const int span = (n + NW - 1) / NW;
+  b = min(n, warp * span);
+  e = min(n, b + span);
+}
+
 // The writes of block_compact: out[] = the positions i < n (ascending) whose key beats thr, and the
 // first `remaining` (by position) whose key equals it, given each warp's counts over its span
 // (s_gt[w] above thr, s_eq[w] equal to it; NT / 32 words each). Warp w writes the positions of the
-// contiguous range [w*span, (w+1)*span), span = ceil(n / (NT / 32)): one pass over the row.
+// contiguous range warp_span gives it: one pass over the row.
 template <int NT>
 __device__ inline void block_compact_write(const float* sc, int n, uint32_t thr, uint32_t remaining,
                                            const uint32_t* s_gt, const uint32_t* s_eq, int32_t* __restrict__ out) {
-  constexpr int NW = NT / 32;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int span = (n + NW - 1) / NW;
-  const int b = min(n, warp * span), e = min(n, b + span);
+  int b, e;
+  warp_span<NT / 32>(n, warp, b, e);
   uint32_t eq_before = 0, out_pos = 0;
   for (int w2 = 0; w2 < warp; ++w2) {
     const uint32_t take_eq = s_eq[w2] < (remaining > eq_before ? remaining - eq_before : 0u)
@@ -154,8 +162,8 @@ template <int NT>
 __device__ inline void block_compact(const float* sc, int n, uint32_t thr, uint32_t remaining, int32_t* __restrict__ out) {
   constexpr int NW = NT / 32;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int span = (n + NW - 1) / NW;
-  const int b = min(n, warp * span), e = min(n, b + span);
+  int b, e;
+  warp_span<NW>(n, warp, b, e);
   uint32_t n_gt = 0, n_eq = 0;
   for (int i0 = b; i0 < e; i0 += 32 * kU) {
     uint32_t k[kU];

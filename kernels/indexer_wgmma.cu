@@ -262,10 +262,10 @@ constexpr int kCandMax = 12288;  // keys of the threshold bin kept in shared mem
 
 // Top-K of one row from its scores and its histogram (idx_wgmma_kernel<..., true>), in two passes
 // over the row. The bin of the K-th best comes from the histogram. Pass one: warp w over its span
-// (block_compact_write's) counts the keys of higher bins and keeps that bin's keys in shared memory,
-// tagged with w. The exact K-th key by two radix steps over the kept keys; their tags add each warp's
-// keys above it and equal to it; pass two: block_compact_write. More than kCandMax keys in the bin:
-// block_topk over the row instead (five passes).
+// (warp_span, as block_compact_write's) counts the keys of higher bins and keeps that bin's keys in
+// shared memory, tagged with w. The exact K-th key by two radix steps over the kept keys; their tags
+// add each warp's keys above it and equal to it; pass two: block_compact_write. More than kCandMax
+// keys in the bin: block_topk over the row instead (five passes).
 // (Before 2026-12-06: the bin's keys gathered by the block's threads in position-strided order, one
 // shared atomic a key, then block_compact's count and write passes: three passes over the row,
 // 4.1 ms at H = 64, T = 32768 on an H100.)
@@ -301,7 +301,8 @@ __global__ void __launch_bounds__(kTopkThreads) topk_hist_kernel(const float* __
   __syncthreads();
   // pass one over warp w's span [b, e): kU x 32 keys loaded before their ballots; the bin's keys
   // appended by one shared atomic a warp and ballot
-  const int span = (n + NW - 1) / NW, b = min(n, warp * span), e = min(n, b + span);
+  int b, e;
+  dev::warp_span<NW>(n, warp, b, e);
   const uint32_t lt = (1u << lane) - 1u;
   uint32_t n_gt = 0;
   for (int i0 = b; i0 < e; i0 += 32 * dev::kU) {
