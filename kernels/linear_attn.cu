@@ -103,12 +103,12 @@ namespace {
 
 constexpr int kMaxPipe = 64;  // segments of the pipelined prefill, at most
 
+// Chunks of the kernel in T rows.
+int64_t chunks_of(int64_t T) { return (T + kMmaBT - 1) / kMmaBT; }
+
 // Rows per segment of T rows in about S segments of whole chunks (the pipelined prefill, the
 // parallel scan).
-int64_t segment_rows(int64_t T, int S) {
-  const int64_t chunks = (T + kMmaBT - 1) / kMmaBT;
-  return (chunks + S - 1) / S * kMmaBT;
-}
+int64_t segment_rows(int64_t T, int S) { return (chunks_of(T) + S - 1) / S * kMmaBT; }
 
 // The pipelined prefill's workspace for T rows in about S segments: the segment bounds, two
 // states [HV, K, V] (fp32, in turn) and two segments' prefill workspaces (in turn).
@@ -118,21 +118,19 @@ struct PipeWs {
   void* seg_ws[2];
   size_t bytes;
 };
+// base null: only the bytes (the pointers stay null).
 PipeWs pipe_carve(void* base, int64_t T, int S, int HV, int K, int V) {
-  char* c = static_cast<char*>(base);
   PipeWs w;
   size_t off = 0;
-  w.seg_cu = reinterpret_cast<int32_t*>(c + off);
-  off += align256(size_t(kMaxPipe + 1) * 4);
-  for (auto& st : w.state) {
-    st = reinterpret_cast<float*>(c + off);
-    off += align256(size_t(HV) * K * V * 4);
-  }
+  auto take = [&](size_t bytes) {
+    void* at = base ? static_cast<char*>(base) + off : nullptr;
+    off += bytes;
+    return at;
+  };
+  w.seg_cu = static_cast<int32_t*>(take(align256(size_t(kMaxPipe + 1) * 4)));
+  for (auto& st : w.state) st = static_cast<float*>(take(align256(size_t(HV) * K * V * 4)));
   const size_t seg = align256(mma_workspace_bytes(segment_rows(T, S), 1, HV, K, V));
-  for (auto& sw : w.seg_ws) {
-    sw = c + off;
-    off += seg;
-  }
+  for (auto& sw : w.seg_ws) sw = take(seg);
   w.bytes = off;
   return w;
 }
@@ -177,8 +175,8 @@ void pipelined_prefill(const LaPrefill& p, int S_req, cudaStream_t stream) {
 
 int la_pipeline_segments(const LaPrefill& p) {
   if (!p.side || p.N != 1 || p.pipeline_segments == 1) return 1;
-  const int64_t chunks = (p.T_total + kMmaBT - 1) / kMmaBT;
-  if (p.pipeline_segments > 1) return int(std::min<int64_t>({int64_t(p.pipeline_segments), int64_t(kMaxPipe), chunks}));
+  if (p.pipeline_segments > 1)
+    return int(std::min<int64_t>({int64_t(p.pipeline_segments), int64_t(kMaxPipe), chunks_of(p.T_total)}));
   const int rec_ctas = p.K == 128 ? 2 * p.HV : p.HV * (p.V / pick_bv(p, p.HV, p.V, true));
   if (p.T_total < 16384 || 2 * rec_ctas > sm_count()) return 1;
   return int(std::min<int64_t>(8, p.T_total / 8192));
@@ -238,8 +236,7 @@ size_t la_scan_workspace_bytes(int64_t T, int segments, int HV, int K, int V) {
 
 void la_parallel_prefill(const LaPrefill& p, int64_t T, int segments, void* workspace, cudaStream_t stream) {
   DZ_CHECK(p.N == 1, "la_parallel_prefill: one sequence expected, got N=", p.N);
-  const int64_t chunks = (T + kMmaBT - 1) / kMmaBT;  // segments of whole chunks of the kernel
-  if (segments <= 1 || chunks <= 1) return la_chunk_prefill(p, stream);
+  if (segments <= 1 || chunks_of(T) <= 1) return la_chunk_prefill(p, stream);  // segments of whole chunks
   const int L = int(segment_rows(T, segments));
   const int S = int((T + L - 1) / L);
   char* ws = static_cast<char*>(workspace);
