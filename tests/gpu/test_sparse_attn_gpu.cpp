@@ -527,11 +527,12 @@ TEST_CASE("gpu sparse-attn: the indexer's Top-K on a second stream selects what 
   }
 }
 
-// topk_from_hist on score rows made to stress it, against a host Top-K (order keys descending, ties to
-// the lower position, NaN lowest, -0 == +0; positions ascending): many keys equal to the K-th best
-// across every warp's span, NaN / -0 / negative scores, a threshold bin over the kernel's 12288 kept
-// keys (its block_topk path), rows shorter than K, ragged lengths and a padded ld. The histograms are
-// made on the host as indexer_scores_wgmma writes them. Exact: the selections are integers.
+// topk_from_hist on score rows made to stress it, against the CPU backend's Top-K (topk_positions:
+// higher first, ties to the lower position, NaN lowest, -0 == +0; positions ascending, -1 padded):
+// many keys equal to the K-th best across every warp's span, NaN / -0 / negative scores, a threshold
+// bin over the kernel's 12288 kept keys (its block_topk path), rows shorter than K, ragged lengths and
+// a padded ld. The histograms are made on the host as indexer_scores_wgmma writes them (okey: the
+// kernels' order key). Exact: the selections are integers.
 TEST_CASE("gpu sparse-attn: topk_from_hist selects the host Top-K on rows with ties, NaN and a full bin", "[gpu]") {
   auto okey = [](float s) -> uint32_t {
     if (std::isnan(s)) return 0u;
@@ -574,14 +575,8 @@ TEST_CASE("gpu sparse-attn: topk_from_hist selects the host Top-K on rows with t
     const auto got = dsel.down();
     for (int64_t q = 0; q < nq; ++q) {
       const int64_t n = pos[size_t(q)] + 1;
-      std::vector<int32_t> idx(static_cast<size_t>(n));
-      std::iota(idx.begin(), idx.end(), 0);
-      const float* r = sc.data() + q * ld;
-      std::stable_sort(idx.begin(), idx.end(), [&](int32_t a, int32_t b) { return okey(r[a]) > okey(r[b]); });
-      std::vector<int32_t> want(static_cast<size_t>(K), -1);
-      const int64_t m = std::min<int64_t>(n, K);
-      std::copy(idx.begin(), idx.begin() + m, want.begin());
-      std::sort(want.begin(), want.begin() + m);
+      std::vector<int32_t> want(static_cast<size_t>(K));
+      dz::topk_positions(sc.data() + q * ld, want.data(), 1, n - 1, ld, K);  // the CPU backend's Top-K
       INFO("K " << K << ", row " << q << " of " << n << " keys");
       CHECK(std::equal(want.begin(), want.end(), got.begin() + q * K));
     }
