@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdint>
 #include <random>
+#include <utility>
 #include <vector>
 
 #include "common.cuh"
@@ -107,6 +108,16 @@ inline Inputs make_inputs(const Case& c, std::mt19937& rng) {
   in.dt_bias = rand_f(rng, size_t(c.HV) * (c.kda ? c.K : 1), 0.3f);
   if (c.h0) in.h0 = rand_f(rng, c.lens.size() * c.HV * c.K * c.V, 0.3f);
   return in;
+}
+
+// o (bf16 bits) and ht as `call` leaves them, both poisoned first (NaN unless written).
+template <class F>
+std::pair<std::vector<uint16_t>, std::vector<float>> run_poisoned(Dev<__nv_bfloat16>& o, Dev<float>& ht, F call) {
+  CUDA_CHECK(cudaMemset(o.p, 0xff, o.n * 2));
+  CUDA_CHECK(cudaMemset(ht.p, 0xff, ht.n * 4));
+  call();
+  CUDA_CHECK(cudaDeviceSynchronize());
+  return {o.get<uint16_t>(), ht.get<float>()};
 }
 
 // A case's inputs on the device and the chunked prefill's arguments over them (outputs o / ht, the

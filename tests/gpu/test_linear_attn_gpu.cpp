@@ -68,11 +68,8 @@ TEST_CASE("gpu linear attention chunked prefill and parallel scan equal the CPU 
       if (bv > c.V || (c.K == 128 && bv != 64)) continue;
       p.value_block = bv;
       p.fused_output = fused;
-      CUDA_CHECK(cudaMemset(o.p, 0xff, o.n * 2));  // poison: NaN unless written
-      CUDA_CHECK(cudaMemset(ht.p, 0xff, ht.n * 4));
-      dz::cuda::la_chunk_prefill(p, nullptr);
-      CUDA_CHECK(cudaDeviceSynchronize());
-      const double eo = rel_err(bf_to_f(o.get<uint16_t>()), o_ref), es = rel_err(ht.get<float>(), ht_ref);
+      const auto r = run_poisoned(o, ht, [&] { dz::cuda::la_chunk_prefill(p, nullptr); });
+      const double eo = rel_err(bf_to_f(r.first), o_ref), es = rel_err(r.second, ht_ref);
       std::printf("%s HK=%d HV=%d K=%d V=%d T=%lld N=%zu h0=%d lb=%g BV=%d%s: chunked o err %.3g, state err %.3g\n",
                   c.kda ? "kda" : "gdn", c.HK, c.HV, c.K, c.V, (long long)in.T, c.lens.size(), int(c.h0),
                   double(c.lower_bound), bv, !fused ? " out-pass" : "", eo, es);
@@ -87,11 +84,8 @@ TEST_CASE("gpu linear attention chunked prefill and parallel scan equal the CPU 
     p.workspace = nullptr;
     if (c.segments > 1) {
       Dev<char> ws(dz::cuda::la_scan_workspace_bytes(in.T, c.segments, c.HV, c.K, c.V));
-      CUDA_CHECK(cudaMemset(o.p, 0xff, o.n * 2));
-      CUDA_CHECK(cudaMemset(ht.p, 0xff, ht.n * 4));
-      dz::cuda::la_parallel_prefill(p, in.T, c.segments, ws.p, nullptr);
-      CUDA_CHECK(cudaDeviceSynchronize());
-      const double po = rel_err(bf_to_f(o.get<uint16_t>()), o_ref), ps = rel_err(ht.get<float>(), ht_ref);
+      const auto r = run_poisoned(o, ht, [&] { dz::cuda::la_parallel_prefill(p, in.T, c.segments, ws.p, nullptr); });
+      const double po = rel_err(bf_to_f(r.first), o_ref), ps = rel_err(r.second, ht_ref);
       std::printf("    parallel scan, %d segments: o err %.3g, state err %.3g\n", c.segments, po, ps);
       CHECK(po < 2e-2);  // tolerances as for the chunked prefill above
       CHECK(ps < 1e-2);
@@ -134,11 +128,7 @@ TEST_CASE("gpu linear attention pipelined prefill equals the one-pass prefill bi
     auto run = [&](const dz::cuda::LaSide* sd, int segs) {
       p.side = sd;
       p.pipeline_segments = segs;
-      CUDA_CHECK(cudaMemset(o.p, 0xff, o.n * 2));  // poison: NaN unless written
-      CUDA_CHECK(cudaMemset(ht.p, 0xff, ht.n * 4));
-      dz::cuda::la_chunk_prefill(p, nullptr);
-      CUDA_CHECK(cudaDeviceSynchronize());
-      return std::make_pair(o.get<uint16_t>(), ht.get<float>());
+      return run_poisoned(o, ht, [&] { dz::cuda::la_chunk_prefill(p, nullptr); });
     };
     const auto one = run(nullptr, 0);
     p.side = &side;
