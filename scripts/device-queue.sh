@@ -202,7 +202,8 @@ case ${1:?stage: benches, tests, patch, final, e2e-glm or ncu} in
     for m in glm5_3_flash_4l:glm qwen3_5_35b_a3b_8l:qwen; do
       [[ $(left) -gt 15 ]] || break
       timeout "$(left)" build-gpu/dayzero bench e2e --model "configs/bench/${m%%:*}" --tokens 8192 --modes last-logits \
-        --repeats 7 --json "$O/e2e_dayzero_2026_${m#*:}_${DZ_COMMIT}.json" 2>&1 | grep -v '^{' | tail -1
+        --repeats 7 --json "$O/e2e_dayzero_2026_${m#*:}_${DZ_COMMIT}.json" 2>&1 |
+        grep -o '"model":"[^"]*"\|"ms":[0-9.]*' | paste -sd ' '  # in the output too, should a file not come back
     done
     reap
     cli_part "$O/logs"
