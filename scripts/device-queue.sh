@@ -24,7 +24,8 @@
 #                                              `bench sparse-attn` before the patch and after the tests
 #                                              (DZ_BENCH_ONLY=<substring>: only those cases); DZ_PATCH may
 #                                              name several patches (space-separated, applied in order);
-#                                              DZ_BENCH_LA=1: `bench linear-attn` with them at the end
+#                                              DZ_BENCH_LA=1: `bench linear-attn` before the patch and with
+#                                              it at the end (DZ_BENCH_LA_ONLY=<substring>: only those rows)
 #   DZ_COMMIT=<hash> bash scripts/device-queue.sh e2e-glm
 #                                              GLM-5.3-Flash 4 layers at T = 8192: dayzero (median of 7),
 #                                              the transformers 5.23 + fla anchor, dayzero again
@@ -106,6 +107,13 @@ bench_sparse() {
   echo "bench sparse-attn rc $? at $(($(date +%s) - T0)) s"
   grep -E -A1 "^indexer prefill|^sparse MLA" "$3"
 }
+# `bench linear-attn` of the project's build within $1 s, JSON $2 (DZ_BENCH_LA_ONLY=<substring>: only
+# those rows; DZ_BENCH_ONLY names sparse-attn cases here); prints its chunked-prefill lines.
+bench_la() {
+  (eval "$(bash scripts/offline-prefix.sh env "$PREFIX")"
+   DZ_BENCH_ONLY=${DZ_BENCH_LA_ONLY:-} timeout "$1" build-gpu/dayzero bench linear-attn --json "$2" 2>&1 | grep -E "chunk")
+  echo "bench linear-attn rc $? at $(($(date +%s) - T0)) s"
+}
 # A queued patch ($1) and its harness ($2: OUT=<dir> bash $2 writes test.txt / bench.txt there, and
 # build.txt for some): the harness before the patch, the patch applied, the harness again; then the
 # project built with it, the GPU test cases $3 (Catch spec) and the CLI runs of the families $4.
@@ -116,8 +124,9 @@ queued_ab() {
   [[ $H == - ]] || OUT=/tmp/h_before TEST_TIMEOUT=90 timeout 200 bash "$H" >/tmp/h_before.log 2>&1
   wait
   [[ $H == - ]] || cp /tmp/h_before/bench.txt "$O/bench_before.txt"
-  # the production build's `bench sparse-attn` before the patch
+  # the production build's `bench sparse-attn` / `bench linear-attn` before the patch
   [[ ${DZ_BENCH_SPARSE:-0} == 1 ]] && bench_sparse 150 /tmp/sparse_before.json "$O/sparse_attn_before.log"
+  [[ ${DZ_BENCH_LA:-0} == 1 ]] && bench_la 120 "$O/linear_attn_before.json"
   local pf
   for pf in $P; do  # (several, space-separated: applied in order)
     git apply "$pf" 2>/dev/null || patch -p1 -s <"$pf" || { echo "$pf does not apply"; return 1; }
@@ -140,11 +149,7 @@ queued_ab() {
     bench_sparse $(($(left) - 5)) "$O/sparse_attn_dayzero.json" "$O/sparse_attn.log"
   fi
   if [[ ${DZ_BENCH_LA:-0} == 1 && $(left) -gt 30 ]]; then  # the linear-attention bench with the patches
-    (eval "$(bash scripts/offline-prefix.sh env "$PREFIX")"
-     # DZ_BENCH_ONLY names sparse-attn cases here: all of the linear-attention rows
-     DZ_BENCH_ONLY="" timeout "$(($(left) - 5))" build-gpu/dayzero bench linear-attn --json "$O/linear_attn_dayzero.json" 2>&1 |
-       grep -E "chunk")
-    echo "bench linear-attn rc $? at $(($(date +%s) - T0)) s"
+    bench_la $(($(left) - 5)) "$O/linear_attn_dayzero.json"
   fi
 }
 # DZ_COMMIT names files under $OUT: the device tool does not return a name with other characters than
