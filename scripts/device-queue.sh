@@ -36,12 +36,15 @@
 #                                              decode), one row per launch, and the SASS instructions
 #                                              with the most stall samples for NCU_SOURCE (default:
 #                                              the sparse-MLA FP8 decode and prefill) (~1-3 min)
-#   DZ_COMMIT=<hash> [DZ_STAGE_BUDGET=<s>] bash scripts/device-queue.sh final
+#   DZ_COMMIT=<hash> [DZ_STAGE_BUDGET=<s>] [DZ_PATCH=<file> [DZ_BENCH_LA=1]] bash scripts/device-queue.sh final
 #                                              a session's closing check in one command ending by
 #                                              DZ_STAGE_BUDGET s (default 575; less when the budget is short): the
 #                                              project built, the whole Catch binary (its MoE reruns
 #                                              included), GLM-5.3-Flash 4l and Qwen3.5 8l e2e at T = 8192
-#                                              (median of 7, no anchor), the CLI part in what is left
+#                                              (median of 7, no anchor), the CLI part in what is left.
+#                                              DZ_PATCH: the check of the tree with queued patches applied
+#                                              (what the session lands if they pass); DZ_BENCH_LA=1 adds
+#                                              `bench linear-attn` before them and with them
 # On one warm machine `benches` then `tests` (within its 30 s idle release) share the build.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit
@@ -114,6 +117,14 @@ bench_la() {
    DZ_BENCH_ONLY=${DZ_BENCH_LA_ONLY:-} timeout "$1" build-gpu/dayzero bench linear-attn --json "$2" 2>&1 | grep -E "chunk")
   echo "bench linear-attn rc $? at $(($(date +%s) - T0)) s"
 }
+# The patches $1 (space-separated) applied in order.
+apply_patches() {
+  local pf
+  for pf in $1; do
+    git apply "$pf" 2>/dev/null || patch -p1 -s <"$pf" || { echo "$pf does not apply"; return 1; }
+    echo "$pf applied"
+  done
+}
 # A queued patch ($1) and its harness ($2: OUT=<dir> bash $2 writes test.txt / bench.txt there, and
 # build.txt for some): the harness before the patch, the patch applied, the harness again; then the
 # project built with it, the GPU test cases $3 (Catch spec) and the CLI runs of the families $4.
@@ -127,11 +138,7 @@ queued_ab() {
   # the production build's `bench sparse-attn` / `bench linear-attn` before the patch
   [[ ${DZ_BENCH_SPARSE:-0} == 1 ]] && bench_sparse 150 /tmp/sparse_before.json "$O/sparse_attn_before.log"
   [[ ${DZ_BENCH_LA:-0} == 1 ]] && bench_la 120 "$O/linear_attn_before.json"
-  local pf
-  for pf in $P; do  # (several, space-separated: applied in order)
-    git apply "$pf" 2>/dev/null || patch -p1 -s <"$pf" || { echo "$pf does not apply"; return 1; }
-    echo "$pf applied"
-  done
+  apply_patches "$P" || return 1
   if [[ $H != - ]]; then
     OUT=/tmp/h TEST_TIMEOUT=90 timeout 200 bash "$H"
     reap
@@ -200,9 +207,19 @@ case ${1:?stage: benches, tests, patch, final, e2e-glm or ncu} in
   final)
     export DZ_COMMIT=${DZ_COMMIT:?}
     nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm --format=csv,noheader
+    keep=40  # for the e2e runs after the Catch binary
+    if [[ -n ${DZ_PATCH:-} ]]; then
+      if [[ ${DZ_BENCH_LA:-0} == 1 ]]; then
+        build_project /tmp/build_before.log
+        tail -1 /tmp/build_before.log
+        bench_la 90 "$O/linear_attn_before.json"
+        keep=$((keep + 40))
+      fi
+      apply_patches "$DZ_PATCH" || exit 1
+    fi
     build_project /tmp/build.log
     tail -1 /tmp/build.log
-    catch_part "$O/logs" "" 40  # first: what a session must not end without; 40 s kept for the e2e runs
+    catch_part "$O/logs" "" "$keep"  # first: what a session must not end without
     eval "$(bash scripts/offline-prefix.sh env "$PREFIX")"
     for m in glm5_3_flash_4l:glm qwen3_5_35b_a3b_8l:qwen; do
       [[ $(left) -gt 15 ]] || break
@@ -211,6 +228,7 @@ case ${1:?stage: benches, tests, patch, final, e2e-glm or ncu} in
         grep -o '"model":"[^"]*"\|"ms":[0-9.]*' | paste -sd ' '  # in the output too, should a file not come back
     done
     reap
+    [[ -n ${DZ_PATCH:-} && ${DZ_BENCH_LA:-0} == 1 && $(left) -gt 30 ]] && bench_la 60 "$O/linear_attn_dayzero.json"
     cli_part "$O/logs"
     ;;
   e2e-glm)
