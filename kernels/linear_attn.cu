@@ -161,10 +161,10 @@ void pipelined_prefill(const LaPrefill& p, int S_req, cudaStream_t stream) {
     q.h0 = s == 0 ? p.h0 : w.state[b ^ 1];
     q.ht = s == S - 1 ? p.ht : w.state[b];
     if (s >= 2) CUDA_CHECK(cudaStreamWaitEvent(stream, sd.recurred(b), 0));  // segment s - 2 read this workspace
-    mma_prefill(ChunkArgs{q, false, false}, bv, kPrep, stream);
+    mma_prefill(ChunkArgs{q, false, false, T}, bv, kPrep, stream);
     CUDA_CHECK(cudaEventRecord(sd.prepped(b), stream));
     CUDA_CHECK(cudaStreamWaitEvent(sd.stream, sd.prepped(b), 0));
-    mma_prefill(ChunkArgs{q, q.o != nullptr, false}, bv, kRecur | kOutput, sd.stream);
+    mma_prefill(ChunkArgs{q, q.o != nullptr, false, T}, bv, kRecur | kOutput, sd.stream);
     CUDA_CHECK(cudaEventRecord(sd.recurred(b), sd.stream));
   }
   CUDA_CHECK(cudaEventRecord(sd.done(), sd.stream));

@@ -11,6 +11,7 @@ struct ChunkArgs {
   LaPrefill p;
   bool write_o;  // compute outputs (false: only the state, as for transitions)
   bool trans_A;  // transition pass: S0 = I, v = 0 (requires V == K), so S_end = A
+  int64_t rows = 0;  // token rows of p.q / p.k (0: p.T_total); the pipelined prefill's segments: the whole's
 };
 
 // State columns per CTA: p.value_block, else from the CTA count of whole state rows `ctas`. fp32

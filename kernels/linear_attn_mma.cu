@@ -44,6 +44,13 @@ bool fuse_outputs(int mode, int ctas) {
 }
 
 // Record of one (chunk, value head), bf16: W [BT][K] | Kd [BT][K] | U [BT][V] | Qg [BT][K] | Aqk [BT][BT]
+// GDN at K = 128 ("lite" records): q e^G and k e^(G_last - G) are row scalings of the normalised q
+// and k (the decay is one scalar a row), so the prep writes neither. The recurrence and the output
+// pass read the raw q and k and apply the rows' factors, fk[BT] (k's inverse norm e^(G_last - G)) and
+// fq[BT] (scale, q's inverse norm, e^G), which the prep writes as fp32 at the start of Qg's space; Kd
+// stays unwritten. 32 of the record's 72 KB a chunk and head are not written.
+template <int K, bool KDA>
+constexpr bool kLiteRecords = !KDA && K == 128;
 template <int K, int V>
 struct R4 {
   static constexpr size_t W = 0, Kd = size_t(BT) * K, U = 2 * size_t(BT) * K, Qg = U + size_t(BT) * V,
@@ -207,6 +214,7 @@ __global__ void __launch_bounds__(NTP, 2) mma_prep_kernel(const LaPrefill p, con
   float* L = Gc + BT * GS;                             // [BT][LS] beta_i k_i.k_j e^(G_i - G_j), j < i
   bf16* X = reinterpret_cast<bf16*>(L + BT * LS);      // [112][KP] pair operands; later (I+L)^-1 [BT][AP]
   __shared__ float betas[BT];
+  __shared__ float inv_kq[2][kLiteRecords<K, KDA> ? BT : 1];  // lite records: the rows' inverse norms of k, q
   __shared__ int wide[4];  // diagonal block whose decay span is too wide to factor: computed exactly
   bf16* rec = records + (size_t(g) * p.HV + h) * R::size;
   // KDA's rows of Gc hold channels x0 .. x0 + 3 of each 8-channel slot at x0 / 2 and x0 + 4 .. x0 + 7
@@ -258,6 +266,7 @@ __global__ void __launch_bounds__(NTP, 2) mma_prep_kernel(const LaPrefill p, con
         sq += __shfl_xor_sync(0xffffffffu, sq, o);
       }
       const float ik = 1.f / sqrtf(ss + 1e-6f), iq = 1.f / sqrtf(sq + 1e-6f);
+      if (kLiteRecords<K, KDA> && x0 == 0) inv_kq[0][i] = ik, inv_kq[1][i] = iq;
 #pragma unroll
       for (int e = 0; e < 8; ++e) kf[e] *= ik, qf[e] = p.scale * (qf[e] * iq);
       *reinterpret_cast<uint4*>(Kn + i * KP + x0) = pack8(kf);
@@ -303,20 +312,31 @@ __global__ void __launch_bounds__(NTP, 2) mma_prep_kernel(const LaPrefill p, con
   __syncthreads();
 
   // ---- q e^G and k e^(G_last - G) (row-major) and e^G_last to the record ----
-  for (int sl = tid; sl < SLOTS; sl += NTP) {
-    const int i = sl / SPR, x0 = 8 * (sl % SPR);
-    float gi[8], gl[8], a[8], b[8];
-    G8(i, x0, gi);
-    G8(BT - 1, x0, gl);
-    unpack8(*reinterpret_cast<const uint4*>(Qn + i * KP + x0), a);
-    unpack8(*reinterpret_cast<const uint4*>(Kn + i * KP + x0), b);
+  if (kLiteRecords<K, KDA>) {  // their row factors instead; rows past the sequence: 0 (the raw rows
+    if (tid < BT) {              // there are the next sequence's)
+      float* fac = reinterpret_cast<float*>(rec + R::Qg);  // fk [BT] | fq [BT]
+      const bool valid = tid < C;
+      fac[tid] = valid ? inv_kq[0][tid] * ex2(Gc[BT - 1] - Gc[tid]) : 0.f;
+      fac[BT + tid] = valid ? p.scale * inv_kq[1][tid] * ex2(Gc[tid]) : 0.f;
+    } else if (tid < BT + K) {
+      gls[(size_t(g) * p.HV + h) * K + tid - BT] = ex2(Gc[BT - 1]);
+    }
+  } else {
+    for (int sl = tid; sl < SLOTS; sl += NTP) {
+      const int i = sl / SPR, x0 = 8 * (sl % SPR);
+      float gi[8], gl[8], a[8], b[8];
+      G8(i, x0, gi);
+      G8(BT - 1, x0, gl);
+      unpack8(*reinterpret_cast<const uint4*>(Qn + i * KP + x0), a);
+      unpack8(*reinterpret_cast<const uint4*>(Kn + i * KP + x0), b);
 #pragma unroll
-    for (int e = 0; e < 8; ++e) a[e] *= ex2(gi[e]), b[e] *= ex2(gl[e] - gi[e]);
-    *reinterpret_cast<uint4*>(rec + R::Qg + i * K + x0) = pack8(a);
-    *reinterpret_cast<uint4*>(rec + R::Kd + i * K + x0) = pack8(b);
-    if (i == 0)
+      for (int e = 0; e < 8; ++e) a[e] *= ex2(gi[e]), b[e] *= ex2(gl[e] - gi[e]);
+      *reinterpret_cast<uint4*>(rec + R::Qg + i * K + x0) = pack8(a);
+      *reinterpret_cast<uint4*>(rec + R::Kd + i * K + x0) = pack8(b);
+      if (i == 0)
 #pragma unroll
-      for (int e = 0; e < 8; ++e) gls[(size_t(g) * p.HV + h) * K + x0 + e] = ex2(gl[e]);
+        for (int e = 0; e < 8; ++e) gls[(size_t(g) * p.HV + h) * K + x0 + e] = ex2(gl[e]);
+    }
   }
   // Aqk above the diagonal blocks: zeros (the inverse never reads L there).
   for (int e = tid; e < 6 * 32; e += NTP) {
@@ -804,6 +824,9 @@ __global__ void __launch_bounds__(NT, 1) mma_rec_kernel(const LaPrefill p, const
 //   S^T   = S^T e^G_last + U'^T Kd   wgmma_rs_tb<128>,   B = Kd [j][x] (N-major)
 // STORE (outputs in the later pass): the bf16 state entering each chunk and U', as the mma.sync
 // kernel stores them for mma_out_kernel.
+// LITE (GDN's lite records): Kd and Qg are the raw k and q, loaded by TMA from the inputs, and the
+// rows' factors are applied to the other operand: the state update takes U'^T diag(fk) as its A
+// operand, and the outputs' first product is scaled by fq per column before Aqk U' is added.
 // No shared-memory round trip of S or U' and no block barrier in the step: the mma.sync kernel's
 // step is issue-latency bound (ncu 2026-12-06: 8 warps an SM, 0.45 eligible a scheduler). Same
 // roundings as that kernel (S and U' to bf16 as operands, fp32 accumulation).
@@ -814,12 +837,14 @@ constexpr uint32_t OST = 48;  // bytes a row of a warp's output staging tile [64
 constexpr size_t kSmem = 1024 + size_t(kStages) * STAGE + 4 * 64 * OST + 64;
 struct Maps {
   CUtensorMap rows, aqk;  // records as [rows of 256 bytes][2 halves][64]: boxes 64 x 1 x 64 / 64 x 2 x 32
+  CUtensorMap k, q;       // LITE: the inputs as [T][HK][2 halves][64]: box 64 x 1 x 1 x 64 (64 tokens)
 };
 }  // namespace rw
 
-template <bool FUSE, bool STORE>
+template <bool FUSE, bool STORE, bool LITE>
 __global__ void __launch_bounds__(rw::kThreads, 1) rec_wgmma_kernel(const __grid_constant__ rw::Maps maps,
                                                                      const LaPrefill p, const int32_t* __restrict__ base,
+                                                                     const bf16* __restrict__ records,
                                                                      const float* __restrict__ gls, bf16* __restrict__ Sg,
                                                                      bf16* __restrict__ Ug, bool trans_A) {
   constexpr int K = 128, V = 128;
@@ -841,8 +866,11 @@ __global__ void __launch_bounds__(rw::kThreads, 1) rec_wgmma_kernel(const __grid
 
   if (warp == 4) {  // producer
     if (lane == 0) {
-      // W and Kd, e^G_last, U's 64 columns (not for the transition pass), q e^G and Aqk (FUSE)
-      const uint32_t bytes = 32768u + 512u + (trans_A ? 0u : 8192u) + (FUSE ? 16384u + 8192u : 0u);
+      // W and Kd, e^G_last, U's 64 columns (not for the transition pass), q e^G and Aqk (FUSE);
+      // LITE: the raw k and q instead of Kd and q e^G, and the rows' factors (fk, fq)
+      const uint32_t bytes =
+          32768u + 512u + (trans_A ? 0u : 8192u) + (FUSE ? 16384u + 8192u : 0u) + (LITE ? 512u : 0u);
+      const int hk = h / (p.HV / p.HK), tok0 = int(p.cu_seqlens[n]);
       for (int c = 0; c < nch; ++c) {
         const int s = c % rw::kStages;
         if (c >= rw::kStages) mbar_wait(empty(s), ((c / rw::kStages) - 1) & 1);
@@ -852,12 +880,18 @@ __global__ void __launch_bounds__(rw::kThreads, 1) rec_wgmma_kernel(const __grid
         const uint32_t st = stage(s);
         for (int hf = 0; hf < 2; ++hf) {
           tma_load_3d(st + rw::W + 8192 * hf, &maps.rows, 0, hf, r0, full(s));
-          tma_load_3d(st + rw::KD + 8192 * hf, &maps.rows, 0, hf, r0 + 64, full(s));
-          if (FUSE) tma_load_3d(st + rw::QG + 8192 * hf, &maps.rows, 0, hf, r0 + 192, full(s));
+          if (LITE) {
+            tma_load_4d(st + rw::KD + 8192 * hf, &maps.k, 0, hf, hk, tok0 + 64 * c, full(s));
+            if (FUSE) tma_load_4d(st + rw::QG + 8192 * hf, &maps.q, 0, hf, hk, tok0 + 64 * c, full(s));
+          } else {
+            tma_load_3d(st + rw::KD + 8192 * hf, &maps.rows, 0, hf, r0 + 64, full(s));
+            if (FUSE) tma_load_3d(st + rw::QG + 8192 * hf, &maps.rows, 0, hf, r0 + 192, full(s));
+          }
         }
         if (!trans_A) tma_load_3d(st + rw::U, &maps.rows, 0, y0 >> 6, r0 + 128, full(s));
         if (FUSE) tma_load_3d(st + rw::AQK, &maps.aqk, 0, 0, r0 + 256, full(s));
         bulk_g2s(st + rw::GL, gls + gh * K, 512, full(s));
+        if (LITE) bulk_g2s(st + rw::GL + 512, records + gh * R4<K, V>::size + R4<K, V>::Qg, 512, full(s));
       }
     }
     return;
@@ -938,6 +972,26 @@ __global__ void __launch_bounds__(rw::kThreads, 1) rec_wgmma_kernel(const __grid
     for (int kk = 0; kk < 4; ++kk)
 #pragma unroll
       for (int m = 0; m < 4; ++m) aU[kk][m] = pack2(accU[8 * kk + 2 * m], accU[8 * kk + 2 * m + 1]) ^ 0x80008000u;
+    const float* gl = reinterpret_cast<const float*>(rw_smem + (st - sb + rw::GL));
+    uint32_t aK[4][4];  // LITE: U'^T diag(fk), the state update's A operand
+    if constexpr (LITE) {
+      const float *fk = gl + K, *fq = gl + K + 64;  // column j of U'^T is 8 jj + 2 tq + (q & 1)
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk)
+#pragma unroll
+        for (int m = 0; m < 4; ++m) {
+          const float2 f = *reinterpret_cast<const float2*>(fk + 8 * (2 * kk + (m >> 1)) + 2 * tq);
+          aK[kk][m] = pack2(accU[8 * kk + 2 * m] * f.x, accU[8 * kk + 2 * m + 1] * f.y) ^ 0x80008000u;
+        }
+      if constexpr (FUSE) {  // (q S)^T's column i times fq_i: (q e^G S)^T
+#pragma unroll
+        for (int jj = 0; jj < 8; ++jj) {
+          const float2 f = *reinterpret_cast<const float2*>(fq + 8 * jj + 2 * tq);
+          accO[4 * jj] *= f.x, accO[4 * jj + 1] *= f.y, accO[4 * jj + 2] *= f.x, accO[4 * jj + 3] *= f.y;
+        }
+        wgmma_fence_regs(accO);
+      }
+    }
     if constexpr (STORE) {  // Ug [.., V][BT]: row y0 + y holds U'[.][y0 + y]
 #pragma unroll
       for (int jj = 0; jj < 8; ++jj)
@@ -947,7 +1001,6 @@ __global__ void __launch_bounds__(rw::kThreads, 1) rec_wgmma_kernel(const __grid
           *reinterpret_cast<uint32_t*>(Ug + (gh * V + y0 + y) * BT + j) = aU[jj >> 1][2 * (jj & 1) + hf];
         }
     }
-    const float* gl = reinterpret_cast<const float*>(rw_smem + (st - sb + rw::GL));
 #pragma unroll
     for (int j = 0; j < 16; ++j) {
       const float2 d = *reinterpret_cast<const float2*>(gl + 8 * j + 2 * tq);
@@ -961,7 +1014,7 @@ __global__ void __launch_bounds__(rw::kThreads, 1) rec_wgmma_kernel(const __grid
     }
 #pragma unroll
     for (int kk = 0; kk < 4; ++kk)
-      wgmma_rs_tb<128>(accS, aU[kk], wgmma_desc_nmajor_sw128(st + rw::KD + kk * 16 * 128, 8192), 1);
+      wgmma_rs_tb<128>(accS, LITE ? aK[kk] : aU[kk], wgmma_desc_nmajor_sw128(st + rw::KD + kk * 16 * 128, 8192), 1);
     wgmma_commit();
     wgmma_wait<0>();
     wgmma_fence_regs(accS);
@@ -1002,11 +1055,12 @@ constexpr size_t out_smem_bytes() {
   return (size_t(BT) * (K + 8) + size_t(K) * (K + 8) + size_t(BT) * AP + size_t(K) * AP) * 2;
 }
 
-// One CTA per (chunk, value head): o = (q e^G) S + Aqk U'.
+// One CTA per (chunk, value head): o = (q e^G) S + Aqk U'. lite (GDN's lite records): q S from the
+// raw q, its rows times fq, then + Aqk U'.
 template <int K>
 __global__ void __launch_bounds__(NT, 2) mma_out_kernel(const LaPrefill p, const int32_t* __restrict__ base,
                                                         const bf16* __restrict__ records, const bf16* __restrict__ Sg,
-                                                        const bf16* __restrict__ Ug) {
+                                                        const bf16* __restrict__ Ug, bool lite) {
   constexpr int V = K, KP = K + 8;
   using R = R4<K, V>;
   const int g = blockIdx.x, h = blockIdx.y, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -1021,9 +1075,20 @@ __global__ void __launch_bounds__(NT, 2) mma_out_kernel(const LaPrefill p, const
   bf16* Us = As + BT * AP;                  // [V][AP]  U'^T
   const size_t gh = size_t(g) * p.HV + h;
   const bf16* r = records + gh * R::size;
-  for (int e = tid; e < BT * K / 8; e += NT) {
-    const int i = e / (K / 8), q = e % (K / 8);
-    __pipeline_memcpy_async(Qs + i * KP + 8 * q, r + R::Qg + i * K + 8 * q, 16);
+  if (lite) {  // the raw q rows of the chunk, zeros past its end
+    const int hk = h / (p.HV / p.HK);
+    for (int e = tid; e < BT * K / 8; e += NT) {
+      const int i = e / (K / 8), q = e % (K / 8);
+      if (i < C)
+        __pipeline_memcpy_async(Qs + i * KP + 8 * q, p.q + ((bos + c0 + i) * p.HK + hk) * K + 8 * q, 16);
+      else
+        *reinterpret_cast<uint4*>(Qs + i * KP + 8 * q) = make_uint4(0, 0, 0, 0);
+    }
+  } else {
+    for (int e = tid; e < BT * K / 8; e += NT) {
+      const int i = e / (K / 8), q = e % (K / 8);
+      __pipeline_memcpy_async(Qs + i * KP + 8 * q, r + R::Qg + i * K + 8 * q, 16);
+    }
   }
   for (int e = tid; e < V * K / 8; e += NT) {
     const int y = e / (K / 8), q = e % (K / 8);
@@ -1046,6 +1111,12 @@ __global__ void __launch_bounds__(NT, 2) mma_out_kernel(const LaPrefill p, const
 #pragma unroll
   for (int t = 0; t < TN; ++t) c[t][0] = c[t][1] = c[t][2] = c[t][3] = 0.f;
   mma_rows<TN>(c, Qs, KP, 16 * mt, Ss, KP, 8 * nt0, K, lane);
+  if (lite) {  // rows i = 16 mt + gq (+ 8) times fq_i
+    const float* fq = reinterpret_cast<const float*>(r + R::Qg) + BT;
+    const float f0 = fq[16 * mt + gq], f1 = fq[16 * mt + gq + 8];
+#pragma unroll
+    for (int t = 0; t < TN; ++t) c[t][0] *= f0, c[t][1] *= f0, c[t][2] *= f1, c[t][3] *= f1;
+  }
   mma_rows<TN>(c, As, AP, 16 * mt, Us, AP, 8 * nt0, BT, lane);
 #pragma unroll
   for (int t = 0; t < TN; ++t)
@@ -1103,7 +1174,9 @@ void launch_rec(const LaPrefill& p, const Ws4& w, bool trans_A, bool out, bool f
 
 
 // fuse_out: outputs in the loop; store: the per-chunk states and U' for mma_out_kernel instead.
-void launch_rec_wgmma(const LaPrefill& p, const Ws4& w, bool trans_A, bool fuse_out, bool store, cudaStream_t stream) {
+// rows: the token rows of p.q / p.k (the lite records' tensor maps of them).
+void launch_rec_wgmma(const LaPrefill& p, int64_t rows_qk, const Ws4& w, bool trans_A, bool fuse_out, bool store,
+                      cudaStream_t stream) {
   const PFN_cuTensorMapEncodeTiled_v12000 enc = tensor_map_encoder();
   DZ_CHECK(enc, "linear attention (wgmma recurrence): the driver has no cuTensorMapEncodeTiled");
   const size_t G = size_t((p.T_total + BT - 1) / BT + p.N);
@@ -1119,11 +1192,28 @@ void launch_rec_wgmma(const LaPrefill& p, const Ws4& w, bool trans_A, bool fuse_
                  m ? box_aqk : box_rows, estr, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
                  CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS,
              "linear attention (wgmma recurrence): tensor map of the records");
-  const auto kern = fuse_out ? rec_wgmma_kernel<true, false> : (store ? rec_wgmma_kernel<false, true>
-                                                                      : rec_wgmma_kernel<false, false>);
+  const bool lite = !p.kda;  // (K = 128 here)
+  if (lite) {  // the raw k and q as [rows][HK][2][64]: 64 tokens of one head a box
+    DZ_CHECK(rows_qk > 0 && rows_qk < (int64_t(1) << 31) && (!fuse_out || p.q),
+             "linear attention (wgmma recurrence): ", rows_qk, " rows of q / k", p.q ? "" : ", no q");
+    const cuuint64_t kdims[4] = {64, 2, cuuint64_t(p.HK), cuuint64_t(rows_qk)};
+    const cuuint64_t kstr[3] = {128, 256, cuuint64_t(p.HK) * 256};
+    const cuuint32_t kbox[4] = {64, 1, 1, 64}, kestr[4] = {1, 1, 1, 1};
+    for (int m = 0; m < 2; ++m) {
+      const bf16* src = m ? (p.q ? p.q : p.k) : p.k;
+      DZ_CHECK(enc(m ? &maps.q : &maps.k, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4, const_cast<bf16*>(src), kdims, kstr,
+                   kbox, kestr, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                   CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS,
+               "linear attention (wgmma recurrence): tensor map of the raw ", m ? "q" : "k");
+    }
+  }
+  const auto kern = lite ? (fuse_out ? rec_wgmma_kernel<true, false, true>
+                                     : (store ? rec_wgmma_kernel<false, true, true> : rec_wgmma_kernel<false, false, true>))
+                         : (fuse_out ? rec_wgmma_kernel<true, false, false>
+                                     : (store ? rec_wgmma_kernel<false, true, false> : rec_wgmma_kernel<false, false, false>));
   CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, int(rw::kSmem)));
-  kern<<<dim3(unsigned(p.HV * 2), unsigned(p.N)), rw::kThreads, rw::kSmem, stream>>>(maps, p, w.base, w.gls, w.Sg,
-                                                                                      w.Ug, trans_A);
+  kern<<<dim3(unsigned(p.HV * 2), unsigned(p.N)), rw::kThreads, rw::kSmem, stream>>>(maps, p, w.base, w.records, w.gls,
+                                                                                      w.Sg, w.Ug, trans_A);
   CUDA_CHECK_LAUNCH();
 }
 
@@ -1131,7 +1221,8 @@ template <int K>
 void launch_out(const LaPrefill& p, size_t G, const Ws4& w, cudaStream_t stream) {
   constexpr size_t smem = out_smem_bytes<K>();
   CUDA_CHECK(cudaFuncSetAttribute(mma_out_kernel<K>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-  mma_out_kernel<K><<<dim3(unsigned(G), unsigned(p.HV)), NT, smem, stream>>>(p, w.base, w.records, w.Sg, w.Ug);
+  mma_out_kernel<K><<<dim3(unsigned(G), unsigned(p.HV)), NT, smem, stream>>>(p, w.base, w.records, w.Sg, w.Ug,
+                                                                            K == 128 && !p.kda);
   CUDA_CHECK_LAUNCH();
 }
 
@@ -1159,12 +1250,13 @@ void mma_prefill(const ChunkArgs& a, int bv, unsigned stages, cudaStream_t strea
     }
   }
   const bool out = a.write_o && p.o && p.T_total > 0;
+  DZ_CHECK(!out || p.q, "linear attention CUDA v4: outputs without q");
   // K = 128: the wgmma recurrence, its outputs fused unless p.fused_output == 0 (H100, T=64K, KDA H=8:
   // 1.25 ms fused, 1.73 with the later pass; 1.25 at H=32 too, the step's latency the whole cost).
   const bool fuse =
       p.K == 128 ? p.fused_output != 0 : fuse_outputs(p.fused_output, p.HV * p.N * (p.K / std::max(bv, 16)));
   if (stages & kRecur) {
-    if (p.K == 128) launch_rec_wgmma(p, w, a.trans_A, out && fuse, out && !fuse, stream);
+    if (p.K == 128) launch_rec_wgmma(p, a.rows ? a.rows : p.T_total, w, a.trans_A, out && fuse, out && !fuse, stream);
     else if (bv == 16) launch_rec<64, 16>(p, w, a.trans_A, out, fuse, stream);
     else if (bv == 32) launch_rec<64, 32>(p, w, a.trans_A, out, fuse, stream);
     else launch_rec<64, 64>(p, w, a.trans_A, out, fuse, stream);

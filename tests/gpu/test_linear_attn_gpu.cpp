@@ -45,6 +45,8 @@ TEST_CASE("gpu linear attention chunked prefill and parallel scan equal the CPU 
       {true, 4, 4, 128, 128, {3000}, true, -5.f, 5, false},
       {true, 1, 1, 128, 128, {70000}, true, 0.f, 16, false},
       {false, 2, 4, 128, 128, {0, 1, 130, 64}, true, 0.f, 0, true},
+      // GDN at K = 128 reads the raw q / k in the recurrence (lite records): GQA, the scan's passes
+      {false, 1, 2, 128, 128, {3000}, true, 0.f, 5, false},
       {false, 16, 32, 64, 64, {300}, false, 0.f, 0, false},
       {false, 1, 2, 64, 64, {65600}, true, 0.f, 8, false},
       // exp(A_log) ~ 2-12: 16-row decays per channel around e^-20 .. e^-150, blocks on both sides of
@@ -108,6 +110,7 @@ TEST_CASE("gpu linear attention pipelined prefill equals the one-pass prefill bi
       {{true, 2, 2, 128, 128, {10000}, true, 0.f, 0, false}, 3, -1},
       {{true, 2, 2, 128, 128, {10000}, true, 0.f, 0, false}, 64, 0},
       {{false, 1, 2, 128, 128, {4097}, false, 0.f, 0, false}, 5, -1},
+      {{false, 2, 2, 128, 128, {5000}, true, 0.f, 0, false}, 3, 0},
       {{true, 1, 2, 64, 64, {6000}, true, -5.f, 0, false}, 4, 1},
       {{false, 2, 4, 64, 64, {3000}, true, 0.f, 0, false}, 2, 0},
   };
