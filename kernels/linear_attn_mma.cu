@@ -1174,7 +1174,7 @@ void launch_rec(const LaPrefill& p, const Ws4& w, bool trans_A, bool out, bool f
 
 
 // fuse_out: outputs in the loop; store: the per-chunk states and U' for mma_out_kernel instead.
-// rows: the token rows of p.q / p.k (the lite records' tensor maps of them).
+// rows_qk: the token rows of p.q / p.k (the lite records' tensor maps span them).
 void launch_rec_wgmma(const LaPrefill& p, int64_t rows_qk, const Ws4& w, bool trans_A, bool fuse_out, bool store,
                       cudaStream_t stream) {
   const PFN_cuTensorMapEncodeTiled_v12000 enc = tensor_map_encoder();
