@@ -9,7 +9,9 @@
 //   g     <- -exp(A_log[h]) * softplus(f + dt_bias)              (lower_bound == 0)
 //            lower_bound * sigmoid(exp(A_log[h]) * (f + dt_bias)) (lower_bound < 0; KDA only)
 // Head grouping as the CPU reference: key head h / (HV / HK) serves value head h.
-// Sequences are packed ([T_total, ...] rows) and delimited by cu_seqlens [N + 1] (int32, device).
+// Sequences are packed ([T_total, ...] rows) and delimited by cu_seqlens [N + 1] (int32, device),
+// cu_seqlens[0] = 0 and cu_seqlens[N] = T_total: GDN at K = 128 reads q / k by tensor maps of
+// T_total rows (rows past them read as zeros).
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
