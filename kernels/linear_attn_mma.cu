@@ -49,8 +49,9 @@ bool fuse_outputs(int mode, int ctas) {
 // pass read the raw q and k and apply the rows' factors, fk[BT] (k's inverse norm e^(G_last - G)) and
 // fq[BT] (scale, q's inverse norm, e^G), which the prep writes as fp32 at the start of Qg's space; Kd
 // stays unwritten. 32 of the record's 72 KB a chunk and head are not written.
-template <int K, bool KDA>
-constexpr bool kLiteRecords = !KDA && K == 128;
+// The one rule for both sides: the prep writes lite records exactly where the recurrence and the
+// output pass read them.
+__host__ __device__ constexpr bool lite_records(int K, bool kda) { return !kda && K == 128; }
 template <int K, int V>
 struct R4 {
   static constexpr size_t W = 0, Kd = size_t(BT) * K, U = 2 * size_t(BT) * K, Qg = U + size_t(BT) * V,
@@ -214,7 +215,7 @@ __global__ void __launch_bounds__(NTP, 2) mma_prep_kernel(const LaPrefill p, con
   float* L = Gc + BT * GS;                             // [BT][LS] beta_i k_i.k_j e^(G_i - G_j), j < i
   bf16* X = reinterpret_cast<bf16*>(L + BT * LS);      // [112][KP] pair operands; later (I+L)^-1 [BT][AP]
   __shared__ float betas[BT];
-  __shared__ float inv_kq[2][kLiteRecords<K, KDA> ? BT : 1];  // lite records: the rows' inverse norms of k, q
+  __shared__ float inv_kq[2][lite_records(K, KDA) ? BT : 1];  // lite records: the rows' inverse norms of k, q
   __shared__ int wide[4];  // diagonal block whose decay span is too wide to factor: computed exactly
   bf16* rec = records + (size_t(g) * p.HV + h) * R::size;
   // KDA's rows of Gc hold channels x0 .. x0 + 3 of each 8-channel slot at x0 / 2 and x0 + 4 .. x0 + 7
@@ -266,7 +267,7 @@ __global__ void __launch_bounds__(NTP, 2) mma_prep_kernel(const LaPrefill p, con
         sq += __shfl_xor_sync(0xffffffffu, sq, o);
       }
       const float ik = 1.f / sqrtf(ss + 1e-6f), iq = 1.f / sqrtf(sq + 1e-6f);
-      if (kLiteRecords<K, KDA> && x0 == 0) inv_kq[0][i] = ik, inv_kq[1][i] = iq;
+      if (lite_records(K, KDA) && x0 == 0) inv_kq[0][i] = ik, inv_kq[1][i] = iq;
 #pragma unroll
       for (int e = 0; e < 8; ++e) kf[e] *= ik, qf[e] = p.scale * (qf[e] * iq);
       *reinterpret_cast<uint4*>(Kn + i * KP + x0) = pack8(kf);
@@ -312,7 +313,7 @@ __global__ void __launch_bounds__(NTP, 2) mma_prep_kernel(const LaPrefill p, con
   __syncthreads();
 
   // ---- q e^G and k e^(G_last - G) (row-major) and e^G_last to the record ----
-  if (kLiteRecords<K, KDA>) {  // their row factors instead; rows past the sequence: 0 (the raw rows
+  if (lite_records(K, KDA)) {  // their row factors instead; rows past the sequence: 0 (the raw rows
     if (tid < BT) {              // there are the next sequence's)
       float* fac = reinterpret_cast<float*>(rec + R::Qg);  // fk [BT] | fq [BT]
       const bool valid = tid < C;
@@ -1192,7 +1193,7 @@ void launch_rec_wgmma(const LaPrefill& p, int64_t rows_qk, const Ws4& w, bool tr
                  m ? box_aqk : box_rows, estr, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
                  CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS,
              "linear attention (wgmma recurrence): tensor map of the records");
-  const bool lite = !p.kda;  // (K = 128 here)
+  const bool lite = lite_records(p.K, p.kda);
   if (lite) {  // the raw k and q as [rows][HK][2][64]: 64 tokens of one head a box
     DZ_CHECK(rows_qk > 0 && rows_qk < (int64_t(1) << 31) && (!fuse_out || p.q),
              "linear attention (wgmma recurrence): ", rows_qk, " rows of q / k", p.q ? "" : ", no q");
@@ -1222,7 +1223,7 @@ void launch_out(const LaPrefill& p, size_t G, const Ws4& w, cudaStream_t stream)
   constexpr size_t smem = out_smem_bytes<K>();
   CUDA_CHECK(cudaFuncSetAttribute(mma_out_kernel<K>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
   mma_out_kernel<K><<<dim3(unsigned(G), unsigned(p.HV)), NT, smem, stream>>>(p, w.base, w.records, w.Sg, w.Ug,
-                                                                            K == 128 && !p.kda);
+                                                                            lite_records(K, p.kda));
   CUDA_CHECK_LAUNCH();
 }
 
