@@ -588,6 +588,7 @@ __global__ void __launch_bounds__(NTP, 2) mma_prep_kernel(const LaPrefill p, con
   __syncthreads();
   // W = Ai (k e^G), U = Ai v: [BT][K] each; warp: row tile mt, K/32 column tiles from nt0.
   constexpr int TW = K / 32;
+  static_assert(16 * (NTP / 32) * TW * 16 <= BT * (BT + 1) * 4, "the W / U staging tiles fit in L's space");
   const int mt = warp & 3, nt0 = (warp >> 2) * TW;
   for (int pass = 0; pass < 2; ++pass) {
     if (pass == 1) {
@@ -609,13 +610,28 @@ __global__ void __launch_bounds__(NTP, 2) mma_prep_kernel(const LaPrefill p, con
         mma16816(c[t + 1], a, b1);
       }
     }
-    bf16* out = rec + (pass == 0 ? R::W : R::U);
+    // To the record through the warp's staging tile [16 rows][TW 16-byte chunks] in L's space (free
+    // after the solve): whole 16-byte row segments, so each row's 16 TW bytes go out as whole
+    // sectors, not as 4-byte fragments. Chunk c of row r sits at c ^ ((r >> SW) & (TW - 1)): the
+    // fragment writes (8 rows, one chunk) and the 16-byte reads (128 contiguous bytes a quarter
+    // warp) are free of bank conflicts.
+    constexpr int SW = TW == 4 ? 1 : 2;
+    auto chunk_at = [](int r, int ch) { return r * TW + (ch ^ ((r >> SW) & (TW - 1))); };
+    bf16* stg = reinterpret_cast<bf16*>(L) + warp * 16 * TW * 8;
 #pragma unroll
     for (int t = 0; t < TW; ++t) {
-      const int i = 16 * mt + gq, x = 8 * (nt0 + t) + 2 * tq;
-      *reinterpret_cast<uint32_t*>(out + i * K + x) = pack2(c[t][0], c[t][1]);
-      *reinterpret_cast<uint32_t*>(out + (i + 8) * K + x) = pack2(c[t][2], c[t][3]);
+      *reinterpret_cast<uint32_t*>(stg + chunk_at(gq, t) * 8 + 2 * tq) = pack2(c[t][0], c[t][1]);
+      *reinterpret_cast<uint32_t*>(stg + chunk_at(gq + 8, t) * 8 + 2 * tq) = pack2(c[t][2], c[t][3]);
     }
+    __syncwarp();
+    bf16* out = rec + (pass == 0 ? R::W : R::U);
+#pragma unroll
+    for (int e = lane; e < 16 * TW; e += 32) {
+      const int r = e / TW, ch = e % TW;
+      *reinterpret_cast<uint4*>(out + (16 * mt + r) * K + 8 * (nt0 + ch)) =
+          *reinterpret_cast<const uint4*>(stg + chunk_at(r, ch) * 8);
+    }
+    __syncwarp();  // the next pass rewrites the tile
   }
 }
 
