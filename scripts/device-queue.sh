@@ -44,7 +44,8 @@
 #                                              (median of 7, no anchor), the CLI part in what is left.
 #                                              DZ_PATCH: the check of the tree with queued patches applied
 #                                              (what the session lands if they pass); DZ_BENCH_LA=1 adds
-#                                              `bench linear-attn` before them and with them
+#                                              `bench linear-attn` before them and with them (DZ_LADDER=1:
+#                                              also after each patch in turn, linear_attn_step<n>.json)
 # On one warm machine `benches` then `tests` (within its 30 s idle release) share the build.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit
@@ -215,7 +216,19 @@ case ${1:?stage: benches, tests, patch, final, e2e-glm or ncu} in
         bench_la 90 "$O/linear_attn_before.json"
         keep=$((keep + 40))
       fi
-      apply_patches "$DZ_PATCH" || exit 1
+      if [[ ${DZ_LADDER:-0} == 1 && ${DZ_BENCH_LA:-0} == 1 ]]; then  # each patch's own step
+        n=0
+        for pf in $DZ_PATCH; do
+          apply_patches "$pf" || exit 1
+          n=$((n + 1))
+          DZ_TARGETS=dayzero bash scripts/offline-prefix.sh build "$PREFIX" build-gpu >/tmp/build_step.log 2>&1 ||
+            { tail -5 /tmp/build_step.log; exit 1; }
+          bench_la 60 "$O/linear_attn_step$n.json"
+          keep=$((keep + 30))
+        done
+      else
+        apply_patches "$DZ_PATCH" || exit 1
+      fi
     fi
     build_project /tmp/build.log
     tail -1 /tmp/build.log
