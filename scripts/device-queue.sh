@@ -224,7 +224,6 @@ case ${1:?stage: benches, tests, patch, final, e2e-glm or ncu} in
           DZ_TARGETS=dayzero bash scripts/offline-prefix.sh build "$PREFIX" build-gpu >/tmp/build_step.log 2>&1 ||
             { tail -5 /tmp/build_step.log; exit 1; }
           bench_la 60 "$O/linear_attn_step$n.json"
-          keep=$((keep + 30))
         done
       else
         apply_patches "$DZ_PATCH" || exit 1
