@@ -239,6 +239,14 @@ __global__ void __launch_bounds__(NTP, 2) mma_prep_kernel(const LaPrefill p, con
   {
     constexpr int NS = SLOTS / NTP;  // slots per thread (the same 8 channels x0 in each)
     const int x0 = 8 * (tid % SPR);
+    // The row's beta (and GDN's gate) logit, loaded with the rows: issued after them, they were a
+    // second and third DRAM round trip on the first two warps that the whole CTA waited for.
+    bf16 braw = __float2bfloat16(0.f), fgraw = __float2bfloat16(0.f);
+    if (tid < BT && tid < C) {
+      const int64_t t = bos + c0 + tid;
+      braw = p.b[t * p.HV + h];
+      if (!KDA) fgraw = p.gate.f[t * p.HV + h];
+    }
     uint4 kr[NS], qr[NS], fr[NS];
 #pragma unroll
     for (int s = 0; s < NS; ++s) {
@@ -283,10 +291,8 @@ __global__ void __launch_bounds__(NTP, 2) mma_prep_kernel(const LaPrefill p, con
     }
     if (tid < BT) {
       const bool valid = tid < C;
-      const int64_t t = bos + c0 + tid;
-      betas[tid] = valid ? sigmoid(bf(p.b[t * p.HV + h])) : 0.f;
-      if (!KDA)
-        Gc[tid] = valid ? gate(bf(p.gate.f[t * p.HV + h]) + (p.gate.dt_bias ? p.gate.dt_bias[h] : 0.f), aexp, lb) : 0.f;
+      betas[tid] = valid ? sigmoid(bf(braw)) : 0.f;
+      if (!KDA) Gc[tid] = valid ? gate(bf(fgraw) + (p.gate.dt_bias ? p.gate.dt_bias[h] : 0.f), aexp, lb) : 0.f;
     }
   }
   __syncthreads();
