@@ -345,20 +345,25 @@ __global__ void __launch_bounds__(NTP, 2) mma_prep_kernel(const LaPrefill p, con
         for (int e = 0; e < 8; ++e) gls[(size_t(g) * p.HV + h) * K + x0 + e] = ex2(gl[e]);
     }
   }
+  // Aqk goes to the record directly for KDA (X holds its pair operands); GDN stages it in X (free
+  // until the solve) and writes it out as whole 128-byte rows after the pair products (its 4-byte
+  // fragments went out as partial sectors). Row stride AP = BT + 8: the fragments' writes are free of
+  // bank conflicts.
+  constexpr int AQL = KDA ? BT : AP;
+  bf16* const aq = KDA ? rec + R::Aqk : X;  // [BT][AQL]
   // Aqk above the diagonal blocks: zeros (the inverse never reads L there).
   for (int e = tid; e < 6 * 32; e += NTP) {
     const int pr = e >> 5, bi = pr < 3 ? 0 : (pr < 5 ? 1 : 2), bj = pr < 3 ? pr + 1 : (pr < 5 ? pr - 1 : 3);
-    *reinterpret_cast<uint4*>(rec + R::Aqk + (16 * bi + (e & 15)) * BT + 16 * bj + 8 * ((e >> 4) & 1)) =
-        make_uint4(0, 0, 0, 0);
+    *reinterpret_cast<uint4*>(aq + (16 * bi + (e & 15)) * AQL + 16 * bj + 8 * ((e >> 4) & 1)) = make_uint4(0, 0, 0, 0);
   }
-  // Pair products into L (fp32, beta_i folded in, j < i) and Aqk (bf16 record, j <= i).
+  // Pair products into L (fp32, beta_i folded in, j < i) and Aqk (bf16, j <= i).
   auto store_pair = [&](bool isq, const float c[4], int i, int j) {  // rows i, i+8; columns j, j+1
 #pragma unroll
     for (int hh = 0; hh < 2; ++hh) {
       const int ii = i + 8 * hh;
       const float c0v = c[2 * hh] * (j <= ii), c1v = c[2 * hh + 1] * (j + 1 <= ii);
       if (isq) {
-        *reinterpret_cast<uint32_t*>(rec + R::Aqk + ii * BT + j) = pack2(c0v, c1v);
+        *reinterpret_cast<uint32_t*>(aq + ii * AQL + j) = pack2(c0v, c1v);
       } else {
         if (j < ii) L[ii * LS + j] = betas[ii] * c0v;  // only j < i is ever read
         if (j + 1 < ii) L[ii * LS + j + 1] = betas[ii] * c1v;
@@ -501,6 +506,11 @@ __global__ void __launch_bounds__(NTP, 2) mma_prep_kernel(const LaPrefill p, con
 #pragma unroll
     for (int e = 0; e < 8; ++e) kf[e] *= ex2(gi[e]);
     *reinterpret_cast<uint4*>(Ke + i * KP + x0) = pack8(kf);
+  }
+  if (!KDA) {  // the staged Aqk out: one 16-byte chunk a thread
+    static_assert(BT * BT / 8 == NTP, "one chunk of Aqk a thread");
+    const int r = tid >> 3, ch = tid & 7;
+    *reinterpret_cast<uint4*>(rec + R::Aqk + r * BT + 8 * ch) = *reinterpret_cast<const uint4*>(aq + r * AQL + 8 * ch);
   }
   __syncthreads();
   for (int sl = tid; sl < BT * (V / 8); sl += NTP) {
