@@ -4,6 +4,7 @@
 // Earlier fp32 versions 1-3 of the prefill: kernels/dev/linear_attn/ (with their test and bench).
 // Measured on the H200 at T=65536 H=32 K=V=128 (docs/perf), KDA: v1 108 ms, v2 60 ms, v3 24 ms,
 // v4 6.3 ms; v4 with the wgmma recurrence (K = 128) 4.97 ms on an H100 (6.09 with mma.sync there).
+#include <cuda_pipeline.h>
 #include <algorithm>
 
 #include "common.cuh"
@@ -48,46 +49,86 @@ void run_transition(const ChunkArgs& a, int V, cudaStream_t stream) {
   launch_chunk_tiled(a, pick_bv(a.p, a.p.HV * a.p.N, V, false), stream);
 }
 
-// Ordered merge, grid (HV, V / 32): each CTA carries 32 state columns through all segments.
+// Ordered merge, grid (HV, V / 32): each CTA carries 32 state columns through all segments,
+// S_{s+1} = A_s S_s + B_s. A thread holds a 4-column tile of K / 32 rows (x = ty + 32 i) in registers,
+// reads A's rows and S's columns as float4 (8 shared loads for 16 K / 32 FMAs, where one scalar
+// load fed each FMA before), and segment s + 1's A is in flight (cp.async) while segment s is
+// merged. The z order of each sum is the sequential one: results bitwise as before.
 template <int K>
 __global__ void __launch_bounds__(NT) merge_kernel(const float* __restrict__ A, const float* __restrict__ B,
                                                    const float* __restrict__ h0, int S, int HV, int V,
                                                    float* __restrict__ S_init, float* __restrict__ ht) {
-  constexpr int RPT = K / (NT / 32);
-  extern __shared__ float msmem[];
-  float* As = msmem;                                   // [K][K]
-  auto Sp = reinterpret_cast<float(*)[32]>(msmem + K * K);  // [K][32]
-  const int h = blockIdx.x, y0 = blockIdx.y * 32, tid = threadIdx.x, y = tid & 31, xr = tid >> 5;
-  for (int m = 0; m < RPT; ++m) {
-    const int x = xr + m * (NT / 32);
-    Sp[x][y] = h0 ? h0[(size_t(h) * K + x) * V + y0 + y] : 0.f;
-  }
+  constexpr int RT = K / 32, AS = K + 4;  // rows a thread; A's padded row (the 4 rows a warp reads
+                                          // per float4 load fall in distinct banks)
+  static_assert(NT == 256, "8 threads of 4 columns a row, 32 row groups");
+  extern __shared__ __align__(16) float msmem[];
+  float* Ab = msmem;               // [2][K][AS] A of segment s in buffer s & 1
+  float* Sp = msmem + 2 * K * AS;  // [K][32] the state entering the segment
+  const int h = blockIdx.x, y0 = blockIdx.y * 32, tid = threadIdx.x, ty = tid >> 3, yx = 4 * (tid & 7);
+  auto load_a = [&](int s) {
+    const float* src = A + (size_t(s) * HV + h) * K * K;
+    float* dst = Ab + (s & 1) * K * AS;
+    for (int e = tid; e < K * K / 4; e += NT) {
+      const int x = e / (K / 4), z = 4 * (e % (K / 4));
+      __pipeline_memcpy_async(dst + x * AS + z, src + x * K + z, 16);
+    }
+    __pipeline_commit();
+  };
+  if (S > 0) load_a(0);
+  float4 st[RT];  // rows ty + 32 i, columns y0 + yx ..+3 of the state entering the segment
+#pragma unroll
+  for (int i = 0; i < RT; ++i)
+    st[i] = h0 ? *reinterpret_cast<const float4*>(h0 + (size_t(h) * K + ty + 32 * i) * V + y0 + yx)
+               : make_float4(0.f, 0.f, 0.f, 0.f);
   for (int s = 0; s < S; ++s) {
     const size_t so = (size_t(s) * HV + h) * K;
-    for (int m = 0; m < RPT; ++m) {
-      const int x = xr + m * (NT / 32);
-      S_init[(so + x) * V + y0 + y] = Sp[x][y];
+#pragma unroll
+    for (int i = 0; i < RT; ++i) {
+      const int x = ty + 32 * i;
+      *reinterpret_cast<float4*>(S_init + (so + x) * V + y0 + yx) = st[i];
+      *reinterpret_cast<float4*>(Sp + x * 32 + yx) = st[i];
     }
-    for (int e = tid; e < K * K; e += NT) As[e] = A[so * K + e];
-    __syncthreads();
-    float acc[RPT];
-#pragma unroll
-    for (int m = 0; m < RPT; ++m) acc[m] = B[(so + xr + m * (NT / 32)) * V + y0 + y];
-    for (int z = 0; z < K; ++z) {
-      const float sz = Sp[z][y];
-#pragma unroll
-      for (int m = 0; m < RPT; ++m) acc[m] += As[(xr + m * (NT / 32)) * K + z] * sz;
+    if (s + 1 < S) {  // its buffer was last read by segment s - 1, before the barrier that ended it
+      load_a(s + 1);
+      __pipeline_wait_prior(1);
+    } else {
+      __pipeline_wait_prior(0);
     }
-    __syncthreads();
+    __syncthreads();  // A_s and Sp complete
+    const float* As = Ab + (s & 1) * K * AS;
+    float acc[RT][4];
 #pragma unroll
-    for (int m = 0; m < RPT; ++m) Sp[xr + m * (NT / 32)][y] = acc[m];
+    for (int i = 0; i < RT; ++i) {
+      const float4 b = *reinterpret_cast<const float4*>(B + (so + ty + 32 * i) * V + y0 + yx);
+      acc[i][0] = b.x, acc[i][1] = b.y, acc[i][2] = b.z, acc[i][3] = b.w;
+    }
+    for (int z = 0; z < K; z += 4) {
+      float a[RT][4], sv[4][4];
+#pragma unroll
+      for (int i = 0; i < RT; ++i) {
+        const float4 v = *reinterpret_cast<const float4*>(As + (ty + 32 * i) * AS + z);
+        a[i][0] = v.x, a[i][1] = v.y, a[i][2] = v.z, a[i][3] = v.w;
+      }
+#pragma unroll
+      for (int d = 0; d < 4; ++d) {
+        const float4 v = *reinterpret_cast<const float4*>(Sp + (z + d) * 32 + yx);
+        sv[d][0] = v.x, sv[d][1] = v.y, sv[d][2] = v.z, sv[d][3] = v.w;
+      }
+#pragma unroll
+      for (int d = 0; d < 4; ++d)
+#pragma unroll
+        for (int i = 0; i < RT; ++i)
+#pragma unroll
+          for (int c = 0; c < 4; ++c) acc[i][c] += a[i][d] * sv[d][c];
+    }
+    __syncthreads();  // Sp and this A buffer read by all before they are rewritten
+#pragma unroll
+    for (int i = 0; i < RT; ++i) st[i] = make_float4(acc[i][0], acc[i][1], acc[i][2], acc[i][3]);
   }
-  __syncthreads();
   if (ht)
-    for (int m = 0; m < RPT; ++m) {
-      const int x = xr + m * (NT / 32);
-      ht[(size_t(h) * K + x) * V + y0 + y] = Sp[x][y];
-    }
+#pragma unroll
+    for (int i = 0; i < RT; ++i)
+      *reinterpret_cast<float4*>(ht + (size_t(h) * K + ty + 32 * i) * V + y0 + yx) = st[i];
 }
 
 // Segment boundaries of one sequence: seg_cu[s] = cu[0] + min(s L, T).
@@ -215,8 +256,11 @@ void la_merge(const float* A, const float* B, const float* h0, int S, int HV, in
               cudaStream_t stream) {
   if (S == 0 || HV == 0) return;
   DZ_CHECK(V % 32 == 0, "la_merge: V=", V, " not a multiple of 32");
+  for (const void* q : {static_cast<const void*>(A), static_cast<const void*>(B), static_cast<const void*>(h0),
+                        static_cast<const void*>(S_init), static_cast<const void*>(ht)})
+    DZ_CHECK(reinterpret_cast<uintptr_t>(q) % 16 == 0, "la_merge: a state or transition pointer is not 16-byte aligned");
   const dim3 grid(unsigned(HV), unsigned(V / 32));
-  const size_t smem = size_t(K) * (K + 32) * sizeof(float);
+  const size_t smem = size_t(K) * (2 * (K + 4) + 32) * sizeof(float);  // merge_kernel's Ab and Sp
   if (K == 64) {
     merge_kernel<64><<<grid, NT, smem, stream>>>(A, B, h0, S, HV, V, S_init, ht);
   } else if (K == 128) {
