@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU work of a session in device commands of <= 600 s each (docs/perf/README.md says what was
 # run when). From the repository root on the GPU node, with .dev/ from scripts/device-bundle.sh
-# carried; logs under $OUT (the device tool returns at most 8 files):
+# carried; results under $OUT, the logs packed there as logs.tar.xz (the device tool returns at most 8 files):
 #   DZ_COMMIT=<hash> bash scripts/device-queue.sh benches
 #                                              the project's GPU build, scripts/bench-kernels-gpu.sh
 #                                              (dayzero's linear / sparse / dense attention benches
@@ -274,3 +274,10 @@ case ${1:?stage: benches, tests, patch, final, e2e-glm or ncu} in
     ;;
   *) echo "unknown stage $1"; exit 2 ;;
 esac
+# The device tool returns at most 8 files (2026-12-07: the ladder's JSONs took all 8 and the CLI log
+# did not come back): the logs, and the ladder's steps, as one archive.
+if [[ -d $O/logs ]] || compgen -G "$O/linear_attn_step*.json" >/dev/null; then
+  (cd "$O" && tar cJf logs.tar.xz $(ls -d logs linear_attn_step*.json 2>/dev/null) &&
+     rm -rf logs linear_attn_step*.json)
+  echo "logs in logs.tar.xz"
+fi
