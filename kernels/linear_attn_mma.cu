@@ -1207,6 +1207,14 @@ void launch_rec(const LaPrefill& p, const Ws4& w, bool trans_A, bool out, bool f
 
 
 // fuse_out: outputs in the loop; store: the per-chunk states and U' for mma_out_kernel instead.
+// The recurrence's instance: outputs fused (FUSE), the states stored for a later output pass
+// (STORE), or neither.
+template <bool LITE>
+auto rec_wgmma_variant(bool fuse_out, bool store) {
+  return fuse_out ? rec_wgmma_kernel<true, false, LITE>
+                  : (store ? rec_wgmma_kernel<false, true, LITE> : rec_wgmma_kernel<false, false, LITE>);
+}
+
 // rows_qk: the token rows of p.q / p.k (the lite records' tensor maps span them).
 void launch_rec_wgmma(const LaPrefill& p, int64_t rows_qk, const Ws4& w, bool trans_A, bool fuse_out, bool store,
                       cudaStream_t stream) {
@@ -1240,10 +1248,7 @@ void launch_rec_wgmma(const LaPrefill& p, int64_t rows_qk, const Ws4& w, bool tr
                "linear attention (wgmma recurrence): tensor map of the raw ", m ? "q" : "k");
     }
   }
-  const auto kern = lite ? (fuse_out ? rec_wgmma_kernel<true, false, true>
-                                     : (store ? rec_wgmma_kernel<false, true, true> : rec_wgmma_kernel<false, false, true>))
-                         : (fuse_out ? rec_wgmma_kernel<true, false, false>
-                                     : (store ? rec_wgmma_kernel<false, true, false> : rec_wgmma_kernel<false, false, false>));
+  const auto kern = lite ? rec_wgmma_variant<true>(fuse_out, store) : rec_wgmma_variant<false>(fuse_out, store);
   CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, int(rw::kSmem)));
   kern<<<dim3(unsigned(p.HV * 2), unsigned(p.N)), rw::kThreads, rw::kSmem, stream>>>(maps, p, w.base, w.records, w.gls,
                                                                                       w.Sg, w.Ug, trans_A);
