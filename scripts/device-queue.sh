@@ -216,18 +216,15 @@ case ${1:?stage: benches, tests, patch, final, e2e-glm or ncu} in
         bench_la 90 "$O/linear_attn_before.json"
         keep=$((keep + 40))
       fi
-      if [[ ${DZ_LADDER:-0} == 1 && ${DZ_BENCH_LA:-0} == 1 ]]; then  # each patch's own step
-        n=0
-        for pf in $DZ_PATCH; do
-          apply_patches "$pf" || exit 1
-          n=$((n + 1))
-          DZ_TARGETS=dayzero bash scripts/offline-prefix.sh build "$PREFIX" build-gpu >/tmp/build_step.log 2>&1 ||
-            { tail -5 /tmp/build_step.log; exit 1; }
-          bench_la 60 "$O/linear_attn_step$n.json"
-        done
-      else
-        apply_patches "$DZ_PATCH" || exit 1
-      fi
+      n=0
+      for pf in $DZ_PATCH; do
+        apply_patches "$pf" || exit 1
+        n=$((n + 1))
+        [[ ${DZ_LADDER:-0} == 1 && ${DZ_BENCH_LA:-0} == 1 ]] || continue  # each patch's own step
+        DZ_TARGETS=dayzero bash scripts/offline-prefix.sh build "$PREFIX" build-gpu >/tmp/build_step.log 2>&1 ||
+          { tail -5 /tmp/build_step.log; exit 1; }
+        bench_la 60 "$O/linear_attn_step$n.json"
+      done
     fi
     build_project /tmp/build.log
     tail -1 /tmp/build.log
