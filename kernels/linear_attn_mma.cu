@@ -471,28 +471,41 @@ __global__ void __launch_bounds__(NTP, 2) mma_prep_kernel(const LaPrefill p, con
       }
     }
   } else {
-    // Scalar decay: k_i.k_j and q_i.k_j for all lower blocks, then e^(G_i - G_j) (j <= i).
-    for (int tk = warp; tk < 10 * 4; tk += NTP / 32) {
-      const int pr = tk >> 2, half = (tk >> 1) & 1;
-      const bool isq = tk & 1;
+    // Scalar decay: k_i.k_j and q_i.k_j for all lower blocks, then e^(G_i - G_j) (j <= i). A warp
+    // takes one block pair (bi, bj), both products and both 8-column halves: one round of 10 warps,
+    // the key block's fragments loaded once for both (was 40 warp tasks of one 16 x 8 tile: three
+    // rounds of short tasks, overhead-bound). Each tile's products run in the same order as before.
+    for (int pr = warp; pr < 10; pr += NTP / 32) {
       int bi = 0;
       while ((bi + 1) * (bi + 2) / 2 <= pr) ++bi;
       const int bj = pr - bi * (bi + 1) / 2;
-      float c[4] = {0.f, 0.f, 0.f, 0.f};
-      uint32_t a[4], b[2];
+      float ck[2][4] = {}, cq[2][4] = {};
 #pragma unroll
       for (int k0 = 0; k0 < K; k0 += 16) {
-        frag_a(a, isq ? Qn : Kn, KP, 16 * bi, k0, lane);
-        frag_b(b, Kn, KP, 16 * bj + 8 * half, k0, lane);
-        mma16816(c, a, b);
+        uint32_t ak[4], aq[4], b0[2], b1[2];
+        frag_a(ak, Kn, KP, 16 * bi, k0, lane);
+        frag_a(aq, Qn, KP, 16 * bi, k0, lane);
+        frag_b(b0, Kn, KP, 16 * bj, k0, lane);
+        frag_b(b1, Kn, KP, 16 * bj + 8, k0, lane);
+        mma16816(ck[0], ak, b0);
+        mma16816(ck[1], ak, b1);
+        mma16816(cq[0], aq, b0);
+        mma16816(cq[1], aq, b1);
       }
-      const int i = 16 * bi + gq, j = 16 * bj + 8 * half + 2 * tq;
+      const int i = 16 * bi + gq;
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int ii = i + 8 * (e >> 1), jj = j + (e & 1);
-        c[e] *= jj <= ii ? ex2(Gc[ii] - Gc[jj]) : 0.f;
+      for (int half = 0; half < 2; ++half) {
+        const int j = 16 * bj + 8 * half + 2 * tq;
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int ii = i + 8 * (e >> 1), jj = j + (e & 1);
+          const float d = jj <= ii ? ex2(Gc[ii] - Gc[jj]) : 0.f;
+          ck[half][e] *= d;
+          cq[half][e] *= d;
+        }
+        store_pair(false, ck[half], i, j);
+        store_pair(true, cq[half], i, j);
       }
-      store_pair(isq, c, i, j);
     }
   }
   __syncthreads();
