@@ -376,7 +376,10 @@ __global__ void __launch_bounds__(NTP, 2) mma_prep_kernel(const LaPrefill p, con
     bf16 *Ka = X, *Qa = X + 48 * KP, *Kb = X + 96 * KP;  // rows 16.. ; rows 16.. ; block bj
     for (int bj = 0; bj < 3; ++bj) {
       const int r = 16 * bj + 15, r0 = 16 * (bj + 1);
-      __syncthreads();
+      // X is read by the previous key block's products; for bj = 0 nothing has touched X since the
+      // cumsum's barrier, which also completed what the build reads (Kn, Qn, Gc): no barrier there,
+      // so the records' q e^G / k e^(G_last - G) and the first build share one phase.
+      if (bj > 0) __syncthreads();
       for (int sl = tid; sl < (BT - r0 + 16) * SPR; sl += NTP) {
         const int row = sl / SPR, x0 = 8 * (sl % SPR);
         float gr[8], gi[8], kf[8];
@@ -508,7 +511,9 @@ __global__ void __launch_bounds__(NTP, 2) mma_prep_kernel(const LaPrefill p, con
       }
     }
   }
-  __syncthreads();
+  // Ke goes to Qn's space: GDN's products read Qn (and its staged Aqk is written out below), KDA's
+  // read only X, so KDA needs the barrier only when the exact path for wide blocks read Qn.
+  if (!KDA || (wide[0] | wide[1] | wide[2] | wide[3])) __syncthreads();
   // k e^G into Qn's space (the B operand of W); then v into Kn's space (of U), in flight during the solve.
   bf16 *Ke = Qn, *Vs = Kn;
   for (int sl = tid; sl < SLOTS; sl += NTP) {
