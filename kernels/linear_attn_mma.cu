@@ -44,11 +44,14 @@ bool fuse_outputs(int mode, int ctas) {
 }
 
 // Record of one (chunk, value head), bf16: W [BT][K] | Kd [BT][K] | U [BT][V] | Qg [BT][K] | Aqk [BT][BT]
-// GDN at K = 128 ("lite" records): q e^G and k e^(G_last - G) are row scalings of the normalised q
-// and k (the decay is one scalar a row), so the prep writes neither. The recurrence and the output
-// pass read the raw q and k and apply the rows' factors, fk[BT] (k's inverse norm e^(G_last - G)) and
-// fq[BT] (scale, q's inverse norm, e^G), which the prep writes as fp32 at the start of Qg's space; Kd
-// stays unwritten. 32 of the record's 72 KB a chunk and head are not written.
+// GDN at K = 128 ("lite" records): q e^G, k e^(G_last - G) and k e^G are row scalings of the
+// normalised q and k (the decay is one scalar a row), so the prep writes none of them. The recurrence
+// and the output pass read the raw q and k and apply the rows' factors, fk[BT] (k's inverse norm
+// e^(G_last - G)), fq[BT] (scale, q's inverse norm, e^G) and fe[BT] (k's inverse norm e^G), which the
+// prep writes as fp32 at the start of Qg's space. Nor does it write W and U: U' = U - W S =
+// Ai diag(beta) (v - (k e^G) S), so the recurrence takes v from the inputs and Ai diag(beta) [BT][BT]
+// bf16 from the start of W's space (the prep no longer reads v nor multiplies by Ai). 16.75 of the
+// record's 72 KB a chunk and head are written.
 // The one rule for both sides: the prep writes lite records exactly where the recurrence and the
 // output pass read them.
 __host__ __device__ constexpr bool lite_records(int K, bool kda) { return !kda && K == 128; }
@@ -170,8 +173,10 @@ constexpr float kSpanMax = 80.f;  // diagonal blocks factor e^(G_i - G_j) throug
 template <int K, bool KDA>
 constexpr size_t prep_smem_bytes() {
   constexpr int KP = K + 8;
-  // X: the pair operands [112][KP] bf16, later (I+L)^-1 as bf16 [BT][AP] and its fp32 blocks [BT][FS]
-  constexpr size_t xb = std::max(size_t(112 * KP) * 2, size_t(BT * AP) * 2 + size_t(BT * FS) * 4);
+  // X: KDA's pair operands [112][KP] bf16 (GDN: its staged Aqk [BT][AP]), later (I+L)^-1 as bf16
+  // [BT][AP] and its fp32 blocks [BT][FS] (lite records: in Kn / Qn's space instead)
+  constexpr size_t solve = size_t(BT * AP) * 2 + size_t(BT * FS) * 4;
+  constexpr size_t xb = KDA ? std::max(size_t(112 * KP) * 2, solve) : (lite_records(K, KDA) ? size_t(BT * AP) * 2 : solve);
   return size_t(2 * BT * KP) * 2 + size_t(BT * (KDA ? K : 1)) * 4 + size_t(BT * (BT + 1)) * 4 + xb;
 }
 
@@ -201,6 +206,7 @@ template <int K, bool KDA>
 __global__ void __launch_bounds__(NTP, 2) mma_prep_kernel(const LaPrefill p, const int32_t* __restrict__ base,
                                                           bf16* __restrict__ records, float* __restrict__ gls) {
   constexpr int V = K, KP = K + 8, GS = KDA ? K : 1, LS = BT + 1, SPR = K / 8, SLOTS = BT * SPR;
+  constexpr bool LITE = lite_records(K, KDA);
   using R = R4<K, V>;
   const int g = blockIdx.x, h = blockIdx.y, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int gq = lane >> 2, tq = lane & 3;
@@ -215,7 +221,7 @@ __global__ void __launch_bounds__(NTP, 2) mma_prep_kernel(const LaPrefill p, con
   float* L = Gc + BT * GS;                             // [BT][LS] beta_i k_i.k_j e^(G_i - G_j), j < i
   bf16* X = reinterpret_cast<bf16*>(L + BT * LS);      // [112][KP] pair operands; later (I+L)^-1 [BT][AP]
   __shared__ float betas[BT];
-  __shared__ float inv_kq[2][lite_records(K, KDA) ? BT : 1];  // lite records: the rows' inverse norms of k, q
+  __shared__ float inv_kq[2][LITE ? BT : 1];  // lite records: the rows' inverse norms of k, q
   __shared__ int wide[4];  // diagonal block whose decay span is too wide to factor: computed exactly
   bf16* rec = records + (size_t(g) * p.HV + h) * R::size;
   // KDA's rows of Gc hold channels x0 .. x0 + 3 of each 8-channel slot at x0 / 2 and x0 + 4 .. x0 + 7
@@ -275,7 +281,7 @@ __global__ void __launch_bounds__(NTP, 2) mma_prep_kernel(const LaPrefill p, con
         sq += __shfl_xor_sync(0xffffffffu, sq, o);
       }
       const float ik = 1.f / sqrtf(ss + 1e-6f), iq = 1.f / sqrtf(sq + 1e-6f);
-      if (lite_records(K, KDA) && x0 == 0) inv_kq[0][i] = ik, inv_kq[1][i] = iq;
+      if (LITE && x0 == 0) inv_kq[0][i] = ik, inv_kq[1][i] = iq;
 #pragma unroll
       for (int e = 0; e < 8; ++e) kf[e] *= ik, qf[e] = p.scale * (qf[e] * iq);
       *reinterpret_cast<uint4*>(Kn + i * KP + x0) = pack8(kf);
@@ -319,12 +325,14 @@ __global__ void __launch_bounds__(NTP, 2) mma_prep_kernel(const LaPrefill p, con
   __syncthreads();
 
   // ---- q e^G and k e^(G_last - G) (row-major) and e^G_last to the record ----
-  if (lite_records(K, KDA)) {  // their row factors instead; rows past the sequence: 0 (the raw rows
+  if (LITE) {  // their row factors instead; rows past the sequence: 0 (the raw rows
     if (tid < BT) {              // there are the next sequence's)
-      float* fac = reinterpret_cast<float*>(rec + R::Qg);  // fk [BT] | fq [BT]
+      float* fac = reinterpret_cast<float*>(rec + R::Qg);  // fk [BT] | fq [BT] | fe [BT]
       const bool valid = tid < C;
+      const float eg = valid ? ex2(Gc[tid]) : 0.f;
       fac[tid] = valid ? inv_kq[0][tid] * ex2(Gc[BT - 1] - Gc[tid]) : 0.f;
-      fac[BT + tid] = valid ? p.scale * inv_kq[1][tid] * ex2(Gc[tid]) : 0.f;
+      fac[BT + tid] = p.scale * inv_kq[1][tid] * eg;
+      fac[2 * BT + tid] = inv_kq[0][tid] * eg;  // fe: k e^G = diag(fe) k
     } else if (tid < BT + K) {
       gls[(size_t(g) * p.HV + h) * K + tid - BT] = ex2(Gc[BT - 1]);
     }
@@ -515,8 +523,9 @@ __global__ void __launch_bounds__(NTP, 2) mma_prep_kernel(const LaPrefill p, con
   // read only X, so KDA needs the barrier only when the exact path for wide blocks read Qn.
   if (!KDA || (wide[0] | wide[1] | wide[2] | wide[3])) __syncthreads();
   // k e^G into Qn's space (the B operand of W); then v into Kn's space (of U), in flight during the solve.
+  // Lite records need neither: the recurrence forms U' from v and k itself.
   bf16 *Ke = Qn, *Vs = Kn;
-  for (int sl = tid; sl < SLOTS; sl += NTP) {
+  for (int sl = tid; sl < (LITE ? 0 : SLOTS); sl += NTP) {
     const int i = sl / SPR, x0 = 8 * (sl % SPR);
     float gi[8], kf[8];
     G8(i, x0, gi);
@@ -530,8 +539,10 @@ __global__ void __launch_bounds__(NTP, 2) mma_prep_kernel(const LaPrefill p, con
     const int r = tid >> 3, ch = tid & 7;
     *reinterpret_cast<uint4*>(rec + R::Aqk + r * BT + 8 * ch) = *reinterpret_cast<const uint4*>(aq + r * AQL + 8 * ch);
   }
-  __syncthreads();
-  for (int sl = tid; sl < BT * (V / 8); sl += NTP) {
+  // Lite records: the solve works in Kn / Qn's space (dead after the pair products), so the staged
+  // Aqk in X is read out beside it, with no barrier between.
+  if (!LITE) __syncthreads();
+  for (int sl = tid; sl < (LITE ? 0 : BT * (V / 8)); sl += NTP) {
     const int j = sl / (V / 8), y0 = 8 * (sl % (V / 8));
     if (j < C)
       __pipeline_memcpy_async(Vs + j * KP + y0, p.v + ((bos + c0 + j) * p.HV + h) * V + y0, 16);
@@ -545,8 +556,9 @@ __global__ void __launch_bounds__(NTP, 2) mma_prep_kernel(const LaPrefill p, con
   // order over five barrier-separated phases. Ai's column c is scaled by beta_c as it is stored
   // (W = Ainv diag(beta) K e^G). fp32 blocks that later products read stay in F.
   // (Before: forward substitution over all 63 steps, one scalar L load per FMA, ~250 a thread.)
-  bf16* Ai = X;                                         // [BT][AP] bf16, the product operand
-  float* F = reinterpret_cast<float*>(X + BT * AP);     // [BT][FS] fp32 D_b, X_ij scratch, Ai_ij
+  bf16* Ai = LITE ? Kn : X;                             // [BT][AP] bf16, the product operand
+  float* F = reinterpret_cast<float*>(Ai + BT * AP);    // [BT][FS] fp32 D_b, X_ij scratch, Ai_ij
+  static_assert(!LITE || BT * AP * 2 + BT * FS * 4 <= 2 * BT * KP * 2, "lite: the solve fits in Kn / Qn's space");
   auto Lb = [&](int bi, int bk) { return L + 16 * bi * LS + 16 * bk; };
   auto Fb = [&](int bi, int bk) { return F + 16 * bi * FS + 16 * bk; };
   // Ai block (bi, bj) columns 8t + 2tq, +1 from a tile c (16 x 8, mma layout), negated and scaled.
@@ -620,6 +632,12 @@ __global__ void __launch_bounds__(NTP, 2) mma_prep_kernel(const LaPrefill p, con
     }
   }
   __syncthreads();
+  if (LITE) {  // Ai diag(beta) to the record in W's place, [BT][BT] rows of 128 bytes: one 16-byte chunk a thread
+    static_assert(BT * BT / 8 == NTP, "one chunk of Ai a thread");
+    const int r = tid >> 3, ch = tid & 7;
+    *reinterpret_cast<uint4*>(rec + R::W + r * BT + 8 * ch) = *reinterpret_cast<const uint4*>(Ai + r * AP + 8 * ch);
+    return;
+  }
   // W = Ai (k e^G), U = Ai v: [BT][K] each; warp: row tile mt, K/32 column tiles from nt0.
   constexpr int TW = K / 32;
   static_assert(16 * (NTP / 32) * TW * 16 <= BT * (BT + 1) * 4, "the W / U staging tiles fit in L's space");
@@ -877,7 +895,13 @@ __global__ void __launch_bounds__(NT, 1) mma_rec_kernel(const LaPrefill p, const
 // kernel stores them for mma_out_kernel.
 // LITE (GDN's lite records): Kd and Qg are the raw k and q, loaded by TMA from the inputs, and the
 // rows' factors are applied to the other operand: the state update takes U'^T diag(fk) as its A
-// operand, and the outputs' first product is scaled by fq per column before Aqk U' is added.
+// operand, and the outputs' first product is scaled by fq per column before Aqk U' is added. U'
+// comes from v (TMA from the inputs) and Ai diag(beta) instead of U and W:
+//   -U'^T = -v^T Ai^T                  wgmma_ss_mn_neg<64>, A = v [j][y] (M-major), B = Ai [i][j]
+//           + (S^T k^T diag(fe)) Ai^T  wgmma_rs<64> x 2,    B = k [j][x], then Ai [i][j]
+// (Ai with diag(beta) folded in; fe: k e^G = diag(fe) k): one more dependent product (4 k16 steps)
+// in the step; the prep writes 23.75 KB less a chunk and head and reads no v, and this CTA reads
+// 8 KB less a chunk (Ai and v's columns for W and U's).
 // No shared-memory round trip of S or U' and no block barrier in the step: the mma.sync kernel's
 // step is issue-latency bound (ncu 2026-12-06: 8 warps an SM, 0.45 eligible a scheduler). Same
 // roundings as that kernel (S and U' to bf16 as operands, fp32 accumulation).
@@ -889,6 +913,7 @@ constexpr size_t kSmem = 1024 + size_t(kStages) * STAGE + 4 * 64 * OST + 64;
 struct Maps {
   CUtensorMap rows, aqk;  // records as [rows of 256 bytes][2 halves][64]: boxes 64 x 1 x 64 / 64 x 2 x 32
   CUtensorMap k, q;       // LITE: the inputs as [T][HK][2 halves][64]: box 64 x 1 x 1 x 64 (64 tokens)
+  CUtensorMap v;          // LITE: v as [T][HV][2 halves][64], the same boxes (not for the transition pass)
 };
 }  // namespace rw
 
@@ -918,9 +943,10 @@ __global__ void __launch_bounds__(rw::kThreads, 1) rec_wgmma_kernel(const __grid
   if (warp == 4) {  // producer
     if (lane == 0) {
       // W and Kd, e^G_last, U's 64 columns (not for the transition pass), q e^G and Aqk (FUSE);
-      // LITE: the raw k and q instead of Kd and q e^G, and the rows' factors (fk, fq)
+      // LITE: Ai diag(beta) and the rows' factors (fk, fq, fe) in W's space, the raw k and q instead of
+      // Kd and q e^G, v's 64 columns instead of U's
       const uint32_t bytes =
-          32768u + 512u + (trans_A ? 0u : 8192u) + (FUSE ? 16384u + 8192u : 0u) + (LITE ? 512u : 0u);
+          (LITE ? 16384u + 8192u + 768u : 32768u) + 512u + (trans_A ? 0u : 8192u) + (FUSE ? 16384u + 8192u : 0u);
       const int hk = h / (p.HV / p.HK), tok0 = int(p.cu_seqlens[n]);
       for (int c = 0; c < nch; ++c) {
         const int s = c % rw::kStages;
@@ -930,7 +956,7 @@ __global__ void __launch_bounds__(rw::kThreads, 1) rec_wgmma_kernel(const __grid
         const int r0 = int(gh * rw::kRows);
         const uint32_t st = stage(s);
         for (int hf = 0; hf < 2; ++hf) {
-          tma_load_3d(st + rw::W + 8192 * hf, &maps.rows, 0, hf, r0, full(s));
+          if (!LITE) tma_load_3d(st + rw::W + 8192 * hf, &maps.rows, 0, hf, r0, full(s));
           if (LITE) {
             tma_load_4d(st + rw::KD + 8192 * hf, &maps.k, 0, hf, hk, tok0 + 64 * c, full(s));
             if (FUSE) tma_load_4d(st + rw::QG + 8192 * hf, &maps.q, 0, hf, hk, tok0 + 64 * c, full(s));
@@ -939,10 +965,15 @@ __global__ void __launch_bounds__(rw::kThreads, 1) rec_wgmma_kernel(const __grid
             if (FUSE) tma_load_3d(st + rw::QG + 8192 * hf, &maps.rows, 0, hf, r0 + 192, full(s));
           }
         }
-        if (!trans_A) tma_load_3d(st + rw::U, &maps.rows, 0, y0 >> 6, r0 + 128, full(s));
+        if (LITE) {
+          tma_load_3d(st + rw::W, &maps.aqk, 0, 0, r0, full(s));  // Ai [64][64]: W's first 32 rows
+          bulk_g2s(st + rw::W + 8192, records + gh * R4<K, V>::size + R4<K, V>::Qg, 768, full(s));
+          if (!trans_A) tma_load_4d(st + rw::U, &maps.v, 0, y0 >> 6, h, tok0 + 64 * c, full(s));
+        } else if (!trans_A) {
+          tma_load_3d(st + rw::U, &maps.rows, 0, y0 >> 6, r0 + 128, full(s));
+        }
         if (FUSE) tma_load_3d(st + rw::AQK, &maps.aqk, 0, 0, r0 + 256, full(s));
         bulk_g2s(st + rw::GL, gls + gh * K, 512, full(s));
-        if (LITE) bulk_g2s(st + rw::GL + 512, records + gh * R4<K, V>::size + R4<K, V>::Qg, 512, full(s));
       }
     }
     return;
@@ -998,24 +1029,68 @@ __global__ void __launch_bounds__(rw::kThreads, 1) rec_wgmma_kernel(const __grid
         }
     }
     float accU[32], accO[32];  // [64 y][64 j] / [64 y][64 i]: d[4 jj + q], col 8 jj + 2 tq + (q & 1)
-    const uint8_t* Us = rw_smem + (st - sb + rw::U);
+    const uint8_t* Us = rw_smem + (st - sb + rw::U);  // U's 64 columns; LITE: v's
+    // LITE's factors fk | fq | fe [64] each, after Ai in W's space
+    const float* fac = reinterpret_cast<const float*>(rw_smem + (st - sb + rw::W + 8192));
+    if constexpr (LITE) {
+      // -U'^T = -v^T (Ai diag(beta))^T + ((S^T k^T) diag(fe)) (Ai diag(beta))^T: the first product
+      // (S-free) rides beside S^T k^T, only the second waits on it
+      float accD[32];  // S^T k^T [64 y][64 j]
+      wgmma_fence();
+      if (!trans_A) {
 #pragma unroll
-    for (int jj = 0; jj < 8; ++jj)
-#pragma unroll
-      for (int q = 0; q < 4; ++q)
-        accU[4 * jj + q] = trans_A ? 0.f : -bf(*reinterpret_cast<const bf16*>(Us + 1024 * jj + uoff[q]));
-    wgmma_fence_regs(accU);
-    wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < 8; ++kk)
-      wgmma_rs<64>(accU, aS[kk], wgmma_desc_sw128(st + rw::W + (kk >> 2) * 8192 + (kk & 3) * 32), 1);
-    if constexpr (FUSE) {
+        for (int kk = 0; kk < 4; ++kk)  // A = v^T from v's [j][y] tile (M-major), negated
+          wgmma_ss_mn_neg<64>(accU, wgmma_desc_nmajor_sw128(st + rw::U + kk * 16 * 128, 8192),
+                              wgmma_desc_sw128(st + rw::W + kk * 32), kk > 0);
+      }
 #pragma unroll
       for (int kk = 0; kk < 8; ++kk)
-        wgmma_rs<64>(accO, aS[kk], wgmma_desc_sw128(st + rw::QG + (kk >> 2) * 8192 + (kk & 3) * 32), kk > 0);
+        wgmma_rs<64>(accD, aS[kk], wgmma_desc_sw128(st + rw::KD + (kk >> 2) * 8192 + (kk & 3) * 32), kk > 0);
+      wgmma_commit();
+      if constexpr (FUSE) {  // in flight while the second product's operand is formed
+#pragma unroll
+        for (int kk = 0; kk < 8; ++kk)
+          wgmma_rs<64>(accO, aS[kk], wgmma_desc_sw128(st + rw::QG + (kk >> 2) * 8192 + (kk & 3) * 32), kk > 0);
+        wgmma_commit();
+        wgmma_wait<1>();
+      } else {
+        wgmma_wait<0>();
+      }
+      wgmma_fence_regs(accD);
+      wgmma_fence_regs(accU);
+      uint32_t aD[4][4];  // bf16 (k e^G S)^T, k slices of 16 j: accD[8 kk + 2 m + e] is column 8 (2 kk + (m >> 1)) + 2 tq + e
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk)
+#pragma unroll
+        for (int m = 0; m < 4; ++m) {
+          const float2 f = *reinterpret_cast<const float2*>(fac + 128 + 8 * (2 * kk + (m >> 1)) + 2 * tq);
+          aD[kk][m] = pack2(accD[8 * kk + 2 * m] * f.x, accD[8 * kk + 2 * m + 1] * f.y);
+        }
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk)
+        wgmma_rs<64>(accU, aD[kk], wgmma_desc_sw128(st + rw::W + kk * 32), !trans_A || kk > 0);
+      wgmma_commit();
+      wgmma_wait<0>();
+    } else {
+#pragma unroll
+      for (int jj = 0; jj < 8; ++jj)
+#pragma unroll
+        for (int q = 0; q < 4; ++q)
+          accU[4 * jj + q] = trans_A ? 0.f : -bf(*reinterpret_cast<const bf16*>(Us + 1024 * jj + uoff[q]));
+      wgmma_fence_regs(accU);
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < 8; ++kk)
+        wgmma_rs<64>(accU, aS[kk], wgmma_desc_sw128(st + rw::W + (kk >> 2) * 8192 + (kk & 3) * 32), 1);
+      if constexpr (FUSE) {
+#pragma unroll
+        for (int kk = 0; kk < 8; ++kk)
+          wgmma_rs<64>(accO, aS[kk], wgmma_desc_sw128(st + rw::QG + (kk >> 2) * 8192 + (kk & 3) * 32), kk > 0);
+      }
+      wgmma_commit();
+      wgmma_wait<0>();
     }
-    wgmma_commit();
-    wgmma_wait<0>();
     wgmma_fence_regs(accU);
     if constexpr (FUSE) wgmma_fence_regs(accO);
     uint32_t aU[4][4];  // bf16 U'^T = -accU as the A operand, k slices of 16 j
@@ -1026,7 +1101,7 @@ __global__ void __launch_bounds__(rw::kThreads, 1) rec_wgmma_kernel(const __grid
     const float* gl = reinterpret_cast<const float*>(rw_smem + (st - sb + rw::GL));
     uint32_t aK[4][4];  // LITE: U'^T diag(fk), the state update's A operand
     if constexpr (LITE) {
-      const float *fk = gl + K, *fq = gl + K + 64;  // column j of U'^T is 8 jj + 2 tq + (q & 1)
+      const float *fk = fac, *fq = fac + 64;  // column j of U'^T is 8 jj + 2 tq + (q & 1)
 #pragma unroll
       for (int kk = 0; kk < 4; ++kk)
 #pragma unroll
@@ -1241,7 +1316,7 @@ void launch_rec_wgmma(const LaPrefill& p, int64_t rows_qk, const Ws4& w, bool tr
   const size_t G = size_t((p.T_total + BT - 1) / BT + p.N);
   const size_t rows = G * size_t(p.HV) * rw::kRows;
   DZ_CHECK(rows < (size_t(1) << 31), "linear attention (wgmma recurrence): ", rows, " record rows");
-  rw::Maps maps;
+  rw::Maps maps{};
   const cuuint64_t dims[3] = {64, 2, cuuint64_t(rows)};
   const cuuint64_t strides[2] = {128, 256};
   const cuuint32_t estr[3] = {1, 1, 1};
@@ -1264,6 +1339,15 @@ void launch_rec_wgmma(const LaPrefill& p, int64_t rows_qk, const Ws4& w, bool tr
                    kbox, kestr, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
                    CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS,
                "linear attention (wgmma recurrence): tensor map of the raw ", m ? "q" : "k");
+    }
+    if (!trans_A) {  // v as [rows][HV][2][64]: 64 tokens, 64 columns of one head a box
+      DZ_CHECK(p.v, "linear attention (wgmma recurrence): no v");
+      const cuuint64_t vdims[4] = {64, 2, cuuint64_t(p.HV), cuuint64_t(rows_qk)};
+      const cuuint64_t vstr[3] = {128, 256, cuuint64_t(p.HV) * 256};
+      DZ_CHECK(enc(&maps.v, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4, const_cast<bf16*>(p.v), vdims, vstr, kbox, kestr,
+                   CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                   CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS,
+               "linear attention (wgmma recurrence): tensor map of v");
     }
   }
   const auto kern = lite ? rec_wgmma_variant<true>(fuse_out, store) : rec_wgmma_variant<false>(fuse_out, store);
