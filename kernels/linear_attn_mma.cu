@@ -525,31 +525,38 @@ __global__ void __launch_bounds__(NTP, 2) mma_prep_kernel(const LaPrefill p, con
   // k e^G into Qn's space (the B operand of W); then v into Kn's space (of U), in flight during the solve.
   // Lite records need neither: the recurrence forms U' from v and k itself.
   bf16 *Ke = Qn, *Vs = Kn;
-  for (int sl = tid; sl < (LITE ? 0 : SLOTS); sl += NTP) {
-    const int i = sl / SPR, x0 = 8 * (sl % SPR);
-    float gi[8], kf[8];
-    G8(i, x0, gi);
-    unpack8(*reinterpret_cast<const uint4*>(Kn + i * KP + x0), kf);
+  if constexpr (!LITE) {
+    for (int sl = tid; sl < SLOTS; sl += NTP) {
+      const int i = sl / SPR, x0 = 8 * (sl % SPR);
+      float gi[8], kf[8];
+      G8(i, x0, gi);
+      unpack8(*reinterpret_cast<const uint4*>(Kn + i * KP + x0), kf);
 #pragma unroll
-    for (int e = 0; e < 8; ++e) kf[e] *= ex2(gi[e]);
-    *reinterpret_cast<uint4*>(Ke + i * KP + x0) = pack8(kf);
+      for (int e = 0; e < 8; ++e) kf[e] *= ex2(gi[e]);
+      *reinterpret_cast<uint4*>(Ke + i * KP + x0) = pack8(kf);
+    }
   }
-  if (!KDA) {  // the staged Aqk out: one 16-byte chunk a thread
-    static_assert(BT * BT / 8 == NTP, "one chunk of Aqk a thread");
+  // A [BT][BT] bf16 tile from shared memory (row stride ld) to the record at dst, whole 128-byte
+  // rows: one 16-byte chunk a thread.
+  auto tile_out = [&](bf16* dst, const bf16* src, int ld) {
+    static_assert(BT * BT / 8 == NTP, "one 16-byte chunk of a [BT][BT] tile a thread");
     const int r = tid >> 3, ch = tid & 7;
-    *reinterpret_cast<uint4*>(rec + R::Aqk + r * BT + 8 * ch) = *reinterpret_cast<const uint4*>(aq + r * AQL + 8 * ch);
-  }
+    *reinterpret_cast<uint4*>(dst + r * BT + 8 * ch) = *reinterpret_cast<const uint4*>(src + r * ld + 8 * ch);
+  };
+  if (!KDA) tile_out(rec + R::Aqk, aq, AQL);  // the staged Aqk
   // Lite records: the solve works in Kn / Qn's space (dead after the pair products), so the staged
   // Aqk in X is read out beside it, with no barrier between.
   if (!LITE) __syncthreads();
-  for (int sl = tid; sl < (LITE ? 0 : BT * (V / 8)); sl += NTP) {
-    const int j = sl / (V / 8), y0 = 8 * (sl % (V / 8));
-    if (j < C)
-      __pipeline_memcpy_async(Vs + j * KP + y0, p.v + ((bos + c0 + j) * p.HV + h) * V + y0, 16);
-    else
-      *reinterpret_cast<uint4*>(Vs + j * KP + y0) = make_uint4(0, 0, 0, 0);
+  if constexpr (!LITE) {
+    for (int sl = tid; sl < BT * (V / 8); sl += NTP) {
+      const int j = sl / (V / 8), y0 = 8 * (sl % (V / 8));
+      if (j < C)
+        __pipeline_memcpy_async(Vs + j * KP + y0, p.v + ((bos + c0 + j) * p.HV + h) * V + y0, 16);
+      else
+        *reinterpret_cast<uint4*>(Vs + j * KP + y0) = make_uint4(0, 0, 0, 0);
+    }
   }
-  __pipeline_commit();
+  __pipeline_commit();  // (an empty group for lite records)
   // (I + L)^-1 in 16-row blocks (fla's solve_tril shape): the four diagonal blocks' inverses D_b by
   // forward substitution (15 steps, all four at once), then the blocks below them on tensor cores
   // (3xTF32, ~fp32's accuracy): Ai_ij = -D_i X_ij, X_ij = sum_{j<=k<i} L_ik Ai_kj, in dependency
@@ -632,10 +639,8 @@ __global__ void __launch_bounds__(NTP, 2) mma_prep_kernel(const LaPrefill p, con
     }
   }
   __syncthreads();
-  if (LITE) {  // Ai diag(beta) to the record in W's place, [BT][BT] rows of 128 bytes: one 16-byte chunk a thread
-    static_assert(BT * BT / 8 == NTP, "one chunk of Ai a thread");
-    const int r = tid >> 3, ch = tid & 7;
-    *reinterpret_cast<uint4*>(rec + R::W + r * BT + 8 * ch) = *reinterpret_cast<const uint4*>(Ai + r * AP + 8 * ch);
+  if (LITE) {  // Ai diag(beta) to the record in W's place
+    tile_out(rec + R::W, Ai, AP);
     return;
   }
   // W = Ai (k e^G), U = Ai v: [BT][K] each; warp: row tile mt, K/32 column tiles from nt0.
