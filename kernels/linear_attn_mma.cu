@@ -1038,31 +1038,26 @@ __global__ void __launch_bounds__(rw::kThreads, 1) rec_wgmma_kernel(const __grid
     // LITE's factors fk | fq | fe [64] each, after Ai in W's space
     const float* fac = reinterpret_cast<const float*>(rw_smem + (st - sb + rw::W + 8192));
     if constexpr (LITE) {
-      // -U'^T = -v^T (Ai diag(beta))^T + ((S^T k^T) diag(fe)) (Ai diag(beta))^T: the first product
-      // (S-free) rides beside S^T k^T, only the second waits on it
+      // -U'^T = -v^T (Ai diag(beta))^T + ((S^T k^T) diag(fe)) (Ai diag(beta))^T. Issue order (the
+      // tensor pipe runs the groups in order): S^T k^T first; the S-free v^T product in flight while
+      // its operand is formed; then the second product, and only after it the outputs' S^T q^T,
+      // which runs while U'^T's operands are packed (the state update waits on U', not on o).
       float accD[32];  // S^T k^T [64 y][64 j]
       wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < 8; ++kk)
+        wgmma_rs<64>(accD, aS[kk], wgmma_desc_sw128(st + rw::KD + (kk >> 2) * 8192 + (kk & 3) * 32), kk > 0);
+      wgmma_commit();
       if (!trans_A) {
+        wgmma_fence();  // a branch of its own: ptxas would insert this fence itself
 #pragma unroll
         for (int kk = 0; kk < 4; ++kk)  // A = v^T from v's [j][y] tile (M-major), negated
           wgmma_ss_mn_neg<64>(accU, wgmma_desc_nmajor_sw128(st + rw::U + kk * 16 * 128, 8192),
                               wgmma_desc_sw128(st + rw::W + kk * 32), kk > 0);
       }
-#pragma unroll
-      for (int kk = 0; kk < 8; ++kk)
-        wgmma_rs<64>(accD, aS[kk], wgmma_desc_sw128(st + rw::KD + (kk >> 2) * 8192 + (kk & 3) * 32), kk > 0);
-      wgmma_commit();
-      if constexpr (FUSE) {  // in flight while the second product's operand is formed
-#pragma unroll
-        for (int kk = 0; kk < 8; ++kk)
-          wgmma_rs<64>(accO, aS[kk], wgmma_desc_sw128(st + rw::QG + (kk >> 2) * 8192 + (kk & 3) * 32), kk > 0);
-        wgmma_commit();
-        wgmma_wait<1>();
-      } else {
-        wgmma_wait<0>();
-      }
+      wgmma_commit();  // (empty for the transition pass)
+      wgmma_wait<1>();
       wgmma_fence_regs(accD);
-      wgmma_fence_regs(accU);
       uint32_t aD[4][4];  // bf16 (k e^G S)^T, k slices of 16 j: accD[8 kk + 2 m + e] is column 8 (2 kk + (m >> 1)) + 2 tq + e
 #pragma unroll
       for (int kk = 0; kk < 4; ++kk)
@@ -1076,7 +1071,16 @@ __global__ void __launch_bounds__(rw::kThreads, 1) rec_wgmma_kernel(const __grid
       for (int kk = 0; kk < 4; ++kk)
         wgmma_rs<64>(accU, aD[kk], wgmma_desc_sw128(st + rw::W + kk * 32), !trans_A || kk > 0);
       wgmma_commit();
-      wgmma_wait<0>();
+      if constexpr (FUSE) {  // waited for before fq scales it, below
+#pragma unroll
+        for (int kk = 0; kk < 8; ++kk)
+          wgmma_rs<64>(accO, aS[kk], wgmma_desc_sw128(st + rw::QG + (kk >> 2) * 8192 + (kk & 3) * 32), kk > 0);
+        wgmma_commit();
+        wgmma_wait<1>();
+      } else {
+        wgmma_wait<0>();
+      }
+      wgmma_fence_regs(accU);
     } else {
 #pragma unroll
       for (int jj = 0; jj < 8; ++jj)
@@ -1095,9 +1099,9 @@ __global__ void __launch_bounds__(rw::kThreads, 1) rec_wgmma_kernel(const __grid
       }
       wgmma_commit();
       wgmma_wait<0>();
+      wgmma_fence_regs(accU);
+      if constexpr (FUSE) wgmma_fence_regs(accO);
     }
-    wgmma_fence_regs(accU);
-    if constexpr (FUSE) wgmma_fence_regs(accO);
     uint32_t aU[4][4];  // bf16 U'^T = -accU as the A operand, k slices of 16 j
 #pragma unroll
     for (int kk = 0; kk < 4; ++kk)
@@ -1115,6 +1119,8 @@ __global__ void __launch_bounds__(rw::kThreads, 1) rec_wgmma_kernel(const __grid
           aK[kk][m] = pack2(accU[8 * kk + 2 * m] * f.x, accU[8 * kk + 2 * m + 1] * f.y) ^ 0x80008000u;
         }
       if constexpr (FUSE) {  // (q S)^T's column i times fq_i: (q e^G S)^T
+        wgmma_wait<0>();
+        wgmma_fence_regs(accO);
 #pragma unroll
         for (int jj = 0; jj < 8; ++jj) {
           const float2 f = *reinterpret_cast<const float2*>(fq + 8 * jj + 2 * tq);
