@@ -247,12 +247,13 @@ __global__ void __launch_bounds__(NTP, 2) mma_prep_kernel(const LaPrefill p, con
     const int x0 = 8 * (tid % SPR);
     // The row's beta (and GDN's gate) logit, loaded with the rows: issued after them, they were a
     // second and third DRAM round trip on the first two warps that the whole CTA waited for.
-    bf16 braw = __float2bfloat16(0.f), fgraw = __float2bfloat16(0.f);
-    if (tid < BT && tid < C) {
-      const int64_t t = bos + c0 + tid;
-      braw = p.b[t * p.HV + h];
-      if (!KDA) fgraw = p.gate.f[t * p.HV + h];
-    }
+    // GDN: warp 0 takes the gate logits of rows lane and lane + 32 and sums them in the rows phase.
+    bf16 braw = __float2bfloat16(0.f), fgraw[2] = {__float2bfloat16(0.f), __float2bfloat16(0.f)};
+    if (tid < BT && tid < C) braw = p.b[(bos + c0 + tid) * p.HV + h];
+    if (!KDA && tid < 32)
+#pragma unroll
+      for (int r = 0; r < 2; ++r)
+        if (tid + 32 * r < C) fgraw[r] = p.gate.f[(bos + c0 + tid + 32 * r) * p.HV + h];
     uint4 kr[NS], qr[NS], fr[NS];
 #pragma unroll
     for (int s = 0; s < NS; ++s) {
@@ -295,14 +296,31 @@ __global__ void __launch_bounds__(NTP, 2) mma_prep_kernel(const LaPrefill p, con
         *reinterpret_cast<float4*>(Gc + i * GS + gp(x0 + 4)) = make_float4(ff[4], ff[5], ff[6], ff[7]);
       }
     }
-    if (tid < BT) {
-      const bool valid = tid < C;
-      betas[tid] = valid ? sigmoid(bf(braw)) : 0.f;
-      if (!KDA) Gc[tid] = valid ? gate(bf(fgraw) + (p.gate.dt_bias ? p.gate.dt_bias[h] : 0.f), aexp, lb) : 0.f;
+    if (tid < BT) betas[tid] = tid < C ? sigmoid(bf(braw)) : 0.f;
+    if (!KDA && tid < 32) {
+      // GDN's cumulative sum in warp 0, the same additions in the same order as KDA's per-channel
+      // sum below (16-row parts summed row after row, then the earlier parts' totals added from
+      // 0 in order), so no barrier phase of its own: v[r] is row lane + 32 r.
+      float v[2];
+#pragma unroll
+      for (int r = 0; r < 2; ++r)
+        v[r] = tid + 32 * r < C ? gate(bf(fgraw[r]) + (p.gate.dt_bias ? p.gate.dt_bias[h] : 0.f), aexp, lb) : 0.f;
+#pragma unroll
+      for (int st = 1; st < 16; ++st)
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const float prev = __shfl_up_sync(0xffffffffu, v[r], 1);
+          if ((lane & 15) == st) v[r] += prev;
+        }
+      const float t0 = __shfl_sync(0xffffffffu, v[0], 15), t1 = __shfl_sync(0xffffffffu, v[0], 31),
+                  t2 = __shfl_sync(0xffffffffu, v[1], 15);
+      const float o1 = 0.f + t0, o2 = o1 + t1, o3 = o2 + t2;  // parts 1, 2, 3
+      Gc[tid] = (v[0] + (lane < 16 ? 0.f : o1)) * kLog2e;
+      Gc[tid + 32] = (v[1] + (lane < 16 ? o2 : o3)) * kLog2e;
     }
   }
   __syncthreads();
-  {  // cumulative sum per channel (position q of the row), 16 rows a thread; then to log2 units
+  if (KDA) {  // cumulative sum per channel (position q of the row), 16 rows a thread; then to log2 units
     const int q = tid % GS, part = tid / GS;  // a warp: 32 consecutive positions of one part
     const bool act = part < 4;
     float v[16];
@@ -312,7 +330,7 @@ __global__ void __launch_bounds__(NTP, 2) mma_prep_kernel(const LaPrefill p, con
 #pragma unroll
       for (int i = 1; i < 16; ++i) v[i] += v[i - 1];
       L[part * GS + q] = v[15];  // the 16-row totals, in L's space (unused until the pair products)
-      if (KDA && v[0] - v[15] > kSpanMax) wide[part] = 1;
+      if (v[0] - v[15] > kSpanMax) wide[part] = 1;
     }
     __syncthreads();
     if (act) {
@@ -321,8 +339,8 @@ __global__ void __launch_bounds__(NTP, 2) mma_prep_kernel(const LaPrefill p, con
 #pragma unroll
       for (int i = 0; i < 16; ++i) Gc[(16 * part + i) * GS + q] = (v[i] + off) * kLog2e;
     }
+    __syncthreads();
   }
-  __syncthreads();
 
   // ---- q e^G and k e^(G_last - G) (row-major) and e^G_last to the record ----
   if (LITE) {  // their row factors instead; rows past the sequence: 0 (the raw rows
