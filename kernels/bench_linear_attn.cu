@@ -87,7 +87,7 @@ int bench_linear_attn(const std::string& json_out) {
       }
       p.fused_output = -1;  // the default
       // pipelined: a segment's prep beside the previous segment's recurrence on a second stream
-      // (automatic segments, as the backend runs it, and 4); bitwise the serial result. The _prio rows:
+      // (automatic segments, as the backend runs it, 4 and 16); bitwise the serial result. The _prio rows:
       // the same with the recurrence's stream at the greatest priority (not what the backend runs)
       if (piped) {
         for (bool prio : {false, true}) {
@@ -95,7 +95,7 @@ int bench_linear_attn(const std::string& json_out) {
           side.create(prio);
           p.side = &side;
           p.workspace = pws;
-          for (int segs_p : {0, 4}) {
+          for (int segs_p : {0, 4, 16}) {
             p.pipeline_segments = segs_p;
             const int S = la_pipeline_segments(p);
             if (S <= 1) continue;
