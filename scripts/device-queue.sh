@@ -36,7 +36,7 @@
 #                                              decode), one row per launch, and the SASS instructions
 #                                              with the most stall samples for NCU_SOURCE (default:
 #                                              the sparse-MLA FP8 decode and prefill) (~1-3 min)
-#   DZ_COMMIT=<hash> [DZ_STAGE_BUDGET=<s>] [DZ_PATCH=<file> [DZ_BENCH_LA=1]] bash scripts/device-queue.sh final
+#   DZ_COMMIT=<hash> [DZ_STAGE_BUDGET=<s>] [DZ_PATCH=<file> [DZ_BENCH_LA=1] [DZ_BENCH_SPARSE=1]] bash scripts/device-queue.sh final
 #                                              a session's closing check in one command ending by
 #                                              DZ_STAGE_BUDGET s (default 575; less when the budget is short): the
 #                                              project built, the whole Catch binary (its MoE reruns
@@ -45,7 +45,9 @@
 #                                              DZ_PATCH: the check of the tree with queued patches applied
 #                                              (what the session lands if they pass); DZ_BENCH_LA=1 adds
 #                                              `bench linear-attn` before them and with them (DZ_LADDER=1:
-#                                              also after each patch in turn, linear_attn_step<n>.json)
+#                                              also after each patch in turn, linear_attn_step<n>.json);
+#                                              DZ_BENCH_SPARSE=1 `bench sparse-attn` before them and after
+#                                              the e2e runs (sparse_attn_{before,dayzero}.json)
 # On one warm machine `benches` then `tests` (within its 30 s idle release) share the build.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit
@@ -210,11 +212,13 @@ case ${1:?stage: benches, tests, patch, final, e2e-glm or ncu} in
     nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm --format=csv,noheader
     keep=40  # for the e2e runs after the Catch binary
     if [[ -n ${DZ_PATCH:-} ]]; then
-      if [[ ${DZ_BENCH_LA:-0} == 1 ]]; then
+      if [[ ${DZ_BENCH_LA:-0} == 1 || ${DZ_BENCH_SPARSE:-0} == 1 ]]; then
         build_project /tmp/build_before.log
         tail -1 /tmp/build_before.log
-        bench_la 90 "$O/linear_attn_before.json"
-        keep=$((keep + 40))
+        mkdir -p "$O/logs"
+        [[ ${DZ_BENCH_LA:-0} == 1 ]] && { bench_la 90 "$O/linear_attn_before.json"; keep=$((keep + 40)); }
+        [[ ${DZ_BENCH_SPARSE:-0} == 1 ]] &&
+          { bench_sparse 60 "$O/sparse_attn_before.json" "$O/logs/sparse_attn_before.log"; keep=$((keep + 20)); }
       fi
       n=0
       for pf in $DZ_PATCH; do
@@ -238,6 +242,8 @@ case ${1:?stage: benches, tests, patch, final, e2e-glm or ncu} in
     done
     reap
     [[ -n ${DZ_PATCH:-} && ${DZ_BENCH_LA:-0} == 1 && $(left) -gt 30 ]] && bench_la 60 "$O/linear_attn_dayzero.json"
+    [[ -n ${DZ_PATCH:-} && ${DZ_BENCH_SPARSE:-0} == 1 && $(left) -gt 20 ]] &&
+      bench_sparse 30 "$O/sparse_attn_dayzero.json" "$O/logs/sparse_attn.log"
     cli_part "$O/logs"
     ;;
   e2e-glm)
