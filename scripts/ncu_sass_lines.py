@@ -27,12 +27,7 @@ import subprocess
 import sys
 from collections import defaultdict
 
-
-def num(x):
-    try:
-        return float(x.replace(",", ""))
-    except ValueError:
-        return 0.0
+from ncu_source_top import num  # ncu's numbers with thousands separators (scripts/ beside this file)
 
 
 def opcode(sass):
