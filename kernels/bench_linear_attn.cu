@@ -54,15 +54,20 @@ int bench_linear_attn(const std::string& json_out) {
     int32_t* cu = alloc<int32_t>(2);
     const int32_t cuh[2] = {0, T};
     CUDA_CHECK(cudaMemcpy(cu, cuh, sizeof cuh, cudaMemcpyHostToDevice));
-    const int segs = std::max(1, std::min(64, (sms + H - 1) / H));
+    // the scan's segments: the backend's automatic rule where it takes the scan (H <= 8 on 132 SMs),
+    // else ceil(SMs / H) as before it (H = 32: 5)
+    LaPrefill rule;
+    rule.HK = rule.HV = H, rule.K = K, rule.V = V, rule.N = 1, rule.T_total = T;
+    const int auto_segs = la_scan_segments(rule);
+    const int segs = auto_segs > 1 ? auto_segs : std::max(1, std::min(64, (sms + H - 1) / H));
     void* ws = alloc<char>(la_scan_workspace_bytes(T, segs, H, K, V));
     void* pws = alloc<char>(la_prefill_workspace_bytes(T, 1, H, K, V));
     LaPrefill p;
     p.q = q, p.k = k, p.v = v, p.b = b, p.HK = H, p.HV = H, p.K = K, p.V = V, p.scale = 0.088388f;
     p.cu_seqlens = cu, p.N = 1, p.ht = ht, p.o = o, p.T_total = T;
+    p.scan_segments = 1;  // the serial and pipelined rows as they are (the scan has rows of its own)
     const double bytes = double(TH) * (2 * K + V + 1) * 2 + double(TH) * V * 2;  // inputs + o, bf16
     for (bool kda : {true, false}) {
-      if (!kda && H != 32) continue;
       const bool serial = want(kda ? "kda_chunk_serial" : "gdn_chunk_serial", "H", H);
       const bool scan = want(kda ? "kda_chunk_parallel_scan" : "gdn_chunk_parallel_scan", "H", H);
       const bool piped = want(kda ? "kda_chunk_pipelined" : "gdn_chunk_pipelined", "H", H);
@@ -116,10 +121,11 @@ int bench_linear_attn(const std::string& json_out) {
       if (!scan) continue;
       const double ms_p = median_ms([&] { la_parallel_prefill(p, T, segs, ws, nullptr); }, 5, 1);
       if (serial)
-        std::snprintf(buf + 128, 128, "v4 segments=%d, %.2fx best serial, %.0f GB/s", segs, ms_s / ms_p,
-                      gb / (ms_p * 1e-3));
+        std::snprintf(buf + 128, 128, "v4 segments=%d%s, %.2fx best serial, %.0f GB/s", segs,
+                      segs == auto_segs ? " (automatic)" : "", ms_s / ms_p, gb / (ms_p * 1e-3));
       else
-        std::snprintf(buf + 128, 128, "v4 segments=%d, %.0f GB/s", segs, gb / (ms_p * 1e-3));
+        std::snprintf(buf + 128, 128, "v4 segments=%d%s, %.0f GB/s", segs, segs == auto_segs ? " (automatic)" : "",
+                      gb / (ms_p * 1e-3));
       add(kda ? "kda_chunk_parallel_scan" : "gdn_chunk_parallel_scan", buf, ms_p, buf + 128);
     }
     for (void* ptr : {(void*)q, (void*)k, (void*)v, (void*)b, (void*)f, (void*)fg, (void*)o, (void*)A_log,

@@ -212,7 +212,26 @@ void pipelined_prefill(const LaPrefill& p, int S_req, cudaStream_t stream) {
   CUDA_CHECK(cudaStreamWaitEvent(stream, sd.done(), 0));
 }
 
+// The automatic intra-GPU scan's segments for one sequence of T rows (1: none). The recurrence of
+// the one-pass or pipelined prefill is one chain of T / 64 steps a (head, 64 state columns) CTA
+// whatever the head count (KDA 1.39 / 1.47 ms at T = 65536 for H = 4 / 8, GDN 1.61 / 1.63, H100),
+// while the scan's passes spread the chain over segments: KDA 0.85 / 1.37 ms there, GDN 0.61 / 0.89;
+// at H = 32 the scan loses (KDA 5.1 ms against 3.9 pipelined) (docs/perf/README.md, thirtieth session). So: K = V = 128 (the wgmma passes, where measured), T >= 16384 and
+// 16 HV <= SMs (HV <= 8 on 132 SMs); floor(SMs / HV) segments: 2 HV S <= 2 SMs recurrence CTAs
+// of one CTA an SM, at most two full waves in each pass (ceil gave 17 at H = 8: 272 CTAs, a
+// third wave of 8).
+int scan_rule(int64_t T, int N, int HV, int K, int V) {
+  if (N != 1 || K != 128 || V != 128 || T < 16384 || HV <= 0) return 1;
+  const int sms = sm_count();
+  if (16 * HV > sms) return 1;
+  return int(std::min<int64_t>({int64_t(kMaxPipe), int64_t(sms / HV), chunks_of(T)}));
+}
+
 }  // namespace
+
+int la_scan_segments(const LaPrefill& p) {
+  return p.scan_segments == 1 ? 1 : scan_rule(p.T_total, p.N, p.HV, p.K, p.V);
+}
 
 int la_pipeline_segments(const LaPrefill& p) {
   if (!p.side || p.N != 1 || p.pipeline_segments == 1) return 1;
@@ -228,16 +247,23 @@ void la_chunk_prefill(const LaPrefill& p, cudaStream_t stream) {
   if (p.N == 0 || p.HV == 0) return;
   DZ_CHECK(p.workspace, "linear attention CUDA: the chunked prefill needs a workspace (la_prefill_workspace_bytes)");
   DZ_CHECK(p.pipeline_segments >= 0, "linear attention CUDA: pipeline_segments ", p.pipeline_segments);
+  DZ_CHECK(p.scan_segments == 0 || p.scan_segments == 1, "linear attention CUDA: scan_segments ", p.scan_segments,
+           " (0 automatic, 1 off)");
+  const int G = la_scan_segments(p);
+  if (G > 1) return la_parallel_prefill(p, p.T_total, G, p.workspace, stream);
   const int S = la_pipeline_segments(p);
   if (S > 1) return pipelined_prefill(p, S, stream);
   mma_prefill(ChunkArgs{p, p.o != nullptr, false}, pick_bv(p, p.HV * p.N, p.V, true), kAllStages, stream);
 }
 
 // One sequence of more than one chunk: also enough for the pipelined form, whose largest need is
-// two segments of about T / 2 (and two states).
+// two segments of about T / 2 (and two states), and for the automatic scan.
 size_t la_prefill_workspace_bytes(int64_t T_total, int N, int HV, int K, int V) {
   const size_t one = mma_workspace_bytes(T_total, N, HV, K, V);
-  return N == 1 && T_total > kMmaBT ? std::max(one, pipe_carve(nullptr, T_total, 2, HV, K, V).bytes) : one;
+  if (N != 1 || T_total <= kMmaBT) return one;
+  const int G = scan_rule(T_total, N, HV, K, V);
+  return std::max({one, pipe_carve(nullptr, T_total, 2, HV, K, V).bytes,
+                   G > 1 ? la_scan_workspace_bytes(T_total, G, HV, K, V) : size_t(0)});
 }
 
 void la_transitions(const LaPrefill& p, const int32_t* seg_cu, int S, float* A, float* B, cudaStream_t stream) {
@@ -280,7 +306,11 @@ size_t la_scan_workspace_bytes(int64_t T, int segments, int HV, int K, int V) {
 
 void la_parallel_prefill(const LaPrefill& p, int64_t T, int segments, void* workspace, cudaStream_t stream) {
   DZ_CHECK(p.N == 1, "la_parallel_prefill: one sequence expected, got N=", p.N);
-  if (segments <= 1 || chunks_of(T) <= 1) return la_chunk_prefill(p, stream);  // segments of whole chunks
+  if (segments <= 1 || chunks_of(T) <= 1) {  // segments of whole chunks: one pass (not the scan again)
+    LaPrefill q = p;
+    q.scan_segments = 1;
+    return la_chunk_prefill(q, stream);
+  }
   const int L = int(segment_rows(T, segments));
   const int S = int((T + L - 1) / L);
   char* ws = static_cast<char*>(workspace);
@@ -303,6 +333,7 @@ void la_parallel_prefill(const LaPrefill& p, int64_t T, int segments, void* work
   q.ht = B;
   mma_prefill(ChunkArgs{q, false, false}, pick_bv(p, p.HV * S, p.V, true), kRecur, stream);
   la_merge(A, B, p.h0, S, p.HV, p.K, p.V, S_init, p.ht, stream);
+  if (!p.o) return;  // the final state (la_merge) was all
   q.h0 = S_init, q.ht = nullptr, q.o = p.o;
   mma_prefill(ChunkArgs{q, true, false}, pick_bv(p, p.HV * S, p.V, true), kRecur | kOutput, stream);
 }

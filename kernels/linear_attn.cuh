@@ -74,12 +74,20 @@ struct LaPrefill {
   // pipeline_segments: 0 automatic (la_pipeline_segments), 1 off, n > 1 about n segments (<= 64).
   const LaSide* side = nullptr;
   int pipeline_segments = 0;
+  // The intra-GPU parallel scan (la_parallel_prefill) in place of both, for one long sequence with
+  // few heads (la_scan_segments): 0 automatic, 1 off. Not bitwise the one-pass result (the states
+  // cross segments through fp32 transitions and the merge), within the same tolerances.
+  int scan_segments = 0;
 };
 size_t la_prefill_workspace_bytes(int64_t T_total, int N, int HV, int K, int V);
 // The segments la_chunk_prefill runs p in: 1 (one pass) unless p.side is given and N = 1; then
 // p.pipeline_segments when set, else automatic: min(8, T / 8192) where T >= 16384 and the
 // recurrence keeps at most half the SMs busy (its CTAs: 2 HV at K = 128, HV V / value block at 64).
 int la_pipeline_segments(const LaPrefill& p);
+// The segments of the intra-GPU scan la_chunk_prefill runs p as instead (1: none): with
+// p.scan_segments = 0, N = 1, K = V = 128, T >= 16384 and 16 HV <= SMs, floor(SMs / HV) (<= 64, <=
+// the chunks); the workspace (la_prefill_workspace_bytes) covers it.
+int la_scan_segments(const LaPrefill& p);
 
 // Chunked (WY / UT) prefill on tensor cores (linear_attn_mma.cu), chunk 64: the key side of all
 // chunks in parallel, then one CTA per (sequence, value head, block of state columns) sequential

@@ -49,6 +49,8 @@ TEST_CASE("gpu linear attention chunked prefill and parallel scan equal the CPU 
       {false, 1, 2, 128, 128, {3000}, true, 0.f, 5, false},
       {false, 16, 32, 64, 64, {300}, false, 0.f, 0, false},
       {false, 1, 2, 64, 64, {65600}, true, 0.f, 8, false},
+      // GDN K = 128 with few heads and >= 16384 rows: la_chunk_prefill takes the scan by itself
+      {false, 2, 4, 128, 128, {20000}, true, 0.f, 0, false},
       // exp(A_log) ~ 2-12: 16-row decays per channel around e^-20 .. e^-150, blocks on both sides of
       // e^-80 (both diagonal-block paths of the prefill);
       // exp(A_log) ~ 55: every diagonal block past e^-80 (exact path throughout)
@@ -65,6 +67,7 @@ TEST_CASE("gpu linear attention chunked prefill and parallel scan equal the CPU 
     dz::cuda::LaPrefill p = d.prefill(c, int(c.lens.size()), in.T, o.p, ht.p);
     Dev<char> pws(dz::cuda::la_prefill_workspace_bytes(in.T, p.N, c.HV, c.K, c.V));
     p.workspace = pws.p;
+    p.scan_segments = 1;  // the one-pass prefill here; the automatic scan below
     for (int bv : {128, 64, 32, 16})  // state columns per CTA (128: whole rows); K = 128: always 64 (wgmma)
     for (int fused : {1, 0}) {        // outputs inside the recurrence or in a pass after it
       if (bv > c.V || (c.K == 128 && bv != 64)) continue;
@@ -83,6 +86,15 @@ TEST_CASE("gpu linear attention chunked prefill and parallel scan equal the CPU 
     }
     p.value_block = 0;
     p.fused_output = -1;  // the default
+    p.scan_segments = 0;
+    if (const int G = dz::cuda::la_scan_segments(p); G > 1) {  // few heads, one long sequence: the scan
+      const auto r = run_poisoned(o, ht, [&] { dz::cuda::la_chunk_prefill(p, nullptr); });
+      const double po = rel_err(bf_to_f(r.first), o_ref), ps = rel_err(r.second, ht_ref);
+      std::printf("    automatic: parallel scan, %d segments, in la_prefill_workspace_bytes: o err %.3g, state err %.3g\n",
+                  G, po, ps);
+      CHECK(po < 2e-2);  // the scan's tolerances (below)
+      CHECK(ps < 1e-2);
+    }
     p.workspace = nullptr;
     if (c.segments > 1) {
       Dev<char> ws(dz::cuda::la_scan_workspace_bytes(in.T, c.segments, c.HV, c.K, c.V));
@@ -165,6 +177,34 @@ TEST_CASE("gpu linear attention pipelined prefill equals the one-pass prefill bi
   CHECK(dz::cuda::la_pipeline_segments(a) == 1);
   a.pipeline_segments = 0, a.HV = a.HK = 1024;  // 2048 recurrence CTAs: every SM busy already
   CHECK(dz::cuda::la_pipeline_segments(a) == 1);
+  // the automatic scan, which la_chunk_prefill takes before the pipelined form: one sequence,
+  // K = V = 128, >= 16384 rows, 16 HV <= SMs; floor(SMs / HV) segments, <= 64, <= the chunks
+  int sms = 0;
+  CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  dz::cuda::LaPrefill g;
+  g.K = g.V = 128, g.N = 1, g.T_total = 65536;
+  for (int hv : {1, 2, 4, 8, 9, 16, 32}) {
+    g.HV = g.HK = hv;
+    const int want = 16 * hv <= sms ? std::min(64, sms / hv) : 1;
+    INFO("HV " << hv << " on " << sms << " SMs");
+    CHECK(dz::cuda::la_scan_segments(g) == want);
+  }
+  g.HV = g.HK = 4;
+  const int g4 = dz::cuda::la_scan_segments(g);
+  CHECK(g4 > 1);
+  g.T_total = 16383;
+  CHECK(dz::cuda::la_scan_segments(g) == 1);
+  g.T_total = 20000;  // 313 chunks
+  CHECK(dz::cuda::la_scan_segments(g) == std::min(g4, 313));
+  g.T_total = 65536, g.N = 2;
+  CHECK(dz::cuda::la_scan_segments(g) == 1);
+  g.N = 1, g.K = g.V = 64;
+  CHECK(dz::cuda::la_scan_segments(g) == 1);
+  g.K = g.V = 128, g.scan_segments = 1;
+  CHECK(dz::cuda::la_scan_segments(g) == 1);
+  // its workspace is in la_prefill_workspace_bytes
+  CHECK(dz::cuda::la_prefill_workspace_bytes(65536, 1, 4, 128, 128) >=
+        dz::cuda::la_scan_workspace_bytes(65536, g4, 4, 128, 128));
 }
 
 TEST_CASE("gpu linear attention transitions and merge equal the CPU LaTransition", "[gpu]") {
