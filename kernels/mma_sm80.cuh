@@ -58,16 +58,18 @@ __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
   return *reinterpret_cast<uint32_t*>(&v);
 }
 
-// 3xTF32 (mma m16n8k8 tf32): v = hi + lo, each rounded to tf32; lo·hi + hi·lo + hi·hi keeps ~fp32's
-// accuracy on tensor cores (hc_post_coeff's projection, the KDA / GDN prep's (I + L)^-1 blocks).
-__device__ __forceinline__ uint32_t tf32_rna(float v) {
-  uint32_t r;
-  asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(r) : "f"(v));
-  return r;
-}
+// 3xTF32 (mma m16n8k8 tf32): v = hi + lo, hi with tf32's 11 significant bits; lo·hi + hi·lo + hi·hi
+// keeps ~fp32's accuracy on tensor cores (hc_post_coeff's projection, the KDA / GDN prep's (I + L)^-1
+// blocks). The split by Veltkamp's product at 2^13 + 1 (hi: v rounded to 11 bits, ties to even;
+// v - hi exact, its top 11 bits are what the mma reads): 4 instructions, where cvt.rna.tf32.f32 has
+// no SASS instruction on sm_90 (ptxas: an add under a finiteness test and a mask, ~5 where inlined,
+// twice a split: 472 of the GDN prep's 2,744 instructions). _rn intrinsics: no FMA contraction,
+// which would break the split. |v| > FLT_MAX / 8193 (and inf) give NaN (not finite values).
 __device__ __forceinline__ void split_tf32(float v, uint32_t& hi, uint32_t& lo) {
-  hi = tf32_rna(v);
-  lo = tf32_rna(v - __uint_as_float(hi));
+  const float c = __fmul_rn(v, 8193.f);
+  const float h = __fadd_rn(c, -__fadd_rn(c, -v));
+  hi = __float_as_uint(h);
+  lo = __float_as_uint(__fadd_rn(v, -h));
 }
 // d += a · b (one m16n8k8 tile, tf32 operands, fp32 accumulators)
 __device__ __forceinline__ void mma_tf32(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
