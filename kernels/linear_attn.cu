@@ -216,10 +216,10 @@ void pipelined_prefill(const LaPrefill& p, int S_req, cudaStream_t stream) {
 // the one-pass or pipelined prefill is one chain of T / 64 steps a (head, 64 state columns) CTA
 // whatever the head count (KDA 1.39 / 1.47 ms at T = 65536 for H = 4 / 8, GDN 1.61 / 1.63, H100),
 // while the scan's passes spread the chain over segments: KDA 0.85 / 1.37 ms there, GDN 0.61 / 0.89;
-// at H = 32 the scan loses (KDA 5.1 ms against 3.9 pipelined) (docs/perf/README.md, thirtieth session). So: K = V = 128 (the wgmma passes, where measured), T >= 16384 and
-// 16 HV <= SMs (HV <= 8 on 132 SMs); floor(SMs / HV) segments: 2 HV S <= 2 SMs recurrence CTAs
-// of one CTA an SM, at most two full waves in each pass (ceil gave 17 at H = 8: 272 CTAs, a
-// third wave of 8).
+// at H = 32 the scan loses (KDA 5.1 ms against 3.9 pipelined) (docs/perf/README.md, thirtieth
+// session). So: K = V = 128 (the wgmma passes, where measured), T >= 16384 and 16 HV <= SMs (HV <= 8
+// on 132 SMs); floor(SMs / HV) segments: 2 HV S <= 2 SMs recurrence CTAs of one CTA an SM, at most
+// two full waves in each pass (ceil gave 17 at H = 8: 272 CTAs, a third wave of 8).
 int scan_rule(int64_t T, int N, int HV, int K, int V) {
   if (N != 1 || K != 128 || V != 128 || T < 16384 || HV <= 0) return 1;
   const int sms = sm_count();
