@@ -564,8 +564,8 @@ __global__ void __launch_bounds__(NTP, 2) mma_prep_kernel(const LaPrefill p, con
   if (!KDA) tile_out(rec + R::Aqk, aq, AQL);  // the staged Aqk
   // Lite records: the solve works in Kn / Qn's space (dead after the pair products), so the staged
   // Aqk in X is read out beside it, with no barrier between.
-  if (!LITE) __syncthreads();
   if constexpr (!LITE) {
+    __syncthreads();
     for (int sl = tid; sl < BT * (V / 8); sl += NTP) {
       const int j = sl / (V / 8), y0 = 8 * (sl % (V / 8));
       if (j < C)
