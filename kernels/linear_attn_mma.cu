@@ -166,7 +166,9 @@ __device__ __forceinline__ int seq_of(const int32_t* base, int N, int g) {
   return lo;
 }
 
-constexpr int NTP = 512;        // prep threads: 16 warps, two CTAs per SM (their phases overlap)
+constexpr int NTP = 512;        // prep threads: 16 warps, two CTAs per SM (their phases overlap); GDN
+                                // at K = 128 three (61 KB of shared memory each, 40 registers: its
+                                // barrier-bound phases, and the pipelined prep beside the recurrence)
 constexpr float kSpanMax = 80.f;  // diagonal blocks factor e^(G_i - G_j) through their middle row when
                                   // every channel decays by at most e^-80 across the 16 rows (no overflow)
 
@@ -179,6 +181,9 @@ constexpr size_t prep_smem_bytes() {
   constexpr size_t xb = KDA ? std::max(size_t(112 * KP) * 2, solve) : (lite_records(K, KDA) ? size_t(BT * AP) * 2 : solve);
   return size_t(2 * BT * KP) * 2 + size_t(BT * (KDA ? K : 1)) * 4 + size_t(BT * (BT + 1)) * 4 + xb;
 }
+// three GDN K = 128 prep CTAs an SM (mma_prep_kernel's launch bounds): dynamic + static (< 1 KB) shared
+// memory, and the 1 KB the SM reserves a CTA
+static_assert(3 * (prep_smem_bytes<128, false>() + 1024 + 1024) <= 228 * 1024, "three GDN prep CTAs fit an SM");
 
 __device__ __forceinline__ void unpack8(const uint4 u, float f[8]) {
   const uint32_t w[4] = {u.x, u.y, u.z, u.w};
@@ -203,8 +208,9 @@ __device__ __forceinline__ float gate_fast(float z, float a, float lower_bound) 
 // One CTA per (chunk, value head): the key side of the chunk into its record. Work is spread in
 // 8-channel slots (16-byte loads and stores); barriers separate the phases.
 template <int K, bool KDA>
-__global__ void __launch_bounds__(NTP, 2) mma_prep_kernel(const LaPrefill p, const int32_t* __restrict__ base,
-                                                          bf16* __restrict__ records, float* __restrict__ gls) {
+__global__ void __launch_bounds__(NTP, (K == 128 && !KDA) ? 3 : 2)
+    mma_prep_kernel(const LaPrefill p, const int32_t* __restrict__ base, bf16* __restrict__ records,
+                    float* __restrict__ gls) {
   constexpr int V = K, KP = K + 8, GS = KDA ? K : 1, LS = BT + 1, SPR = K / 8, SLOTS = BT * SPR;
   constexpr bool LITE = lite_records(K, KDA);
   using R = R4<K, V>;
