@@ -150,6 +150,13 @@ __device__ __forceinline__ void frag_a_trans(uint32_t a[4], const bf16* S, int l
   ldsm_x4_trans(a, S + (k0 + (lane & 7) + 8 * (q >> 1)) * ld + m0 + 8 * (q & 1));
 }
 
+// Named barriers (id >= 1; 0 is __syncthreads') over n threads, whole warps: the producing warps
+// arrive, the consuming ones wait; both order shared memory as a barrier does.
+__device__ __forceinline__ void bar_sync(int id, int n) { asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory"); }
+__device__ __forceinline__ void bar_arrive(int id, int n) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(n) : "memory");
+}
+
 __global__ void base64_kernel(const int32_t* cu, int N, int32_t* base) {
   int acc = 0;
   base[0] = 0;
@@ -624,42 +631,44 @@ __global__ void __launch_bounds__(NTP, (K == 128 && !KDA) ? 3 : 2)
   {
     // warps 0-5: (b + 1, b) for b = w / 2; 6-7: (2, 0); 8-9: (3, 1); 10-11: (3, 0); t = w % 2 the
     // 8-column tile of the 16-column block
+    // Each phase reads the fp32 blocks of the warps before it, so they meet by named barriers among
+    // only those warps (1: warps 0-3 -> 6-11, 2: warps 6-7 -> 10-11) or, where a warp reads only its
+    // own 8 columns, __syncwarp; warps 12-15 go straight to the barrier after the solve.
     const int t = warp & 1, b = warp >> 1;
     float P[4] = {0.f, 0.f, 0.f, 0.f};
     if (warp < 6) {  // X_{b+1,b} = L_{b+1,b} D_b into F as scratch, then Ai_{b+1,b} = -D_{b+1} X
       mma_16x8x16_3xtf32(P, Lb(b + 1, b), LS, Fb(b, b) + 8 * t, FS, lane);
       tile_store(Fb(b + 1, b) + 8 * t, FS, P, lane, 1.f);
+      __syncwarp();  // in place: this warp alone reads and writes these 8 columns
+      float c[4] = {0.f, 0.f, 0.f, 0.f};
+      mma_16x8x16_3xtf32(c, Fb(b + 1, b + 1), FS, Fb(b + 1, b) + 8 * t, FS, lane);
+      store_ai(c, b + 1, b, t, b < 2);  // Ai_10, Ai_21 are read by warps 6-11
+      if (warp < 4) bar_arrive(1, 320);
     } else if (warp < 12) {
       const int bi = warp < 10 ? b - 1 : 3, bk = warp < 8 ? 0 : (warp < 10 ? 1 : 0);  // L_20 D_0, L_31 D_1, L_30 D_0
       mma_16x8x16_3xtf32(P, Lb(bi, bk), LS, Fb(bk, bk) + 8 * t, FS, lane);
-    }
-    __syncthreads();
-    if (warp < 6) {  // in place: this warp alone reads and writes these 8 columns
-      float c[4] = {0.f, 0.f, 0.f, 0.f};
-      mma_16x8x16_3xtf32(c, Fb(b + 1, b + 1), FS, Fb(b + 1, b) + 8 * t, FS, lane);
-      store_ai(c, b + 1, b, t, b < 2);  // Ai_10, Ai_21 are read below
-    }
-    __syncthreads();
-    if (warp >= 6 && warp < 12) {  // + L_21 Ai_10 = X_20; + L_32 Ai_21 = X_31; + L_31 Ai_10 (of X_30)
-      const int bi = warp < 8 ? 2 : 3, bk = warp < 8 ? 1 : (warp < 10 ? 2 : 1), bj = bk - 1;
-      mma_16x8x16_3xtf32(P, Lb(bi, bk), LS, Fb(bk, bj) + 8 * t, FS, lane);
-      if (warp < 10) tile_store(Fb(bi, bj) + 8 * t, FS, P, lane, 1.f);
-    }
-    __syncthreads();
-    if (warp >= 6 && warp < 10) {  // Ai_20 = -D_2 X_20 (read below), Ai_31 = -D_3 X_31
-      const int bi = warp < 8 ? 2 : 3, bj = bi - 2;
-      float c[4] = {0.f, 0.f, 0.f, 0.f};
-      mma_16x8x16_3xtf32(c, Fb(bi, bi), FS, Fb(bi, bj) + 8 * t, FS, lane);
-      store_ai(c, bi, bj, t, bi == 2);
-    }
-    __syncthreads();
-    if (warp >= 10 && warp < 12) {  // X_30 = ... + L_32 Ai_20; Ai_30 = -D_3 X_30
-      mma_16x8x16_3xtf32(P, Lb(3, 2), LS, Fb(2, 0) + 8 * t, FS, lane);
-      tile_store(Fb(3, 0) + 8 * t, FS, P, lane, 1.f);
-      __syncwarp();
-      float c[4] = {0.f, 0.f, 0.f, 0.f};
-      mma_16x8x16_3xtf32(c, Fb(3, 3), FS, Fb(3, 0) + 8 * t, FS, lane);
-      store_ai(c, 3, 0, t, false);
+      bar_sync(1, 320);  // Ai_10, Ai_21 (warps 0-3)
+      {  // + L_21 Ai_10 = X_20; + L_32 Ai_21 = X_31; + L_31 Ai_10 (of X_30)
+        const int bi = warp < 8 ? 2 : 3, bk = warp < 8 ? 1 : (warp < 10 ? 2 : 1), bj = bk - 1;
+        mma_16x8x16_3xtf32(P, Lb(bi, bk), LS, Fb(bk, bj) + 8 * t, FS, lane);
+        if (warp < 10) tile_store(Fb(bi, bj) + 8 * t, FS, P, lane, 1.f);
+      }
+      if (warp < 10) {  // Ai_20 = -D_2 X_20 (read by warps 10-11), Ai_31 = -D_3 X_31: own columns
+        __syncwarp();
+        const int bi = warp < 8 ? 2 : 3, bj = bi - 2;
+        float c[4] = {0.f, 0.f, 0.f, 0.f};
+        mma_16x8x16_3xtf32(c, Fb(bi, bi), FS, Fb(bi, bj) + 8 * t, FS, lane);
+        store_ai(c, bi, bj, t, bi == 2);
+        if (warp < 8) bar_arrive(2, 128);
+      } else {  // X_30 = ... + L_32 Ai_20; Ai_30 = -D_3 X_30
+        bar_sync(2, 128);  // Ai_20 (warps 6-7)
+        mma_16x8x16_3xtf32(P, Lb(3, 2), LS, Fb(2, 0) + 8 * t, FS, lane);
+        tile_store(Fb(3, 0) + 8 * t, FS, P, lane, 1.f);
+        __syncwarp();
+        float c[4] = {0.f, 0.f, 0.f, 0.f};
+        mma_16x8x16_3xtf32(c, Fb(3, 3), FS, Fb(3, 0) + 8 * t, FS, lane);
+        store_ai(c, 3, 0, t, false);
+      }
     }
   }
   __syncthreads();
