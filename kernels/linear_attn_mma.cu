@@ -137,6 +137,13 @@ __device__ __forceinline__ void ldsm_x4_trans(uint32_t r[4], const bf16* p) {
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                : "r"(smem_addr(p)));
 }
+// Four 8 x 8 bf16 blocks, transposed, to shared memory: lane l gives the address of row l & 7 of
+// block l >> 3; r[b] holds this lane's pair of block b (row l >> 2, columns 2 (l & 3), +1).
+__device__ __forceinline__ void stsm_x4_trans(uint32_t addr, uint32_t r0, uint32_t r1, uint32_t r2, uint32_t r3) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1,%2,%3,%4};\n" ::"r"(addr), "r"(r0), "r"(r1),
+               "r"(r2), "r"(r3)
+               : "memory");
+}
 // B fragments of two column tiles (n0..n0+15), k k0..k0+15, from a row-major [k][ld] matrix.
 __device__ __forceinline__ void frag_b2_rowmajor(uint32_t b0[2], uint32_t b1[2], const bf16* B, int ld, int k0, int n0,
                                                  int lane) {
@@ -1040,16 +1047,20 @@ __global__ void __launch_bounds__(rw::kThreads, 1) rec_wgmma_kernel(const __grid
     uoff[q] = uint32_t(jq * 128 + (((y >> 3) ^ jq) << 4) + (y & 7) * 2);
   }
   // The warp's outputs o[i][y0 + 16 w + yl] go through its staging tile [64 i][16 yl] (rows OST bytes):
-  // written in the accumulator layout, read back as 16-byte halves of the 32-byte row segments,
+  // written by stmatrix (transposed), read back as 16-byte halves of the 32-byte row segments,
   // lane -> rows (lane >> 1) + 16 k, half lane & 1: whole sectors to global memory.
   uint8_t* ost = rw_smem + (ostage - sb) + w * 64 * rw::OST;
-  const uint32_t owr = uint32_t((2 * tq) * rw::OST + gq * 2);  // + (8 jj + (q & 1)) OST + 16 (q >> 1)
-  const int64_t orow = int64_t(p.HV) * V;                      // elements between token rows of o
-  bf16* const o_thread = FUSE ? p.o + (bos + (lane >> 1)) * orow + int64_t(h) * V + y0 + 16 * w + 8 * (lane & 1)
-                              : nullptr;
+  // this lane's stmatrix row: row lane & 7 of block lane >> 3 = (jj + (lane >> 4), y half (lane >> 3) & 1)
+  const uint32_t ost_lane =
+      smem_u32(ost) + uint32_t((8 * (lane >> 4) + (lane & 7)) * rw::OST + 16 * ((lane >> 3) & 1));
+  const int64_t orow = int64_t(p.HV) * V, o16 = 16 * orow;  // elements between token rows of o; 16 rows
+  // this lane's output row of the chunk's first 16 (+ 16 k for the others), advanced a chunk a step
+  bf16* o_chunk = FUSE ? p.o + (bos + (lane >> 1)) * orow + int64_t(h) * V + y0 + 16 * w + 8 * (lane & 1) : nullptr;
   for (int c = 0; c < nch; ++c) {
     const int s = c % rw::kStages;
     const uint32_t st = stage(s);
+    // the stage's operand descriptors: K-major (W, Kd, Qg, Aqk; LITE: Ai, k, q) and N-major (U / v, Kd)
+    const WgmmaDesc dk = wgmma_base_sw128(st), dn = wgmma_base_nmajor_sw128(st, 8192);
     mbar_wait(full(s), (c / rw::kStages) & 1);
     uint32_t aS[8][4];  // bf16 S^T as the A operand, k slices of 16 x
 #pragma unroll
@@ -1079,14 +1090,14 @@ __global__ void __launch_bounds__(rw::kThreads, 1) rec_wgmma_kernel(const __grid
       wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < 8; ++kk)
-        wgmma_rs<64>(accD, aS[kk], wgmma_desc_sw128(st + rw::KD + (kk >> 2) * 8192 + (kk & 3) * 32), kk > 0);
+        wgmma_rs<64>(accD, aS[kk], dk.at(rw::KD + (kk >> 2) * 8192 + (kk & 3) * 32), kk > 0);
       wgmma_commit();
       if (!trans_A) {
         wgmma_fence();  // a branch of its own: ptxas would insert this fence itself
 #pragma unroll
         for (int kk = 0; kk < 4; ++kk)  // A = v^T from v's [j][y] tile (M-major), negated
-          wgmma_ss_mn_neg<64>(accU, wgmma_desc_nmajor_sw128(st + rw::U + kk * 16 * 128, 8192),
-                              wgmma_desc_sw128(st + rw::W + kk * 32), kk > 0);
+          wgmma_ss_mn_neg<64>(accU, dn.at(rw::U + kk * 16 * 128),
+                              dk.at(rw::W + kk * 32), kk > 0);
       }
       wgmma_commit();  // (empty for the transition pass)
       wgmma_wait<1>();
@@ -1102,12 +1113,12 @@ __global__ void __launch_bounds__(rw::kThreads, 1) rec_wgmma_kernel(const __grid
       wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < 4; ++kk)
-        wgmma_rs<64>(accU, aD[kk], wgmma_desc_sw128(st + rw::W + kk * 32), !trans_A || kk > 0);
+        wgmma_rs<64>(accU, aD[kk], dk.at(rw::W + kk * 32), !trans_A || kk > 0);
       wgmma_commit();
       if constexpr (FUSE) {  // waited for before fq scales it, below
 #pragma unroll
         for (int kk = 0; kk < 8; ++kk)
-          wgmma_rs<64>(accO, aS[kk], wgmma_desc_sw128(st + rw::QG + (kk >> 2) * 8192 + (kk & 3) * 32), kk > 0);
+          wgmma_rs<64>(accO, aS[kk], dk.at(rw::QG + (kk >> 2) * 8192 + (kk & 3) * 32), kk > 0);
         wgmma_commit();
         wgmma_wait<1>();
       } else {
@@ -1124,11 +1135,11 @@ __global__ void __launch_bounds__(rw::kThreads, 1) rec_wgmma_kernel(const __grid
       wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < 8; ++kk)
-        wgmma_rs<64>(accU, aS[kk], wgmma_desc_sw128(st + rw::W + (kk >> 2) * 8192 + (kk & 3) * 32), 1);
+        wgmma_rs<64>(accU, aS[kk], dk.at(rw::W + (kk >> 2) * 8192 + (kk & 3) * 32), 1);
       if constexpr (FUSE) {
 #pragma unroll
         for (int kk = 0; kk < 8; ++kk)
-          wgmma_rs<64>(accO, aS[kk], wgmma_desc_sw128(st + rw::QG + (kk >> 2) * 8192 + (kk & 3) * 32), kk > 0);
+          wgmma_rs<64>(accO, aS[kk], dk.at(rw::QG + (kk >> 2) * 8192 + (kk & 3) * 32), kk > 0);
       }
       wgmma_commit();
       wgmma_wait<0>();
@@ -1180,11 +1191,11 @@ __global__ void __launch_bounds__(rw::kThreads, 1) rec_wgmma_kernel(const __grid
     wgmma_fence();
     if constexpr (FUSE) {
 #pragma unroll
-      for (int kk = 0; kk < 4; ++kk) wgmma_rs<64>(accO, aU[kk], wgmma_desc_sw128(st + rw::AQK + kk * 32), 1);
+      for (int kk = 0; kk < 4; ++kk) wgmma_rs<64>(accO, aU[kk], dk.at(rw::AQK + kk * 32), 1);
     }
 #pragma unroll
     for (int kk = 0; kk < 4; ++kk)
-      wgmma_rs_tb<128>(accS, LITE ? aK[kk] : aU[kk], wgmma_desc_nmajor_sw128(st + rw::KD + kk * 16 * 128, 8192), 1);
+      wgmma_rs_tb<128>(accS, LITE ? aK[kk] : aU[kk], dn.at(rw::KD + kk * 16 * 128), 1);
     wgmma_commit();
     wgmma_wait<0>();
     wgmma_fence_regs(accS);
@@ -1192,21 +1203,22 @@ __global__ void __launch_bounds__(rw::kThreads, 1) rec_wgmma_kernel(const __grid
     __syncwarp();
     if (lane == 0) mbar_arrive(empty(s));  // this warp is done with the stage
     if constexpr (FUSE) {
+      // o^T's 8 x 8 blocks (y rows, i columns in the accumulators) stored transposed, 4 a stmatrix:
+      // blocks (jj, y 0-7), (jj, y 8-15), (jj + 1, ..); lane l gives row l & 7 of block l >> 3
 #pragma unroll
-      for (int jj = 0; jj < 8; ++jj)
-#pragma unroll
-        for (int q = 0; q < 4; ++q)
-          *reinterpret_cast<bf16*>(ost + owr + (8 * jj + (q & 1)) * rw::OST + 16 * (q >> 1)) =
-              __float2bfloat16(accO[4 * jj + q]);
+      for (int jj = 0; jj < 8; jj += 2)
+        stsm_x4_trans(ost_lane + jj * 8 * rw::OST,
+                      pack2(accO[4 * jj], accO[4 * jj + 1]), pack2(accO[4 * jj + 2], accO[4 * jj + 3]),
+                      pack2(accO[4 * jj + 4], accO[4 * jj + 5]), pack2(accO[4 * jj + 6], accO[4 * jj + 7]));
       __syncwarp();
       const int C = min(64, T - c * 64);
-      bf16* const oc = o_thread + int64_t(c) * 64 * orow;
 #pragma unroll
       for (int k = 0; k < 4; ++k) {
         const int i = (lane >> 1) + 16 * k;
         const uint4 v = *reinterpret_cast<const uint4*>(ost + i * rw::OST + 16 * (lane & 1));
-        if (i < C) *reinterpret_cast<uint4*>(oc + int64_t(16 * k) * orow) = v;
+        if (i < C) *reinterpret_cast<uint4*>(o_chunk + k * o16) = v;
       }
+      o_chunk += 4 * o16;
       __syncwarp();  // the tile is rewritten next chunk
     }
   }
