@@ -13,6 +13,12 @@
 #                                              the GPU tests (Catch binary, then the CLI part in what is
 #                                              left; builds what is missing), or only the cases DZ_SPEC
 #                                              and the CLI runs of the families DZ_FAMILIES
+#   DZ_COMMIT=<hash> [DZ_FAMILIES="<fam> ..."] [DZ_CLI=families|extras] bash scripts/device-queue.sh cli
+#                                              only the CLI part of the GPU tests (builds what is
+#                                              missing): the golden families' runs (those of
+#                                              DZ_FAMILIES) and / or the preset, hybrid-small and FP8
+#                                              runs after them (DZ_CLI, unset: both), for a tree whose
+#                                              Catch binary already passed
 #   DZ_COMMIT=<hash> DZ_PATCH=<file> DZ_HARNESS=<script> [DZ_SPEC=<Catch spec>] [DZ_FAMILIES="<fam> ..."] \
 #     bash scripts/device-queue.sh patch
 #                                              a queued patch (kernels/dev/queued/<name>.patch): its
@@ -168,7 +174,7 @@ queued_ab() {
 [[ -n ${DZ_COMMIT:-} ]] && DZ_COMMIT=${DZ_COMMIT//[^A-Za-z0-9._-]/_}
 # shellcheck disable=SC1091
 source scripts/device-unpack.sh >/dev/null
-case ${1:?stage: benches, tests, patch, final, e2e-glm or ncu} in
+case ${1:?stage: benches, tests, cli, patch, final, e2e-glm or ncu} in
   benches)
     export DZ_COMMIT=${DZ_COMMIT:?}
     build_project /tmp/build.log
@@ -202,6 +208,13 @@ case ${1:?stage: benches, tests, patch, final, e2e-glm or ncu} in
   tests)
     export DZ_COMMIT=${DZ_COMMIT:?}
     gpu_tests "$O/logs" "${DZ_SPEC:-}" "${DZ_FAMILIES:-}"
+    ;;
+  cli)
+    export DZ_COMMIT=${DZ_COMMIT:?}
+    build_project /tmp/build.log
+    tail -1 /tmp/build.log
+    mkdir -p "$O/logs"
+    DZ_GPU_CLI=${DZ_CLI:-all} cli_part "$O/logs" "${DZ_FAMILIES:-}"
     ;;
   patch)
     export DZ_COMMIT=${DZ_COMMIT:?}
