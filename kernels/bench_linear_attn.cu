@@ -60,7 +60,14 @@ int bench_linear_attn(const std::string& json_out) {
     rule.HK = rule.HV = H, rule.K = K, rule.V = V, rule.N = 1, rule.T_total = T;
     const int auto_segs = la_scan_segments(rule);
     const int segs = auto_segs > 1 ? auto_segs : std::max(1, std::min(64, (sms + H - 1) / H));
-    void* ws = alloc<char>(la_scan_workspace_bytes(T, segs, H, K, V));
+    // where the rule takes the scan, also half and twice its segments (<= 64): whether the rule's
+    // count is the best one on this card
+    std::vector<int> scan_segs = {segs};
+    if (auto_segs > 1) {
+      if (segs / 2 > 1) scan_segs.push_back(segs / 2);
+      if (std::min(64, 2 * segs) > segs) scan_segs.push_back(std::min(64, 2 * segs));
+    }
+    void* ws = alloc<char>(la_scan_workspace_bytes(T, *std::max_element(scan_segs.begin(), scan_segs.end()), H, K, V));
     void* pws = alloc<char>(la_prefill_workspace_bytes(T, 1, H, K, V));
     LaPrefill p;
     p.q = q, p.k = k, p.v = v, p.b = b, p.HK = H, p.HV = H, p.K = K, p.V = V, p.scale = 0.088388f;
@@ -119,14 +126,16 @@ int bench_linear_attn(const std::string& json_out) {
       }
       p.workspace = nullptr;
       if (!scan) continue;
-      const double ms_p = median_ms([&] { la_parallel_prefill(p, T, segs, ws, nullptr); }, 5, 1);
-      if (serial)
-        std::snprintf(buf + 128, 128, "v4 segments=%d%s, %.2fx best serial, %.0f GB/s", segs,
-                      segs == auto_segs ? " (automatic)" : "", ms_s / ms_p, gb / (ms_p * 1e-3));
-      else
-        std::snprintf(buf + 128, 128, "v4 segments=%d%s, %.0f GB/s", segs, segs == auto_segs ? " (automatic)" : "",
-                      gb / (ms_p * 1e-3));
-      add(kda ? "kda_chunk_parallel_scan" : "gdn_chunk_parallel_scan", buf, ms_p, buf + 128);
+      for (const int sg : scan_segs) {
+        const double ms_p = median_ms([&] { la_parallel_prefill(p, T, sg, ws, nullptr); }, 5, 1);
+        if (serial)
+          std::snprintf(buf + 128, 128, "v4 segments=%d%s, %.2fx best serial, %.0f GB/s", sg,
+                        sg == auto_segs ? " (automatic)" : "", ms_s / ms_p, gb / (ms_p * 1e-3));
+        else
+          std::snprintf(buf + 128, 128, "v4 segments=%d%s, %.0f GB/s", sg, sg == auto_segs ? " (automatic)" : "",
+                        gb / (ms_p * 1e-3));
+        add(kda ? "kda_chunk_parallel_scan" : "gdn_chunk_parallel_scan", buf, ms_p, buf + 128);
+      }
     }
     for (void* ptr : {(void*)q, (void*)k, (void*)v, (void*)b, (void*)f, (void*)fg, (void*)o, (void*)A_log,
                       (void*)dtb, (void*)ht, (void*)cu, ws, pws})
