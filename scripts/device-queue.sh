@@ -15,10 +15,11 @@
 #                                              and the CLI runs of the families DZ_FAMILIES
 #   DZ_COMMIT=<hash> [DZ_FAMILIES="<fam> ..."] [DZ_CLI=families|extras] bash scripts/device-queue.sh cli
 #                                              only the CLI part of the GPU tests (builds what is
-#                                              missing): the golden families' runs (those of
-#                                              DZ_FAMILIES) and / or the preset, hybrid-small and FP8
-#                                              runs after them (DZ_CLI, unset: both), for a tree whose
-#                                              Catch binary already passed
+#                                              missing): the golden families' runs (only those of
+#                                              DZ_FAMILIES when set) and the preset, hybrid-small and
+#                                              FP8 runs after them (DZ_CLI=families / =extras: only
+#                                              one of the two), for a tree whose Catch binary passed
+#                                              in an earlier command; cli.log appends
 #   DZ_COMMIT=<hash> DZ_PATCH=<file> DZ_HARNESS=<script> [DZ_SPEC=<Catch spec>] [DZ_FAMILIES="<fam> ..."] \
 #     bash scripts/device-queue.sh patch
 #                                              a queued patch (kernels/dev/queued/<name>.patch): its
@@ -93,7 +94,7 @@ catch_part() {
 cli_part() {
   local D=$1 fams=${2:-} L
   L=$(left)
-  echo "cli ${fams:-(all)} with $L s left"
+  echo "cli ${fams:-(${DZ_GPU_CLI:-all})} with $L s left"
   [[ $L -gt 20 ]] || return 0
   env DZ_GPU_SKIP_CRASH=1 DZ_GPU_PART=cli ${fams:+DZ_GPU_CLI=families "DZ_GPU_FAMILIES=$fams"} timeout "$L" \
     bash scripts/gpu-tests.sh "$PREFIX" build-gpu "$D" >/tmp/cli.out 2>&1
@@ -214,7 +215,12 @@ case ${1:?stage: benches, tests, cli, patch, final, e2e-glm or ncu} in
     build_project /tmp/build.log
     tail -1 /tmp/build.log
     mkdir -p "$O/logs"
-    DZ_GPU_CLI=${DZ_CLI:-all} cli_part "$O/logs" "${DZ_FAMILIES:-}"
+    if [[ -n ${DZ_FAMILIES:-} ]]; then  # those families, then (unless DZ_CLI=families) the runs after them
+      cli_part "$O/logs" "$DZ_FAMILIES"
+      [[ ${DZ_CLI:-all} == families ]] || DZ_GPU_CLI=extras cli_part "$O/logs" ""
+    else
+      DZ_GPU_CLI=${DZ_CLI:-all} cli_part "$O/logs" ""
+    fi
     ;;
   patch)
     export DZ_COMMIT=${DZ_COMMIT:?}
