@@ -137,13 +137,6 @@ __device__ __forceinline__ void ldsm_x4_trans(uint32_t r[4], const bf16* p) {
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                : "r"(smem_addr(p)));
 }
-// Four 8 x 8 bf16 blocks, transposed, to shared memory: lane l gives the address of row l & 7 of
-// block l >> 3; r[b] holds this lane's pair of block b (row l >> 2, columns 2 (l & 3), +1).
-__device__ __forceinline__ void stsm_x4_trans(uint32_t addr, uint32_t r0, uint32_t r1, uint32_t r2, uint32_t r3) {
-  asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1,%2,%3,%4};\n" ::"r"(addr), "r"(r0), "r"(r1),
-               "r"(r2), "r"(r3)
-               : "memory");
-}
 // B fragments of two column tiles (n0..n0+15), k k0..k0+15, from a row-major [k][ld] matrix.
 __device__ __forceinline__ void frag_b2_rowmajor(uint32_t b0[2], uint32_t b1[2], const bf16* B, int ld, int k0, int n0,
                                                  int lane) {
@@ -1207,9 +1200,9 @@ __global__ void __launch_bounds__(rw::kThreads, 1) rec_wgmma_kernel(const __grid
       // blocks (jj, y 0-7), (jj, y 8-15), (jj + 1, ..); lane l gives row l & 7 of block l >> 3
 #pragma unroll
       for (int jj = 0; jj < 8; jj += 2)
-        stsm_x4_trans(ost_lane + jj * 8 * rw::OST,
-                      pack2(accO[4 * jj], accO[4 * jj + 1]), pack2(accO[4 * jj + 2], accO[4 * jj + 3]),
-                      pack2(accO[4 * jj + 4], accO[4 * jj + 5]), pack2(accO[4 * jj + 6], accO[4 * jj + 7]));
+        stmatrix_x4_trans(ost_lane + jj * 8 * rw::OST,
+                          pack2(accO[4 * jj], accO[4 * jj + 1]), pack2(accO[4 * jj + 2], accO[4 * jj + 3]),
+                          pack2(accO[4 * jj + 4], accO[4 * jj + 5]), pack2(accO[4 * jj + 6], accO[4 * jj + 7]));
       __syncwarp();
       const int C = min(64, T - c * 64);
 #pragma unroll

@@ -806,14 +806,6 @@ __device__ __forceinline__ void mma_stage_sw(float (&acc)[kBR / 2], int nw, uint
   }
 }
 
-// Four 8x8 bf16 matrices from this warp's fragments to shared memory, transposed: lane 8 m + i gives
-// the address of stored row i of matrix m (= fragment column i), register m holds matrix m's
-// fragment (row lane / 4, columns 2 (lane % 4) + {0, 1}, the lower column in the low half).
-__device__ __forceinline__ void stmatrix_x4_trans(uint32_t saddr, uint32_t r0, uint32_t r1, uint32_t r2, uint32_t r3) {
-  asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(saddr), "r"(r0),
-               "r"(r1), "r"(r2), "r"(r3)
-               : "memory");
-}
 __device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
   const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
   return *reinterpret_cast<const uint32_t*>(&v);

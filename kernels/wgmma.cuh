@@ -65,5 +65,14 @@ __device__ __forceinline__ void wgmma_fence_regs(float (&d)[N]) {
 #pragma unroll
   for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
 }
+// Four 8x8 bf16 matrices from this warp's fragments (accumulators packed to bf16 pairs) to shared
+// memory, transposed (sm_90 stmatrix): lane 8 m + i gives the address of stored row i of matrix m
+// (= fragment column i), register m holds matrix m's fragment (row lane / 4, columns
+// 2 (lane % 4) + {0, 1}, the lower column in the low half).
+__device__ __forceinline__ void stmatrix_x4_trans(uint32_t saddr, uint32_t r0, uint32_t r1, uint32_t r2, uint32_t r3) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(saddr), "r"(r0),
+               "r"(r1), "r"(r2), "r"(r3)
+               : "memory");
+}
 
 }  // namespace dz::cuda
