@@ -62,10 +62,6 @@ struct R4 {
 };
 constexpr size_t rec_elems(int K, int V) { return 3 * size_t(BT) * K + size_t(BT) * V + BT * BT; }
 
-__device__ __forceinline__ uint32_t pack2(float lo, float hi) {
-  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-  return *reinterpret_cast<const uint32_t*>(&v);
-}
 __device__ __forceinline__ void mma16816(float c[4], const uint32_t a[4], const uint32_t b[2]) {
   asm volatile(
       "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
@@ -201,7 +197,7 @@ __device__ __forceinline__ void unpack8(const uint4 u, float f[8]) {
   }
 }
 __device__ __forceinline__ uint4 pack8(const float f[8]) {
-  return make_uint4(pack2(f[0], f[1]), pack2(f[2], f[3]), pack2(f[4], f[5]), pack2(f[6], f[7]));
+  return make_uint4(pack_bf16(f[0], f[1]), pack_bf16(f[2], f[3]), pack_bf16(f[4], f[5]), pack_bf16(f[6], f[7]));
 }
 
 // The gate with MUFU exp/log: softplus(z) = log(1 + e^z) to ~1e-7 absolute, e^z below -15 (where
@@ -402,7 +398,7 @@ __global__ void __launch_bounds__(NTP, (K == 128 && !KDA) ? 3 : 2)
       const int ii = i + 8 * hh;
       const float c0v = c[2 * hh] * (j <= ii), c1v = c[2 * hh + 1] * (j + 1 <= ii);
       if (isq) {
-        *reinterpret_cast<uint32_t*>(aq + ii * AQL + j) = pack2(c0v, c1v);
+        *reinterpret_cast<uint32_t*>(aq + ii * AQL + j) = pack_bf16(c0v, c1v);
       } else {
         if (j < ii) L[ii * LS + j] = betas[ii] * c0v;  // only j < i is ever read
         if (j + 1 < ii) L[ii * LS + j + 1] = betas[ii] * c1v;
@@ -603,8 +599,8 @@ __global__ void __launch_bounds__(NTP, (K == 128 && !KDA) ? 3 : 2)
   auto store_ai = [&](const float c[4], int bi, int bj, int t, bool keep_fp32) {
     const int i = 16 * bi + gq, j = 16 * bj + 8 * t + 2 * tq;
     const float b0 = betas[j], b1 = betas[j + 1];
-    *reinterpret_cast<uint32_t*>(Ai + i * AP + j) = pack2(-c[0] * b0, -c[1] * b1);
-    *reinterpret_cast<uint32_t*>(Ai + (i + 8) * AP + j) = pack2(-c[2] * b0, -c[3] * b1);
+    *reinterpret_cast<uint32_t*>(Ai + i * AP + j) = pack_bf16(-c[0] * b0, -c[1] * b1);
+    *reinterpret_cast<uint32_t*>(Ai + (i + 8) * AP + j) = pack_bf16(-c[2] * b0, -c[3] * b1);
     if (keep_fp32) tile_store(Fb(bi, bj) + 8 * t, FS, c, lane, -1.f);
   };
   {
@@ -710,8 +706,8 @@ __global__ void __launch_bounds__(NTP, (K == 128 && !KDA) ? 3 : 2)
     bf16* stg = reinterpret_cast<bf16*>(L) + warp * 16 * TW * 8;
 #pragma unroll
     for (int t = 0; t < TW; ++t) {
-      *reinterpret_cast<uint32_t*>(stg + chunk_at(gq, t) * 8 + 2 * tq) = pack2(c[t][0], c[t][1]);
-      *reinterpret_cast<uint32_t*>(stg + chunk_at(gq + 8, t) * 8 + 2 * tq) = pack2(c[t][2], c[t][3]);
+      *reinterpret_cast<uint32_t*>(stg + chunk_at(gq, t) * 8 + 2 * tq) = pack_bf16(c[t][0], c[t][1]);
+      *reinterpret_cast<uint32_t*>(stg + chunk_at(gq + 8, t) * 8 + 2 * tq) = pack_bf16(c[t][2], c[t][3]);
     }
     __syncwarp();
     bf16* out = rec + (pass == 0 ? R::W : R::U);
@@ -887,7 +883,7 @@ __global__ void __launch_bounds__(NT, 1) mma_rec_kernel(const LaPrefill p, const
           const int i = 16 * um + gq + 8 * hh, y = y0 + 8 * (un0 + t) + 2 * tq;
           if (i < C)
             *reinterpret_cast<uint32_t*>(p.o + ((bos + c * BT + i) * p.HV + h) * V + y) =
-                pack2(o[t][2 * hh], o[t][2 * hh + 1]);
+                pack_bf16(o[t][2 * hh], o[t][2 * hh + 1]);
         }
     }
     {  // S = e^G_last S + Kd^T U'
@@ -1059,7 +1055,7 @@ __global__ void __launch_bounds__(rw::kThreads, 1) rec_wgmma_kernel(const __grid
 #pragma unroll
     for (int kk = 0; kk < 8; ++kk)
 #pragma unroll
-      for (int m = 0; m < 4; ++m) aS[kk][m] = pack2(accS[8 * kk + 2 * m], accS[8 * kk + 2 * m + 1]);
+      for (int m = 0; m < 4; ++m) aS[kk][m] = pack_bf16(accS[8 * kk + 2 * m], accS[8 * kk + 2 * m + 1]);
     const size_t gh = size_t(g0 + c) * p.HV + h;
     if constexpr (STORE) {  // Sg [.., V][K]: row y0 + y holds S[.][y0 + y]; pairs of x are adjacent
 #pragma unroll
@@ -1101,7 +1097,7 @@ __global__ void __launch_bounds__(rw::kThreads, 1) rec_wgmma_kernel(const __grid
 #pragma unroll
         for (int m = 0; m < 4; ++m) {
           const float2 f = *reinterpret_cast<const float2*>(fac + 128 + 8 * (2 * kk + (m >> 1)) + 2 * tq);
-          aD[kk][m] = pack2(accD[8 * kk + 2 * m] * f.x, accD[8 * kk + 2 * m + 1] * f.y);
+          aD[kk][m] = pack_bf16(accD[8 * kk + 2 * m] * f.x, accD[8 * kk + 2 * m + 1] * f.y);
         }
       wgmma_fence();
 #pragma unroll
@@ -1143,7 +1139,7 @@ __global__ void __launch_bounds__(rw::kThreads, 1) rec_wgmma_kernel(const __grid
 #pragma unroll
     for (int kk = 0; kk < 4; ++kk)
 #pragma unroll
-      for (int m = 0; m < 4; ++m) aU[kk][m] = pack2(accU[8 * kk + 2 * m], accU[8 * kk + 2 * m + 1]) ^ 0x80008000u;
+      for (int m = 0; m < 4; ++m) aU[kk][m] = pack_bf16(accU[8 * kk + 2 * m], accU[8 * kk + 2 * m + 1]) ^ 0x80008000u;
     const float* gl = reinterpret_cast<const float*>(rw_smem + (st - sb + rw::GL));
     uint32_t aK[4][4];  // LITE: U'^T diag(fk), the state update's A operand
     if constexpr (LITE) {
@@ -1153,7 +1149,7 @@ __global__ void __launch_bounds__(rw::kThreads, 1) rec_wgmma_kernel(const __grid
 #pragma unroll
         for (int m = 0; m < 4; ++m) {
           const float2 f = *reinterpret_cast<const float2*>(fk + 8 * (2 * kk + (m >> 1)) + 2 * tq);
-          aK[kk][m] = pack2(accU[8 * kk + 2 * m] * f.x, accU[8 * kk + 2 * m + 1] * f.y) ^ 0x80008000u;
+          aK[kk][m] = pack_bf16(accU[8 * kk + 2 * m] * f.x, accU[8 * kk + 2 * m + 1] * f.y) ^ 0x80008000u;
         }
       if constexpr (FUSE) {  // (q S)^T's column i times fq_i: (q e^G S)^T
         wgmma_wait<0>();
@@ -1201,8 +1197,8 @@ __global__ void __launch_bounds__(rw::kThreads, 1) rec_wgmma_kernel(const __grid
 #pragma unroll
       for (int jj = 0; jj < 8; jj += 2)
         stmatrix_x4_trans(ost_lane + jj * 8 * rw::OST,
-                          pack2(accO[4 * jj], accO[4 * jj + 1]), pack2(accO[4 * jj + 2], accO[4 * jj + 3]),
-                          pack2(accO[4 * jj + 4], accO[4 * jj + 5]), pack2(accO[4 * jj + 6], accO[4 * jj + 7]));
+                          pack_bf16(accO[4 * jj], accO[4 * jj + 1]), pack_bf16(accO[4 * jj + 2], accO[4 * jj + 3]),
+                          pack_bf16(accO[4 * jj + 4], accO[4 * jj + 5]), pack_bf16(accO[4 * jj + 6], accO[4 * jj + 7]));
       __syncwarp();
       const int C = min(64, T - c * 64);
 #pragma unroll
@@ -1299,7 +1295,8 @@ __global__ void __launch_bounds__(NT, 2) mma_out_kernel(const LaPrefill p, const
     for (int hh = 0; hh < 2; ++hh) {
       const int i = 16 * mt + gq + 8 * hh, y = 8 * (nt0 + t) + 2 * tq;
       if (i < C)
-        *reinterpret_cast<uint32_t*>(p.o + ((bos + c0 + i) * p.HV + h) * V + y) = pack2(c[t][2 * hh], c[t][2 * hh + 1]);
+        *reinterpret_cast<uint32_t*>(p.o + ((bos + c0 + i) * p.HV + h) * V + y) =
+            pack_bf16(c[t][2 * hh], c[t][2 * hh + 1]);
     }
 }
 

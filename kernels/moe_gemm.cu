@@ -806,10 +806,6 @@ __device__ __forceinline__ void mma_stage_sw(float (&acc)[kBR / 2], int nw, uint
   }
 }
 
-__device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
-  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-  return *reinterpret_cast<const uint32_t*>(&v);
-}
 
 // Same block, barriers, shared memory and pipeline as k_moe_gemm_ws (plain, CL = 1); see the top of
 // the file for the items and tiles. Stage: [128 weight rows | 256 token rows] x 128 bytes, swizzled.
@@ -947,9 +943,9 @@ __global__ void __launch_bounds__(kThreadsWs, 1) k_moe_gemm_swab(const __grid_co
         for (int c = 0; c < 4; ++c) {
           // matrices (j, columns 0-7), (j, 8-15), (j + 1, 0-7), (j + 1, 8-15); lane 8 m + i: token row i
           const int j = 8 * p + 2 * c;
-          stmatrix_x4_trans(slot(16 * c + 8 * (mi >> 1) + ri, mi & 1), pack_bf16x2(acc[4 * j], acc[4 * j + 1]),
-                            pack_bf16x2(acc[4 * j + 2], acc[4 * j + 3]), pack_bf16x2(acc[4 * j + 4], acc[4 * j + 5]),
-                            pack_bf16x2(acc[4 * j + 6], acc[4 * j + 7]));
+          stmatrix_x4_trans(slot(16 * c + 8 * (mi >> 1) + ri, mi & 1), pack_bf16(acc[4 * j], acc[4 * j + 1]),
+                            pack_bf16(acc[4 * j + 2], acc[4 * j + 3]), pack_bf16(acc[4 * j + 4], acc[4 * j + 5]),
+                            pack_bf16(acc[4 * j + 6], acc[4 * j + 7]));
         }
         __syncwarp();
 #pragma unroll
