@@ -235,6 +235,7 @@ int la_scan_segments(const LaPrefill& p) {
 
 int la_pipeline_segments(const LaPrefill& p) {
   if (!p.side || p.N != 1 || p.pipeline_segments == 1) return 1;
+  if (la_scan_segments(p) > 1) return 1;  // la_chunk_prefill takes the scan first
   if (p.pipeline_segments > 1)
     return int(std::min<int64_t>({int64_t(p.pipeline_segments), int64_t(kMaxPipe), chunks_of(p.T_total)}));
   const int rec_ctas = p.K == 128 ? 2 * p.HV : p.HV * (p.V / pick_bv(p, p.HV, p.V, true));

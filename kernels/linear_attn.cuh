@@ -80,9 +80,10 @@ struct LaPrefill {
   int scan_segments = 0;
 };
 size_t la_prefill_workspace_bytes(int64_t T_total, int N, int HV, int K, int V);
-// The segments la_chunk_prefill runs p in: 1 (one pass) unless p.side is given and N = 1; then
-// p.pipeline_segments when set, else automatic: min(8, T / 8192) where T >= 16384 and the
-// recurrence keeps at most half the SMs busy (its CTAs: 2 HV at K = 128, HV V / value block at 64).
+// The segments la_chunk_prefill runs p in pipelined: 1 (one pass, or the scan where la_scan_segments
+// takes p) unless p.side is given and N = 1; then p.pipeline_segments when set, else automatic:
+// min(8, T / 8192) where T >= 16384 and the recurrence keeps at most half the SMs busy (its CTAs:
+// 2 HV at K = 128, HV V / value block at 64).
 int la_pipeline_segments(const LaPrefill& p);
 // The segments of the intra-GPU scan la_chunk_prefill runs p as instead (1: none): with
 // p.scan_segments = 0, N = 1, K = V = 128, T >= 16384 and 16 HV <= SMs, floor(SMs / HV) (<= 64, <=

@@ -166,6 +166,9 @@ TEST_CASE("gpu linear attention pipelined prefill equals the one-pass prefill bi
   a.HK = a.HV = 2, a.K = a.V = 128, a.N = 1, a.T_total = 65536;
   CHECK(dz::cuda::la_pipeline_segments(a) == 1);  // no side stream
   a.side = &side;
+  CHECK(dz::cuda::la_scan_segments(a) > 1);  // two heads: la_chunk_prefill takes the scan, not the pipeline
+  CHECK(dz::cuda::la_pipeline_segments(a) == 1);
+  a.scan_segments = 1;  // the scan off: the pipelined form's own rule below
   CHECK(dz::cuda::la_pipeline_segments(a) == 8);
   a.T_total = 24576;
   CHECK(dz::cuda::la_pipeline_segments(a) == 3);

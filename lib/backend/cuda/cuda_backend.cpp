@@ -707,12 +707,12 @@ class CudaBackend final : public Backend {
     p.h0 = a.state.ptr<float>();
     p.ht = ht.ptr<float>();
     p.T_total = T;
-    // a long sequence: the intra-GPU scan where la_scan_segments takes it (la_chunk_prefill tries it
-    // first), else the next segment's prep beside this one's recurrence (la_pipeline_segments). The
-    // side stream is made only for the latter: short calls, graph-captured ones included, and the
-    // scan never make it.
+    // a long sequence: the intra-GPU scan where la_scan_segments takes it, else the next segment's
+    // prep beside this one's recurrence (la_pipeline_segments, 1 where the scan runs). The side
+    // stream is made only for the latter: short calls, graph-captured ones included, and the scan
+    // never make it.
     p.side = &la_side_;
-    if (cuda::la_scan_segments(p) == 1 && cuda::la_pipeline_segments(p) > 1) la_side_.create();
+    if (cuda::la_pipeline_segments(p) > 1) la_side_.create();
     DTensor ws = alloc({int64_t(cuda::la_prefill_workspace_bytes(T, 1, p.HV, p.K, p.V))}, DType::U8);
     p.workspace = ws.data;
     cuda::la_chunk_prefill(p, st());
