@@ -71,8 +71,9 @@ __device__ __forceinline__ void mbar_arrive_lane0(uint32_t bar, int lane) {
       "r"(lane)
       : "memory");
 }
-__device__ __forceinline__ void named_sync(int id) { asm volatile("bar.sync %0, 256;\n" ::"r"(id) : "memory"); }
-__device__ __forceinline__ void named_arrive(int id) { asm volatile("bar.arrive %0, 256;\n" ::"r"(id) : "memory"); }
+// the two consumer warpgroups' named barriers (mma_sm80.cuh)
+__device__ __forceinline__ void named_sync(int id) { bar_sync(id, 256); }
+__device__ __forceinline__ void named_arrive(int id) { bar_arrive(id, 256); }
 // bar.arrive when go != 0, predicated (it sits inside a wgmma stage: no branch there).
 __device__ __forceinline__ void named_arrive_if(int id, int go) {
   asm volatile("{\n .reg .pred p;\n setp.ne.u32 p, %1, 0;\n @p bar.arrive %0, 256;\n}\n" ::"r"(id), "r"(go) : "memory");

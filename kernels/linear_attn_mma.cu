@@ -146,13 +146,6 @@ __device__ __forceinline__ void frag_a_trans(uint32_t a[4], const bf16* S, int l
   ldsm_x4_trans(a, S + (k0 + (lane & 7) + 8 * (q >> 1)) * ld + m0 + 8 * (q & 1));
 }
 
-// Named barriers (id >= 1; 0 is __syncthreads') over n threads, whole warps: the producing warps
-// arrive, the consuming ones wait; both order shared memory as a barrier does.
-__device__ __forceinline__ void bar_sync(int id, int n) { asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory"); }
-__device__ __forceinline__ void bar_arrive(int id, int n) {
-  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(n) : "memory");
-}
-
 __global__ void base64_kernel(const int32_t* cu, int N, int32_t* base) {
   int acc = 0;
   base[0] = 0;

@@ -1,7 +1,7 @@
 // The warp-level tensor-core and async-copy primitives the mma.sync kernels share (flash
 // attention, sparse MLA, the DSA indexer, the MoE GEMMs, mHC, the linear-attention prep): ldmatrix,
-// mma m16n8k16 bf16 -> fp32, 3xTF32 m16n8k8, cp.async 16-byte copies with zero fill, bf16
-// packing. Inline PTX, sm_80 and later.
+// mma m16n8k16 bf16 -> fp32, 3xTF32 m16n8k8, cp.async 16-byte copies with zero fill, named
+// barriers, bf16 packing. Inline PTX, sm_80 and later.
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -52,6 +52,12 @@ __device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_grou
 template <int N>
 __device__ __forceinline__ void cp_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+// Named barriers (id >= 1; 0 is __syncthreads') over n threads, whole warps: the producing warps
+// arrive, the consuming ones wait; both order shared memory as a barrier does.
+__device__ __forceinline__ void bar_sync(int id, int n) { asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory"); }
+__device__ __forceinline__ void bar_arrive(int id, int n) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(n) : "memory");
 }
 __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
   __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);

@@ -71,8 +71,9 @@ struct Geo {
 };
 static_assert(Geo<64>::SMEM <= 227 * 1024, "sparse MLA (wgmma): shared memory at DR = 64");
 
-__device__ __forceinline__ void named_sync(int id) { asm volatile("bar.sync %0, 256;\n" ::"r"(id) : "memory"); }
-__device__ __forceinline__ void named_arrive(int id) { asm volatile("bar.arrive %0, 256;\n" ::"r"(id) : "memory"); }
+// the two consumer warpgroups' named barriers (mma_sm80.cuh)
+__device__ __forceinline__ void named_sync(int id) { bar_sync(id, 256); }
+__device__ __forceinline__ void named_arrive(int id) { bar_arrive(id, 256); }
 __device__ __forceinline__ void fence_proxy_async() {
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
